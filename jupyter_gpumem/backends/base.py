@@ -1,0 +1,125 @@
+"""The small interface every framework backend implements.
+
+A backend answers, for objects of its framework: is this a tensor, which
+storage does it use (a key that is the same for every view of that memory),
+how many bytes and on which device; which children the garbage collector
+cannot see (gradients, autograd saved tensors); the device counters of its
+allocator; and how to release its caches. A backend is active only while
+its framework is already in ``sys.modules``: backends never import one.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+
+@dataclass(frozen=True)
+class StorageInfo:
+    """One block of memory that tensors point into.
+
+    ``key`` identifies the memory itself: ``(device, base pointer)`` where a
+    pointer is known, so views, aliases and DLPack exchanges between
+    frameworks are counted once.
+    """
+
+    key: tuple
+    nbytes: int
+    device: str
+    framework: str
+
+
+@dataclass
+class FrameworkUsage:
+    """What one framework's allocator reports for one device, in bytes."""
+
+    name: str
+    allocated: int | None = None
+    reserved: int | None = None
+    peak: int | None = None
+    pool: int | None = None
+    note: str | None = None
+    free_in_reserved: int | None = None
+    largest_free_block: int | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "allocated": self.allocated,
+            "reserved": self.reserved,
+            "peak": self.peak,
+            "pool": self.pool,
+            "note": self.note,
+        }
+
+
+@dataclass
+class AcceleratorInfo:
+    """A device a framework can see: ``cuda:0`` and how to find it in NVML."""
+
+    id: str
+    kind: str = "cuda"
+    name: str | None = None
+    uuid: str | None = None
+    total: int | None = None
+
+
+Children = Iterable["tuple[tuple, Any]"]
+
+
+class Backend:
+    """Base class: a backend for one framework (see the module docstring)."""
+
+    #: short name shown in reports
+    name = ""
+    #: top-level module that must already be imported for the backend to work
+    module = ""
+
+    def is_active(self) -> bool:
+        """True when the user has imported the framework."""
+        return self.module in sys.modules
+
+    def tensor_types(self) -> tuple[type, ...]:
+        """Types whose instances :meth:`storages` understands."""
+        return ()
+
+    def container_types(self) -> tuple[type, ...]:
+        """Types whose children :meth:`children` lists better than a generic walk."""
+        return ()
+
+    def storages(self, obj: Any) -> list[StorageInfo]:
+        """The storages a tensor of this framework uses (empty when none)."""
+        return []
+
+    def children(self, obj: Any) -> Iterator[tuple[tuple, Any]]:
+        """Edges the generic walk cannot see, as ``(label, child)`` pairs.
+
+        Labels are tuples understood by :func:`jupyter_gpumem.scan.format_path`.
+        """
+        return iter(())
+
+    def accelerators(self) -> list[AcceleratorInfo]:
+        """Accelerators this framework has already initialised."""
+        return []
+
+    def usage(self, device_ids: Iterable[str], detail: bool = False) -> dict[str, FrameworkUsage]:
+        """Allocator counters per device id, for devices already in use."""
+        return {}
+
+    def release(self) -> list[str]:
+        """Give cached memory back to the device; return one-line notes."""
+        return []
+
+    def hint(self, name: str, obj: Any, nbytes: int) -> str | None:
+        """A one-line hint when ``obj`` held by ``name`` matches a leak pattern."""
+        return None
+
+
+@dataclass
+class Registry:
+    """The known backends, in report order."""
+
+    backends: list[Backend] = field(default_factory=list)
+
+    def active(self) -> list[Backend]:
+        return [b for b in self.backends if b.is_active()]

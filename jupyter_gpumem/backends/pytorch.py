@@ -1,0 +1,252 @@
+"""PyTorch backend: tensors, parameters, modules, autograd graphs, CUDA counters."""
+from __future__ import annotations
+
+import sys
+from collections import deque
+from typing import Any, Iterator
+
+from .base import AcceleratorInfo, Backend, FrameworkUsage, StorageInfo
+
+_SKIP_DEVICE_TYPES = {"meta"}
+_MODULE_OWN = ("_parameters", "_buffers", "_modules")
+
+
+def device_id(dev: Any) -> str:
+    """``cuda:0``, ``cpu``, ``mps:0`` from a ``torch.device``."""
+    if dev.type == "cpu":
+        return "cpu"
+    return f"{dev.type}:{dev.index if dev.index is not None else 0}"
+
+
+class TorchBackend(Backend):
+    """Backend for PyTorch (CUDA, ROCm through the CUDA API, MPS, CPU)."""
+
+    name = "torch"
+    module = "torch"
+
+    def __init__(self) -> None:
+        self._saved_attrs: dict[type, tuple[str, ...]] = {}
+        self._types: tuple | None = None
+
+    @property
+    def torch(self):
+        return sys.modules["torch"]
+
+    def tensor_types(self) -> tuple[type, ...]:
+        if self._types is None:
+            torch = self.torch
+            self._types = (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)
+        return self._types
+
+    def container_types(self) -> tuple[type, ...]:
+        return (self.torch.nn.Module,)
+
+    # -- tensors ---------------------------------------------------------
+    def storages(self, obj: Any) -> list[StorageInfo]:
+        torch = self.torch
+        if isinstance(obj, torch.TypedStorage):
+            obj = obj.untyped_storage()
+        if isinstance(obj, torch.UntypedStorage):
+            return self._storage_info(obj, device_id(obj.device))
+        dev = obj.device
+        if dev.type in _SKIP_DEVICE_TYPES:
+            return []
+        if obj.layout != torch.strided:
+            return self._sparse_storages(obj)
+        try:
+            storage = obj.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return []
+        return self._storage_info(storage, device_id(dev))
+
+    def _storage_info(self, storage: Any, dev: str) -> list[StorageInfo]:
+        nbytes = storage.nbytes()
+        if not nbytes:
+            return []
+        ptr = storage.data_ptr()
+        key = (dev, ptr) if ptr else (dev, "torch", id(storage))
+        return [StorageInfo(key, nbytes, dev, "torch")]
+
+    def _sparse_storages(self, obj: Any) -> list[StorageInfo]:
+        torch = self.torch
+        out: list[StorageInfo] = []
+        parts = []
+        try:
+            if obj.layout == torch.sparse_coo:
+                parts = [obj._indices(), obj._values()]
+            elif obj.layout in (torch.sparse_csr, torch.sparse_bsr):
+                parts = [obj.crow_indices(), obj.col_indices(), obj.values()]
+            elif obj.layout in (torch.sparse_csc, torch.sparse_bsc):
+                parts = [obj.ccol_indices(), obj.row_indices(), obj.values()]
+        except (RuntimeError, NotImplementedError):
+            return out
+        for part in parts:
+            out.extend(self.storages(part))
+        return out
+
+    def children(self, obj: Any) -> Iterator[tuple[tuple, Any]]:
+        torch = self.torch
+        if isinstance(obj, torch.nn.Module):
+            yield from self._module_children(obj)
+            return
+        if not isinstance(obj, torch.Tensor):
+            return
+        grad = obj.grad if obj.is_leaf else None
+        if grad is not None:
+            yield ("attr", "grad"), grad
+        fn = obj.grad_fn
+        if fn is not None:
+            yield from self._graph_children(fn)
+
+    def _module_children(self, module: Any) -> Iterator[tuple[tuple, Any]]:
+        d = object.__getattribute__(module, "__dict__")
+        for group in _MODULE_OWN:
+            for key, value in dict.items(d.get(group) or {}):
+                if value is not None:
+                    yield ("attr", key), value
+        for key, value in dict.items(d):
+            if key in _MODULE_OWN:
+                continue
+            yield ("attr", key), value
+
+    def _graph_children(self, root: Any) -> Iterator[tuple[tuple, Any]]:
+        """Saved tensors and leaf variables of the autograd graph under ``root``."""
+        seen = {id(root)}
+        queue = deque([root])
+        while queue:
+            node = queue.popleft()
+            node_name = type(node).__name__
+            variable = getattr(node, "variable", None) if node_name == "AccumulateGrad" else None
+            if variable is not None:
+                yield ("graph", node_name, "variable"), variable
+            for attr in self._saved_names(node):
+                try:
+                    value = getattr(node, attr)
+                except (RuntimeError, AttributeError):
+                    continue  # freed by backward(), or not readable
+                yield ("graph", node_name, attr), value
+            try:
+                parents = node.next_functions
+            except (RuntimeError, AttributeError):
+                parents = ()
+            for parent, _ in parents:
+                if parent is not None and id(parent) not in seen:
+                    seen.add(id(parent))
+                    queue.append(parent)
+
+    def _saved_names(self, node: Any) -> tuple[str, ...]:
+        tp = type(node)
+        names = self._saved_attrs.get(tp)
+        if names is None:
+            names = tuple(a for a in dir(tp) if a.startswith("_saved_"))
+            self._saved_attrs[tp] = names
+        return names
+
+    # -- devices ---------------------------------------------------------
+    def _cuda_ready(self) -> bool:
+        cuda = getattr(self.torch, "cuda", None)
+        try:
+            return bool(cuda is not None and cuda.is_initialized())
+        except Exception:
+            return False
+
+    def accelerators(self) -> list[AcceleratorInfo]:
+        out: list[AcceleratorInfo] = []
+        torch = self.torch
+        if self._cuda_ready():
+            kind = "rocm" if getattr(torch.version, "hip", None) else "cuda"
+            for i in range(torch.cuda.device_count()):
+                props = torch.cuda.get_device_properties(i)
+                uuid = getattr(props, "uuid", None)
+                uuid = str(uuid) if uuid is not None else None
+                if uuid and not uuid.startswith(("GPU-", "MIG-")):
+                    uuid = "GPU-" + uuid
+                out.append(AcceleratorInfo(f"cuda:{i}", kind, props.name, uuid, props.total_memory))
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and sys.platform == "darwin":
+            try:
+                if mps.is_available():
+                    out.append(AcceleratorInfo("mps:0", "mps", "Apple MPS"))
+            except Exception:
+                pass
+        return out
+
+    def usage(self, device_ids, detail: bool = False) -> dict[str, FrameworkUsage]:
+        torch = self.torch
+        out: dict[str, FrameworkUsage] = {}
+        ready = self._cuda_ready()
+        for dev in device_ids:
+            if dev.startswith("cuda:") and ready:
+                i = int(dev.split(":")[1])
+                if i >= torch.cuda.device_count():
+                    continue
+                u = FrameworkUsage(
+                    "torch",
+                    allocated=torch.cuda.memory_allocated(i),
+                    reserved=torch.cuda.memory_reserved(i),
+                    peak=torch.cuda.max_memory_allocated(i),
+                )
+                u.free_in_reserved = u.reserved - u.allocated
+                if detail:
+                    u.largest_free_block = self._largest_free_block(i)
+                out[dev] = u
+            elif dev.startswith("mps:") and hasattr(torch, "mps"):
+                try:
+                    out[dev] = FrameworkUsage(
+                        "torch",
+                        allocated=torch.mps.current_allocated_memory(),
+                        reserved=torch.mps.driver_allocated_memory(),
+                    )
+                except Exception:
+                    pass
+        return out
+
+    def _largest_free_block(self, index: int) -> int | None:
+        try:
+            segments = self.torch.cuda.memory_snapshot()
+        except Exception:
+            return None
+        largest = 0
+        for seg in segments:
+            if seg.get("device") != index:
+                continue
+            for block in seg.get("blocks", ()):
+                if block.get("state") == "inactive":
+                    largest = max(largest, int(block.get("size", 0)))
+        return largest
+
+    def release(self) -> list[str]:
+        torch = self.torch
+        notes: list[str] = []
+        if self._cuda_ready():
+            clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear is not None:
+                clear()
+            torch.cuda.empty_cache()
+        mps = getattr(torch, "mps", None)
+        if mps is not None and sys.platform == "darwin":
+            try:
+                mps.empty_cache()
+            except Exception:
+                pass
+        return notes
+
+    def hint(self, name: str, obj: Any, nbytes: int) -> str | None:
+        torch = self.torch
+        if not isinstance(obj, torch.Tensor):
+            if isinstance(obj, torch.optim.Optimizer):
+                return (f"`{name}` holds its parameters and their state: "
+                        f"purge it together with its model")
+            return None
+        if obj.grad_fn is not None:
+            return (f"`{name}` keeps its autograd graph alive: "
+                    f"store `{name}.item()` or `{name}.detach()` instead")
+        try:
+            own = obj.numel() * obj.element_size()
+            storage = obj.untyped_storage().nbytes()
+        except Exception:
+            return None
+        if storage > 2 * own and storage - own >= 1 << 20:
+            return (f"`{name}` is a view that pins its whole base storage: "
+                    f"keep `{name}.clone()` instead")
+        return None

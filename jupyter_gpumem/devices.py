@@ -1,0 +1,228 @@
+"""Per-device figures: NVML totals, this process, framework allocators.
+
+Cheap enough to call once a second from a thread: it reads counters only,
+never the user's namespace, never imports a framework and never creates a
+CUDA context (frameworks are asked only once they have initialised one).
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+from . import nvml
+from .backends import AcceleratorInfo, FrameworkUsage, active_backends
+
+_DEVICE_RE = re.compile(r"^(auto|all|cpu|cuda|gpu|cuda:\d+|mps|mps:\d+)$")
+DEVICE_CHOICES = "auto, all, cpu, cuda or cuda:N"
+
+
+def parse_device(text: str) -> str:
+    """Validate a device selection (``auto``, ``all``, ``cpu``, ``cuda``, ``cuda:N``)."""
+    value = str(text).strip().lower()
+    if value == "gpu":
+        value = "cuda"
+    if not _DEVICE_RE.match(value):
+        raise ValueError(f"unknown device {text!r}: use {DEVICE_CHOICES}")
+    return value
+
+
+@dataclass
+class DeviceUsage:
+    """One device's memory, reconciled across NVML and the frameworks (bytes)."""
+
+    id: str
+    kind: str
+    name: str | None = None
+    nvml_index: int | None = None
+    uuid: str | None = None
+    total: int | None = None
+    used_all: int | None = None
+    used_process: int | None = None
+    free: int | None = None
+    frameworks: list[FrameworkUsage] = field(default_factory=list)
+    attributed: int = 0
+    notes: list[str] = field(default_factory=list)
+    time: float = field(default_factory=time.time)
+
+    def _sum(self, attr: str) -> int | None:
+        values = [getattr(f, attr) for f in self.frameworks if getattr(f, attr) is not None]
+        return sum(values) if values else None
+
+    @property
+    def allocated(self) -> int | None:
+        """Bytes the frameworks' allocators hand out to tensors."""
+        return self._sum("allocated")
+
+    @property
+    def reserved(self) -> int | None:
+        """Bytes the frameworks hold from the device (allocated + cached)."""
+        reserved = self._sum("reserved")
+        allocated = self.allocated
+        if reserved is None or (allocated is not None and reserved < allocated):
+            return allocated
+        return reserved
+
+    @property
+    def other_processes(self) -> int | None:
+        if self.used_all is None or self.used_process is None or self.kind == "cpu":
+            return None
+        return max(self.used_all - self.used_process, 0)
+
+    @property
+    def non_framework(self) -> int | None:
+        """CUDA context, cuBLAS/cuDNN workspaces, NCCL, other libraries."""
+        if self.used_process is None or self.kind == "cpu":
+            return None
+        return max(self.used_process - (self.reserved or 0), 0)
+
+    @property
+    def fragmentation(self) -> dict | None:
+        free_in = self._sum("free_in_reserved")
+        if free_in is None:
+            return None
+        largest = self._sum("largest_free_block")
+        return {"free_in_reserved": free_in, "largest_free_block": largest}
+
+    def to_json(self) -> dict:
+        """The ``DeviceUsage`` object of docs/PROTOCOL.md."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "name": self.name,
+            "nvml_index": self.nvml_index,
+            "uuid": self.uuid,
+            "total": self.total,
+            "used_all": self.used_all,
+            "used_process": self.used_process,
+            "other_processes": self.other_processes,
+            "free": self.free,
+            "frameworks": [f.to_json() for f in self.frameworks],
+            "allocated": self.allocated,
+            "reserved": self.reserved,
+            "non_framework": self.non_framework,
+            "fragmentation": self.fragmentation,
+            "attributed": self.attributed,
+            "notes": list(self.notes),
+            "time": self.time,
+        }
+
+
+def accelerators() -> list[AcceleratorInfo]:
+    """Every accelerator of this process: initialised by a framework or seen by NVML."""
+    found: dict[str, AcceleratorInfo] = {}
+    for backend in active_backends():
+        try:
+            for acc in backend.accelerators():
+                found.setdefault(acc.id, acc)
+        except Exception:
+            continue
+    for i, _ in enumerate(nvml.visible_indices()):
+        found.setdefault(f"cuda:{i}", AcceleratorInfo(f"cuda:{i}", "cuda"))
+    return sorted(found.values(), key=_order)
+
+
+def _order(acc: AcceleratorInfo):
+    kind, _, index = acc.id.partition(":")
+    return (kind, int(index) if index.isdigit() else 0)
+
+
+def selected_ids(device: str, accs: list[AcceleratorInfo] | None = None) -> list[str]:
+    """Device ids a selection covers (``auto``: accelerators, else ``cpu``)."""
+    device = parse_device(device)
+    ids = [a.id for a in (accelerators() if accs is None else accs)]
+    if device == "auto":
+        return ids or ["cpu"]
+    if device == "all":
+        return ids + ["cpu"]
+    if device == "cpu":
+        return ["cpu"]
+    if device in ("cuda", "mps"):
+        return [i for i in ids if i.startswith(device + ":")]
+    return [device]
+
+
+def _nvml_index(acc: AcceleratorInfo) -> int | None:
+    if not acc.id.startswith("cuda:") or not nvml.available():
+        return None
+    if acc.uuid:
+        idx = nvml.index_for_uuid(acc.uuid)
+        if idx is not None:
+            return idx
+    visible = nvml.visible_indices()
+    ordinal = int(acc.id.split(":")[1])
+    return visible[ordinal] if ordinal < len(visible) else None
+
+
+def _host_memory() -> tuple[int | None, int | None, int | None]:
+    """(total, available, this process's resident set) of host RAM."""
+    total = avail = rss = None
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    return total, avail, rss
+
+
+def _cpu_usage() -> DeviceUsage:
+    total, avail, rss = _host_memory()
+    used = total - avail if total is not None and avail is not None else None
+    return DeviceUsage("cpu", "cpu", "host memory", total=total, used_all=used,
+                       used_process=rss, free=avail)
+
+
+def read_devices(device: str = "auto", *, detail: bool = False) -> list[DeviceUsage]:
+    """Figures for every device the selection covers.
+
+    ``detail`` adds allocator details that cost more (largest free block).
+    """
+    accs = accelerators()
+    by_id = {a.id: a for a in accs}
+    ids = selected_ids(device, accs)
+    backends = active_backends()
+    usages: dict[str, list[FrameworkUsage]] = {i: [] for i in ids}
+    for backend in backends:
+        try:
+            for dev, usage in backend.usage(ids, detail=detail).items():
+                usages.setdefault(dev, []).append(usage)
+        except Exception:
+            continue
+    out = []
+    for dev in ids:
+        if dev == "cpu":
+            du = _cpu_usage()
+        else:
+            acc = by_id.get(dev) or AcceleratorInfo(dev, dev.split(":")[0])
+            du = _accelerator_usage(acc)
+        du.frameworks = usages.get(dev, [])
+        out.append(du)
+    return out
+
+
+def _accelerator_usage(acc: AcceleratorInfo) -> DeviceUsage:
+    du = DeviceUsage(acc.id, acc.kind, acc.name, uuid=acc.uuid, total=acc.total)
+    idx = _nvml_index(acc)
+    if idx is None:
+        why = nvml.status() if acc.id.startswith("cuda:") else None
+        if why:
+            du.notes.append(why)
+        return du
+    reading = nvml.read_device(idx)
+    du.nvml_index = idx
+    if reading is not None:
+        du.name = du.name or reading.name
+        du.uuid = reading.uuid
+        du.total, du.used_all, du.free = reading.total, reading.used, reading.free
+    du.used_process = nvml.process_used(idx)
+    return du

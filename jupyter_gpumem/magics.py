@@ -1,0 +1,195 @@
+"""``%gpumem`` and ``%%gpuwatch``: argument parsing over the Python API, nothing clever."""
+from __future__ import annotations
+
+import importlib
+import shlex
+import sys
+from typing import Any, Callable
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import MagicArgumentParser
+from traitlets import Bool, Float, Unicode, Union
+
+from . import devices as _devices
+
+#: subcommands served by other modules: name -> (module, function(magics, argv))
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "watch": ("jupyter_gpumem.watch", "magic_watch"),
+    "history": ("jupyter_gpumem.watch", "magic_history"),
+    "plot": ("jupyter_gpumem.watch", "magic_plot"),
+    "panel": ("jupyter_gpumem.panel", "magic_panel"),
+    "tame": ("jupyter_gpumem.backends.tame", "magic_tame"),
+}
+
+USAGE = """\
+%gpumem [NAME ...] [--device auto|all|cpu|cuda:N] [-o]
+%gpumem purge [NAME|PATH ...] [--all] [--dry-run] [--device ...] [-o]
+%gpumem watch on|off [--warn-at 80%] [--auto-purge-hidden]
+%gpumem history [--save FILE] [--tensorboard DIR]
+%gpumem plot | panel | tame
+%%gpuwatch [-o NAME] [--interval S] [--plot] [--device ...]"""
+
+
+def _parser(prog: str, description: str) -> MagicArgumentParser:
+    p = MagicArgumentParser(prog=prog, description=description, add_help=False)
+    p.add_argument("--device", default=None,
+                   help="which devices count: auto (accelerators, else cpu), all, cpu, cuda:N")
+    p.add_argument("-o", dest="output", action="store_true", help="return the result object")
+    return p
+
+
+def _report_parser() -> MagicArgumentParser:
+    p = _parser("%gpumem", "who holds accelerator memory")
+    p.add_argument("names", nargs="*", help="names or paths to detail")
+    return p
+
+
+def _purge_parser() -> MagicArgumentParser:
+    p = _parser("%gpumem purge", "delete names and free their memory")
+    p.add_argument("names", nargs="*", help="names or paths to purge")
+    p.add_argument("--all", action="store_true", help="every user name that holds memory")
+    p.add_argument("--dry-run", action="store_true", help="show what would go; change nothing")
+    return p
+
+
+def split_line(line: str) -> list[str]:
+    """Split a magic line like a shell would, as a UsageError on bad quoting."""
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"cannot parse {line!r}: {exc}") from None
+
+
+def report_errors(fn: Callable) -> Callable:
+    """Never raise into the user's cell: UsageError stays, anything else is one line."""
+    def wrapper(self, *args, **kwargs):
+        try:
+            return fn(self, *args, **kwargs)
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
+            print(f"jupyter_gpumem: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return None
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+@magics_class
+class GpuMemMagics(Magics):
+    """The jupyter_gpumem magics; its traits are the extension's settings."""
+
+    default_device = Unicode("auto", help="device used when --device is not given: "
+                             "auto (accelerators, else cpu), all, cpu, cuda:N").tag(config=True)
+    scan_time_limit = Float(3.0, help="seconds a scan may take before it reports a "
+                            "partial result").tag(config=True)
+    watch = Bool(False, help="show the per-cell memory footer from the start").tag(config=True)
+    warn_at = Union([Float(), Unicode()], default_value=None, allow_none=True,
+                    help="warn after a cell that leaves a device above this share "
+                    "(0.8 or '80%')").tag(config=True)
+    auto_purge_hidden = Bool(False, help="with warn_at: clear hidden holders and caches "
+                             "when the threshold is crossed").tag(config=True)
+    sample_interval = Float(0.05, help="seconds between NVML samples while a "
+                            "watched cell runs").tag(config=True)
+    tame = Bool(False, help="on load, make JAX and TensorFlow allocate on demand "
+                "instead of grabbing the card").tag(config=True)
+
+    def __init__(self, shell=None, **kwargs):
+        super().__init__(shell=shell, **kwargs)
+        self._cleanups: list[Callable[[], Any]] = []
+
+    # -- helpers for the other modules ------------------------------------------
+    def add_cleanup(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` when the extension unloads."""
+        self._cleanups.append(fn)
+
+    def run_cleanups(self) -> None:
+        while self._cleanups:
+            fn = self._cleanups.pop()
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001
+                print(f"jupyter_gpumem: cleanup failed: {exc}", file=sys.stderr)
+
+    def device(self, value: str | None) -> str:
+        """Validated device selection (``--device`` or the configured default)."""
+        try:
+            return _devices.parse_device(value if value is not None else self.default_device)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+    def show(self, result: Any, output: bool) -> Any:
+        """Display a result (HTML in a notebook, text in a terminal); return it with -o."""
+        from IPython.display import display
+
+        display(result)
+        return result if output else None
+
+    # -- the magics ------------------------------------------------------------------
+    @line_magic
+    @report_errors
+    def gpumem(self, line: str = "") -> Any:
+        """Who holds accelerator memory, and purge it.
+
+        %gpumem [NAME ...] [--device auto|all|cpu|cuda:N] [-o]
+        %gpumem purge [NAME|PATH ...] [--all] [--dry-run] [--device ...] [-o]
+        %gpumem watch on|off, history, plot, panel, tame: see the README.
+        """
+        argv = split_line(line)
+        if argv and argv[0] in ("help", "-h", "--help"):
+            print(USAGE)
+            return None
+        if argv and argv[0] == "purge":
+            return self._purge(argv[1:])
+        if argv and argv[0] in SUBCOMMANDS:
+            module, func = SUBCOMMANDS[argv[0]]
+            handler = getattr(importlib.import_module(module), func)
+            return handler(self, argv[1:])
+        return self._report(argv)
+
+    def _report(self, argv: list[str]) -> Any:
+        from .snapshot import build
+        from .paths import PathError
+
+        args = _report_parser().parse_args(argv)
+        device = self.device(args.device)
+        error = None
+        try:
+            snap = build(shell=self.shell, device=device,
+                         names=args.names or None, time_limit=self.scan_time_limit)
+        except PathError as exc:
+            error = str(exc)
+        if error is not None:  # raised here so no frame of the scan stays in a traceback
+            raise UsageError(error)
+        for name in args.names:
+            if not any(h.name == name for h in snap.details):
+                raise UsageError(f"{name!r} holds no tensor memory on "
+                                 f"{', '.join(d.id for d in snap.devices)}")
+        return self.show(snap, args.output)
+
+    def _purge(self, argv: list[str]) -> Any:
+        from .purge import PurgeError, purge
+
+        args = _purge_parser().parse_args(argv)
+        device = self.device(args.device)
+        error = None
+        try:
+            result = purge(args.names, shell=self.shell, all=args.all, dry_run=args.dry_run,
+                           device=device, time_limit=self.scan_time_limit)
+        except PurgeError as exc:
+            error = str(exc)
+        if error is not None:  # raised here so no frame of the plan stays in a traceback
+            raise UsageError(error)
+        return self.show(result, args.output)
+
+    @cell_magic
+    @report_errors
+    def gpuwatch(self, line: str, cell: str) -> Any:
+        """Run the cell and report what it did to memory, peaks included.
+
+        %%gpuwatch [-o NAME] [--interval S] [--plot] [--device ...]
+        """
+        from .watch import cell_magic_gpuwatch
+
+        return cell_magic_gpuwatch(self, line, cell)

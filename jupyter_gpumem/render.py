@@ -1,0 +1,187 @@
+"""Text and HTML for snapshots and purge results (bytes are formatted here only)."""
+from __future__ import annotations
+
+import html
+from typing import Iterable
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def fmt_bytes(n: int | None) -> str:
+    """``1536`` -> ``1.5 KiB``; ``None`` -> ``n/a``."""
+    if n is None:
+        return "n/a"
+    sign = "-" if n < 0 else ""
+    value = float(abs(n))
+    for unit in _UNITS:
+        if value < 1024 or unit == _UNITS[-1]:
+            return f"{sign}{int(value)} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    def line(cells):
+        return "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i])
+                         for i, c in enumerate(cells)).rstrip()
+    return [line(headers)] + [line(r) for r in rows]
+
+
+# -- devices -------------------------------------------------------------------
+def device_line(d) -> str:
+    """SPEC's reconciliation line for one device."""
+    if d.kind == "cpu":
+        return (f"cpu · host memory {fmt_bytes(d.total)} · this process {fmt_bytes(d.used_process)}"
+                f" · tracked tensors {fmt_bytes(d.attributed)}")
+    parts = [f"{d.id} {d.name or ''}".rstrip(), f"total {fmt_bytes(d.total)}"]
+    if d.used_all is not None:
+        parts.append(f"used {fmt_bytes(d.used_all)} (this process {fmt_bytes(d.used_process)},"
+                     f" others {fmt_bytes(d.other_processes)})")
+    for fw in d.frameworks:
+        text = f"{fw.name} reserved {fmt_bytes(fw.reserved)}, allocated {fmt_bytes(fw.allocated)}"
+        if fw.pool is not None:
+            text += f", pool {fmt_bytes(fw.pool)}"
+        parts.append(text)
+    if not d.frameworks:
+        parts.append("no framework has used it yet")
+    if d.non_framework is not None:
+        parts.append(f"rest {fmt_bytes(d.non_framework)} (context, cuBLAS/cuDNN, NCCL, other libraries)")
+    return " · ".join(parts)
+
+
+def fragmentation_line(d) -> str | None:
+    frag = d.fragmentation
+    if not frag or not frag.get("free_in_reserved"):
+        return None
+    text = f"  fragmentation: {fmt_bytes(frag['free_in_reserved'])} reserved but unallocated"
+    if frag.get("largest_free_block") is not None:
+        text += f", largest free block {fmt_bytes(frag['largest_free_block'])}"
+    return text
+
+
+def _devices_of(h) -> str:
+    return ",".join(sorted(h.devices)) or "-"
+
+
+def _holder_rows(holders) -> list[list[str]]:
+    rows = []
+    for h in holders:
+        name = h.label + (f" ({', '.join(h.aliases)})" if h.aliases else "")
+        rows.append([name, fmt_bytes(h.unique), fmt_bytes(h.shared), _devices_of(h), h.type,
+                     h.largest_path or ""])
+    return rows
+
+
+_HEADERS = ["holder", "only it", "shared", "device", "what", "largest path"]
+
+
+def snapshot_text(s) -> str:
+    """Aligned plain text of a snapshot."""
+    lines: list[str] = []
+    for d in s.devices:
+        lines.append(device_line(d))
+        frag = fragmentation_line(d)
+        if frag:
+            lines.append(frag)
+    for m in s.messages:
+        lines.append(f"note: {m}")
+    lines.append("")
+    if s.holders:
+        lines += _table(_HEADERS, _holder_rows(s.holders), {1, 2})
+    else:
+        lines.append("no name holds tensor memory on " + ", ".join(d.id for d in s.devices))
+    un = {k: v for k, v in s.unattributed.items() if v}
+    if un:
+        lines.append("unattributed (allocated, reached by no name): " +
+                     ", ".join(f"{fmt_bytes(v)} on {k}" for k, v in un.items()))
+    hints = [h for h in s.holders if h.hint]
+    if hints:
+        lines.append("")
+        lines += [f"hint: {h.label}: {h.hint}" for h in hints]
+    for h in s.details:
+        lines.append("")
+        lines.append(f"{h.name}: {fmt_bytes(h.total)} in {h.tensors} storage(s)")
+        lines += ["  " + x for x in _table(
+            ["path", "bytes", "device", "what", "shared with"],
+            [[r.path, fmt_bytes(r.nbytes), r.device, r.what or "", ", ".join(r.shared_with)]
+             for r in h.rows], {1})]
+    return "\n".join(lines).rstrip()
+
+
+def _esc(x) -> str:
+    return html.escape(str(x))
+
+
+def _html_table(headers: Iterable[str], rows: Iterable[Iterable[str]], right: set[int]) -> str:
+    head = "".join(f"<th style='text-align:{'right' if i in right else 'left'}'>{_esc(h)}</th>"
+                   for i, h in enumerate(headers))
+    body = "".join(
+        "<tr>" + "".join(f"<td style='text-align:{'right' if i in right else 'left'}'>{_esc(c)}</td>"
+                         for i, c in enumerate(r)) + "</tr>"
+        for r in rows)
+    return f"<table class='jupyter-gpumem'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def snapshot_html(s) -> str:
+    """Rich HTML of a snapshot (the same facts as the text)."""
+    parts = ["<div class='jupyter-gpumem'>"]
+    for d in s.devices:
+        parts.append(f"<div><code>{_esc(device_line(d))}</code></div>")
+        frag = fragmentation_line(d)
+        if frag:
+            parts.append(f"<div><code>{_esc(frag.strip())}</code></div>")
+    for m in s.messages:
+        parts.append(f"<div><em>note: {_esc(m)}</em></div>")
+    if s.holders:
+        parts.append(_html_table(_HEADERS, _holder_rows(s.holders), {1, 2}))
+    else:
+        parts.append("<div>no name holds tensor memory</div>")
+    un = {k: v for k, v in s.unattributed.items() if v}
+    if un:
+        parts.append("<div>unattributed (allocated, reached by no name): " + _esc(
+            ", ".join(f"{fmt_bytes(v)} on {k}" for k, v in un.items())) + "</div>")
+    for h in s.holders:
+        if h.hint:
+            parts.append(f"<div>💡 <b>{_esc(h.label)}</b>: {_esc(h.hint)}</div>")
+    for h in s.details:
+        parts.append(f"<h4>{_esc(h.name)}: {_esc(fmt_bytes(h.total))}</h4>")
+        parts.append(_html_table(["path", "bytes", "device", "what", "shared with"],
+                                 [[r.path, fmt_bytes(r.nbytes), r.device, r.what or "",
+                                   ", ".join(r.shared_with)] for r in h.rows], {1}))
+    parts.append("</div>")
+    return "".join(parts)
+
+
+# -- purge ---------------------------------------------------------------------------
+def _purge_rows(r) -> list[list[str]]:
+    if r.dry_run:
+        return [[dev, fmt_bytes(n)] for dev, n in sorted(r.predicted.items())]
+    return [[c.device, c.measure, fmt_bytes(c.before), fmt_bytes(c.after), fmt_bytes(c.freed)]
+            for c in r.changes]
+
+
+def _purge_headers(r) -> list[str]:
+    return ["device", "would free"] if r.dry_run else ["device", "measure", "before", "after", "freed"]
+
+
+def purge_text(r) -> str:
+    """Plain text of a purge result."""
+    head = "dry run: would remove " if r.dry_run else "removed "
+    lines = [head + (", ".join(r.removed) if r.removed else "nothing")]
+    lines += _table(_purge_headers(r), _purge_rows(r), {1} if r.dry_run else {2, 3, 4})
+    lines += [f"note: {m}" for m in r.messages]
+    return "\n".join(lines)
+
+
+def purge_html(r) -> str:
+    head = "dry run: would remove " if r.dry_run else "removed "
+    parts = [f"<div class='jupyter-gpumem'><div>{_esc(head)}<code>"
+             f"{_esc(', '.join(r.removed) if r.removed else 'nothing')}</code></div>",
+             _html_table(_purge_headers(r), _purge_rows(r), {1} if r.dry_run else {2, 3, 4})]
+    parts += [f"<div><em>note: {_esc(m)}</em></div>" for m in r.messages]
+    parts.append("</div>")
+    return "".join(parts)

@@ -1,0 +1,620 @@
+"""Walk from the user's names and IPython's hidden holders to tensor storages.
+
+The walk starts at named roots, never at ``gc.get_objects()``, so its cost
+follows what the user holds, not the size of the heap. It reads objects
+only through C-level slots and descriptors: no property, ``__getattr__`` or
+other user code runs. It is iterative, bounded in time and depth, and a
+partial result says it is partial.
+"""
+from __future__ import annotations
+
+import builtins
+import functools
+import gc
+import os
+import re
+import sys
+import sysconfig
+import time
+import types
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .backends import Backend, StorageInfo, active_backends
+
+ATOMIC = frozenset({
+    int, float, complex, bool, str, bytes, bytearray, type(None), range, slice,
+    type(Ellipsis), type(NotImplemented), memoryview,
+})
+_SKIP_TYPES = frozenset({
+    weakref.ref, weakref.ProxyType, weakref.CallableProxyType, types.CodeType,
+    types.GetSetDescriptorType, types.MemberDescriptorType, types.WrapperDescriptorType,
+    types.MethodWrapperType, types.MethodDescriptorType, types.ClassMethodDescriptorType,
+    types.MappingProxyType,
+})
+_BIG = 4096            # containers longer than this get a C-speed "all atomic?" check first
+_DEFAULT_MAX_DEPTH = 2000
+
+# -- hidden names IPython keeps in user_ns --------------------------------
+_HIDDEN_NAME = re.compile(r"^(_|__|___|_\d+|_i|_ii|_iii|_i\d+|_ih|_oh|_dh|In|Out|_exit_code)$")
+_SHELL_NAMES = {"exit", "quit", "get_ipython", "__builtin__", "__builtins__", "__name__",
+                "__doc__", "__package__", "__loader__", "__spec__"}
+
+
+@dataclass
+class Root:
+    """A starting point of the walk: something the user can name."""
+
+    name: str
+    obj: Any
+    hidden: bool = False
+    aliases: list[str] = field(default_factory=list)
+    purge: str | None = None
+    kind: str = "user"      # user | output | underscore | result | traceback | path
+
+
+@dataclass
+class Reach:
+    """What one root reaches: storage key -> (storage, path node, description)."""
+
+    storages: dict = field(default_factory=dict)
+    objects: int = 0
+
+
+@dataclass
+class ScanResult:
+    """Roots and what each reaches, plus how the walk went."""
+
+    roots: list[Root]
+    reach: list[Reach]
+    partial: bool = False
+    reasons: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    errors: int = 0
+
+
+# -- what counts as library code ------------------------------------------
+def _library_dirs() -> tuple[str, ...]:
+    dirs = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        try:
+            dirs.add(os.path.realpath(sysconfig.get_paths()[key]))
+        except (KeyError, OSError):
+            pass
+    for p in sys.path:
+        if p and ("site-packages" in p or "dist-packages" in p):
+            dirs.add(os.path.realpath(p))
+    return tuple(d + os.sep for d in dirs if d)
+
+
+_LIB_DIRS = _library_dirs()
+_module_is_library: dict[str, bool] = {}
+
+
+def is_library_module_name(name: str | None) -> bool:
+    """True for modules that belong to Python or an installed package."""
+    if not name or not isinstance(name, str):
+        return False
+    cached = _module_is_library.get(name)
+    if cached is not None:
+        return cached
+    top = name.partition(".")[0]
+    if name == "__main__":
+        result = False
+    elif top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
+        result = True
+    else:
+        mod = sys.modules.get(name)
+        path = mod.__dict__.get("__file__") if isinstance(mod, types.ModuleType) else None
+        if not isinstance(path, str):
+            # a module made at run time (types.ModuleType) is the user's;
+            # an unknown module name with no file is taken as a library's
+            result = mod is None and top in sys.modules and top != name
+        else:
+            result = os.path.realpath(path).startswith(_LIB_DIRS)
+    _module_is_library[name] = result
+    return result
+
+
+def _dict_of(tp: type) -> Any:
+    """The C ``__dict__`` descriptor of ``tp`` instances, or ``None``."""
+    for klass in tp.__mro__:
+        d = type.__dict__["__dict__"].__get__(klass)
+        if "__dict__" in d:
+            descr = d["__dict__"]
+            return descr if type(descr) is types.GetSetDescriptorType else None
+    return None
+
+
+def _slots_of(tp: type) -> tuple:
+    out = []
+    for klass in tp.__mro__:
+        d = type.__dict__["__dict__"].__get__(klass)
+        slots = d.get("__slots__", ())
+        if isinstance(slots, str):
+            slots = (slots,)
+        for name in slots:
+            descr = d.get(name)
+            if type(descr) is types.MemberDescriptorType:
+                out.append((name, descr))
+    return tuple(out)
+
+
+class Walker:
+    """Walks object graphs; one instance per scan (it caches per type)."""
+
+    def __init__(self, backends: list[Backend], devices: set[str] | None,
+                 deadline: float, stop_ids: set[int], max_depth: int = _DEFAULT_MAX_DEPTH,
+                 describe: bool = False) -> None:
+        self.backends = backends
+        self.devices = devices
+        self.deadline = deadline
+        self.stop_ids = stop_ids
+        self.max_depth = max_depth
+        self.describe = describe
+        self.partial = False
+        self.reasons: list[str] = []
+        self.errors = 0
+        self._handlers: dict[type, Callable] = {}
+        self._storage_cache: dict[int, list[StorageInfo]] = {}
+        self._instance_layout: dict[type, tuple] = {}
+        self._tensor_types = tuple(t for b in backends for t in b.tensor_types())
+        self._container_types = tuple(t for b in backends for t in b.container_types())
+
+    # -- driving -----------------------------------------------------------
+    def stop(self, reason: str) -> None:
+        if not self.partial:
+            self.partial = True
+        if reason not in self.reasons:
+            self.reasons.append(reason)
+
+    def walk(self, obj: Any, label: tuple) -> Reach:
+        """Every storage reachable from ``obj`` (stops at ``stop_ids``)."""
+        reach = Reach()
+        found = reach.storages
+        seen: set[int] = set()
+        stack: list = [(obj, (None, label), 0)]
+        push = stack.append
+        pop = stack.pop
+        count = 0
+        atomic = ATOMIC
+        handlers = self._handlers
+        while stack:
+            item, node, depth = pop()
+            if type(item) in atomic:
+                continue
+            oid = id(item)
+            if oid in seen or oid in self.stop_ids:
+                continue
+            seen.add(oid)
+            count += 1
+            if not count & 511 and time.perf_counter() > self.deadline:
+                self.stop("time limit reached")
+                break
+            if depth > self.max_depth:
+                self.stop("depth limit reached")
+                continue
+            tp = type(item)
+            try:
+                handler = handlers.get(tp)
+                if handler is None:
+                    handler = handlers[tp] = self._classify(tp)
+                handler(item, node, depth + 1, push, found)
+            except Exception:
+                self.errors += 1  # an object that refuses introspection
+        reach.objects = count
+        return reach
+
+    # -- classification ------------------------------------------------------
+    def _classify(self, tp: type) -> Callable:
+        if tp in _SKIP_TYPES or issubclass(tp, weakref.ref):
+            return _skip
+        for backend in self.backends:
+            types_ = backend.tensor_types()
+            if types_ and issubclass(tp, types_):
+                return functools.partial(self._tensor, backend)
+            containers = backend.container_types()
+            if containers and issubclass(tp, containers):
+                return functools.partial(self._backend_container, backend)
+        if tp is types.ModuleType or issubclass(tp, types.ModuleType):
+            return self._module
+        if issubclass(tp, type):
+            return self._class
+        if issubclass(tp, dict):
+            return self._dict if tp is dict else self._with_instance(self._dict)
+        if issubclass(tp, (list, tuple)):
+            return self._sequence if tp in (list, tuple) else self._with_instance(self._sequence)
+        if issubclass(tp, (set, frozenset)):
+            return self._set if tp in (set, frozenset) else self._with_instance(self._set)
+        if tp is types.FunctionType:
+            return self._function
+        if tp is types.MethodType:
+            return self._method
+        if tp is types.BuiltinFunctionType:
+            return self._builtin_method
+        if issubclass(tp, functools.partial):
+            return self._partial
+        if tp is types.CellType:
+            return self._cell
+        if tp in (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType):
+            return self._generator
+        if tp is types.FrameType:
+            return self._frame
+        if tp is types.TracebackType:
+            return self._traceback
+        if issubclass(tp, BaseException):
+            return self._exception
+        if tp.__module__.partition(".")[0] in ("numpy", "pandas") and not _dict_of(tp):
+            return _skip  # array data is not accelerator memory; no Python refs inside
+        return self._instance
+
+    def _with_instance(self, container: Callable) -> Callable:
+        def both(obj, node, depth, push, found):
+            container(obj, node, depth, push, found)
+            self._instance(obj, node, depth, push, found)
+        return both
+
+    # -- handlers ----------------------------------------------------------------
+    def _tensor(self, backend: Backend, obj, node, depth, push, found) -> None:
+        infos = self._storage_cache.get(id(obj))
+        if infos is None:
+            infos = self._storage_cache[id(obj)] = backend.storages(obj)
+        for info in infos:
+            if self.devices is not None and info.device not in self.devices:
+                continue
+            if info.key not in found:
+                found[info.key] = (info, node, self._describe(obj) if self.describe else None)
+        for label, child in backend.children(obj):
+            if type(child) not in ATOMIC:
+                push((child, (node, label), depth))
+
+    @staticmethod
+    def _describe(obj) -> str | None:
+        try:
+            dtype = str(getattr(obj, "dtype", "")).replace("torch.", "")
+            shape = tuple(getattr(obj, "shape", ()))
+            return f"{type(obj).__name__} {dtype}{list(shape)}"
+        except Exception:
+            return type(obj).__name__
+
+    def _backend_container(self, backend: Backend, obj, node, depth, push, found) -> None:
+        for label, child in backend.children(obj):
+            if type(child) not in ATOMIC:
+                push((child, (node, label), depth))
+
+    def _dict(self, obj, node, depth, push, found) -> None:
+        if len(obj) > _BIG and ATOMIC.issuperset(map(type, dict.values(obj))) \
+                and ATOMIC.issuperset(map(type, dict.keys(obj))):
+            return
+        atomic = ATOMIC
+        for k, v in dict.items(obj):
+            if type(v) not in atomic:
+                push((v, (node, ("item", k) if type(k) in atomic else ("item", ...)), depth))
+            if type(k) not in atomic:
+                push((k, (node, ("key",)), depth))
+
+    def _sequence(self, obj, node, depth, push, found) -> None:
+        it = list.__iter__(obj) if isinstance(obj, list) else tuple.__iter__(obj)
+        if len(obj) > _BIG and ATOMIC.issuperset(map(type, obj)):
+            return
+        atomic = ATOMIC
+        for i, v in enumerate(it):
+            if type(v) not in atomic:
+                push((v, (node, ("index", i)), depth))
+
+    def _set(self, obj, node, depth, push, found) -> None:
+        for v in (set.__iter__(obj) if isinstance(obj, set) else frozenset.__iter__(obj)):
+            if type(v) not in ATOMIC:
+                push((v, (node, ("elem",)), depth))
+
+    def _module(self, obj, node, depth, push, found) -> None:
+        d = obj.__dict__
+        if is_library_module_name(d.get("__name__")) or d is sys.modules.get("__main__", obj).__dict__:
+            return
+        for k, v in dict.items(d):
+            if not (k.startswith("__") and k.endswith("__")) and type(v) not in ATOMIC:
+                push((v, (node, ("attr", k)), depth))
+
+    def _class(self, obj, node, depth, push, found) -> None:
+        d = type.__dict__["__dict__"].__get__(obj)
+        if is_library_module_name(d.get("__module__")):
+            return
+        for k, v in d.items():
+            if k in ("__dict__", "__weakref__", "__module__", "__doc__", "__slots__"):
+                continue
+            if type(v) not in ATOMIC and type(v) not in _SKIP_TYPES:
+                push((v, (node, ("attr", k)), depth))
+
+    def _function(self, obj, node, depth, push, found) -> None:
+        if is_library_module_name(obj.__module__):
+            return
+        closure = obj.__closure__
+        if closure:
+            for name, cell in zip(obj.__code__.co_freevars, closure):
+                try:
+                    value = cell.cell_contents
+                except ValueError:
+                    continue
+                if type(value) not in ATOMIC:
+                    push((value, (node, ("closure", name)), depth))
+        for i, v in enumerate(obj.__defaults__ or ()):
+            if type(v) not in ATOMIC:
+                push((v, (node, ("default", i)), depth))
+        for k, v in (obj.__kwdefaults__ or {}).items():
+            if type(v) not in ATOMIC:
+                push((v, (node, ("default", k)), depth))
+        for k, v in dict.items(obj.__dict__):
+            if type(v) not in ATOMIC:
+                push((v, (node, ("attr", k)), depth))
+
+    def _method(self, obj, node, depth, push, found) -> None:
+        push((obj.__self__, (node, ("attr", "__self__")), depth))
+        push((obj.__func__, (node, ("attr", "__func__")), depth))
+
+    def _builtin_method(self, obj, node, depth, push, found) -> None:
+        owner = obj.__self__
+        if owner is not None and not isinstance(owner, types.ModuleType):
+            push((owner, (node, ("attr", "__self__")), depth))
+
+    def _partial(self, obj, node, depth, push, found) -> None:
+        get = lambda name: functools.partial.__dict__[name].__get__(obj)  # noqa: E731
+        push((get("func"), (node, ("attr", "func")), depth))
+        for i, v in enumerate(get("args")):
+            push((v, (node, ("attr_index", "args", i)), depth))
+        for k, v in (get("keywords") or {}).items():
+            push((v, (node, ("attr_item", "keywords", k)), depth))
+        self._instance(obj, node, depth, push, found)
+
+    def _cell(self, obj, node, depth, push, found) -> None:
+        try:
+            push((obj.cell_contents, node, depth))
+        except ValueError:
+            pass
+
+    def _generator(self, obj, node, depth, push, found) -> None:
+        frame = getattr(obj, "gi_frame", None) or getattr(obj, "cr_frame", None) \
+            or getattr(obj, "ag_frame", None)
+        if frame is not None:
+            push((frame, node, depth))
+
+    def _frame(self, obj, node, depth, push, found) -> None:
+        func = obj.f_code.co_name
+        for k, v in dict(obj.f_locals).items():
+            if type(v) not in ATOMIC and v is not obj:
+                push((v, (node, ("local", func, k)), depth))
+
+    def _traceback(self, obj, node, depth, push, found) -> None:
+        if obj.tb_next is not None:
+            push((obj.tb_next, node, depth))
+        push((obj.tb_frame, node, depth))
+
+    def _exception(self, obj, node, depth, push, found) -> None:
+        base = BaseException.__dict__
+        for name in ("__traceback__", "__context__", "__cause__"):
+            v = base[name].__get__(obj)
+            if v is not None:
+                push((v, (node, ("attr", name)), depth))
+        for i, v in enumerate(base["args"].__get__(obj)):
+            if type(v) not in ATOMIC:
+                push((v, (node, ("attr_index", "args", i)), depth))
+        self._instance(obj, node, depth, push, found)
+
+    def _instance(self, obj, node, depth, push, found) -> None:
+        tp = type(obj)
+        layout = self._instance_layout.get(tp)
+        if layout is None:
+            layout = self._instance_layout[tp] = (_dict_of(tp), _slots_of(tp))
+        dict_descr, slots = layout
+        if dict_descr is None and not slots:
+            self._referents(obj, node, depth, push)
+            return
+        if dict_descr is not None:
+            d = dict_descr.__get__(obj)
+            if d:
+                for k, v in dict.items(d):
+                    if type(v) not in ATOMIC:
+                        push((v, (node, ("attr", k)), depth))
+        for name, descr in slots:
+            try:
+                v = descr.__get__(obj)
+            except AttributeError:
+                continue
+            if type(v) not in ATOMIC:
+                push((v, (node, ("attr", name)), depth))
+
+    def _referents(self, obj, node, depth, push) -> None:
+        tp = type(obj)
+        for v in gc.get_referents(obj):
+            if v is tp or type(v) in ATOMIC:
+                continue
+            push((v, (node, ("ref",)), depth))
+
+
+def _skip(obj, node, depth, push, found) -> None:
+    return None
+
+
+# -- paths -------------------------------------------------------------------------
+def _format_key(key: Any) -> str:
+    if key is ...:
+        return "[...]"
+    text = repr(key)
+    return f"[{text}]" if len(text) <= 40 else "[...]"
+
+
+def format_label(label: tuple) -> str:
+    """Text of one step of a path."""
+    kind = label[0]
+    if kind == "root":
+        return label[1]
+    if kind == "attr":
+        return "." + label[1]
+    if kind == "item":
+        return _format_key(label[1])
+    if kind == "index":
+        return f"[{label[1]}]"
+    if kind == "key":
+        return ".keys()[...]"
+    if kind == "elem":
+        return "{...}"
+    if kind == "attr_index":
+        return f".{label[1]}[{label[2]}]"
+    if kind == "attr_item":
+        return f".{label[1]}{_format_key(label[2])}"
+    if kind == "closure":
+        return f"→closure:{label[1]}"
+    if kind == "default":
+        return f"→default:{label[1]}"
+    if kind == "local":
+        return f"→{label[1]}(): {label[2]}"
+    if kind == "graph":
+        return f".grad_fn→{label[1]}.{label[2]}"
+    if kind == "ref":
+        return "→ref"
+    return "→" + str(kind)
+
+
+def format_path(node: tuple | None) -> str:
+    """The text of a path node, from its root to the storage."""
+    parts = []
+    while node is not None:
+        node, label = node
+        parts.append(format_label(label))
+    parts.reverse()
+    return "".join(parts)
+
+
+# -- roots -----------------------------------------------------------------------
+def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
+    """The user's own names in a namespace (IPython's bookkeeping left out)."""
+    hidden_ns = hidden_ns or {}
+    out = []
+    for name, value in list(namespace.items()):
+        if type(value) in ATOMIC or name in _SHELL_NAMES or _HIDDEN_NAME.match(name):
+            continue
+        if name.startswith("__") and name.endswith("__"):
+            continue
+        if name in hidden_ns and hidden_ns[name] is value:
+            continue
+        if isinstance(value, types.ModuleType) and is_library_module_name(value.__dict__.get("__name__")):
+            continue
+        out.append(Root(name, value, purge=name))
+    return out
+
+
+def _add_hidden(roots: list[Root], by_id: dict[int, Root], name: str, obj: Any,
+                kind: str, purge: str | None) -> None:
+    if obj is None or type(obj) in ATOMIC:
+        return
+    existing = by_id.get(id(obj))
+    if existing is not None:
+        if name != existing.name and name not in existing.aliases:
+            existing.aliases.append(name)
+        return
+    root = Root(name, obj, hidden=True, purge=purge, kind=kind)
+    roots.append(root)
+    by_id[id(obj)] = root
+
+
+def traceback_objects(shell: Any = None) -> list[Any]:
+    """Objects that keep the last error's frames alive (distinct, in order)."""
+    out: list[Any] = []
+    ids: set[int] = set()
+
+    def add(obj):
+        if obj is not None and id(obj) not in ids:
+            ids.add(id(obj))
+            out.append(obj)
+
+    for name in ("last_exc", "last_value", "last_traceback"):
+        add(getattr(sys, name, None))
+    if shell is not None:
+        add(getattr(getattr(shell, "InteractiveTB", None), "tb", None))
+        result = getattr(shell, "last_execution_result", None)
+        add(getattr(result, "error_in_exec", None))
+        pdb = getattr(getattr(shell, "InteractiveTB", None), "pdb", None)
+        add(getattr(pdb, "curframe", None))
+    return out
+
+
+def hidden_roots(shell: Any = None) -> list[Root]:
+    """IPython's hidden holders, under names a user can type."""
+    roots: list[Root] = []
+    by_id: dict[int, Root] = {}
+    if shell is not None:
+        ns = shell.user_ns
+        out_hist = getattr(getattr(shell, "history_manager", None), "output_hist", None)
+        if out_hist is None:
+            out_hist = ns.get("Out", {}) if isinstance(ns.get("Out"), dict) else {}
+        for n, value in sorted(dict.items(out_hist), key=lambda kv: kv[0]):
+            _add_hidden(roots, by_id, f"Out[{n}]", value, "output", f"Out[{n}]")
+        for n in list(out_hist):
+            alias = f"_{n}"
+            if alias in ns and id(ns[alias]) in by_id:
+                _add_hidden(roots, by_id, alias, ns[alias], "output", alias)
+        hook = getattr(shell, "displayhook", None)
+        for name in ("_", "__", "___"):
+            _add_hidden(roots, by_id, name, ns.get(name), "underscore", name)
+            _add_hidden(roots, by_id, name, getattr(hook, name, None), "underscore", name)
+        result = getattr(shell, "last_execution_result", None)
+        _add_hidden(roots, by_id, "last result", getattr(result, "result", None), "result", None)
+    tb_objs = traceback_objects(shell)
+    if tb_objs:
+        root = Root("last traceback", tuple(tb_objs), hidden=True, kind="traceback")
+        roots.append(root)
+    return roots
+
+
+def collect_roots(namespace: dict | None = None, shell: Any = None,
+                  include_hidden: bool = True) -> list[Root]:
+    """User roots, then hidden roots, for a shell or a plain namespace."""
+    if shell is not None:
+        namespace = shell.user_ns
+        hidden_ns = getattr(shell, "user_ns_hidden", {})
+    else:
+        hidden_ns = {}
+    roots = user_roots(namespace or {}, hidden_ns)
+    if include_hidden:
+        roots += hidden_roots(shell)
+    return roots
+
+
+def stop_ids_for(shell: Any = None, namespace: dict | None = None) -> set[int]:
+    """Objects the walk never enters: namespaces, the shell, module tables."""
+    objs: list[Any] = [sys.modules, builtins.__dict__, builtins, sys]
+    if namespace is not None:
+        objs.append(namespace)
+    if shell is not None:
+        objs += [shell, shell.user_ns, getattr(shell, "user_ns_hidden", None),
+                 getattr(shell, "user_global_ns", None), getattr(shell, "history_manager", None),
+                 getattr(shell, "displayhook", None), getattr(shell, "display_pub", None)]
+        hm = getattr(shell, "history_manager", None)
+        if hm is not None:
+            objs += [hm.output_hist, hm.input_hist_parsed, hm.input_hist_raw]
+        objs += [shell.user_ns.get("In"), shell.user_ns.get("Out")]
+    return {id(o) for o in objs if o is not None}
+
+
+def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
+         namespace: dict | None = None, time_limit: float = 3.0,
+         extra_stop: set[int] | None = None, describe: bool = False,
+         backends: list[Backend] | None = None) -> ScanResult:
+    """Walk every root; see the module docstring."""
+    start = time.perf_counter()
+    stop = stop_ids_for(shell, namespace)
+    if extra_stop:
+        stop |= extra_stop
+    walker = Walker(active_backends() if backends is None else backends, devices,
+                    start + time_limit, stop, describe=describe)
+    reach: list[Reach] = []
+    for root in roots:
+        if walker.partial and "time limit reached" in walker.reasons:
+            reach.append(Reach())
+            continue
+        if id(root.obj) in stop:
+            reach.append(Reach())
+            continue
+        reach.append(walker.walk(root.obj, ("root", root.name)))
+    return ScanResult(roots, reach, walker.partial, walker.reasons,
+                      time.perf_counter() - start, walker.errors)

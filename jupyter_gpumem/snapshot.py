@@ -1,0 +1,274 @@
+"""Snapshot, Holder and the attribution of bytes to holders.
+
+A :class:`Snapshot` holds no reference to user objects: only names, bytes
+and text, so keeping one (``-o``, the panel, ``Out``) pins no memory.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import devices as _devices
+from . import scan as _scan
+from .backends import active_backends
+
+SNAPSHOT_SCHEMA = "jupyter_gpumem.snapshot/1"
+_HIDDEN_HINTS = {
+    "output": "a value shown as a cell's result stays in Out: end the line with `;`",
+    "underscore": "`_` keeps the last shown result: `%gpumem purge` clears it",
+    "result": "the last cell's result is kept by IPython: `%gpumem purge` clears it",
+    "traceback": "the last error keeps its frames' locals alive: `%gpumem purge` clears it",
+}
+
+
+@dataclass
+class TensorRow:
+    """One storage inside a named holder (``%gpumem NAME``)."""
+
+    path: str
+    nbytes: int
+    device: str
+    framework: str
+    what: str | None = None
+    shared_with: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "bytes": self.nbytes, "device": self.device,
+                "framework": self.framework, "what": self.what,
+                "shared_with": list(self.shared_with)}
+
+
+@dataclass
+class Holder:
+    """A name (or hidden holder) and the memory it keeps alive."""
+
+    name: str
+    label: str
+    type: str
+    unique: int
+    shared: int
+    devices: dict[str, int]
+    tensors: int
+    largest_path: str | None
+    largest_bytes: int
+    hidden: bool = False
+    aliases: list[str] = field(default_factory=list)
+    shared_with: list[str] = field(default_factory=list)
+    hint: str | None = None
+    purge: str | None = None
+    rows: list[TensorRow] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return self.unique + self.shared
+
+    def to_json(self) -> dict:
+        """The ``Holder`` object of docs/PROTOCOL.md."""
+        out = {
+            "name": self.name, "label": self.label, "hidden": self.hidden,
+            "aliases": list(self.aliases), "type": self.type, "unique": self.unique,
+            "shared": self.shared, "total": self.total, "devices": dict(self.devices),
+            "tensors": self.tensors, "largest_path": self.largest_path,
+            "largest_bytes": self.largest_bytes, "shared_with": list(self.shared_with),
+            "hint": self.hint, "purge": self.purge,
+        }
+        if self.rows:
+            out["rows"] = [r.to_json() for r in self.rows]
+        return out
+
+
+@dataclass
+class Snapshot:
+    """Devices and holders at one moment; renders as text, HTML and JSON."""
+
+    device: str
+    devices: list[_devices.DeviceUsage]
+    holders: list[Holder]
+    unattributed: dict[str, int | None]
+    accelerator: bool
+    partial: bool = False
+    messages: list[str] = field(default_factory=list)
+    scan_seconds: float = 0.0
+    time: float = field(default_factory=time.time)
+    details: list[Holder] = field(default_factory=list)
+
+    def holder(self, name: str) -> Holder | None:
+        """The holder called ``name`` (or with that alias), if any."""
+        for h in self.holders + self.details:
+            if h.name == name or name in h.aliases:
+                return h
+        return None
+
+    def to_json(self) -> dict:
+        """The snapshot schema of docs/PROTOCOL.md (JSON-able)."""
+        out = {
+            "schema": SNAPSHOT_SCHEMA, "time": self.time, "device": self.device,
+            "accelerator": self.accelerator, "partial": self.partial,
+            "scan_seconds": round(self.scan_seconds, 6), "messages": list(self.messages),
+            "devices": [d.to_json() for d in self.devices],
+            "holders": [h.to_json() for h in self.holders],
+            "unattributed": dict(self.unattributed),
+        }
+        if self.details:
+            out["details"] = [h.to_json() for h in self.details]
+        return out
+
+    def __repr__(self) -> str:
+        from .render import snapshot_text
+
+        return snapshot_text(self)
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(repr(self))
+
+    def _repr_html_(self) -> str:
+        from .render import snapshot_html
+
+        return snapshot_html(self)
+
+
+# -- building ---------------------------------------------------------------
+def type_name(obj: Any) -> str:
+    """What an object is, in a user's words."""
+    tp = type(obj)
+    name = tp.__name__
+    if name in ("Tensor", "Parameter"):
+        return "tensor" if name == "Tensor" else "parameter"
+    if name == "function":
+        return "closure" if getattr(obj, "__closure__", None) else "function"
+    if name == "_lru_cache_wrapper":
+        return "lru_cache"
+    return name
+
+
+def attribute(result: _scan.ScanResult, *, with_rows: bool = False,
+              backends=None) -> list[Holder]:
+    """Turn what each root reaches into holders: unique and shared bytes."""
+    owners: dict[tuple, list[int]] = {}
+    for i, reach in enumerate(result.reach):
+        for key in reach.storages:
+            owners.setdefault(key, []).append(i)
+    backends = active_backends() if backends is None else backends
+    holders = []
+    for i, (root, reach) in enumerate(zip(result.roots, result.reach)):
+        if not reach.storages:
+            continue
+        unique = shared = 0
+        per_device: dict[str, int] = {}
+        sharers: dict[str, int] = {}
+        largest = None
+        rows = []
+        for key, (info, node, what) in reach.storages.items():
+            others = [result.roots[j].name for j in owners[key] if j != i]
+            if others:
+                shared += info.nbytes
+                for o in others:
+                    sharers[o] = sharers.get(o, 0) + info.nbytes
+            else:
+                unique += info.nbytes
+            per_device[info.device] = per_device.get(info.device, 0) + info.nbytes
+            if largest is None or info.nbytes > largest[0].nbytes:
+                largest = (info, node)
+            if with_rows:
+                rows.append(TensorRow(_scan.format_path(node), info.nbytes, info.device,
+                                      info.framework, what, others))
+        path = _scan.format_path(largest[1])
+        label = root.name
+        if root.kind == "traceback" and "→" in path:
+            label = f"{root.name} ({path.rsplit('→', 1)[1]})"
+        holders.append(Holder(
+            name=root.name, label=label, type=type_name(root.obj) if root.kind != "traceback" else "traceback",
+            unique=unique, shared=shared, devices=per_device, tensors=len(reach.storages),
+            largest_path=path, largest_bytes=largest[0].nbytes, hidden=root.hidden,
+            aliases=list(root.aliases),
+            shared_with=[n for n, _ in sorted(sharers.items(), key=lambda kv: -kv[1])],
+            hint=_hint(root, backends, unique + shared), purge=root.purge,
+            rows=sorted(rows, key=lambda r: -r.nbytes),
+        ))
+    holders.sort(key=lambda h: (-h.unique, -h.total, h.name))
+    return holders
+
+
+def _hint(root: _scan.Root, backends, nbytes: int) -> str | None:
+    if root.hidden:
+        return _HIDDEN_HINTS.get(root.kind)
+    if isinstance(root.obj, BaseException):
+        return (f"exception `{root.name}` keeps its traceback's frames alive: "
+                f"keep `str({root.name})` instead")
+    for backend in backends:
+        try:
+            text = backend.hint(root.name, root.obj, nbytes)
+        except Exception:
+            text = None
+        if text:
+            return text
+    return None
+
+
+def build(*, shell: Any = None, namespace: dict | None = None, device: str = "auto",
+          names: list[str] | None = None, time_limit: float = 3.0) -> Snapshot:
+    """Scan names and hidden holders and read the devices: one Snapshot."""
+    device = _devices.parse_device(device)
+    accs = _devices.accelerators()
+    ids = _devices.selected_ids(device, accs)
+    usages = _devices.read_devices(device, detail=True)
+    roots = _scan.collect_roots(namespace, shell)
+    extra: list[_scan.Root] = []
+    if names:
+        from .paths import resolve
+
+        by_name = {r.name: r for r in roots}
+        for text in names:
+            target = resolve(text, shell=shell, namespace=namespace)
+            if text in by_name and by_name[text].obj is target.obj:
+                continue
+            extra.append(_scan.Root(text, target.obj, purge=text, kind="path"))
+    result = _scan.scan(roots + extra, devices=set(ids), shell=shell, namespace=namespace,
+                        time_limit=time_limit, describe=bool(names))
+    all_holders = attribute(result, with_rows=bool(names))
+    detail_names = set(names or ())
+    details = [h for h in all_holders if h.name in detail_names]
+    holders = [h for h in all_holders if h.name not in {r.name for r in extra}]
+    for h in holders:
+        if h.name not in detail_names:
+            h.rows = []
+    messages = list(_messages(result, usages, accs, device))
+    unattributed = _unattributed(result, usages)
+    for du in usages:
+        du.attributed = _attributed_on(result, du.id)
+    return Snapshot(device, usages, holders, unattributed, bool(accs), result.partial,
+                    messages, result.seconds, details=details)
+
+
+def _attributed_on(result: _scan.ScanResult, dev: str) -> int:
+    seen: dict[tuple, int] = {}
+    for reach in result.reach:
+        for key, (info, _, _) in reach.storages.items():
+            if info.device == dev:
+                seen[key] = info.nbytes
+    return sum(seen.values())
+
+
+def _unattributed(result: _scan.ScanResult, usages) -> dict[str, int | None]:
+    out: dict[str, int | None] = {}
+    for du in usages:
+        allocated = du.allocated
+        out[du.id] = None if allocated is None else max(allocated - _attributed_on(result, du.id), 0)
+    return out
+
+
+def _messages(result, usages, accs, device):
+    if not accs:
+        yield "no accelerator: showing host tensors (device cpu)" if device == "auto" \
+            else "no accelerator found"
+    if result.partial:
+        yield "partial result: " + ", ".join(result.reasons) + " (raise GpuMemMagics.scan_time_limit)"
+    if result.errors:
+        yield f"{result.errors} object(s) refused introspection and were skipped"
+    for du in usages:
+        for note in du.notes:
+            yield f"{du.id}: {note}"
+        for fw in du.frameworks:
+            if fw.note:
+                yield f"{du.id}: {fw.note}"
