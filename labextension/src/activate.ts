@@ -1,0 +1,48 @@
+/**
+ * Wiring of the plugin: model, channel, sidebar and focus tracking.
+ */
+import type { ILabShell, JupyterFrontEnd } from '@jupyterlab/application';
+import type { ICommandPalette } from '@jupyterlab/apputils';
+import type { INotebookTracker } from '@jupyterlab/notebook';
+
+import { KernelChannel } from './channel';
+import {
+  OPEN_COMMAND,
+  SIDEBAR_ID,
+  SIDEBAR_RANK,
+  SIDEBAR_TITLE
+} from './constants';
+import { confirmPurge } from './dialog';
+import { gpuMemIcon } from './icon';
+import { SidebarModel } from './model';
+import { GpuMemSidebar } from './sidebar';
+import { IWidgetWithSession, KernelWidgetTracker } from './tracker';
+
+/** Add the sidebar to the right area and make it follow the kernel in focus. */
+export function activateSidebar(
+  app: JupyterFrontEnd,
+  notebookTracker: INotebookTracker,
+  labShell: ILabShell | null,
+  palette: ICommandPalette | null
+): void {
+  const model = new SidebarModel();
+  const channel = new KernelChannel(model);
+  const sidebar = new GpuMemSidebar({ model, channel, confirmPurge });
+  sidebar.id = SIDEBAR_ID;
+  sidebar.title.icon = gpuMemIcon;
+  sidebar.title.caption = SIDEBAR_TITLE;
+  app.shell.add(sidebar, 'right', { rank: SIDEBAR_RANK });
+
+  const tracker = new KernelWidgetTracker({ labShell, notebookTracker });
+  const follow = (widget: IWidgetWithSession | null): void => {
+    channel.follow(widget ? widget.sessionContext : null, widget ? widget.title.label : '');
+  };
+  tracker.currentChanged.connect((_, widget) => follow(widget));
+  follow(tracker.currentWidget);
+
+  app.commands.addCommand(OPEN_COMMAND, {
+    label: `Show ${SIDEBAR_TITLE}`,
+    execute: () => app.shell.activateById(SIDEBAR_ID)
+  });
+  palette?.addItem({ command: OPEN_COMMAND, category: 'Kernel' });
+}

@@ -1,0 +1,49 @@
+/**
+ * Ids, names and defaults of the sidebar: the one place they live.
+ */
+
+/** Id of the JupyterLab plugin. */
+export const PLUGIN_ID = 'jupyter-gpumem:sidebar';
+
+/** Id of the sidebar widget (also its DOM id). */
+export const SIDEBAR_ID = 'jupyter-gpumem-sidebar';
+
+/** Title and caption of the sidebar. */
+export const SIDEBAR_TITLE = 'GPU Memory';
+
+/** Rank of the sidebar in the right area. */
+export const SIDEBAR_RANK = 900;
+
+/** Comm target registered by the kernel side (`jupyter_gpumem/comm.py`). */
+export const COMM_TARGET = 'jupyter_gpumem';
+
+/** The only code the sidebar ever runs in a kernel, after an explicit click. */
+export const LOAD_EXTENSION_CODE = '%load_ext jupyter_gpumem';
+
+/** Schema tags of the JSON the kernel sends (docs/PROTOCOL.md). */
+export const SNAPSHOT_SCHEMA = 'jupyter_gpumem.snapshot/1';
+export const PURGE_SCHEMA = 'jupyter_gpumem.purge/1';
+
+/** Device selection when the sidebar starts. */
+export const DEFAULT_DEVICE = 'auto';
+
+/** Device selections always offered; `cuda:N` ones are added as seen. */
+export const DEVICE_CHOICES: ReadonlyArray<string> = ['auto', 'all', 'cpu'];
+
+/** Number of device readings kept for the timeline (about one a second). */
+export const TIMELINE_POINTS = 120;
+
+/**
+ * How often the holders table is refreshed while the kernel is idle, in ms.
+ * The kernel also pushes a snapshot after each cell.
+ */
+export const REFRESH_INTERVAL_MS = 15000;
+
+/** Most names listed in the purge confirmation before "and N more". */
+export const CONFIRM_LIST_MAX = 12;
+
+/** Name of the sidebar's tab icon. */
+export const ICON_NAME = 'jupyter-gpumem:chip';
+
+/** Command that opens the sidebar. */
+export const OPEN_COMMAND = 'jupyter-gpumem:open';

@@ -1,0 +1,39 @@
+/**
+ * The purge confirmation, a JupyterLab dialog.
+ */
+import { Dialog, showDialog } from '@jupyterlab/apputils';
+import { Widget } from '@lumino/widgets';
+
+import { CONFIRM_LIST_MAX } from './constants';
+import { formatBytes } from './format';
+import { h } from './view';
+
+/** Ask before deleting names from the kernel; true to go ahead. */
+export async function confirmPurge(
+  names: string[],
+  predictedBytes: number
+): Promise<boolean> {
+  const shown = names.slice(0, CONFIRM_LIST_MAX);
+  const list = h('ul', { class: 'jp-GpuMem-confirmList' }, ...shown.map(n => h('li', {}, n)));
+  if (names.length > shown.length) {
+    list.append(h('li', {}, `and ${names.length - shown.length} more`));
+  }
+  const body = h(
+    'div',
+    { class: 'jp-GpuMem-confirm' },
+    h(
+      'p',
+      {},
+      `Delete ${names.length === 1 ? 'this name' : `these ${names.length} names`} from the kernel, ` +
+        'with the hidden references to the same objects (output history, last traceback), ' +
+        `and release the framework caches. Expected to free about ${formatBytes(predictedBytes)}.`
+    ),
+    list
+  );
+  const result = await showDialog({
+    title: 'Purge from the kernel?',
+    body: new Widget({ node: body }),
+    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Purge' })]
+  });
+  return result.button.accept;
+}

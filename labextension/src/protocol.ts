@@ -1,0 +1,258 @@
+/**
+ * The snapshot schema and the comm protocol of docs/PROTOCOL.md, as types,
+ * with a checker for what arrives from the kernel and builders for what the
+ * sidebar sends.
+ */
+import { PURGE_SCHEMA, SNAPSHOT_SCHEMA } from './constants';
+
+/** Bytes per device id, e.g. `{"cuda:0": 1048576}`. */
+export type ByteMap = { [device: string]: number };
+
+/** One framework's counters on one device. */
+export interface IFrameworkUsage {
+  name: string;
+  allocated: number | null;
+  reserved: number | null;
+  peak: number | null;
+  pool: number | null;
+  note: string | null;
+}
+
+/** One device's memory figures. */
+export interface IDeviceUsage {
+  id: string;
+  kind: string;
+  name: string | null;
+  nvml_index?: number | null;
+  uuid?: string | null;
+  total: number | null;
+  used_all: number | null;
+  used_process: number | null;
+  other_processes: number | null;
+  free: number | null;
+  frameworks: IFrameworkUsage[];
+  allocated: number | null;
+  reserved: number | null;
+  non_framework: number | null;
+  fragmentation: {
+    free_in_reserved: number | null;
+    largest_free_block: number | null;
+  } | null;
+  attributed: number | null;
+  notes: string[];
+}
+
+/** A notebook name (or hidden holder) and the memory it keeps alive. */
+export interface IHolder {
+  name: string;
+  label: string;
+  hidden: boolean;
+  aliases: string[];
+  type: string;
+  unique: number;
+  shared: number;
+  total: number;
+  devices: ByteMap;
+  tensors: number;
+  largest_path: string | null;
+  largest_bytes: number | null;
+  shared_with: string[];
+  hint: string | null;
+  purge: string | null;
+}
+
+/** What `jupyter_gpumem.snapshot()` returns, as JSON. */
+export interface ISnapshot {
+  schema: string;
+  time: number;
+  device: string;
+  accelerator: boolean;
+  partial: boolean;
+  scan_seconds: number;
+  messages: string[];
+  devices: IDeviceUsage[];
+  holders: IHolder[];
+  unattributed: { [device: string]: number | null } | null;
+}
+
+/** What `jupyter_gpumem.purge()` returns, as JSON. */
+export interface IPurgeResult {
+  schema: string;
+  dry_run: boolean;
+  names: string[];
+  removed: string[];
+  predicted: ByteMap;
+  before: ByteMap;
+  after: ByteMap;
+  freed: ByteMap;
+  still_held: { by: string; path: string | null; bytes: number }[];
+  messages: string[];
+}
+
+/** Request ids are echoed by the kernel as `reply_to`. */
+export type RequestId = number | string;
+
+export interface IHelloMessage {
+  type: 'hello';
+  version: string | null;
+  device: string;
+}
+
+export interface IDevicesMessage {
+  type: 'devices';
+  time: number;
+  devices: IDeviceUsage[];
+}
+
+export interface ISnapshotMessage {
+  type: 'snapshot';
+  snapshot: ISnapshot;
+  reply_to?: RequestId | null;
+}
+
+export interface IPurgeResultMessage {
+  type: 'purge_result';
+  result: IPurgeResult;
+  reply_to?: RequestId | null;
+}
+
+export interface IErrorMessage {
+  type: 'error';
+  message: string;
+  reply_to?: RequestId | null;
+}
+
+/** Every message the kernel sends to the sidebar. */
+export type KernelMessage =
+  | IHelloMessage
+  | IDevicesMessage
+  | ISnapshotMessage
+  | IPurgeResultMessage
+  | IErrorMessage;
+
+/** Messages the sidebar sends to the kernel. */
+export interface IRefreshRequest {
+  type: 'refresh';
+  id: RequestId;
+}
+
+export interface IPurgeRequest {
+  type: 'purge';
+  id: RequestId;
+  names: string[];
+  dry_run: boolean;
+}
+
+export interface ISetDeviceRequest {
+  type: 'set_device';
+  id: RequestId;
+  device: string;
+}
+
+export type SidebarRequest = IRefreshRequest | IPurgeRequest | ISetDeviceRequest;
+
+/** Result of checking one message from the kernel. */
+export type Parsed =
+  | { ok: true; message: KernelMessage }
+  | { ok: false; reason: string };
+
+function isObject(value: unknown): value is { [key: string]: unknown } {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+function isDevice(value: unknown): value is IDeviceUsage {
+  return (
+    isObject(value) &&
+    typeof value.id === 'string' &&
+    Array.isArray(value.frameworks ?? [])
+  );
+}
+
+function isHolder(value: unknown): value is IHolder {
+  return (
+    isObject(value) &&
+    typeof value.name === 'string' &&
+    typeof value.unique === 'number' &&
+    typeof value.total === 'number' &&
+    (value.purge === null || typeof value.purge === 'string')
+  );
+}
+
+function isSnapshot(value: unknown): value is ISnapshot {
+  return (
+    isObject(value) &&
+    value.schema === SNAPSHOT_SCHEMA &&
+    Array.isArray(value.devices) &&
+    value.devices.every(isDevice) &&
+    Array.isArray(value.holders) &&
+    value.holders.every(isHolder)
+  );
+}
+
+function isPurgeResult(value: unknown): value is IPurgeResult {
+  return (
+    isObject(value) &&
+    value.schema === PURGE_SCHEMA &&
+    Array.isArray(value.removed) &&
+    isObject(value.freed)
+  );
+}
+
+/**
+ * Check one message from the kernel against the protocol.
+ *
+ * Unknown types and malformed fields give `ok: false` with a reason, so a
+ * newer or broken kernel side never breaks the sidebar.
+ */
+export function parseKernelMessage(data: unknown): Parsed {
+  if (!isObject(data) || typeof data.type !== 'string') {
+    return { ok: false, reason: 'message without a string "type"' };
+  }
+  const bad = (what: string): Parsed => ({
+    ok: false,
+    reason: `malformed "${data.type}" message: ${what}`
+  });
+  switch (data.type) {
+    case 'hello':
+      return typeof data.device === 'string'
+        ? { ok: true, message: data as unknown as IHelloMessage }
+        : bad('no device');
+    case 'devices':
+      return Array.isArray(data.devices) && data.devices.every(isDevice)
+        ? { ok: true, message: data as unknown as IDevicesMessage }
+        : bad('devices is not a list of devices');
+    case 'snapshot':
+      return isSnapshot(data.snapshot)
+        ? { ok: true, message: data as unknown as ISnapshotMessage }
+        : bad('not a snapshot/1');
+    case 'purge_result':
+      return isPurgeResult(data.result)
+        ? { ok: true, message: data as unknown as IPurgeResultMessage }
+        : bad('not a purge/1 result');
+    case 'error':
+      return typeof data.message === 'string'
+        ? { ok: true, message: data as unknown as IErrorMessage }
+        : bad('no message');
+    default:
+      return { ok: false, reason: `unknown message type "${data.type}"` };
+  }
+}
+
+/** Builders of the three requests, so their shape lives in one place. */
+export namespace Requests {
+  export function refresh(id: RequestId): IRefreshRequest {
+    return { type: 'refresh', id };
+  }
+
+  export function purge(
+    id: RequestId,
+    names: string[],
+    dryRun = false
+  ): IPurgeRequest {
+    return { type: 'purge', id, names: [...names], dry_run: dryRun };
+  }
+
+  export function setDevice(id: RequestId, device: string): ISetDeviceRequest {
+    return { type: 'set_device', id, device };
+  }
+}

@@ -1,0 +1,254 @@
+/**
+ * The "GPU Memory" sidebar widget: header with the device choice, link
+ * status, device bars, timeline, holders table and the purge button.
+ */
+import { Poll } from '@lumino/polling';
+import { Widget } from '@lumino/widgets';
+
+import { KernelChannel } from './channel';
+import {
+  DEVICE_CHOICES,
+  REFRESH_INTERVAL_MS,
+  SIDEBAR_TITLE,
+  TIMELINE_POINTS
+} from './constants';
+import { SidebarModel } from './model';
+import {
+  h,
+  predictedBytes,
+  renderDevices,
+  renderHolders,
+  renderPurgeResult,
+  renderTimeline
+} from './view';
+
+/** Asks the user to confirm a purge; resolves true to go ahead. */
+export type ConfirmPurge = (
+  names: string[],
+  predictedBytes: number
+) => Promise<boolean>;
+
+/**
+ * The sidebar. It renders the model on every change and turns clicks into
+ * channel requests; a purge goes through `confirmPurge` first.
+ */
+export class GpuMemSidebar extends Widget {
+  constructor(options: GpuMemSidebar.IOptions) {
+    super();
+    this.addClass('jp-GpuMem');
+    this.model = options.model;
+    this.channel = options.channel;
+    this._confirmPurge = options.confirmPurge;
+    this._build();
+    this.model.changed.connect(this._render, this);
+    this._poll = new Poll({
+      factory: async () => {
+        if (this.isVisible) {
+          this.channel.refreshIfIdle();
+        }
+      },
+      frequency: { interval: options.refreshInterval ?? REFRESH_INTERVAL_MS, backoff: false },
+      standby: 'when-hidden',
+      name: 'jupyter-gpumem:refresh'
+    });
+    this._render();
+  }
+
+  readonly model: SidebarModel;
+  readonly channel: KernelChannel;
+
+  /** The refresh poll (holders while the kernel is idle). */
+  get poll(): Poll {
+    return this._poll;
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this._poll.dispose();
+    this.model.changed.disconnect(this._render, this);
+    super.dispose();
+  }
+
+  /** Purge the checked holders, after confirmation. */
+  async purgeSelected(): Promise<boolean> {
+    const names = [...this.model.selected];
+    if (names.length === 0 || this._purging) {
+      return false;
+    }
+    const bytes = predictedBytes(this.model.snapshot?.holders ?? [], this.model.selected);
+    this._purging = true;
+    try {
+      if (!(await this._confirmPurge(names, bytes))) {
+        return false;
+      }
+      return this.channel.purge(names);
+    } finally {
+      this._purging = false;
+    }
+  }
+
+  private _build(): void {
+    this._deviceSelect.setAttribute('aria-label', 'Device');
+    this._deviceSelect.addEventListener('change', () => {
+      this.channel.setDevice(this._deviceSelect.value);
+    });
+    const refresh = h(
+      'button',
+      { class: 'jp-GpuMem-button jp-GpuMem-refresh', title: 'Scan the kernel again' },
+      'Refresh'
+    );
+    refresh.addEventListener('click', () => this.channel.refresh());
+    this._purgeButton.addEventListener('click', () => void this.purgeSelected());
+    this.node.append(
+      h(
+        'div',
+        { class: 'jp-GpuMem-header' },
+        h('div', { class: 'jp-GpuMem-title' }, SIDEBAR_TITLE),
+        this._kernelLine
+      ),
+      h(
+        'div',
+        { class: 'jp-GpuMem-toolbar' },
+        h('label', {}, 'Device ', this._deviceSelect),
+        refresh
+      ),
+      this._status,
+      this._devicesBox,
+      this._timelineBox,
+      this._holdersBox,
+      h('div', { class: 'jp-GpuMem-actions' }, this._purgeButton),
+      this._resultBox
+    );
+  }
+
+  private _render(): void {
+    const model = this.model;
+    this._kernelLine.textContent = model.kernelLabel
+      ? `Kernel of ${model.kernelLabel}${model.version ? ` (jupyter_gpumem ${model.version})` : ''}`
+      : 'No notebook in focus';
+    this._renderDeviceChoices();
+    this._renderStatus();
+    const ready = model.state === 'ready';
+    this._devicesBox.replaceChildren(...(ready ? [renderDevices(model.devices)] : []));
+    this._timelineBox.replaceChildren(
+      ...(ready ? [renderTimeline(model.timeline, TIMELINE_POINTS)] : [])
+    );
+    if (model.snapshot !== this._shownSnapshot || model.selected !== this._shownSelection) {
+      this._shownSnapshot = model.snapshot;
+      this._shownSelection = model.selected;
+      this._holdersBox.replaceChildren(
+        renderHolders(model.snapshot, model.selected, (name, checked) =>
+          model.toggle(name, checked)
+        )
+      );
+    }
+    this._holdersBox.hidden = !ready;
+    const count = model.selected.size;
+    this._purgeButton.textContent = count ? `Purge selected (${count})` : 'Purge selected';
+    this._purgeButton.disabled = !ready || count === 0;
+    this._purgeButton.hidden = !ready;
+    this._resultBox.replaceChildren(
+      ...(model.lastPurge ? [renderPurgeResult(model.lastPurge)] : [])
+    );
+  }
+
+  private _renderDeviceChoices(): void {
+    const choices = [...DEVICE_CHOICES];
+    for (const id of this.model.seenDevices) {
+      if (!choices.includes(id)) {
+        choices.push(id);
+      }
+    }
+    if (!choices.includes(this.model.device)) {
+      choices.push(this.model.device);
+    }
+    const key = choices.join('|');
+    if (key !== this._choicesKey) {
+      this._choicesKey = key;
+      this._deviceSelect.replaceChildren(
+        ...choices.map(choice => h('option', { value: choice }, choice))
+      );
+    }
+    this._deviceSelect.value = this.model.device;
+  }
+
+  private _renderStatus(): void {
+    const model = this.model;
+    const parts: HTMLElement[] = [];
+    const where = model.kernelLabel ? ` of ${model.kernelLabel}` : '';
+    switch (model.state) {
+      case 'no-kernel':
+        parts.push(
+          h('div', { class: 'jp-GpuMem-notice' }, 'Open a notebook with a running kernel to see what holds its memory.')
+        );
+        break;
+      case 'connecting':
+        parts.push(
+          h('div', { class: 'jp-GpuMem-notice' }, `Connecting to the kernel${where} (it answers once the running cell ends)…`)
+        );
+        break;
+      case 'loading':
+        parts.push(h('div', { class: 'jp-GpuMem-notice' }, 'Loading jupyter_gpumem in the kernel…'));
+        break;
+      case 'dead':
+        parts.push(h('div', { class: 'jp-GpuMem-notice' }, `The kernel${where} is dead.`));
+        break;
+      case 'not-loaded': {
+        const load = h('button', { class: 'jp-GpuMem-button jp-mod-accept jp-GpuMem-load' }, 'Load jupyter_gpumem');
+        load.addEventListener('click', () => void this.channel.loadExtension());
+        parts.push(
+          h(
+            'div',
+            { class: 'jp-GpuMem-notice' },
+            `The kernel${where} has not loaded jupyter_gpumem. `,
+            'The button runs %load_ext jupyter_gpumem in it.'
+          ),
+          load
+        );
+        break;
+      }
+      case 'ready':
+        if (model.noAccelerator && model.device !== 'cpu') {
+          const useCpu = h('button', { class: 'jp-GpuMem-button jp-GpuMem-useCpu' }, 'Track host (cpu) tensors');
+          useCpu.addEventListener('click', () => this.channel.setDevice('cpu'));
+          parts.push(
+            h('div', { class: 'jp-GpuMem-notice jp-GpuMem-noAccelerator' }, 'No accelerator in this kernel.'),
+            useCpu
+          );
+        }
+        break;
+    }
+    if (model.error) {
+      parts.push(h('div', { class: 'jp-GpuMem-error', role: 'alert' }, model.error));
+    }
+    this._status.replaceChildren(...parts);
+  }
+
+  private _confirmPurge: ConfirmPurge;
+  private _poll: Poll;
+  private _purging = false;
+  private _choicesKey = '';
+  private _shownSnapshot: unknown = undefined;
+  private _shownSelection: unknown = undefined;
+  private _kernelLine = h('div', { class: 'jp-GpuMem-kernel' });
+  private _deviceSelect = h('select', { class: 'jp-GpuMem-device-select' }) as HTMLSelectElement;
+  private _status = h('div', { class: 'jp-GpuMem-status' });
+  private _devicesBox = h('div', { class: 'jp-GpuMem-section' });
+  private _timelineBox = h('div', { class: 'jp-GpuMem-section' });
+  private _holdersBox = h('div', { class: 'jp-GpuMem-section' });
+  private _purgeButton = h('button', { class: 'jp-GpuMem-button jp-mod-warn jp-GpuMem-purge' }) as HTMLButtonElement;
+  private _resultBox = h('div', { class: 'jp-GpuMem-section' });
+}
+
+/** Options of the sidebar. */
+export namespace GpuMemSidebar {
+  export interface IOptions {
+    model: SidebarModel;
+    channel: KernelChannel;
+    confirmPurge: ConfirmPurge;
+    /** Refresh interval of the holders while idle, in ms. */
+    refreshInterval?: number;
+  }
+}

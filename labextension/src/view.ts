@@ -1,0 +1,378 @@
+/**
+ * DOM rendering of the sidebar's parts, as plain functions of the data.
+ */
+import { formatByteMap, formatBytes, sumBytes } from './format';
+import { ITimelinePoint } from './model';
+import { IDeviceUsage, IHolder, IPurgeResult, ISnapshot } from './protocol';
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+/** Element factory: `h('div', {class: 'x'}, 'text', child)`. */
+export function h(
+  tag: string,
+  attrs: { [name: string]: string | null } = {},
+  ...children: (Node | string | null)[]
+): HTMLElement {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (value !== null) {
+      node.setAttribute(name, value);
+    }
+  }
+  for (const child of children) {
+    if (child !== null) {
+      node.append(child);
+    }
+  }
+  return node;
+}
+
+/** The stacked segments of one device bar, in order. */
+export interface IBarSegment {
+  key: 'allocated' | 'reserved-free' | 'non-framework' | 'other' | 'free';
+  label: string;
+  bytes: number;
+}
+
+/**
+ * Split a device into the five bar segments of PROTOCOL.md: allocated,
+ * reserved but free, non-framework, other processes, free. Missing figures
+ * count as zero.
+ */
+export function barSegments(device: IDeviceUsage): IBarSegment[] {
+  const allocated = device.allocated ?? 0;
+  const reserved = device.reserved ?? 0;
+  return [
+    { key: 'allocated', label: 'allocated', bytes: allocated },
+    {
+      key: 'reserved-free',
+      label: 'reserved, free',
+      bytes: Math.max(reserved - allocated, 0)
+    },
+    {
+      key: 'non-framework',
+      label: 'non-framework',
+      bytes: Math.max(device.non_framework ?? 0, 0)
+    },
+    {
+      key: 'other',
+      label: 'other processes',
+      bytes: Math.max(device.other_processes ?? 0, 0)
+    },
+    { key: 'free', label: 'free', bytes: Math.max(device.free ?? 0, 0) }
+  ];
+}
+
+/** One device: a title line and its stacked bar. */
+export function renderDevice(device: IDeviceUsage): HTMLElement {
+  const segments = barSegments(device);
+  const whole =
+    device.total ?? segments.reduce((acc, s) => acc + s.bytes, 0);
+  const bar = h('div', { class: 'jp-GpuMem-bar', role: 'img' });
+  const described: string[] = [];
+  for (const segment of segments) {
+    described.push(`${segment.label} ${formatBytes(segment.bytes)}`);
+    if (segment.bytes <= 0 || whole <= 0) {
+      continue;
+    }
+    const share = Math.min((100 * segment.bytes) / whole, 100);
+    bar.append(
+      h('span', {
+        class: `jp-GpuMem-seg jp-GpuMem-seg-${segment.key}`,
+        style: `width: ${share.toFixed(2)}%`,
+        title: `${segment.label}: ${formatBytes(segment.bytes)}`
+      })
+    );
+  }
+  bar.setAttribute('aria-label', described.join(', '));
+  const used = device.used_process ?? device.used_all;
+  const title = h(
+    'div',
+    { class: 'jp-GpuMem-deviceTitle' },
+    h('b', {}, device.id),
+    device.name ? ` ${device.name}` : '',
+    h(
+      'span',
+      { class: 'jp-GpuMem-deviceFigures' },
+      ` allocated ${formatBytes(device.allocated)}` +
+        (used !== null ? `, process ${formatBytes(used)}` : '') +
+        (device.total !== null ? ` of ${formatBytes(device.total)}` : '')
+    )
+  );
+  const notes = (device.notes ?? []).map(note =>
+    h('div', { class: 'jp-GpuMem-note' }, note)
+  );
+  return h(
+    'div',
+    { class: 'jp-GpuMem-device', 'data-device': device.id },
+    title,
+    bar,
+    ...notes
+  );
+}
+
+/** All device bars with one legend. */
+export function renderDevices(devices: ReadonlyArray<IDeviceUsage>): HTMLElement {
+  const section = h('div', { class: 'jp-GpuMem-devices' });
+  if (devices.length === 0) {
+    section.append(h('div', { class: 'jp-GpuMem-empty' }, 'No device readings yet.'));
+    return section;
+  }
+  for (const device of devices) {
+    section.append(renderDevice(device));
+  }
+  const legend = h('div', { class: 'jp-GpuMem-legend' });
+  for (const segment of barSegments(devices[0])) {
+    legend.append(
+      h(
+        'span',
+        { class: 'jp-GpuMem-legendItem' },
+        h('span', { class: `jp-GpuMem-swatch jp-GpuMem-seg-${segment.key}` }),
+        segment.label
+      )
+    );
+  }
+  section.append(legend);
+  return section;
+}
+
+/** Points of one series as an SVG polyline `points` string. */
+export function polylinePoints(
+  values: ReadonlyArray<number>,
+  capacity: number,
+  max: number,
+  height: number
+): string {
+  const offset = capacity - values.length;
+  return values
+    .map((value, i) => {
+      const x = offset + i;
+      const y = height - (max > 0 ? (value / max) * height : 0);
+      return `${x},${y.toFixed(2)}`;
+    })
+    .join(' ');
+}
+
+/** A small chart per device of allocated, reserved and process memory. */
+export function renderTimeline(
+  timeline: ReadonlyMap<string, ReadonlyArray<ITimelinePoint>>,
+  capacity: number
+): HTMLElement {
+  const section = h('div', { class: 'jp-GpuMem-timeline' });
+  const height = 40;
+  for (const [deviceId, points] of timeline) {
+    if (points.length === 0) {
+      continue;
+    }
+    const series: [string, number[]][] = [
+      ['allocated', points.map(p => p.allocated)],
+      ['reserved', points.map(p => p.reserved)]
+    ];
+    if (points.some(p => p.used !== null)) {
+      series.push(['process', points.map(p => p.used ?? 0)]);
+    }
+    const max = Math.max(1, ...series.flatMap(([, values]) => values));
+    const svg = document.createElementNS(SVG_NS, 'svg');
+    svg.setAttribute('class', 'jp-GpuMem-chart');
+    svg.setAttribute('viewBox', `0 0 ${capacity} ${height}`);
+    svg.setAttribute('preserveAspectRatio', 'none');
+    svg.setAttribute('role', 'img');
+    svg.setAttribute(
+      'aria-label',
+      `${deviceId} over the last ${points.length} readings, up to ${formatBytes(max)}`
+    );
+    for (const [name, values] of series) {
+      const line = document.createElementNS(SVG_NS, 'polyline');
+      line.setAttribute('class', `jp-GpuMem-line jp-GpuMem-line-${name}`);
+      line.setAttribute('points', polylinePoints(values, capacity, max, height));
+      line.setAttribute('vector-effect', 'non-scaling-stroke');
+      svg.appendChild(line);
+    }
+    const last = points[points.length - 1];
+    section.append(
+      h(
+        'div',
+        { class: 'jp-GpuMem-chartBox', 'data-device': deviceId },
+        h(
+          'div',
+          { class: 'jp-GpuMem-chartTitle' },
+          `${deviceId}: allocated ${formatBytes(last.allocated)}, reserved ${formatBytes(last.reserved)}` +
+            (last.used !== null ? `, process ${formatBytes(last.used)}` : '') +
+            ` (scale ${formatBytes(max)})`
+        ),
+        svg as unknown as Node
+      )
+    );
+  }
+  return section;
+}
+
+/** Total of the bytes only these holders keep alive. */
+export function predictedBytes(
+  holders: ReadonlyArray<IHolder>,
+  selected: ReadonlySet<string>
+): number {
+  return holders
+    .filter(h => h.purge !== null && selected.has(h.purge))
+    .reduce((acc, holder) => acc + holder.unique, 0);
+}
+
+/**
+ * The holders table: a checkbox per purgeable holder, the name, what it is,
+ * bytes only it keeps, bytes it shares, and its devices.
+ */
+export function renderHolders(
+  snapshot: ISnapshot | null,
+  selected: ReadonlySet<string>,
+  onToggle: (purgeName: string, checked: boolean) => void
+): HTMLElement {
+  const section = h('div', { class: 'jp-GpuMem-holdersBox' });
+  if (!snapshot) {
+    section.append(h('div', { class: 'jp-GpuMem-empty' }, 'No snapshot yet.'));
+    return section;
+  }
+  if (snapshot.holders.length === 0) {
+    section.append(
+      h(
+        'div',
+        { class: 'jp-GpuMem-empty' },
+        `No name holds memory on "${snapshot.device}".`
+      )
+    );
+  } else {
+    const body = h('tbody');
+    for (const holder of snapshot.holders) {
+      for (const row of holderRows(holder, selected, onToggle)) {
+        body.append(row);
+      }
+    }
+    section.append(
+      h(
+        'table',
+        { class: 'jp-GpuMem-holders' },
+        h(
+          'thead',
+          {},
+          h(
+            'tr',
+            {},
+            h('th', {}, ''),
+            h('th', {}, 'Name'),
+            h('th', {}, 'Type'),
+            h('th', { title: 'bytes only this name keeps alive' }, 'Only it'),
+            h('th', { title: 'bytes other names reach too' }, 'Shared'),
+            h('th', {}, 'Devices')
+          )
+        ),
+        body
+      )
+    );
+  }
+  const unattributed = snapshot.unattributed
+    ? Object.entries(snapshot.unattributed).filter(([, v]) => v)
+    : [];
+  if (unattributed.length > 0) {
+    section.append(
+      h(
+        'div',
+        { class: 'jp-GpuMem-unattributed' },
+        `Unattributed (no name reaches it): ${formatByteMap(Object.fromEntries(unattributed))}`
+      )
+    );
+  }
+  if (snapshot.partial) {
+    section.append(
+      h('div', { class: 'jp-GpuMem-note' }, 'Partial scan: some holders may be missing.')
+    );
+  }
+  for (const message of snapshot.messages ?? []) {
+    section.append(h('div', { class: 'jp-GpuMem-note' }, message));
+  }
+  return section;
+}
+
+function holderRows(
+  holder: IHolder,
+  selected: ReadonlySet<string>,
+  onToggle: (purgeName: string, checked: boolean) => void
+): HTMLElement[] {
+  const box = h('input', {
+    type: 'checkbox',
+    class: 'jp-GpuMem-check',
+    'aria-label': `select ${holder.label || holder.name}`
+  }) as HTMLInputElement;
+  if (holder.purge === null) {
+    box.disabled = true;
+    box.title = 'cannot be purged by name';
+  } else {
+    const purgeName = holder.purge;
+    box.checked = selected.has(purgeName);
+    box.addEventListener('change', () => onToggle(purgeName, box.checked));
+  }
+  const details = [
+    holder.largest_path
+      ? `largest: ${holder.largest_path} (${formatBytes(holder.largest_bytes)})`
+      : '',
+    holder.aliases.length ? `also: ${holder.aliases.join(', ')}` : '',
+    holder.shared_with.length ? `shared with: ${holder.shared_with.join(', ')}` : '',
+    `${holder.tensors} storage${holder.tensors === 1 ? '' : 's'}`
+  ].filter(Boolean);
+  const row = h(
+    'tr',
+    {
+      class: `jp-GpuMem-holder${holder.hidden ? ' jp-GpuMem-hidden' : ''}`,
+      'data-name': holder.name,
+      title: details.join('\n')
+    },
+    h('td', {}, box),
+    h('td', { class: 'jp-GpuMem-name' }, holder.label || holder.name),
+    h('td', { class: 'jp-GpuMem-type' }, holder.type),
+    h('td', { class: 'jp-GpuMem-bytes' }, formatBytes(holder.unique)),
+    h('td', { class: 'jp-GpuMem-bytes' }, holder.shared ? formatBytes(holder.shared) : ''),
+    h('td', { class: 'jp-GpuMem-where' }, Object.keys(holder.devices).join(', '))
+  );
+  const rows = [row];
+  if (holder.hint) {
+    rows.push(
+      h(
+        'tr',
+        { class: 'jp-GpuMem-hintRow' },
+        h('td', {}, ''),
+        h('td', { colspan: '5', class: 'jp-GpuMem-hint' }, holder.hint)
+      )
+    );
+  }
+  return rows;
+}
+
+/** One purge result: what was removed, freed, and what still holds memory. */
+export function renderPurgeResult(result: IPurgeResult): HTMLElement {
+  const freed = sumBytes(result.freed);
+  const lines: HTMLElement[] = [
+    h(
+      'div',
+      {},
+      result.dry_run
+        ? `Dry run: would free ${formatByteMap(result.predicted)}.`
+        : `Purged ${result.names.join(', ')}: freed ${
+            Object.keys(result.freed).length ? formatByteMap(result.freed) : formatBytes(freed)
+          }.`
+    )
+  ];
+  if (result.removed.length) {
+    lines.push(h('div', {}, `Removed: ${result.removed.join(', ')}`));
+  }
+  for (const held of result.still_held ?? []) {
+    lines.push(
+      h(
+        'div',
+        { class: 'jp-GpuMem-warn' },
+        `Still held by ${held.by}${held.path ? ` (${held.path})` : ''}: ${formatBytes(held.bytes)}`
+      )
+    );
+  }
+  for (const message of result.messages ?? []) {
+    lines.push(h('div', { class: 'jp-GpuMem-note' }, message));
+  }
+  return h('div', { class: 'jp-GpuMem-purgeResult' }, ...lines);
+}
