@@ -1,0 +1,355 @@
+"""Comm target ``jupyter_gpumem``: the kernel side of the JupyterLab sidebar.
+
+The sidebar opens a comm on this target (see docs/PROTOCOL.md). The kernel
+answers ``hello``, then sends ``devices`` about once a second from a
+background thread that reads device counters only and never touches the
+user's namespace, and a ``snapshot`` after each cell (on the main thread, from
+the shell's ``post_run_cell`` event). Requests from the sidebar are checked
+field by field before anything runs; a malformed one gets an ``error`` reply
+and changes nothing. No text from the frontend is ever executed.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+TARGET = "jupyter_gpumem"
+INTERVAL = 1.0  # seconds between two ``devices`` messages
+JOIN_TIMEOUT = 5.0  # seconds to wait for the sampling thread on unload
+MAX_NAMES = 256
+MAX_NAME_LENGTH = 512
+MAX_DEVICE_LENGTH = 32
+MAX_ERROR_LENGTH = 300
+
+# Fields each request may carry besides "type" and "id": name -> required.
+_REQUEST_FIELDS: dict[str, dict[str, bool]] = {
+    "refresh": {},
+    "purge": {"names": True, "dry_run": False},
+    "set_device": {"device": True},
+}
+
+_hubs: dict[int, "_Hub"] = {}
+_hubs_lock = threading.Lock()
+
+
+class MessageError(ValueError):
+    """A request from the frontend that does not follow the protocol."""
+
+
+def register_comm(ip: Any) -> None:
+    """Register the comm target and the after-cell hook on the shell ``ip``.
+
+    Called by ``load_ipython_extension``; calling it again is harmless.
+    """
+    with _hubs_lock:
+        if id(ip) in _hubs:
+            return
+        hub = _Hub(ip)
+        _hubs[id(ip)] = hub
+    hub.start()
+
+
+def unregister_comm(ip: Any) -> None:
+    """Remove what :func:`register_comm` added: comm target, open comms,
+    sampling thread (stopped and joined) and the after-cell hook."""
+    with _hubs_lock:
+        hub = _hubs.pop(id(ip), None)
+    if hub is not None:
+        hub.stop()
+
+
+def _one_line(text: Any) -> str:
+    """The first line of ``text``, trimmed to a readable length."""
+    lines = str(text).strip().splitlines() or [""]
+    line = lines[0].strip()
+    if len(line) > MAX_ERROR_LENGTH:
+        line = line[: MAX_ERROR_LENGTH - 3] + "..."
+    return line
+
+
+def _short(value: str) -> str:
+    return repr(value if len(value) <= 40 else value[:37] + "...")
+
+
+def _valid_id(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, str) and len(value) <= 128
+
+
+def parse_request(data: Any) -> tuple[str, Any, dict]:
+    """Check one request from the sidebar; return ``(type, id, fields)``.
+
+    Raises :class:`MessageError` with a one-line reason for anything that is
+    not exactly a protocol request: wrong types, unknown types or fields,
+    too many or too long names.
+    """
+    if not isinstance(data, dict):
+        raise MessageError("a request must be a JSON object")
+    kind = data.get("type")
+    if not isinstance(kind, str):
+        raise MessageError('a request needs a string "type"')
+    if "id" in data and not _valid_id(data["id"]):
+        raise MessageError('"id" must be a string or an integer')
+    spec = _REQUEST_FIELDS.get(kind)
+    if spec is None:
+        raise MessageError(f"unknown request type {_short(kind)}")
+    extra = sorted(str(k) for k in data if k not in spec and k not in ("type", "id"))
+    if extra:
+        raise MessageError(f"unknown field(s) for {kind!r}: {', '.join(map(_short, extra))}")
+    missing = [k for k, required in spec.items() if required and k not in data]
+    if missing:
+        raise MessageError(f"{kind!r} needs {', '.join(repr(m) for m in missing)}")
+    fields = {k: data[k] for k in spec if k in data}
+    if kind == "purge":
+        fields["names"] = _check_names(fields["names"])
+        dry_run = fields.get("dry_run", False)
+        if not isinstance(dry_run, bool):
+            raise MessageError('"dry_run" must be true or false')
+        fields["dry_run"] = dry_run
+    elif kind == "set_device":
+        device = fields["device"]
+        if not isinstance(device, str) or not 0 < len(device) <= MAX_DEVICE_LENGTH:
+            raise MessageError('"device" must be a short string such as "cpu" or "cuda:0"')
+    return kind, data.get("id"), fields
+
+
+def _check_names(names: Any) -> list[str]:
+    if not isinstance(names, list) or not names:
+        raise MessageError('"names" must be a non-empty list of strings')
+    if len(names) > MAX_NAMES:
+        raise MessageError(f'"names" holds {len(names)} names; at most {MAX_NAMES}')
+    for name in names:
+        if not isinstance(name, str) or not name.strip():
+            raise MessageError('"names" must be a non-empty list of strings')
+        if len(name) > MAX_NAME_LENGTH or not name.isprintable():
+            raise MessageError(f"not a name: {_short(name)}")
+    return list(names)
+
+
+class _Channel:
+    """One open comm: its device selection and its request handling."""
+
+    def __init__(self, hub: "_Hub", comm: Any):
+        self.hub = hub
+        self.comm = comm
+        self.device = "auto"
+        self.closed = False
+
+    def send(self, data: dict) -> bool:
+        """Send one message; False (and forget this comm) if it cannot go."""
+        if self.closed:
+            return False
+        try:
+            self.comm.send(data)
+            return True
+        except Exception:  # noqa: BLE001 - a broken comm must not break the kernel
+            self.hub.forget(self)
+            return False
+
+    def error(self, message: str, reply_to: Any = None) -> None:
+        data = {"type": "error", "message": _one_line(message)}
+        if reply_to is not None:
+            data["reply_to"] = reply_to
+        self.send(data)
+
+    def on_msg(self, msg: dict) -> None:
+        """Handle one request (main thread); never raises."""
+        data = (msg.get("content") or {}).get("data") if isinstance(msg, dict) else None
+        rid = data.get("id") if isinstance(data, dict) and _valid_id(data.get("id")) else None
+        try:
+            kind, rid, fields = parse_request(data)
+        except MessageError as exc:
+            self.error(str(exc), rid)
+            return
+        try:
+            if kind == "refresh":
+                self.send_snapshot(reply_to=rid)
+            elif kind == "set_device":
+                self.set_device(fields["device"], rid)
+            elif kind == "purge":
+                self.purge(fields["names"], fields["dry_run"], rid)
+        except Exception as exc:  # noqa: BLE001 - never raise into the kernel
+            self.error(f"{kind} failed: {type(exc).__name__}: {exc}", rid)
+
+    def set_device(self, device: str, rid: Any) -> None:
+        from .devices import parse_device
+
+        try:
+            self.device = parse_device(device)
+        except ValueError as exc:
+            self.error(str(exc), rid)
+            return
+        self.send_snapshot(reply_to=rid)
+
+    def purge(self, names: list[str], dry_run: bool, rid: Any) -> None:
+        # the module's function, not ``jupyter_gpumem.purge``: importing the
+        # submodule ``jupyter_gpumem.purge`` rebinds that package attribute
+        from .purge import PurgeError, purge
+
+        try:
+            result = purge(names, shell=self.hub.shell, dry_run=dry_run, device=self.device)
+        except PurgeError as exc:
+            self.error(str(exc), rid)
+            return
+        self.send({"type": "purge_result", "result": result.to_json(), "reply_to": rid})
+        if dry_run:
+            return
+        self.hub.push_snapshots()
+
+    def send_snapshot(self, reply_to: Any = None, cache: dict | None = None) -> None:
+        snap = self.hub.snapshot_json(self.device, cache)
+        data = {"type": "snapshot", "snapshot": snap}
+        if reply_to is not None:
+            data["reply_to"] = reply_to
+        self.send(data)
+
+    def on_close(self, msg: Any = None) -> None:
+        self.hub.forget(self)
+
+
+class _Hub:
+    """Everything the comm target added to one shell."""
+
+    def __init__(self, shell: Any):
+        self.shell = shell
+        self.interval = INTERVAL
+        self._channels: list[_Channel] = []
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_thread_error: str | None = None
+
+    # -- set up and tear down (main thread) -------------------------------
+    def start(self) -> None:
+        import comm
+
+        comm.get_comm_manager().register_target(TARGET, self.on_open)
+        self.shell.events.register("post_run_cell", self.post_run_cell)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        try:
+            self.shell.events.unregister("post_run_cell", self.post_run_cell)
+        except ValueError:
+            pass
+        try:
+            import comm
+
+            manager = comm.get_comm_manager()
+            if manager.targets.get(TARGET) == self.on_open:
+                manager.unregister_target(TARGET, self.on_open)
+        except Exception:  # noqa: BLE001 - unloading must not fail halfway
+            pass
+        with self._lock:
+            channels, self._channels = self._channels, []
+            thread = self._thread
+        for channel in channels:
+            channel.closed = True
+            try:
+                channel.comm.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(JOIN_TIMEOUT)
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The sampling thread while one runs (for tests and unload)."""
+        return self._thread
+
+    @property
+    def channels(self) -> list[_Channel]:
+        with self._lock:
+            return list(self._channels)
+
+    # -- comm events (main thread) ----------------------------------------
+    def on_open(self, comm: Any, open_msg: dict) -> None:
+        """Target callback: a sidebar opened a comm."""
+        channel = _Channel(self, comm)
+        comm.on_msg(channel.on_msg)
+        comm.on_close(channel.on_close)
+        with self._lock:
+            if self._stopped.is_set():
+                channel.closed = True
+                stopped = True
+            else:
+                self._channels.append(channel)
+                stopped = False
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._sample, name="jupyter_gpumem-devices", daemon=True
+                    )
+                    self._thread.start()
+        if stopped:
+            comm.close()
+            return
+        from . import __version__
+
+        channel.send({"type": "hello", "version": __version__, "device": channel.device})
+
+    def forget(self, channel: _Channel) -> None:
+        channel.closed = True
+        with self._lock:
+            if channel in self._channels:
+                self._channels.remove(channel)
+
+    def post_run_cell(self, result: Any = None) -> None:
+        """After each cell: a fresh snapshot to every open sidebar."""
+        if self.channels:
+            self.push_snapshots()
+
+    def push_snapshots(self) -> None:
+        cache: dict = {}
+        for channel in self.channels:
+            try:
+                channel.send_snapshot(cache=cache)
+            except Exception as exc:  # noqa: BLE001 - never raise into the user's cell
+                channel.error(f"snapshot failed: {type(exc).__name__}: {exc}")
+
+    def snapshot_json(self, device: str, cache: dict | None = None) -> dict:
+        from .snapshot import build  # see purge() on why not jupyter_gpumem.snapshot
+
+        if cache is not None and device in cache:
+            return cache[device]
+        snap = build(shell=self.shell, device=device).to_json()
+        if cache is not None:
+            cache[device] = snap
+        return snap
+
+    # -- sampling thread: counters only, never the namespace ---------------
+    def _sample(self) -> None:
+        from .devices import read_devices
+
+        while not self._stopped.wait(self.interval):
+            with self._lock:
+                channels = list(self._channels)
+                if not channels:
+                    self._thread = None
+                    return
+            readings: dict[str, Any] = {}
+            for channel in channels:
+                if channel.device not in readings:
+                    readings[channel.device] = self._read(read_devices, channel.device)
+                devices = readings[channel.device]
+                if devices is not None:
+                    channel.send({"type": "devices", "time": time.time(), "devices": devices})
+        with self._lock:
+            if self._thread is threading.current_thread():
+                self._thread = None
+
+    def _read(self, read_devices: Callable, device: str) -> list[dict] | None:
+        try:
+            devices = [d.to_json() for d in read_devices(device)]
+        except Exception as exc:  # noqa: BLE001 - report once, keep sampling
+            line = _one_line(f"reading devices failed: {type(exc).__name__}: {exc}")
+            if line != self._last_thread_error:
+                self._last_thread_error = line
+                for channel in self.channels:
+                    channel.error(line)
+            return None
+        self._last_thread_error = None
+        return devices

@@ -1,0 +1,306 @@
+"""The sidebar's comm target, driven as the sidebar drives it.
+
+A real IPython shell, real torch tensors on the CPU and the real ``comm``
+package; only the transport is replaced by a recording comm (the model is
+ipywidgets' DummyComm): it keeps every message the kernel would send.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+import pytest
+
+torch = pytest.importorskip("torch")
+comm_pkg = pytest.importorskip("comm")
+from comm.base_comm import BaseComm  # noqa: E402
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
+
+from jupyter_gpumem import comm as gpucomm  # noqa: E402
+
+MiB = 1 << 20
+
+
+class RecordingComm(BaseComm):
+    """A comm whose messages are kept instead of sent to a frontend."""
+
+    def __init__(self, **kwargs):
+        self.sent: list[tuple[str, dict, str]] = []
+        super().__init__(**kwargs)
+
+    def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
+        json.dumps(data)  # what the kernel sends must be JSON
+        self.sent.append((msg_type, data, threading.current_thread().name))
+
+    def messages(self, type_=None):
+        out = [d for kind, d, _ in self.sent if kind == "comm_msg"]
+        return [d for d in out if type_ is None or d.get("type") == type_]
+
+    def clear(self):
+        self.sent.clear()
+
+
+@pytest.fixture
+def shell():
+    ip = InteractiveShell.instance()
+    before = set(ip.user_ns)
+    gpucomm.register_comm(ip)
+    yield ip
+    gpucomm.unregister_comm(ip)
+    for name in set(ip.user_ns) - before:
+        ip.user_ns.pop(name, None)
+    ip.history_manager.reset()
+    ip.displayhook.flush()
+
+
+def open_sidebar() -> RecordingComm:
+    """Open a comm on the target the way ipykernel's CommManager does."""
+    manager = comm_pkg.get_comm_manager()
+    comm_id = uuid.uuid4().hex
+    c = RecordingComm(comm_id=comm_id, primary=False, target_name=gpucomm.TARGET)
+    manager.register_comm(c)
+    manager.targets[gpucomm.TARGET](
+        c, {"content": {"comm_id": comm_id, "target_name": gpucomm.TARGET, "data": {}}}
+    )
+    return c
+
+
+def send(c: RecordingComm, data) -> list[dict]:
+    """Deliver one request from the sidebar; return the replies it caused."""
+    start = len(c.sent)
+    c.handle_msg({"content": {"comm_id": c.comm_id, "data": data}})
+    return [d for kind, d, _ in c.sent[start:] if kind == "comm_msg" and d["type"] != "devices"]
+
+
+def holder(snapshot: dict, name: str):
+    return next((h for h in snapshot["holders"] if h["name"] == name), None)
+
+
+def test_open_says_hello_and_starts_sampling(shell):
+    c = open_sidebar()
+    hello = c.messages("hello")
+    assert len(hello) == 1
+    assert hello[0]["device"] == "auto"
+    assert hello[0]["version"] == __import__("jupyter_gpumem").__version__
+    hub = gpucomm._hubs[id(shell)]
+    assert hub.thread is not None and hub.thread.is_alive()
+
+
+def test_refresh_replies_with_a_snapshot_that_lists_a_host_tensor(shell):
+    shell.run_cell("import torch; big = torch.ones(1024, 1024)")
+    c = open_sidebar()
+    (reply,) = send(c, {"type": "set_device", "id": 1, "device": "cpu"})
+    assert reply["type"] == "snapshot" and reply["reply_to"] == 1
+    snap = reply["snapshot"]
+    assert snap["schema"] == "jupyter_gpumem.snapshot/1"
+    assert snap["device"] == "cpu"
+    big = holder(snap, "big")
+    assert big is not None and big["unique"] == 4 * MiB and big["purge"] == "big"
+    assert [d["id"] for d in snap["devices"]] == ["cpu"]
+
+    (reply,) = send(c, {"type": "refresh", "id": "r-2"})
+    assert reply["type"] == "snapshot" and reply["reply_to"] == "r-2"
+    assert holder(reply["snapshot"], "big")["unique"] == 4 * MiB
+
+
+def test_snapshot_after_each_cell(shell):
+    c = open_sidebar()
+    send(c, {"type": "set_device", "device": "cpu"})
+    c.clear()
+    shell.run_cell("import torch; grown = torch.zeros(512, 1024)")
+    pushed = c.messages("snapshot")
+    assert len(pushed) == 1
+    assert "reply_to" not in pushed[0]
+    assert holder(pushed[0]["snapshot"], "grown")["unique"] == 2 * MiB
+    # the push is made on the main thread, by the post_run_cell event
+    assert all(t == threading.main_thread().name for kind, d, t in c.sent if d["type"] == "snapshot")
+
+
+def test_purge_deletes_the_name_and_frees_its_storage(shell):
+    shell.run_cell("import torch; big = torch.ones(1024, 1024); keep = torch.ones(10)")
+    ref = StorageWeakRef(shell.user_ns["big"].untyped_storage())
+    c = open_sidebar()
+    send(c, {"type": "set_device", "device": "cpu"})
+    replies = send(c, {"type": "purge", "id": 7, "names": ["big"]})
+    assert [r["type"] for r in replies] == ["purge_result", "snapshot"]
+    result = replies[0]["result"]
+    assert replies[0]["reply_to"] == 7
+    assert result["schema"] == "jupyter_gpumem.purge/1"
+    assert result["dry_run"] is False
+    assert "big" in result["removed"]
+    assert "big" not in shell.user_ns
+    assert "keep" in shell.user_ns
+    assert ref.expired()
+    assert holder(replies[1]["snapshot"], "big") is None
+
+
+def test_dry_run_purge_changes_nothing(shell):
+    shell.run_cell("import torch; big = torch.ones(1024, 1024)")
+    c = open_sidebar()
+    send(c, {"type": "set_device", "device": "cpu"})
+    replies = send(c, {"type": "purge", "names": ["big"], "dry_run": True})
+    assert [r["type"] for r in replies] == ["purge_result"]
+    assert replies[0]["result"]["dry_run"] is True
+    assert replies[0]["result"]["predicted"]["cpu"] == 4 * MiB
+    assert "big" in shell.user_ns
+
+
+def test_a_bad_name_is_an_error_and_deletes_nothing(shell):
+    shell.run_cell("import torch; big = torch.ones(1024, 1024)")
+    c = open_sidebar()
+    send(c, {"type": "set_device", "device": "cpu"})
+    (reply,) = send(c, {"type": "purge", "id": 3, "names": ["big", "no_such_name"]})
+    assert reply["type"] == "error" and reply["reply_to"] == 3
+    assert "no_such_name" in reply["message"]
+    assert "\n" not in reply["message"]
+    assert "big" in shell.user_ns
+
+
+def test_names_are_never_evaluated(shell, tmp_path):
+    shell.run_cell("import torch; big = torch.ones(1024, 1024)")
+    marker = tmp_path / "ran"
+    code = f"__import__('pathlib').Path({str(marker)!r}).touch()"
+    c = open_sidebar()
+    send(c, {"type": "set_device", "device": "cpu"})
+    for name in (code, f"big; {code}", f"big[{code}]", f"{code}.x"):
+        (reply,) = send(c, {"type": "purge", "names": [name]})
+        assert reply["type"] == "error", name
+    assert not marker.exists()
+    assert "big" in shell.user_ns
+
+
+MALFORMED = [
+    pytest.param(None, "JSON object", id="null"),
+    pytest.param([1, 2], "JSON object", id="list"),
+    pytest.param("refresh", "JSON object", id="string"),
+    pytest.param({}, '"type"', id="no-type"),
+    pytest.param({"type": 5}, '"type"', id="type-not-string"),
+    pytest.param({"type": "refresh", "id": {"a": 1}}, '"id"', id="id-object"),
+    pytest.param({"type": "refresh", "id": True}, '"id"', id="id-bool"),
+    pytest.param({"type": "refresh", "code": "1"}, "unknown field", id="extra-field"),
+    pytest.param({"type": "purge"}, "'names'", id="purge-no-names"),
+    pytest.param({"type": "purge", "names": "big"}, '"names"', id="names-string"),
+    pytest.param({"type": "purge", "names": []}, '"names"', id="names-empty"),
+    pytest.param({"type": "purge", "names": ["big", 3]}, '"names"', id="names-int"),
+    pytest.param({"type": "purge", "names": [""]}, '"names"', id="names-blank"),
+    pytest.param({"type": "purge", "names": ["big\nkeep"]}, "not a name", id="name-newline"),
+    pytest.param({"type": "purge", "names": ["x" * 600]}, "not a name", id="name-too-long"),
+    pytest.param({"type": "purge", "names": ["big"] * 300}, "at most", id="too-many-names"),
+    pytest.param({"type": "purge", "names": ["big"], "dry_run": "yes"}, '"dry_run"', id="dry-run-string"),
+    pytest.param({"type": "purge", "names": ["big"], "all": True}, "unknown field", id="purge-all"),
+    pytest.param({"type": "set_device"}, "'device'", id="device-missing"),
+    pytest.param({"type": "set_device", "device": 0}, '"device"', id="device-int"),
+    pytest.param({"type": "set_device", "device": "x" * 100}, '"device"', id="device-long"),
+    pytest.param({"type": "set_device", "device": "tpu:0"}, "unknown device", id="device-unknown"),
+]
+
+
+@pytest.mark.parametrize("data, why", MALFORMED)
+def test_malformed_requests_get_an_error_and_change_nothing(shell, data, why):
+    shell.run_cell("import torch; big = torch.ones(1024, 1024)")
+    c = open_sidebar()
+    send(c, {"type": "set_device", "device": "cpu"})
+    channel = gpucomm._hubs[id(shell)].channels[0]
+    replies = send(c, data)
+    assert len(replies) == 1
+    assert replies[0]["type"] == "error"
+    assert why in replies[0]["message"]
+    assert "\n" not in replies[0]["message"]
+    assert "big" in shell.user_ns
+    assert channel.device == "cpu"
+
+
+@pytest.mark.parametrize("kind", ["execute", "eval", "exec", "purge_all", "", "REFRESH"])
+def test_unknown_types_get_an_error(shell, kind):
+    c = open_sidebar()
+    (reply,) = send(c, {"type": kind, "id": 9, "code": "print(1)"})
+    assert reply == {"type": "error", "message": f"unknown request type {kind!r}", "reply_to": 9}
+
+
+def test_error_reply_echoes_a_valid_id_only(shell):
+    c = open_sidebar()
+    (reply,) = send(c, {"type": "purge", "id": "p1", "names": 3})
+    assert reply["reply_to"] == "p1"
+    (reply,) = send(c, {"type": "purge", "id": [1], "names": 3})
+    assert "reply_to" not in reply
+
+
+def test_devices_are_sent_from_a_thread_while_a_cell_runs(shell):
+    hub = gpucomm._hubs[id(shell)]
+    hub.interval = 0.2
+    c = open_sidebar()
+    send(c, {"type": "set_device", "device": "cpu"})
+    c.clear()
+    shell.run_cell("import time; time.sleep(1.5)")
+    during = [(d, t) for kind, d, t in c.sent if d.get("type") == "devices"]
+    assert len(during) >= 4
+    assert {t for _, t in during} == {"jupyter_gpumem-devices"}
+    first = during[0][0]
+    assert [d["id"] for d in first["devices"]] == ["cpu"]
+    assert first["devices"][0]["total"] > 0
+    assert isinstance(first["time"], float)
+
+
+def test_sampling_stops_when_the_last_comm_closes(shell):
+    hub = gpucomm._hubs[id(shell)]
+    hub.interval = 0.05
+    c = open_sidebar()
+    thread = hub.thread
+    assert thread.is_alive()
+    c.handle_close({"content": {"comm_id": c.comm_id, "data": {}}})
+    thread.join(2)
+    assert not thread.is_alive()
+    assert hub.thread is None
+    assert hub.channels == []
+    # a new sidebar starts a new thread
+    open_sidebar()
+    assert hub.thread is not None and hub.thread.is_alive()
+
+
+def test_unregister_removes_target_hook_thread_and_comms(shell):
+    manager = comm_pkg.get_comm_manager()
+    hub = gpucomm._hubs[id(shell)]
+    c = open_sidebar()
+    thread = hub.thread
+    assert manager.targets[gpucomm.TARGET] == hub.on_open
+    assert hub.post_run_cell in shell.events.callbacks["post_run_cell"]
+    gpucomm.unregister_comm(shell)
+    assert gpucomm.TARGET not in manager.targets
+    assert hub.post_run_cell not in shell.events.callbacks["post_run_cell"]
+    assert not thread.is_alive()
+    assert ("comm_close", {}, threading.main_thread().name) in [
+        (k, d or {}, t) for k, d, t in c.sent if k == "comm_close"
+    ]
+    # a cell after unloading pushes nothing
+    c.clear()
+    shell.run_cell("x = 1")
+    assert c.sent == []
+    gpucomm.register_comm(shell)  # for the fixture's teardown
+
+
+def test_load_ext_registers_the_target_and_unload_removes_it():
+    ip = InteractiveShell.instance()
+    manager = comm_pkg.get_comm_manager()
+    ip.run_line_magic("load_ext", "jupyter_gpumem")
+    try:
+        assert gpucomm.TARGET in manager.targets
+        c = open_sidebar()
+        assert c.messages("hello")
+    finally:
+        ip.run_line_magic("unload_ext", "jupyter_gpumem")
+    assert gpucomm.TARGET not in manager.targets
+    assert id(ip) not in gpucomm._hubs
+
+
+def test_unload_is_quick_and_leaves_no_thread(shell):
+    hub = gpucomm._hubs[id(shell)]
+    open_sidebar()
+    start = time.perf_counter()
+    gpucomm.unregister_comm(shell)
+    assert time.perf_counter() - start < 1.0
+    assert not any(t.name == "jupyter_gpumem-devices" for t in threading.enumerate())
+    assert hub.thread is None or not hub.thread.is_alive()
+    gpucomm.register_comm(shell)
