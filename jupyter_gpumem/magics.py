@@ -54,11 +54,15 @@ def _purge_parser() -> MagicArgumentParser:
 
 
 def split_line(line: str) -> list[str]:
-    """Split a magic line like a shell would, as a UsageError on bad quoting."""
+    """Split a magic line on spaces, keeping quotes inside paths (``cfg['runs']``).
+
+    A token that is quoted as a whole (``"my file.csv"``) loses its quotes.
+    """
     try:
-        return shlex.split(line)
+        tokens = shlex.split(line, posix=False)
     except ValueError as exc:
         raise UsageError(f"cannot parse {line!r}: {exc}") from None
+    return [t[1:-1] if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"" else t for t in tokens]
 
 
 def report_errors(fn: Callable) -> Callable:

@@ -217,23 +217,23 @@ def clear_hidden(root: _scan.Root, shell: Any) -> list[str]:
                     del out_hist[n]
                     removed.append(name)
             elif name in ("_", "__", "___"):
-                if ns.get(name) is obj:
-                    ns[name] = ""
-                    removed.append(name)
+                for d in (ns, hidden):
+                    if d.get(name) is obj:
+                        d[name] = ""
                 if hook is not None and getattr(hook, name, None) is obj:
                     setattr(hook, name, "")
-                    if name not in removed:
-                        removed.append(name)
+                removed.append(name)
+            elif name == "last result":
+                result = getattr(shell, "last_execution_result", None)
+                if result is not None and result.result is obj:
+                    result.result = None
+                removed.append(name)
             elif name.startswith("_") and name[1:].isdigit():
                 for d in (ns, hidden):
                     if d.get(name) is obj:
                         del d[name]
                 if name not in removed:
                     removed.append(name)
-        result = getattr(shell, "last_execution_result", None)
-        if root.kind == "result" and result is not None and result.result is obj:
-            result.result = None
-            removed.append(root.name)
     if root.kind == "traceback":
         for name in ("last_exc", "last_value", "last_traceback", "last_type"):
             if hasattr(sys, name):

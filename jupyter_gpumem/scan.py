@@ -33,6 +33,7 @@ _SKIP_TYPES = frozenset({
     types.MethodWrapperType, types.MethodDescriptorType, types.ClassMethodDescriptorType,
     types.MappingProxyType,
 })
+_LRU_WRAPPER = type(functools.lru_cache(lambda: None))
 _BIG = 4096            # containers longer than this get a C-speed "all atomic?" check first
 _DEFAULT_MAX_DEPTH = 2000
 
@@ -235,6 +236,8 @@ class Walker:
             return self._builtin_method
         if issubclass(tp, functools.partial):
             return self._partial
+        if tp is _LRU_WRAPPER:
+            return self._lru
         if tp is types.CellType:
             return self._cell
         if tp in (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType):
@@ -366,6 +369,18 @@ class Walker:
             push((v, (node, ("attr_item", "keywords", k)), depth))
         self._instance(obj, node, depth, push, found)
 
+    def _lru(self, obj, node, depth, push, found) -> None:
+        # cached keys and results are reachable only through the C-level links
+        own = self._instance_layout_dict(obj)
+        for v in gc.get_referents(obj):
+            if v is not own and type(v) not in ATOMIC and type(v) is not types.FunctionType:
+                push((v, (node, ("lru",)), depth))
+        self._instance(obj, node, depth, push, found)
+
+    def _instance_layout_dict(self, obj):
+        descr = _dict_of(type(obj))
+        return descr.__get__(obj) if descr is not None else None
+
     def _cell(self, obj, node, depth, push, found) -> None:
         try:
             push((obj.cell_contents, node, depth))
@@ -380,7 +395,10 @@ class Walker:
 
     def _frame(self, obj, node, depth, push, found) -> None:
         func = obj.f_code.co_name
-        for k, v in dict(obj.f_locals).items():
+        local_vars = obj.f_locals
+        if local_vars is obj.f_globals:
+            return  # a module-level frame: its locals are the namespace itself
+        for k, v in dict(local_vars).items():
             if type(v) not in ATOMIC and v is not obj:
                 push((v, (node, ("local", func, k)), depth))
 
@@ -404,8 +422,12 @@ class Walker:
         tp = type(obj)
         layout = self._instance_layout.get(tp)
         if layout is None:
-            layout = self._instance_layout[tp] = (_dict_of(tp), _slots_of(tp))
-        dict_descr, slots = layout
+            layout = self._instance_layout[tp] = (
+                _dict_of(tp), _slots_of(tp),
+                not is_library_module_name(type.__dict__["__dict__"].__get__(tp).get("__module__")))
+        dict_descr, slots, user_class = layout
+        if user_class:
+            push((tp, (node, ("attr", "__class__")), depth))
         if dict_descr is None and not slots:
             self._referents(obj, node, depth, push)
             return
@@ -472,6 +494,8 @@ def format_label(label: tuple) -> str:
         return f".grad_fn→{label[1]}.{label[2]}"
     if kind == "ref":
         return "→ref"
+    if kind == "lru":
+        return "→lru_cache"
     return "→" + str(kind)
 
 
@@ -554,9 +578,10 @@ def hidden_roots(shell: Any = None) -> list[Root]:
             if alias in ns and id(ns[alias]) in by_id:
                 _add_hidden(roots, by_id, alias, ns[alias], "output", alias)
         hook = getattr(shell, "displayhook", None)
+        hidden_ns = getattr(shell, "user_ns_hidden", {})
         for name in ("_", "__", "___"):
-            _add_hidden(roots, by_id, name, ns.get(name), "underscore", name)
-            _add_hidden(roots, by_id, name, getattr(hook, name, None), "underscore", name)
+            for value in (ns.get(name), hidden_ns.get(name), getattr(hook, name, None)):
+                _add_hidden(roots, by_id, name, value, "underscore", name)
         result = getattr(shell, "last_execution_result", None)
         _add_hidden(roots, by_id, "last result", getattr(result, "result", None), "result", None)
     tb_objs = traceback_objects(shell)

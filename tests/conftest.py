@@ -1,0 +1,40 @@
+"""Shared fixtures: one real IPython shell, reset before each test."""
+from __future__ import annotations
+
+import gc
+import sys
+
+import pytest
+
+
+def _clear_last_error():
+    for name in ("last_exc", "last_value", "last_traceback", "last_type"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+
+
+@pytest.fixture
+def ip():
+    """A real InteractiveShell with the extension loaded and a clean namespace."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.reset(new_session=False)
+    _clear_last_error()
+    shell.InteractiveTB.tb = None
+    shell.run_cell("%load_ext jupyter_gpumem", store_history=False)
+    yield shell
+    shell.reset(new_session=False)
+    _clear_last_error()
+    shell.InteractiveTB.tb = None
+    gc.collect()
+
+
+def run(shell, code: str, *, expect_error: bool = False):
+    """Run a cell with history (so Out[N] exists); fail the test on an unexpected error."""
+    result = shell.run_cell(code, store_history=True)
+    if expect_error:
+        assert not result.success, f"cell should have failed: {code!r}"
+    elif not result.success:
+        raise AssertionError(f"cell failed: {code!r}: {result.error_before_exec or result.error_in_exec!r}")
+    return result

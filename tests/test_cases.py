@@ -1,0 +1,301 @@
+"""SPEC's table and every holder kind, on host tensors (``--device cpu``).
+
+Each case builds a real leak in a real IPython shell, checks that
+``%gpumem`` blames the right holder, then purges what it blamed and checks
+through ``StorageWeakRef`` that the storage is really gone, while an
+unrelated tensor survives.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
+
+from conftest import run  # noqa: E402
+
+N = 1 << 18          # elements: 1 MiB of float32
+MIB = 1 << 20
+
+
+def weak(ip, expr: str) -> StorageWeakRef:
+    """A weak handle on the storage of the tensor ``expr`` names (no strong ref kept)."""
+    tensor = eval(expr, ip.user_ns)  # test code, not user input
+    ref = StorageWeakRef(tensor.untyped_storage())
+    del tensor
+    return ref
+
+
+def report(ip):
+    return ip.run_line_magic("gpumem", "--device cpu -o")
+
+
+def holder(snap, name):
+    h = snap.holder(name)
+    assert h is not None, f"{name} not blamed; holders: {[x.label for x in snap.holders]}"
+    return h
+
+
+def purge(ip, args: str):
+    return ip.run_line_magic("gpumem", f"purge {args} --device cpu -o")
+
+
+def assert_freed(ref: StorageWeakRef):
+    gc.collect()
+    assert ref.expired(), "the storage is still alive after purge"
+
+
+@pytest.fixture(autouse=True)
+def _torch(ip):
+    run(ip, "import torch")
+
+
+@pytest.fixture
+def unrelated(ip):
+    run(ip, f"keep = torch.full(({N},), 7.0)")
+    ref = weak(ip, "keep")
+    yield ref
+    assert not ref.expired(), "purge freed an unrelated tensor"
+    assert "keep" in ip.user_ns and float(ip.user_ns["keep"][0]) == 7.0
+
+
+# -- SPEC's table ---------------------------------------------------------------
+CASES = {
+    "plain variable": (f"t = torch.ones({N})", "t", "t", "t", "t"),
+    "exception in a variable": (
+        f"def f():\n    t = torch.ones({N})\n    1/0\ntry:\n    f()\nexcept ZeroDivisionError as e:\n    err = e",
+        "err", "err.__traceback__.tb_next.tb_frame.f_locals['t']", "err", "err"),
+    "autograd graph of a scalar loss": (
+        "model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1))\n"
+        "x = torch.randn(512, 256)\nloss = model(x).square().mean()",
+        "loss", "loss.grad_fn.next_functions[0][0].next_functions[0][0]._saved_mat1", "loss", "loss"),
+    "closure": (
+        f"def make():\n    t = torch.ones({N})\n    return lambda: t.sum()\nfn = make()",
+        "fn", "fn.__closure__[0].cell_contents", "fn", "fn"),
+    "lru_cache": (
+        f"import functools\n@functools.lru_cache\ndef cached(n):\n    return torch.ones(n)\ncached({N});",
+        "cached", f"cached({N})", "cached", "cached"),
+    "suspended generator": (
+        f"def gen():\n    t = torch.ones({N})\n    yield 1\n    yield 2\nit = gen()\nnext(it);",
+        "it", "it.gi_frame.f_locals['t']", "it", "it"),
+    "class attribute": (
+        f"class Holder:\n    cache = torch.ones({N})\ninst = Holder()",
+        "Holder", "Holder.cache", "Holder inst", "Holder"),
+    "view of a big tensor": (
+        f"base = torch.ones({4 * N})\nv = base[:16]\ndel base",
+        "v", "v", "v", "v"),
+    "module object in sys.modules": (
+        f"import sys, types\nmymod = types.ModuleType('mymod')\nmymod.t = torch.ones({N})\nsys.modules['mymod'] = mymod",
+        "mymod", "mymod.t", "mymod", "mymod"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_table_case_is_blamed_and_purged(ip, unrelated, case):
+    setup, blamed, weak_expr, purge_args, gone = CASES[case]
+    run(ip, setup)
+    ref = weak(ip, weak_expr)
+    snap = report(ip)
+    h = holder(snap, blamed)
+    assert h.unique >= N * 4 or h.total >= N * 4
+    result = purge(ip, purge_args)
+    assert gone not in ip.user_ns
+    assert_freed(ref)
+    assert result.changes and result.changes[0].freed >= 4 * N - 64
+    if case == "module object in sys.modules":
+        assert "mymod" not in sys.modules
+
+
+def test_view_counts_its_whole_storage_and_hints(ip):
+    run(ip, f"base = torch.ones({4 * N})\nv = base[:16]\ndel base")
+    h = holder(report(ip), "v")
+    assert h.unique == 16 * N
+    assert "view" in h.hint and "clone" in h.hint
+
+
+def test_loss_graph_is_blamed_with_hint(ip):
+    run(ip, CASES["autograd graph of a scalar loss"][0])
+    snap = report(ip)
+    h = holder(snap, "loss")
+    assert h.unique >= 512 * 1024 * 4, "the saved activations belong to loss alone"
+    assert "grad_fn" in h.largest_path
+    assert "loss.item()" in h.hint
+    # the parameters are shared with the model, not counted as loss's own
+    assert "model" in h.shared_with
+
+
+def test_output_history_is_a_hidden_holder(ip, unrelated):
+    run(ip, f"torch.ones({N})")
+    n = ip.execution_count - 1
+    ref = weak(ip, f"Out[{n}]")
+    snap = report(ip)
+    h = holder(snap, f"Out[{n}]")
+    assert h.hidden and f"_{n}" in h.aliases and "_" in h.aliases
+    assert "`;`" in h.hint
+    purge(ip, "")  # no names: only hidden holders
+    assert_freed(ref)
+    assert n not in ip.user_ns["Out"] and f"_{n}" not in ip.user_ns
+
+
+def test_purge_output_entry_by_name(ip, unrelated):
+    run(ip, f"torch.ones({N})")
+    n = ip.execution_count - 1
+    ref = weak(ip, f"_{n}")
+    purge(ip, f"Out[{n}]")
+    assert_freed(ref)
+
+
+def test_last_traceback_is_named_and_cleared(ip, unrelated):
+    run(ip, f"def f():\n    t = torch.ones({N})\n    1/0")
+    run(ip, "f()", expect_error=True)
+    tb = sys.last_traceback
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    ref = StorageWeakRef(tb.tb_frame.f_locals["t"].untyped_storage())
+    del tb
+    gc.collect()
+    snap = report(ip)
+    h = holder(snap, "last traceback")
+    assert h.label == "last traceback (f(): t)"
+    result = purge(ip, "")
+    assert "last traceback" in result.removed
+    assert_freed(ref)
+    assert "f" in ip.user_ns
+
+
+def test_optimizer_state_after_del_model(ip, unrelated):
+    run(ip, "model = torch.nn.Linear(512, 512)\nopt = torch.optim.Adam(model.parameters())\n"
+            "model(torch.randn(8, 512)).sum().backward()\nopt.step()\ndel model")
+    ref_w = weak(ip, "opt.param_groups[0]['params'][0]")
+    ref_state = weak(ip, "opt.state[opt.param_groups[0]['params'][0]]['exp_avg']")
+    h = holder(report(ip), "opt")
+    assert h.unique >= 3 * 512 * 512 * 4  # weight, its grad... and the two moments
+    purge(ip, "opt")
+    assert_freed(ref_w)
+    assert_freed(ref_state)
+
+
+def test_purging_model_names_the_optimizer_that_still_holds_it(ip):
+    run(ip, "model = torch.nn.Linear(512, 512)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)")
+    ref = weak(ip, "model.weight")
+    result = purge(ip, "model")
+    assert not ref.expired()
+    assert [s.by for s in result.still_held] == ["opt"]
+    assert any("opt still holds" in m for m in result.messages)
+    purge(ip, "opt")
+    assert_freed(ref)
+
+
+# -- holder kinds of the scan ----------------------------------------------------------
+KINDS = {
+    "list": (f"c = [1, 'a', torch.ones({N})]", "c", "c[2]", "c[2]"),
+    "tuple": (f"c = (torch.ones({N}),)", "c", "c[0]", "c[0]"),
+    "dict": (f"c = {{'runs': torch.ones({N}), 'name': 'x'}}", "c", "c['runs']", "c['runs']"),
+    "set": (f"c = {{torch.ones({N})}}", "c", "next(iter(c))", "c{...}"),
+    "instance dict": (f"class H: pass\nc = H()\nc.cache = torch.ones({N})", "c", "c.cache", "c.cache"),
+    "slots": (f"class S:\n    __slots__ = ('t',)\nc = S()\nc.t = torch.ones({N})", "c", "c.t", "c.t"),
+    "default argument": (f"def c(x, cache=torch.ones({N})):\n    return x", "c", "c.__defaults__[0]",
+                         "c→default:0"),
+    "keyword default": (f"def c(*, cache=torch.ones({N})):\n    return 1", "c",
+                        "c.__kwdefaults__['cache']", "c→default:cache"),
+    "bound method": (f"class K:\n    def __init__(self):\n        self.t = torch.ones({N})\n"
+                     "    def run(self):\n        return self.t\nc = K().run", "c", "c.__self__.t",
+                     "c.__self__.t"),
+    "partial": (f"import functools\nc = functools.partial(torch.add, torch.ones({N}))", "c",
+                "c.args[0]", "c.args[0]"),
+    "nn.Module parameter": ("c = torch.nn.Linear(512, 512)", "c", "c.weight", "c.weight"),
+    "nn.Module buffer": (f"c = torch.nn.Module()\nc.register_buffer('buf', torch.ones({N}))", "c", "c.buf",
+                         "c.buf"),
+    "nn.Module hook": (f"c = torch.nn.Linear(2, 2)\ndef mk(t):\n    return lambda m, i, o: t\n"
+                       f"hook = c.register_forward_hook(mk(torch.ones({N})))",
+                       "c", "next(iter(c._forward_hooks.values())).__closure__[0].cell_contents",
+                       "c._forward_hooks"),
+    "nested module": ("c = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Linear(512, 512)))",
+                      "c", "c[1][0].weight", "c.1.0.weight"),
+    "tensor gradient": (f"c = torch.ones({N}, requires_grad=True)\nc.sum().backward()", "c", "c.grad",
+                        "c.grad"),
+    "user module": (f"import types\nc = types.ModuleType('usermod')\nc.t = torch.ones({N})", "c", "c.t", "c.t"),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_holder_kind_is_reached_with_its_path(ip, unrelated, kind):
+    setup, name, weak_expr, path_part = KINDS[kind]
+    run(ip, setup)
+    ref = weak(ip, weak_expr)
+    nbytes = ref.cdata and eval(weak_expr, ip.user_ns).untyped_storage().nbytes()
+    snap = ip.run_line_magic("gpumem", f"{name} --device cpu -o")
+    h = holder(snap, name)
+    assert h.total >= nbytes
+    paths = [r.path for r in snap.details[0].rows]
+    assert any(path_part in p for p in paths), paths
+    purge(ip, name)
+    assert_freed(ref)
+
+
+@pytest.mark.parametrize("path, survivor", [
+    ("cfg['runs']", "cfg['name'] == 'keep me'"),
+    ("m.cache", "m.other == 3"),
+    ("lst[1]", "lst[0] == 'first'"),
+    ("net.big", "hasattr(net, 'small')"),
+])
+def test_purge_a_path_keeps_the_rest(ip, unrelated, path, survivor):
+    run(ip, f"cfg = {{'runs': torch.ones({N}), 'name': 'keep me'}}\n"
+            f"class M: pass\nm = M()\nm.cache = torch.ones({N})\nm.other = 3\n"
+            f"lst = ['first', torch.ones({N})]\n"
+            f"net = torch.nn.Module()\nnet.big = torch.nn.Linear(512, 512)\nnet.small = torch.nn.Linear(2, 2)")
+    ref = weak(ip, path if path != "net.big" else "net.big.weight")
+    purge(ip, path)
+    assert_freed(ref)
+    assert eval(survivor, ip.user_ns)
+
+
+def test_two_names_sharing_a_storage_are_not_counted_twice(ip):
+    run(ip, f"a = torch.ones({N})\nb = a\nc = a[10:20]")
+    snap = report(ip)
+    for name in "abc":
+        h = holder(snap, name)
+        assert h.unique == 0 and h.shared == 4 * N
+    assert set(holder(snap, "a").shared_with) == {"b", "c"}
+    assert snap.devices[0].attributed == 4 * N
+    result = purge(ip, "a b c")
+    assert result.changes[0].freed == 4 * N
+
+
+def test_dry_run_changes_nothing(ip):
+    run(ip, f"t = torch.ones({N})\nu = torch.ones({N})")
+    ref = weak(ip, "t")
+    result = purge(ip, "t u --dry-run")
+    assert result.dry_run and result.predicted["cpu"] == 8 * N
+    assert "t" in ip.user_ns and "u" in ip.user_ns and not ref.expired()
+
+
+def test_purge_all_takes_every_name_that_holds_memory(ip):
+    run(ip, f"t = torch.ones({N})\nu = [torch.ones({N})]\nx = 5\ns = 'text'")
+    result = ip.run_line_magic("gpumem", "purge --all --device cpu -o")
+    assert {"t", "u"} <= set(result.removed)
+    assert ip.user_ns["x"] == 5 and ip.user_ns["s"] == "text"
+
+
+def test_purge_without_names_never_touches_user_names(ip):
+    run(ip, f"t = torch.ones({N})")
+    run(ip, "t")  # shown: Out and _ hold it too
+    ref = weak(ip, "t")
+    result = purge(ip, "")
+    assert "t" in ip.user_ns and not ref.expired()
+    assert all(name.startswith(("Out[", "_", "last")) for name in result.removed)
+    purge(ip, "t")
+    assert_freed(ref)
+
+
+def test_purging_a_name_also_clears_its_hidden_references(ip):
+    run(ip, f"t = torch.ones({N})")
+    run(ip, "t")
+    run(ip, "t")
+    ref = weak(ip, "t")
+    result = purge(ip, "t")
+    assert_freed(ref)
+    assert "_" in result.removed and any(n.startswith("Out[") for n in result.removed)
