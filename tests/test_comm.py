@@ -46,6 +46,8 @@ class RecordingComm(BaseComm):
 @pytest.fixture
 def shell():
     ip = InteractiveShell.instance()
+    if "jupyter_gpumem" in ip.extension_manager.loaded:
+        ip.run_line_magic("unload_ext", "jupyter_gpumem")
     before = set(ip.user_ns)
     gpucomm.register_comm(ip)
     yield ip
@@ -284,6 +286,9 @@ def test_unregister_removes_target_hook_thread_and_comms(shell):
 def test_load_ext_registers_the_target_and_unload_removes_it():
     ip = InteractiveShell.instance()
     manager = comm_pkg.get_comm_manager()
+    if "jupyter_gpumem" in ip.extension_manager.loaded:
+        ip.run_line_magic("unload_ext", "jupyter_gpumem")
+    assert gpucomm.TARGET not in manager.targets
     ip.run_line_magic("load_ext", "jupyter_gpumem")
     try:
         assert gpucomm.TARGET in manager.targets

@@ -116,7 +116,7 @@ export class KernelChannel implements IDisposable {
 
   /** Ask for a fresh snapshot. False when there is no open link. */
   refresh(): boolean {
-    return this._send(Requests.refresh(this._nextId()));
+    return this._send(id => Requests.refresh(id));
   }
 
   /**
@@ -137,13 +137,13 @@ export class KernelChannel implements IDisposable {
     if (names.length === 0) {
       return false;
     }
-    return this._send(Requests.purge(this._nextId(), names, dryRun));
+    return this._send(id => Requests.purge(id, names, dryRun));
   }
 
   /** Change the device selection and ask the kernel for it. */
   setDevice(device: string): void {
     this.model.setDevice(device);
-    this._send(Requests.setDevice(this._nextId(), device));
+    this._send(id => Requests.setDevice(id, device));
   }
 
   dispose(): void {
@@ -160,16 +160,14 @@ export class KernelChannel implements IDisposable {
     return this._session?.session?.kernel ?? null;
   }
 
-  private _nextId(): number {
-    this._lastId += 1;
-    return this._lastId;
-  }
-
-  private _send(request: SidebarRequest): boolean {
+  /** Send a request built with the next id, if the link is open. */
+  private _send(make: (id: number) => SidebarRequest): boolean {
     const comm = this._comm;
     if (!comm || comm.isDisposed || this.model.state !== 'ready') {
       return false;
     }
+    this._lastId += 1;
+    const request = make(this._lastId);
     try {
       const future = comm.send(request as any);
       future.done.catch(() => undefined);
@@ -230,7 +228,7 @@ export class KernelChannel implements IDisposable {
     }
     this.model.handle(parsed.message);
     if (parsed.message.type === 'hello') {
-      this._send(Requests.setDevice(this._nextId(), this.model.device));
+      this._send(id => Requests.setDevice(id, this.model.device));
     }
   }
 
