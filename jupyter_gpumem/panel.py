@@ -1,0 +1,537 @@
+"""``%gpumem panel``: a live panel of standard ipywidgets in the output area.
+
+Device bars and a timeline move about once a second from a background
+thread (a :class:`~jupyter_gpumem.monitor.Sampler`) that only reads device
+counters and sets widget values. The holders table is rebuilt on the main
+thread after each cell (IPython's ``post_run_cell`` event), the only place
+the user's namespace is read. Everything shown is drawn from the JSON of
+docs/PROTOCOL.md, the schema the sidebar and ``-o`` use too. One panel per
+shell: showing it again shows the running one. ipywidgets is imported only
+when a panel is made; without it the command prints the text report.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import MagicArgumentParser
+
+from . import panel_render as _render
+from .monitor import Sampler, Series, device_point
+
+INTERVAL = 1.0  # seconds between two readings of the device bars
+WINDOW = 300.0  # seconds of history the timeline shows
+MIN_INTERVAL = 0.05
+MISSING = ("jupyter_gpumem: the live panel needs ipywidgets: run `pip install ipywidgets` "
+           "in this kernel's environment, restart the kernel, then `%gpumem panel` again.")
+
+_panels: dict[int, "Panel"] = {}
+_cleanup_registered: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _widgets():
+    """ipywidgets, imported on first use; a clear ImportError when missing."""
+    try:
+        import ipywidgets
+    except ImportError as exc:
+        raise ImportError(MISSING) from exc
+    return ipywidgets
+
+
+def _parser() -> MagicArgumentParser:
+    p = MagicArgumentParser(prog="%gpumem panel", add_help=False,
+                            description="a live panel: device bars, timeline, holders, purge")
+    p.add_argument("--device", default=None,
+                   help="which devices count: auto (accelerators, else cpu), all, cpu, cuda:N")
+    p.add_argument("--interval", type=float, default=None,
+                   help=f"seconds between device readings (default {INTERVAL:g})")
+    p.add_argument("--window", type=float, default=None,
+                   help=f"seconds of history in the timeline (default {WINDOW:g})")
+    p.add_argument("--close", action="store_true", help="close the running panel")
+    return p
+
+
+def magic_panel(magics: Any, argv: list[str]) -> None:
+    """``%gpumem panel [--device D] [--interval S] [--window S] [--close]``."""
+    args = _parser().parse_args(argv)
+    shell = magics.shell
+    if args.close:
+        print("jupyter_gpumem: live panel closed" if close(shell)
+              else "jupyter_gpumem: no live panel is open")
+        return None
+    if args.interval is not None and not args.interval >= MIN_INTERVAL:
+        raise UsageError(f"--interval must be at least {MIN_INTERVAL:g} seconds")
+    if args.window is not None and not args.window >= 10:
+        raise UsageError("--window must be at least 10 seconds")
+    device = magics.device(args.device) if args.device is not None else None
+    try:
+        _widgets()
+    except ImportError as exc:
+        _text_report(magics, device or magics.device(None), str(exc))
+        return None
+    panel = current(shell)
+    if panel is None:
+        panel = Panel(shell, device=device or magics.device(None),
+                      interval=args.interval or INTERVAL, window=args.window or WINDOW,
+                      time_limit=magics.scan_time_limit)
+        _panels[id(shell)] = panel
+        if magics not in _cleanup_registered:
+            magics.add_cleanup(lambda: close(shell))
+            _cleanup_registered.add(magics)
+        panel.start()
+    else:
+        panel.configure(device=device, interval=args.interval, window=args.window)
+    from IPython.display import display
+
+    display(panel.widget)
+    return None
+
+
+def _text_report(magics: Any, device: str, reason: str) -> None:
+    from .snapshot import build
+
+    snap = build(shell=magics.shell, device=device, time_limit=magics.scan_time_limit)
+    print(repr(snap))
+    print()
+    print(reason)
+
+
+def current(shell: Any) -> "Panel | None":
+    """The running panel of ``shell``, if one is open."""
+    panel = _panels.get(id(shell))
+    return panel if panel is not None and not panel.closed else None
+
+
+def close(shell: Any) -> bool:
+    """Close the panel of ``shell`` and stop its thread; False when none was open."""
+    panel = _panels.pop(id(shell), None)
+    return panel.close() if panel is not None else False
+
+
+def _one_line(text: Any) -> str:
+    lines = str(text).strip().splitlines() or [""]
+    return lines[0][:300]
+
+
+_box_classes: dict[int, type] = {}
+
+
+def _panel_box(w) -> type:
+    """A VBox that closes its panel when closed (same model and view as VBox)."""
+    cls = _box_classes.get(id(w))
+    if cls is None:
+        class PanelBox(w.VBox):
+            """The panel's outer box; closing it closes the panel."""
+
+            def close(self):
+                panel = getattr(self, "_panel_ref", lambda: None)()
+                super().close()
+                if panel is not None:
+                    panel.close()
+
+            def __repr__(self) -> str:
+                return ("jupyter_gpumem live panel: shown by JupyterLab, Notebook 7, VS Code or "
+                        "Colab; in a terminal use %gpumem")
+
+        cls = _box_classes[id(w)] = PanelBox
+    return cls
+
+
+class Panel:
+    """The live panel of one shell: widgets, sampling thread and event hooks.
+
+    ``widget`` is the box to display. ``series`` holds the readings of the
+    device bars (``(time, {device: {field: bytes}})``), ``snapshot`` the last
+    holders scan as PROTOCOL JSON.
+    """
+
+    def __init__(self, shell: Any, device: str = "auto", *, interval: float = INTERVAL,
+                 window: float = WINDOW, time_limit: float = 3.0):
+        self.shell = shell
+        self.device = device
+        self.interval = float(interval)
+        self.window = float(window)
+        self.time_limit = time_limit
+        self.series = Series(maxlen=self._series_len())
+        self.snapshot: dict | None = None
+        self.closed = False
+        self.sampler: Sampler | None = None
+        self.refreshes = 0
+        self._lock = threading.RLock()
+        self._attributed: dict[str, int] = {}
+        self._cells: deque = deque(maxlen=500)
+        self._checked: set[str] = set()
+        self._row_names: list[str | None] = []
+        self._rows: list[tuple[Any, Any]] = []
+        self._syncing = False
+        self._pending: list[str] | None = None
+        self._thread_error: str | None = None
+        self._build_widgets()
+
+    def _series_len(self) -> int:
+        return int(self.window / self.interval) + 16
+
+    # -- widgets -------------------------------------------------------------------------
+    def _build_widgets(self) -> None:
+        w = _widgets()
+        self._w = w
+        self.title = w.HTML()
+        self.refresh_button = w.Button(description="Refresh", icon="refresh",
+                                       tooltip="scan the holders now",
+                                       layout=w.Layout(width="auto"))
+        self.close_button = w.Button(icon="times", tooltip="close the panel and stop its thread",
+                                     layout=w.Layout(width="36px"))
+        header = w.HBox([self.title, self.refresh_button, self.close_button],
+                        layout=w.Layout(justify_content="space-between", align_items="center"))
+        self.bars = w.HTML()
+        self.timeline = w.HTML()
+        self._table_header = (w.HTML("<b>holder</b> <span style='opacity:.6'>(check to purge)"
+                                     "</span>"),
+                              w.HTML(_render.holders_header_html()))
+        self.table = w.GridBox(list(self._table_header), layout=w.Layout(
+            grid_template_columns="minmax(12em, max-content) auto", grid_gap="0 0.5em",
+            align_items="flex-start"))
+        self.footer = w.HTML()
+        self.purge_button = w.Button(description="Purge checked", icon="trash",
+                                     button_style="warning", disabled=True,
+                                     tooltip="delete the checked names and free their memory",
+                                     layout=w.Layout(width="auto"))
+        self.status = w.HTML()
+        self.confirm_text = w.HTML()
+        self.confirm_button = w.Button(description="Yes, purge", button_style="danger",
+                                       layout=w.Layout(width="auto"))
+        self.cancel_button = w.Button(description="Cancel", layout=w.Layout(width="auto"))
+        self.confirm_box = w.HBox([self.confirm_text, self.confirm_button, self.cancel_button],
+                                  layout=w.Layout(display="none", align_items="center"))
+        self.result = w.HTML()
+        self.widget = _panel_box(w)([
+            header, w.HTML("<b>Devices</b>"), self.bars,
+            w.HTML("<b>This process, recent minutes</b>"), self.timeline,
+            w.HTML("<b>Holders</b> <span style='opacity:.6'>(after each cell)</span>"),
+            self.table, self.footer, w.HBox([self.purge_button, self.status],
+                                            layout=w.Layout(align_items="center")),
+            self.confirm_box, self.result,
+        ], layout=w.Layout(border="1px solid #bbb", padding="4px 8px"))
+        self.widget._panel_ref = weakref.ref(self)
+        self.refresh_button.on_click(self._guard(lambda _b: self.refresh()))
+        self.close_button.on_click(self._guard(lambda _b: self.close()))
+        self.purge_button.on_click(self._guard(self._on_purge))
+        self.confirm_button.on_click(self._guard(self._on_confirm))
+        self.cancel_button.on_click(self._guard(self._on_cancel))
+        if getattr(self.widget, "comm", None) is not None:
+            self.widget.comm.on_close(lambda _msg: self.close())
+        self._update_title()
+
+    def _new_row(self) -> tuple[Any, Any]:
+        w = self._w
+        index = len(self._rows)
+        checkbox = w.Checkbox(value=False, indent=False, layout=w.Layout(width="auto"))
+        checkbox.observe(self._guard(lambda change: self._on_check(index, change)), "value")
+        row = (checkbox, w.HTML())
+        self._rows.append(row)
+        return row
+
+    def _guard(self, fn):
+        """Widget callbacks never raise into the kernel: a failure is one status line."""
+        def call(*args):
+            try:
+                return fn(*args)
+            except Exception as exc:  # noqa: BLE001
+                self._say(f"{type(exc).__name__}: {exc}", error=True)
+                return None
+        return call
+
+    def _say(self, text: str, error: bool = False) -> None:
+        colour = "#d62728" if error else "inherit"
+        with self._lock:
+            if not self.closed:
+                self.status.value = (f"<span style='color:{colour}'>"
+                                     f"{_render.esc(_one_line(text))}</span>")
+
+    def _update_title(self) -> None:
+        self.title.value = (f"<b>GPU memory</b> · device <code>{_render.esc(self.device)}</code>"
+                            f" · bars every {self.interval:g} s · holders after each cell")
+
+    # -- lifetime --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Hook the cell events, scan once, and start the device thread."""
+        events = self.shell.events
+        events.register("pre_run_cell", self._pre_run_cell)
+        events.register("post_run_cell", self._post_run_cell)
+        self.refresh()
+        self._start_sampler()
+
+    def _start_sampler(self) -> None:
+        self.sampler = Sampler(self._tick, self.interval, name="jupyter_gpumem-panel")
+        self.sampler.start()
+
+    def configure(self, device: str | None = None, interval: float | None = None,
+                  window: float | None = None) -> None:
+        """Change what a running panel shows (``%gpumem panel`` again with options)."""
+        if window is not None and window != self.window:
+            self.window = float(window)
+        if interval is not None and interval != self.interval:
+            self.interval = float(interval)
+            if self.sampler is not None:
+                self.sampler.stop()
+            self._start_sampler()
+        if window is not None or interval is not None:
+            series = Series(maxlen=self._series_len())
+            for t, values in self.series.points():
+                series.append(t, values)
+            self.series = series
+        if device is not None and device != self.device:
+            self.device = device
+            self.refresh()
+        self._update_title()
+
+    def close(self) -> bool:
+        """Stop the thread, unhook the events and close every widget; False if already closed."""
+        with self._lock:
+            if self.closed:
+                return False
+            self.closed = True
+        if self.sampler is not None:
+            self.sampler.stop()
+        for event, fn in (("pre_run_cell", self._pre_run_cell),
+                          ("post_run_cell", self._post_run_cell)):
+            try:
+                self.shell.events.unregister(event, fn)
+            except ValueError:
+                pass
+        if _panels.get(id(self.shell)) is self:
+            _panels.pop(id(self.shell), None)
+        _close_tree(self.widget)
+        for checkbox, html in self._rows:
+            _close_tree(checkbox)
+            _close_tree(html)
+        return True
+
+    # -- background thread: device counters only -----------------------------------------
+    def _tick(self) -> None:
+        from .devices import read_devices
+
+        if self.closed:
+            return
+        try:
+            usages = read_devices(self.device)
+            t = time.time()
+            self.series.append(t, device_point(usages))
+            devices = [d.to_json() for d in usages]
+            with self._lock:
+                cells = [tuple(c) for c in self._cells]
+                attributed = dict(self._attributed)
+            bars = _render.bars_html(devices, attributed)
+            timeline = _render.timeline_html(self.series.points(since=t - self.window),
+                                             [d["id"] for d in devices], window=self.window,
+                                             cells=cells, now=t)
+        except Exception as exc:  # noqa: BLE001 - report once, keep sampling
+            line = f"reading devices failed: {type(exc).__name__}: {exc}"
+            if line != self._thread_error:
+                self._thread_error = line
+                self._say(line, error=True)
+            return
+        self._thread_error = None
+        with self._lock:
+            if self.closed:
+                return
+            with self.bars.hold_sync(), self.timeline.hold_sync():
+                self.bars.value = bars
+                self.timeline.value = timeline
+
+    # -- main thread: cell events, holders, purge --------------------------------------------
+    def _pre_run_cell(self, info: Any = None) -> None:
+        with self._lock:
+            self._cells.append([time.time(), None])
+
+    def _post_run_cell(self, result: Any = None) -> None:
+        if self.closed:
+            return
+        with self._lock:
+            if self._cells and self._cells[-1][1] is None:
+                self._cells[-1][1] = time.time()
+        watched = _watch_cells(self.shell)
+        if watched:
+            with self._lock:
+                self._cells = deque(watched, maxlen=500)
+        try:
+            self.refresh()
+        except Exception as exc:  # noqa: BLE001 - never raise into the user's cell
+            self._say(f"refresh failed: {type(exc).__name__}: {exc}", error=True)
+
+    def refresh(self) -> None:
+        """Scan the holders now (main thread only) and redraw table and bars."""
+        from .snapshot import build
+
+        if self.closed:
+            return
+        try:
+            data = build(shell=self.shell, device=self.device,
+                         time_limit=self.time_limit).to_json()
+        except Exception as exc:  # noqa: BLE001
+            self._say(f"scan failed: {type(exc).__name__}: {exc}", error=True)
+            return
+        self.apply_snapshot(data)
+
+    def apply_snapshot(self, data: dict) -> None:
+        """Show a PROTOCOL snapshot: holders table, bars, notes."""
+        holders = data.get("holders") or []
+        while len(self._rows) < len(holders):
+            self._new_row()
+        names = [h.get("purge") for h in holders]
+        attributed = {d["id"]: d.get("attributed") or 0 for d in data.get("devices") or ()}
+        children = list(self._table_header)
+        for row in self._rows[:len(holders)]:
+            children += row
+        with self._lock:
+            if self.closed:
+                return
+            self.snapshot = data
+            self.refreshes += 1
+            self._attributed = attributed
+            self._checked &= {n for n in names if n}
+            self._row_names = names
+            self._syncing = True
+            try:
+                for (checkbox, html), h in zip(self._rows, holders):
+                    with checkbox.hold_sync():
+                        checkbox.description = h.get("label") or h.get("name") or "?"
+                        checkbox.value = h.get("purge") in self._checked
+                        checkbox.disabled = h.get("purge") is None
+                        checkbox.tooltip = h.get("hint") or f"purge {h.get('purge')}"
+                    html.value = _render.holder_row_html(h)
+            finally:
+                self._syncing = False
+            with self.table.hold_sync(), self.footer.hold_sync(), self.bars.hold_sync():
+                if tuple(self.table.children) != tuple(children):
+                    self.table.children = children
+                self.footer.value = _render.footer_html(data)
+                self.bars.value = _render.bars_html(data.get("devices") or (), attributed)
+            self._update_purge_button()
+
+    def _on_check(self, index: int, change: dict) -> None:
+        if self._syncing or index >= len(self._row_names):
+            return
+        name = self._row_names[index]
+        if name is None:
+            return
+        if change["new"]:
+            self._checked.add(name)
+        else:
+            self._checked.discard(name)
+        self._update_purge_button()
+
+    def _update_purge_button(self) -> None:
+        n = len(self._checked)
+        with self.purge_button.hold_sync():
+            self.purge_button.disabled = n == 0 or self._pending is not None
+            self.purge_button.description = f"Purge {n} checked" if n else "Purge checked"
+
+    def checked(self) -> list[str]:
+        """The checked names, in table order."""
+        return [n for n in self._row_names if n in self._checked]
+
+    def checkbox(self, name: str) -> Any:
+        """The checkbox of the holder whose purge name (or label) is ``name``."""
+        for (checkbox, _), h in zip(self._rows, (self.snapshot or {}).get("holders") or ()):
+            if name in (h.get("purge"), h.get("name"), h.get("label")):
+                return checkbox
+        raise KeyError(f"no holder {name!r} in the panel")
+
+    def _on_purge(self, _button: Any = None) -> None:
+        from .purge import PurgeError, purge
+
+        names = self.checked()
+        if not names:
+            self._say("check the names to purge first")
+            return
+        try:
+            dry = purge(names, shell=self.shell, device=self.device, dry_run=True,
+                        time_limit=self.time_limit).to_json()
+        except PurgeError as exc:
+            self._say(str(exc), error=True)
+            return
+        self._pending = names
+        with self.confirm_text.hold_sync(), self.confirm_box.layout.hold_sync():
+            self.confirm_text.value = _render.confirm_html(names, dry)
+            self.confirm_box.layout.display = None
+        self._update_purge_button()
+        self._say("confirm or cancel the purge")
+
+    def _hide_confirm(self) -> None:
+        self._pending = None
+        self.confirm_box.layout.display = "none"
+        self._update_purge_button()
+
+    def _on_cancel(self, _button: Any = None) -> None:
+        self._hide_confirm()
+        self._say("purge cancelled: nothing changed")
+
+    def _on_confirm(self, _button: Any = None) -> None:
+        from .purge import PurgeError, purge
+
+        names = self._pending
+        self._hide_confirm()
+        if not names:
+            return
+        error = None
+        try:
+            data = purge(names, shell=self.shell, device=self.device,
+                         time_limit=self.time_limit).to_json()
+        except PurgeError as exc:
+            error = str(exc)
+        if error is not None:
+            self._say(error, error=True)
+        else:
+            self.result.value = _render.purge_result_html(data)
+            self._checked -= set(names)
+            self._say(f"purged {', '.join(names)}")
+        self.refresh()
+
+
+def _close_tree(widget: Any) -> None:
+    """Close a widget, its children, and its layout and style models."""
+    for child in getattr(widget, "children", ()) or ():
+        _close_tree(child)
+    for part in ("layout", "style"):
+        sub = getattr(widget, part, None)
+        if sub is not None and hasattr(sub, "close"):
+            sub.close()
+    widget.close()
+
+
+_WATCH_START = ("start", "started", "start_time", "t0", "begin")
+_WATCH_END = ("end", "ended", "end_time", "t1", "finish")
+
+
+def _field(entry: Any, names: tuple[str, ...]) -> float | None:
+    for name in names:
+        value = entry.get(name) if isinstance(entry, dict) else getattr(entry, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def _watch_cells(shell: Any) -> list[list] | None:
+    """Cell spans from %%gpuwatch's history, where that module offers one."""
+    import sys
+
+    watch = sys.modules.get("jupyter_gpumem.watch")
+    history_for = getattr(watch, "history_for", None)
+    if history_for is None:
+        return None
+    try:
+        entries = list(history_for(shell) or ())[-500:]
+    except Exception:  # noqa: BLE001 - optional, never in the way
+        return None
+    spans = []
+    for entry in entries:
+        start = _field(entry, _WATCH_START)
+        if start is None or start < 1e9:  # not unix seconds: cannot place it on the timeline
+            return None
+        spans.append([start, _field(entry, _WATCH_END)])
+    return spans or None

@@ -1,0 +1,273 @@
+"""HTML for the live panel, drawn from the JSON of docs/PROTOCOL.md.
+
+Pure functions: JSON (``DeviceUsage``, ``Holder``, ``PurgeResult`` objects,
+timeline points) in, HTML strings out. No widgets, no user objects, no
+JavaScript: the panel puts these strings into standard ``ipywidgets.HTML``.
+"""
+from __future__ import annotations
+
+import html
+import time
+from typing import Iterable
+
+from .render import fmt_bytes
+
+#: stacked-bar segments of an accelerator (PROTOCOL.md), in order: key, label, colour
+GPU_SEGMENTS = (
+    ("allocated", "allocated", "#e45756"),
+    ("reserved_free", "reserved, free", "#f2a541"),
+    ("non_framework", "non-framework", "#9d7fd6"),
+    ("other_processes", "other processes", "#8c8c8c"),
+    ("free", "free", "rgba(128,128,128,0.15)"),
+)
+#: host memory has no allocator counters: tensors the scan found stand for "allocated"
+CPU_SEGMENTS = (
+    ("tensors", "tracked tensors", "#e45756"),
+    ("process_rest", "rest of this process", "#9d7fd6"),
+    ("other_processes", "other processes", "#8c8c8c"),
+    ("free", "free", "rgba(128,128,128,0.15)"),
+)
+#: timeline lines: field of a point, label, colour
+LINES = (
+    ("used_process", "this process", "#9d7fd6"),
+    ("reserved", "reserved", "#f2a541"),
+    ("allocated", "allocated", "#e45756"),
+)
+SVG_WIDTH, SVG_HEIGHT = 560, 72
+_FONT = "font-family:var(--jp-ui-font-family, sans-serif);font-size:11px"
+
+
+def esc(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _n(value) -> int:
+    return int(value) if isinstance(value, (int, float)) and value > 0 else 0
+
+
+# -- device bars ----------------------------------------------------------------------
+def bar_segments(dev: dict, attributed: int | None = None) -> list[tuple[str, str, int, str]]:
+    """``(key, label, bytes, colour)`` for one device's stacked bar.
+
+    ``attributed`` (bytes the last scan reached on this device) stands in for
+    allocator counters on host memory, which has none.
+    """
+    total = dev.get("total")
+    if dev.get("kind") == "cpu":
+        tensors = _n(attributed if attributed is not None else dev.get("attributed"))
+        process = _n(dev.get("used_process"))
+        used_all = dev.get("used_all")
+        others = max(_n(used_all) - process, 0) if used_all is not None else 0
+        values = {"tensors": min(tensors, process) if process else tensors,
+                  "process_rest": max(process - tensors, 0), "other_processes": others}
+        spec = CPU_SEGMENTS
+    else:
+        allocated = _n(dev.get("allocated"))
+        values = {"allocated": allocated,
+                  "reserved_free": max(_n(dev.get("reserved")) - allocated, 0),
+                  "non_framework": _n(dev.get("non_framework")),
+                  "other_processes": _n(dev.get("other_processes"))}
+        spec = GPU_SEGMENTS
+    free = dev.get("free")
+    if free is None and total is not None:
+        free = max(int(total) - sum(values.values()), 0)
+    values["free"] = _n(free)
+    return [(key, label, values[key], colour) for key, label, colour in spec]
+
+
+def device_bar_html(dev: dict, attributed: int | None = None) -> str:
+    """One device: a title line, the stacked bar, and every segment's figure."""
+    segments = bar_segments(dev, attributed)
+    scale = dev.get("total") or sum(s[2] for s in segments) or 1
+    title = f"<b>{esc(dev.get('id'))}</b> {esc(dev.get('name') or '')}"
+    title += f" · total {esc(fmt_bytes(dev.get('total')))}"
+    cells, legend = [], []
+    for key, label, nbytes, colour in segments:
+        share = 100.0 * nbytes / scale
+        figure = fmt_bytes(nbytes)
+        text = esc(figure) if share >= 9 else ""
+        ink = "inherit" if key == "free" else "#fff"
+        cells.append(
+            f"<div data-segment='{key}' data-bytes='{nbytes}' title='{esc(label)}: {esc(figure)}'"
+            f" style='flex:0 0 {share:.3f}%;min-width:0;background:{colour};color:{ink};"
+            f"overflow:hidden;white-space:nowrap;text-align:center;line-height:18px'>{text}</div>")
+        legend.append(f"<span style='white-space:nowrap;margin-right:10px'>"
+                      f"<span style='color:{colour}'>■</span> {esc(label)} "
+                      f"<b>{esc(figure)}</b></span>")
+    notes = "".join(f"<div><em>{esc(n)}</em></div>" for n in dev.get("notes") or ())
+    return (f"<div data-device='{esc(dev.get('id'))}' style='margin:4px 0;{_FONT}'>"
+            f"<div>{title}</div>"
+            f"<div style='display:flex;width:100%;height:18px;border:1px solid #999;"
+            f"border-radius:3px;overflow:hidden'>{''.join(cells)}</div>"
+            f"<div>{''.join(legend)}</div>{notes}</div>")
+
+
+def bars_html(devices: Iterable[dict], attributed: dict[str, int] | None = None) -> str:
+    """The bars of every device, one HTML string."""
+    attributed = attributed or {}
+    parts = [device_bar_html(d, attributed.get(d.get("id"))) for d in devices]
+    return "".join(parts) or f"<div style='{_FONT}'>no device</div>"
+
+
+# -- timeline ------------------------------------------------------------------------------
+def _buckets(points: list, t0: float, t1: float, n: int, dev: str, field: str):
+    """Max of ``field`` per time bucket: peaks and steps survive the downsampling."""
+    width = (t1 - t0) / n
+    out: dict[int, int] = {}
+    for t, values in points:
+        v = (values.get(dev) or {}).get(field)
+        if v is None or t < t0:
+            continue
+        i = min(int((t - t0) / width), n - 1)
+        if v > out.get(i, -1):
+            out[i] = v
+    return sorted(out.items())
+
+
+def timeline_svg(points: list, dev: str, *, window: float, now: float | None = None,
+                 cells: Iterable[tuple[float, float | None]] = (), buckets: int = 140) -> str:
+    """An inline SVG of one device over the last ``window`` seconds.
+
+    ``points`` are ``(time, {device: {field: bytes}})`` (monitor.Series);
+    ``cells`` are ``(start, end or None)`` spans drawn as shaded bands.
+    """
+    now = time.time() if now is None else now
+    t0 = now - window
+    series = {}
+    for field, _, _ in LINES:
+        pts = _buckets(points, t0, now, buckets, dev, field)
+        if pts:
+            series[field] = pts
+    top = max((v for pts in series.values() for _, v in pts), default=0)
+    top = max(int(top * 1.1), 1)
+    w, h = SVG_WIDTH, SVG_HEIGHT
+    xs = w / buckets
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h + 14}'"
+             f" data-device='{esc(dev)}' style='display:block;{_FONT}'>",
+             f"<rect x='0' y='0' width='{w}' height='{h}' fill='none' stroke='#999'"
+             f" stroke-width='0.5'/>"]
+    for start, end in cells:
+        end = now if end is None else end
+        if end < t0:
+            continue
+        x0 = max(start - t0, 0) / window * w
+        x1 = max(min(end - t0, window) / window * w, x0 + 1)
+        parts.append(f"<rect data-cell='1' x='{x0:.1f}' y='0' width='{x1 - x0:.1f}' height='{h}'"
+                     f" fill='#4c9be8' fill-opacity='0.12'/>")
+    for field, label, colour in LINES:
+        pts = series.get(field)
+        if not pts:
+            continue
+        coords = " ".join(f"{(i + 0.5) * xs:.1f},{h - v / top * (h - 2):.1f}" for i, v in pts)
+        parts.append(f"<polyline data-line='{field}' points='{coords}' fill='none'"
+                     f" stroke='{colour}' stroke-width='1.5'><title>{esc(label)}</title></polyline>")
+    minutes = window / 60
+    span = f"{minutes:g} min" if minutes >= 1 else f"{window:g} s"
+    parts.append(f"<text x='3' y='11' fill='currentColor'>{esc(fmt_bytes(top))}</text>")
+    parts.append(f"<text x='3' y='{h + 12}' fill='currentColor'>-{esc(span)}</text>")
+    parts.append(f"<text x='{w - 3}' y='{h + 12}' text-anchor='end' fill='currentColor'>now</text>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def timeline_html(points: list, devices: Iterable[str], *, window: float,
+                  cells: Iterable[tuple[float, float | None]] = (), now: float | None = None) -> str:
+    """Every device's timeline with a legend; shaded bands are cells that ran."""
+    cells = list(cells)
+    now = time.time() if now is None else now
+    present = {f for _, values in points for d in values.values() for f, v in d.items()
+               if v is not None}
+    legend = "".join(f"<span style='margin-right:10px'><span style='color:{c}'>━</span> "
+                     f"{esc(label)}</span>" for f, label, c in LINES if f in present)
+    legend += ("<span style='margin-right:10px'><span style='color:#4c9be8;opacity:.5'>█</span>"
+               " cell running</span>")
+    svgs = "".join(f"<div style='margin-top:2px'>{esc(dev)}</div>"
+                   + timeline_svg(points, dev, window=window, now=now, cells=cells)
+                   for dev in devices)
+    return f"<div style='{_FONT}'><div>{legend}</div>{svgs}</div>"
+
+
+# -- holders ---------------------------------------------------------------------------------
+_COLUMNS = (("only it", "6.5em", "right"), ("shared", "6.5em", "right"),
+            ("device", "5.5em", "left"), ("what", "7em", "left"))
+
+
+def _cell(text: str, width: str, align: str, title: str | None = None) -> str:
+    tip = f" title='{esc(title)}'" if title else ""
+    return (f"<span{tip} style='display:inline-block;width:{width};text-align:{align};"
+            f"padding-right:0.8em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;"
+            f"vertical-align:top'>{text}</span>")
+
+
+def holders_header_html() -> str:
+    cells = "".join(_cell(f"<b>{esc(c)}</b>", w, a) for c, w, a in _COLUMNS)
+    return f"<div style='{_FONT};line-height:28px'>{cells}<b>largest path</b></div>"
+
+
+def holder_row_html(h: dict) -> str:
+    """The figures of one holder, aligned with :func:`holders_header_html`."""
+    devices = ",".join(sorted(h.get("devices") or {})) or "-"
+    what = esc(h.get("type") or "")
+    values = (esc(fmt_bytes(h.get("unique"))), esc(fmt_bytes(h.get("shared"))), esc(devices), what)
+    cells = "".join(_cell(v, w, a) for v, (_, w, a) in zip(values, _COLUMNS))
+    path = esc(h.get("largest_path") or "")
+    extra = []
+    if h.get("aliases"):
+        extra.append("also " + esc(", ".join(h["aliases"])))
+    if h.get("shared_with"):
+        extra.append("shares with " + esc(", ".join(h["shared_with"])))
+    if h.get("hint"):
+        extra.append("💡 " + esc(h["hint"]))
+    more = f"<div style='opacity:.75;white-space:normal'>{' · '.join(extra)}</div>" if extra else ""
+    return (f"<div data-holder='{esc(h.get('name'))}' style='{_FONT};line-height:28px'>"
+            f"{cells}<code title='{path}'>{path}</code>{more}</div>")
+
+
+def footer_html(snap: dict) -> str:
+    """Unattributed bytes, scan notes and the time of the scan."""
+    lines = []
+    if not snap.get("holders"):
+        lines.append("no name holds tensor memory on "
+                     + esc(", ".join(d.get("id", "?") for d in snap.get("devices") or ())))
+    un = {k: v for k, v in (snap.get("unattributed") or {}).items() if v}
+    if un:
+        lines.append("unattributed (allocated, reached by no name): " + esc(
+            ", ".join(f"{fmt_bytes(v)} on {k}" for k, v in un.items())))
+    lines += [f"<em>note: {esc(m)}</em>" for m in snap.get("messages") or ()]
+    stamp = time.strftime("%H:%M:%S", time.localtime(snap.get("time") or time.time()))
+    lines.append(f"<span style='opacity:.6'>holders scanned at {stamp} "
+                 f"in {1000 * (snap.get('scan_seconds') or 0):.0f} ms</span>")
+    return f"<div style='{_FONT}'>" + "".join(f"<div>{x}</div>" for x in lines) + "</div>"
+
+
+# -- purge -------------------------------------------------------------------------------------
+def _per_device(values: dict) -> str:
+    parts = [f"{fmt_bytes(v)} on {k}" for k, v in sorted((values or {}).items()) if v is not None]
+    return ", ".join(parts) or "nothing"
+
+
+def confirm_html(names: list[str], dry: dict) -> str:
+    """The question before a purge, with what the dry run predicts."""
+    removed = dry.get("removed") or names
+    text = (f"Delete <b>{esc(', '.join(names))}</b> from the kernel"
+            + (f" (with {esc(', '.join(r for r in removed if r not in names))})"
+               if any(r not in names for r in removed) else "")
+            + f" and free about <b>{esc(_per_device(dry.get('predicted')))}</b>?")
+    notes = "".join(f"<div><em>{esc(m)}</em></div>" for m in dry.get("messages") or ())
+    return f"<div style='{_FONT}'>{text}{notes}</div>"
+
+
+def purge_result_html(result: dict) -> str:
+    """What a purge removed and freed per device (a ``PurgeResult`` object)."""
+    removed = ", ".join(result.get("removed") or ()) or "nothing"
+    rows = "".join(
+        f"<tr><td>{esc(c.get('device'))}</td><td>{esc(c.get('measure'))}</td>"
+        f"<td style='text-align:right'>{esc(fmt_bytes(c.get('before')))}</td>"
+        f"<td style='text-align:right'>{esc(fmt_bytes(c.get('after')))}</td>"
+        f"<td style='text-align:right'><b>{esc(fmt_bytes(c.get('freed')))}</b></td></tr>"
+        for c in result.get("changes") or ())
+    table = ("<table><thead><tr><th>device</th><th>measure</th><th>before</th><th>after</th>"
+             f"<th>freed</th></tr></thead><tbody>{rows}</tbody></table>") if rows else ""
+    notes = "".join(f"<div><em>note: {esc(m)}</em></div>" for m in result.get("messages") or ())
+    return (f"<div data-purge-result='1' style='{_FONT}'>removed <code>{esc(removed)}</code>"
+            f" · freed {esc(_per_device(result.get('freed')))}{table}{notes}</div>")

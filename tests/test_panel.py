@@ -1,0 +1,352 @@
+"""The live panel (%gpumem panel), driven in-process through its real widgets.
+
+A real InteractiveShell, real torch tensors on the CPU (``--device cpu``) and
+real ipywidgets; where a test needs to see what the widgets send, their comms
+record the messages (ipywidgets' DummyComm pattern) instead of dropping them.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("ipywidgets")
+
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
+from traitlets.config import Config  # noqa: E402
+
+from jupyter_gpumem import panel as panel_mod  # noqa: E402
+from jupyter_gpumem import panel_render  # noqa: E402
+
+MiB = 1 << 20
+
+
+def _panel_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "jupyter_gpumem-panel" and t.is_alive()]
+
+
+@pytest.fixture
+def shell():
+    InteractiveShell.clear_instance()
+    cfg = Config()
+    cfg.HistoryManager.hist_file = ":memory:"
+    sh = InteractiveShell.instance(config=cfg)
+    run(sh, "%load_ext jupyter_gpumem")
+    run(sh, "import torch, time")
+    yield sh
+    run(sh, "%unload_ext jupyter_gpumem")
+    sh.history_manager.end_session()
+    InteractiveShell.clear_instance()
+
+
+def run(sh, code: str):
+    result = sh.run_cell(code, store_history=True)
+    assert result.error_before_exec is None and result.error_in_exec is None, code
+    return result
+
+
+def open_panel(sh, options: str = "") -> panel_mod.Panel:
+    run(sh, f"%gpumem panel --device cpu {options}")
+    panel = panel_mod.current(sh)
+    assert panel is not None
+    return panel
+
+
+def holder_names(panel) -> list[str]:
+    return [h["name"] for h in panel.snapshot["holders"]]
+
+
+def shown_rows(panel) -> list[str]:
+    """Checkbox labels of the rows the table shows now."""
+    children = panel.table.children[2:]
+    return [children[i].description for i in range(0, len(children), 2)]
+
+
+class RecordingComm:
+    """Stands in for ``comm.create_comm``: keeps every message a widget publishes."""
+
+    def __init__(self):
+        import comm.base_comm
+
+        log = self.log = []
+
+        class _Comm(comm.base_comm.BaseComm):
+            def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
+                log.append((self.comm_id, msg_type, data, threading.current_thread().name))
+
+        self.cls = _Comm
+
+    def __call__(self, *args, **kwargs):
+        return self.cls(*args, **kwargs)
+
+    def updates(self, widget) -> list[dict]:
+        return [d["state"] for cid, kind, d, _ in self.log
+                if cid == widget.model_id and kind == "comm_msg" and d.get("method") == "update"]
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    import comm
+
+    rec = RecordingComm()
+    monkeypatch.setattr(comm, "create_comm", rec)
+    return rec
+
+
+# -- what the panel shows -----------------------------------------------------------------
+def test_panel_shows_bars_timeline_and_holders_from_the_snapshot_schema(shell):
+    run(shell, "x = torch.zeros(4 * 2**20 // 4)\ny = torch.ones(2**18)\ny")
+    panel = open_panel(shell)
+    assert panel.snapshot["schema"] == "jupyter_gpumem.snapshot/1"
+    assert holder_names(panel)[:1] == ["x"]
+    assert {"x", "y", "Out[3]"} <= set(holder_names(panel))
+    assert shown_rows(panel)[0] == "x"
+    x_row = panel.table.children[3].value
+    assert "data-holder='x'" in x_row and "4.0 MiB" in x_row
+    checkbox = panel.checkbox("x")
+    assert checkbox.value is False and checkbox.disabled is False
+    bars = panel.bars.value
+    assert "data-device='cpu'" in bars
+    for key in ("tensors", "process_rest", "other_processes", "free"):
+        assert f"data-segment='{key}'" in bars
+    assert "data-bytes='5242880'" in bars  # tracked tensors: x (4 MiB) + y (1 MiB)
+    deadline = time.time() + 5
+    while len(panel.series) == 0 and time.time() < deadline:
+        time.sleep(0.05)
+    assert len(panel.series) >= 1
+    assert "<svg" in panel.timeline.value and "data-line='used_process'" in panel.timeline.value
+    assert "holders scanned at" in panel.footer.value
+
+
+def test_bar_segments_follow_the_protocol_for_an_accelerator():
+    dev = {"id": "cuda:0", "kind": "cuda", "name": "NVIDIA H200", "total": 10 * 1024 * MiB,
+           "used_all": 3 * 1024 * MiB, "used_process": 2 * 1024 * MiB,
+           "other_processes": 1024 * MiB, "free": 7 * 1024 * MiB, "allocated": 1024 * MiB,
+           "reserved": 1536 * MiB, "non_framework": 512 * MiB, "notes": []}
+    segments = {key: nbytes for key, _, nbytes, _ in panel_render.bar_segments(dev)}
+    assert segments == {"allocated": 1024 * MiB, "reserved_free": 512 * MiB,
+                        "non_framework": 512 * MiB, "other_processes": 1024 * MiB,
+                        "free": 7 * 1024 * MiB}
+    html = panel_render.device_bar_html(dev)
+    for figure in ("1.0 GiB", "512.0 MiB", "7.0 GiB"):
+        assert figure in html  # every segment carries its figure
+    assert "flex:0 0 70.000%" in html  # free is 7 of 10 GiB wide
+
+
+def test_timeline_keeps_steps_and_marks_cells():
+    now = 1_800_000_000.0
+    points = [(now - 30 + i, {"cuda:0": {"allocated": (1 if 10 <= i < 20 else 0) * 512 * MiB,
+                                         "reserved": 512 * MiB, "used_process": None}})
+              for i in range(30)]
+    svg = panel_render.timeline_svg(points, "cuda:0", window=60, now=now,
+                                    cells=[(now - 21, now - 9)])
+    line = svg.split("data-line='allocated' points='")[1].split("'")[0]
+    heights = {float(p.split(",")[1]) for p in line.split()}
+    assert len(heights) == 2  # the low and the high plateau
+    assert svg.count("data-cell='1'") == 1
+    assert "data-line='used_process'" not in svg  # no NVML figure, no line
+
+
+# -- purge through the widgets ----------------------------------------------------------------------
+def test_check_purge_confirm_removes_names_from_kernel_and_table(shell):
+    run(shell, "x = torch.zeros(2**20)\nkeep = torch.zeros(2**18)\ny = torch.ones(2**19)\ny")
+    panel = open_panel(shell)
+    xs = StorageWeakRef(shell.user_ns["x"].untyped_storage())
+    ys = StorageWeakRef(shell.user_ns["y"].untyped_storage())
+    panel.checkbox("x").value = True
+    panel.checkbox("y").value = True
+    assert panel.checked() == ["x", "y"]
+    assert panel.purge_button.description == "Purge 2 checked"
+    assert not panel.purge_button.disabled
+
+    panel.purge_button.click()
+    assert panel.confirm_box.layout.display is None  # the question is shown
+    assert "<b>x, y</b>" in panel.confirm_text.value
+    assert "6.0 MiB on cpu" in panel.confirm_text.value  # the dry run's prediction
+    assert "Out[3]" in panel.confirm_text.value  # y's hidden holder goes too
+    assert "x" in shell.user_ns and "y" in shell.user_ns  # nothing happens before confirming
+
+    panel.confirm_button.click()
+    assert "x" not in shell.user_ns and "y" not in shell.user_ns
+    assert 3 not in shell.history_manager.output_hist
+    assert xs.expired() and ys.expired()
+    assert "keep" in shell.user_ns
+    assert set(holder_names(panel)) == {"keep"}
+    assert shown_rows(panel) == ["keep"]
+    assert panel.checked() == [] and panel.purge_button.disabled
+    assert panel.confirm_box.layout.display == "none"
+    assert "freed 6.0 MiB on cpu" in panel.result.value
+    run(shell, "assert keep.sum() == 0")
+
+
+def test_cancelling_the_confirmation_changes_nothing(shell):
+    run(shell, "x = torch.zeros(2**20)\ny = torch.ones(2**19)")
+    panel = open_panel(shell)
+    x_before = shell.user_ns["x"]
+    rows_before = shown_rows(panel)
+    panel.checkbox("x").value = True
+    panel.purge_button.click()
+    assert panel.confirm_box.layout.display is None
+    panel.cancel_button.click()
+    assert shell.user_ns["x"] is x_before and "y" in shell.user_ns
+    assert shown_rows(panel) == rows_before
+    assert panel.confirm_box.layout.display == "none"
+    assert "cancelled" in panel.status.value and "nothing changed" in panel.status.value
+    assert panel.result.value == ""
+    assert panel.checked() == ["x"]  # still checked: the user may purge after all
+
+
+def test_a_failed_purge_deletes_nothing_and_says_why(shell):
+    run(shell, "x = torch.zeros(2**20)\ny = torch.ones(2**19)")
+    panel = open_panel(shell)
+    panel.checkbox("x").value = True
+    panel.checkbox("y").value = True
+    panel.purge_button.click()
+    shell.user_ns["x"] = 0  # x stops holding memory while the question is open
+    panel.confirm_button.click()
+    assert "y" in shell.user_ns and shell.user_ns["x"] == 0
+    assert "nothing was deleted" in panel.status.value
+    assert "holds no host memory" in panel.status.value
+    assert panel.result.value == ""
+    assert holder_names(panel) == ["y"]
+
+
+def test_widget_updates_are_batched(shell, recorder):
+    run(shell, "x = torch.zeros(2**20)")
+    panel = open_panel(shell)
+    first_row = panel.checkbox("x")
+    first_row.value = True
+    before = len(recorder.updates(first_row))
+    run(shell, "z = torch.zeros(2**21)")  # z, larger, takes the first row: several traits change
+    updates = recorder.updates(first_row)[before:]
+    assert len(updates) == 1, updates  # one message for the row, not one per trait
+    assert updates[0]["description"] == "z" and updates[0]["value"] is False
+    assert updates[0]["tooltip"] == "purge z"
+    assert panel.checkbox("x").value is True  # the check followed the name to its new row
+
+
+# -- threads, refresh and the namespace --------------------------------------------------------------
+def test_bars_move_while_a_cell_runs_and_holders_wait_for_its_end(shell, recorder, monkeypatch):
+    from jupyter_gpumem import scan
+
+    scans: list[str] = []
+    real = scan.collect_roots
+
+    def spy(*args, **kwargs):
+        scans.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(scan, "collect_roots", spy)
+    panel = open_panel(shell, "--interval 0.1")
+    refreshes = panel.refreshes
+    start = time.time()
+    run(shell, "big = torch.ones(64 * 2**20 // 4)\ntime.sleep(0.6)\ndel big\ntime.sleep(0.4)")
+    end = time.time()
+    inside = [(t, v["cpu"]["used_process"]) for t, v in panel.series.points() if start < t < end]
+    assert len(inside) >= 5, inside  # about ten readings of a one-second cell
+    rss = [v for _, v in inside]
+    assert max(rss) - min(rss) >= 48 * MiB  # the 64 MiB tensor shows up while the cell runs
+    from_thread = [s for cid, kind, d, s in recorder.log
+                   if cid == panel.bars.model_id and kind == "comm_msg"]
+    assert from_thread.count("jupyter_gpumem-panel") >= 5  # the bars moved during the cell
+    assert panel.refreshes == refreshes + 1  # holders: once, after the cell
+    assert scans and set(scans) == {"MainThread"}  # the namespace is read on the main thread only
+    assert panel.sampler.errors == 0
+
+
+def test_a_failing_refresh_never_breaks_the_cell(shell, monkeypatch):
+    from jupyter_gpumem import snapshot
+
+    panel = open_panel(shell)
+
+    def broken(**kwargs):
+        raise RuntimeError("scan exploded")
+
+    monkeypatch.setattr(snapshot, "build", broken)
+    result = run(shell, "v = 1 + 1\nv")
+    assert result.result == 2
+    assert "scan failed: RuntimeError: scan exploded" in panel.status.value
+
+
+def test_timeline_marks_cells_from_gpuwatch_history_when_there_is_one(shell, monkeypatch):
+    panel = open_panel(shell)
+    now = time.time()
+    fake_watch = types.SimpleNamespace(history_for=lambda sh: [
+        {"start": now - 5, "end": now - 4}, {"start": now - 3, "end": now - 1}])
+    monkeypatch.setitem(sys.modules, "jupyter_gpumem.watch", fake_watch)
+    run(shell, "pass")
+    assert [tuple(c) for c in panel._cells] == [(now - 5, now - 4), (now - 3, now - 1)]
+    monkeypatch.setitem(sys.modules, "jupyter_gpumem.watch", types.SimpleNamespace())
+    run(shell, "pass")  # without that history the panel keeps its own marks
+    assert panel._cells[-1][0] > now
+
+
+# -- lifetime ------------------------------------------------------------------------------------------
+def test_showing_again_reuses_the_running_panel(shell, capsys):
+    panel = open_panel(shell)
+    model_id = panel.widget.model_id
+    run(shell, "%gpumem panel --device all --interval 0.5")
+    again = panel_mod.current(shell)
+    assert again is panel and panel.widget.model_id == model_id
+    assert panel.device == "all" and panel.interval == 0.5
+    assert len(_panel_threads()) == 1
+    assert "all" in panel.title.value
+    assert "jupyter_gpumem live panel" in capsys.readouterr().out  # the terminal's text
+
+
+def test_closing_the_widget_stops_its_thread_and_hooks(shell):
+    panel = open_panel(shell)
+    thread = panel.sampler
+    assert thread.is_alive()
+    panel.widget.close()
+    assert panel.closed and not thread.is_alive()
+    assert panel_mod.current(shell) is None
+    assert panel._post_run_cell not in shell.events.callbacks["post_run_cell"]
+    assert panel.widget.comm is None and panel.bars.comm is None  # the models are closed
+    refreshes = panel.refreshes
+    run(shell, "after = torch.zeros(10)")
+    assert panel.refreshes == refreshes
+    fresh = open_panel(shell)
+    assert fresh is not panel and fresh.sampler.is_alive()
+    fresh.close_button.click()
+    assert fresh.closed and not fresh.sampler.is_alive() and not _panel_threads()
+
+
+def test_close_option(shell, capsys):
+    panel = open_panel(shell)
+    run(shell, "%gpumem panel --close")
+    assert panel.closed and not _panel_threads()
+    run(shell, "%gpumem panel --close")
+    assert "no live panel is open" in capsys.readouterr().out
+
+
+def test_unloading_the_extension_stops_the_thread(shell):
+    panel = open_panel(shell)
+    assert _panel_threads()
+    run(shell, "%unload_ext jupyter_gpumem")
+    assert panel.closed and not panel.sampler.is_alive() and not _panel_threads()
+    assert panel._pre_run_cell not in shell.events.callbacks["pre_run_cell"]
+    run(shell, "%load_ext jupyter_gpumem")  # the fixture unloads again
+
+
+def test_bad_options_are_usage_errors(shell):
+    for line in ("%gpumem panel --interval 0", "%gpumem panel --device tpu",
+                 "%gpumem panel --window 1"):
+        result = shell.run_cell(line, store_history=True)
+        assert type(result.error_in_exec).__name__ == "UsageError", line
+    assert panel_mod.current(shell) is None
+
+
+def test_without_ipywidgets_prints_the_text_report(shell, monkeypatch, capsys):
+    run(shell, "x = torch.zeros(2**20)")
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets fails
+    run(shell, "%gpumem panel --device cpu")
+    out = capsys.readouterr().out
+    assert "only it" in out and "\nx " in out  # the holders table of %gpumem
+    assert "pip install ipywidgets" in out
+    assert panel_mod.current(shell) is None and not _panel_threads()
