@@ -385,3 +385,9 @@ def _still_messages(still: list[StillHeld]) -> list[str]:
 
     return [f"{s.by} still holds {fmt_bytes(s.nbytes)} of it ({s.path}): purge {s.by} too"
             for s in still]
+
+
+
+from ._callable import make_module_callable  # noqa: E402
+
+make_module_callable(__name__, purge)

@@ -272,3 +272,13 @@ def _messages(result, usages, accs, device):
         for fw in du.frameworks:
             if fw.note:
                 yield f"{du.id}: {fw.note}"
+
+
+def _public_snapshot(namespace=None, *, shell=None, names=None, device="auto", time_limit=3.0):
+    """Who holds memory now (``jupyter_gpumem.snapshot(globals())``): a :class:`Snapshot`."""
+    return build(shell=shell, namespace=namespace, device=device, names=names, time_limit=time_limit)
+
+
+from ._callable import make_module_callable  # noqa: E402
+
+make_module_callable(__name__, _public_snapshot)
