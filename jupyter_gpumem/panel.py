@@ -161,6 +161,9 @@ class Panel:
         self.closed = False
         self.sampler: Sampler | None = None
         self.refreshes = 0
+        #: what the panel itself costs: device readings and their CPU seconds (in
+        #: its thread), holders scans and their wall seconds (on the main thread)
+        self.stats = {"ticks": 0, "tick_cpu_seconds": 0.0, "scans": 0, "scan_seconds": 0.0}
         self._lock = threading.RLock()
         self._attributed: dict[str, int] = {}
         self._cells: deque = deque(maxlen=500)
@@ -317,6 +320,14 @@ class Panel:
 
         if self.closed:
             return
+        cpu0 = time.thread_time()
+        try:
+            self._read_and_show(read_devices)
+        finally:
+            self.stats["ticks"] += 1
+            self.stats["tick_cpu_seconds"] += time.thread_time() - cpu0
+
+    def _read_and_show(self, read_devices) -> None:
         try:
             usages = read_devices(self.device)
             t = time.time()
@@ -369,6 +380,7 @@ class Panel:
 
         if self.closed:
             return
+        t0 = time.perf_counter()
         try:
             data = build(shell=self.shell, device=self.device,
                          time_limit=self.time_limit).to_json()
@@ -376,6 +388,8 @@ class Panel:
             self._say(f"scan failed: {type(exc).__name__}: {exc}", error=True)
             return
         self.apply_snapshot(data)
+        self.stats["scans"] += 1
+        self.stats["scan_seconds"] += time.perf_counter() - t0
 
     def apply_snapshot(self, data: dict) -> None:
         """Show a PROTOCOL snapshot: holders table, bars, notes."""
