@@ -160,8 +160,7 @@ class Walker:
         self._handlers: dict[type, Callable] = {}
         self._storage_cache: dict[int, list[StorageInfo]] = {}
         self._instance_layout: dict[type, tuple] = {}
-        self._tensor_types = tuple(t for b in backends for t in b.tensor_types())
-        self._container_types = tuple(t for b in backends for t in b.container_types())
+        self._tensor_backend: dict[type, Backend] = {}
 
     # -- driving -----------------------------------------------------------
     def stop(self, reason: str) -> None:
@@ -174,19 +173,22 @@ class Walker:
         """Every storage reachable from ``obj`` (stops at ``stop_ids``)."""
         reach = Reach()
         found = reach.storages
-        seen: set[int] = set()
+        seen: set[int] = set(self.stop_ids)
         stack: list = [(obj, (None, label), 0)]
         push = stack.append
         pop = stack.pop
         count = 0
         atomic = ATOMIC
         handlers = self._handlers
+        tensor_backend = self._tensor_backend
+        describe = self.describe
         while stack:
             item, node, depth = pop()
-            if type(item) in atomic:
+            tp = type(item)
+            if tp in atomic:
                 continue
             oid = id(item)
-            if oid in seen or oid in self.stop_ids:
+            if oid in seen:
                 continue
             seen.add(oid)
             count += 1
@@ -196,16 +198,32 @@ class Walker:
             if depth > self.max_depth:
                 self.stop("depth limit reached")
                 continue
-            tp = type(item)
             try:
-                handler = handlers.get(tp)
-                if handler is None:
-                    handler = handlers[tp] = self._classify(tp)
-                handler(item, node, depth + 1, push, found)
+                backend = tensor_backend.get(tp)
+                if backend is None and tp not in handlers:
+                    handlers[tp] = self._classify(tp)
+                    backend = tensor_backend.get(tp)
+                if backend is not None:  # the hot path: a tensor
+                    for info in self._storages(backend, item, oid):
+                        if info.key not in found:
+                            found[info.key] = (info, node, self._describe(item) if describe else None)
+                    for child_label, child in backend.tensor_edges(item):
+                        push((child, (node, child_label), depth + 1))
+                    continue
+                handlers[tp](item, node, depth + 1, push, found)
             except Exception:
                 self.errors += 1  # an object that refuses introspection
         reach.objects = count
         return reach
+
+    def _storages(self, backend: Backend, obj: Any, oid: int) -> list[StorageInfo]:
+        infos = self._storage_cache.get(oid)
+        if infos is None:
+            infos = backend.storages(obj)
+            if self.devices is not None:
+                infos = [i for i in infos if i.device in self.devices]
+            self._storage_cache[oid] = infos
+        return infos
 
     # -- classification ------------------------------------------------------
     def _classify(self, tp: type) -> Callable:
@@ -214,7 +232,8 @@ class Walker:
         for backend in self.backends:
             types_ = backend.tensor_types()
             if types_ and issubclass(tp, types_):
-                return functools.partial(self._tensor, backend)
+                self._tensor_backend[tp] = backend
+                return _skip  # never called: walk() takes tensors on its hot path
             containers = backend.container_types()
             if containers and issubclass(tp, containers):
                 return functools.partial(self._backend_container, backend)
@@ -259,19 +278,6 @@ class Walker:
         return both
 
     # -- handlers ----------------------------------------------------------------
-    def _tensor(self, backend: Backend, obj, node, depth, push, found) -> None:
-        infos = self._storage_cache.get(id(obj))
-        if infos is None:
-            infos = self._storage_cache[id(obj)] = backend.storages(obj)
-        for info in infos:
-            if self.devices is not None and info.device not in self.devices:
-                continue
-            if info.key not in found:
-                found[info.key] = (info, node, self._describe(obj) if self.describe else None)
-        for label, child in backend.children(obj):
-            if type(child) not in ATOMIC:
-                push((child, (node, label), depth))
-
     @staticmethod
     def _describe(obj) -> str | None:
         try:
@@ -633,13 +639,18 @@ def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     walker = Walker(active_backends() if backends is None else backends, devices,
                     start + time_limit, stop, describe=describe)
     reach: list[Reach] = []
-    for root in roots:
-        if walker.partial and "time limit reached" in walker.reasons:
-            reach.append(Reach())
-            continue
-        if id(root.obj) in stop:
-            reach.append(Reach())
-            continue
-        reach.append(walker.walk(root.obj, ("root", root.name)))
+    # the walk makes many short-lived tuples; a collection it would trigger costs
+    # time in proportion to the whole heap, which the scan must not depend on
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for root in roots:
+            if id(root.obj) in stop or (walker.partial and "time limit reached" in walker.reasons):
+                reach.append(Reach())
+                continue
+            reach.append(walker.walk(root.obj, ("root", root.name)))
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return ScanResult(roots, reach, walker.partial, walker.reasons,
                       time.perf_counter() - start, walker.errors)

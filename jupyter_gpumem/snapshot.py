@@ -156,23 +156,28 @@ def attribute(result: _scan.ScanResult, *, with_rows: bool = False,
             continue
         unique = shared = 0
         per_device: dict[str, int] = {}
-        sharers: dict[str, int] = {}
+        sharers: dict[int, int] = {}
         largest = None
+        largest_bytes = -1
         rows = []
-        for key, (info, node, what) in reach.storages.items():
-            others = [result.roots[j].name for j in owners[key] if j != i]
-            if others:
-                shared += info.nbytes
-                for o in others:
-                    sharers[o] = sharers.get(o, 0) + info.nbytes
+        for key, entry in reach.storages.items():
+            info = entry[0]
+            nbytes = info.nbytes
+            own = owners[key]
+            if len(own) == 1:
+                unique += nbytes
             else:
-                unique += info.nbytes
-            per_device[info.device] = per_device.get(info.device, 0) + info.nbytes
-            if largest is None or info.nbytes > largest[0].nbytes:
-                largest = (info, node)
+                shared += nbytes
+                for j in own:
+                    if j != i:
+                        sharers[j] = sharers.get(j, 0) + nbytes
+            per_device[info.device] = per_device.get(info.device, 0) + nbytes
+            if nbytes > largest_bytes:
+                largest, largest_bytes = entry, nbytes
             if with_rows:
-                rows.append(TensorRow(_scan.format_path(node), info.nbytes, info.device,
-                                      info.framework, what, others))
+                rows.append(TensorRow(_scan.format_path(entry[1]), nbytes, info.device,
+                                      info.framework, entry[2],
+                                      [result.roots[j].name for j in own if j != i]))
         path = _scan.format_path(largest[1])
         label = root.name
         if root.kind == "traceback" and "→" in path:
@@ -180,9 +185,9 @@ def attribute(result: _scan.ScanResult, *, with_rows: bool = False,
         holders.append(Holder(
             name=root.name, label=label, type=type_name(root.obj) if root.kind != "traceback" else "traceback",
             unique=unique, shared=shared, devices=per_device, tensors=len(reach.storages),
-            largest_path=path, largest_bytes=largest[0].nbytes, hidden=root.hidden,
+            largest_path=path, largest_bytes=largest_bytes, hidden=root.hidden,
             aliases=list(root.aliases),
-            shared_with=[n for n, _ in sorted(sharers.items(), key=lambda kv: -kv[1])],
+            shared_with=[result.roots[j].name for j, _ in sorted(sharers.items(), key=lambda kv: -kv[1])],
             hint=_hint(root, backends, unique + shared), purge=root.purge,
             rows=sorted(rows, key=lambda r: -r.nbytes),
         ))

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NamedTuple
 
 
-@dataclass(frozen=True)
-class StorageInfo:
+class StorageInfo(NamedTuple):
     """One block of memory that tensors point into.
 
     ``key`` identifies the memory itself: ``(device, base pointer)`` where a
     pointer is known, so views, aliases and DLPack exchanges between
-    frameworks are counted once.
+    frameworks are counted once. (A named tuple: the scan makes one per
+    tensor, so it must be cheap.)
     """
 
     key: tuple
@@ -97,6 +97,10 @@ class Backend:
         Labels are tuples understood by :func:`jupyter_gpumem.scan.format_path`.
         """
         return iter(())
+
+    def tensor_edges(self, obj: Any) -> "tuple | list":
+        """Like :meth:`children` for a tensor, as a sequence (empty on the fast path)."""
+        return tuple(self.children(obj))
 
     def accelerators(self) -> list[AcceleratorInfo]:
         """Accelerators this framework has already initialised."""

@@ -2,20 +2,20 @@
 from __future__ import annotations
 
 import sys
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any, Iterator
 
 from .base import AcceleratorInfo, Backend, FrameworkUsage, StorageInfo
 
 _SKIP_DEVICE_TYPES = {"meta"}
 _MODULE_OWN = ("_parameters", "_buffers", "_modules")
+_PLAIN_DICTS = (dict, OrderedDict)
 
 
 def device_id(dev: Any) -> str:
     """``cuda:0``, ``cpu``, ``mps:0`` from a ``torch.device``."""
-    if dev.type == "cpu":
-        return "cpu"
-    return f"{dev.type}:{dev.index if dev.index is not None else 0}"
+    text = str(dev)
+    return text if text == "cpu" or ":" in text else text + ":0"
 
 
 class TorchBackend(Backend):
@@ -91,12 +91,26 @@ class TorchBackend(Backend):
             return
         if not isinstance(obj, torch.Tensor):
             return
-        grad = obj.grad if obj.is_leaf else None
-        if grad is not None:
-            yield ("attr", "grad"), grad
         fn = obj.grad_fn
-        if fn is not None:
+        if fn is None:
+            grad = obj.grad
+            if grad is not None:
+                yield ("attr", "grad"), grad
+        else:
             yield from self._graph_children(fn)
+
+    def tensor_edges(self, obj: Any):
+        if type(obj) in self._storage_types():
+            return ()
+        fn = obj.grad_fn
+        if fn is None:
+            grad = obj.grad
+            return () if grad is None else ((("attr", "grad"), grad),)
+        return list(self._graph_children(fn))
+
+    def _storage_types(self) -> tuple:
+        types_ = self.tensor_types()
+        return types_[1:]
 
     def _module_children(self, module: Any) -> Iterator[tuple[tuple, Any]]:
         d = object.__getattribute__(module, "__dict__")
@@ -105,7 +119,8 @@ class TorchBackend(Backend):
                 if value is not None:
                     yield ("attr", key), value
         for key, value in dict.items(d):
-            if key in _MODULE_OWN:
+            # skip the many empty hook tables every module carries
+            if key in _MODULE_OWN or (type(value) in _PLAIN_DICTS and not value):
                 continue
             yield ("attr", key), value
 
