@@ -34,8 +34,8 @@ export type ConnectionState =
 /** One reading of one device, for the timeline. */
 export interface ITimelinePoint {
   time: number;
-  allocated: number;
-  reserved: number;
+  allocated: number | null;
+  reserved: number | null;
   used: number | null;
 }
 
@@ -223,8 +223,8 @@ export class SidebarModel {
       }
       points.push({
         time,
-        allocated: device.allocated ?? 0,
-        reserved: device.reserved ?? 0,
+        allocated: device.allocated ?? null,
+        reserved: device.reserved ?? null,
         used: device.used_process ?? null
       });
       this._timeline.set(device.id, points.slice(-TIMELINE_POINTS));

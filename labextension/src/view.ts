@@ -136,24 +136,35 @@ export function renderDevices(devices: ReadonlyArray<IDeviceUsage>): HTMLElement
   return section;
 }
 
-/** Points of one series as an SVG polyline `points` string. */
+/**
+ * Points of one series as an SVG polyline `points` string: the newest value
+ * at the right edge, zero at the bottom, `max` at the top.
+ */
 export function polylinePoints(
-  values: ReadonlyArray<number>,
+  values: ReadonlyArray<number | null>,
   capacity: number,
   max: number,
   height: number
 ): string {
   const offset = capacity - values.length;
-  return values
-    .map((value, i) => {
-      const x = offset + i;
-      const y = height - (max > 0 ? (value / max) * height : 0);
-      return `${x},${y.toFixed(2)}`;
-    })
-    .join(' ');
+  const points: string[] = [];
+  values.forEach((value, i) => {
+    if (value === null) {
+      return;
+    }
+    const y = height - (max > 0 ? (value / max) * height : 0);
+    points.push(`${offset + i},${y.toFixed(2)}`);
+  });
+  return points.join(' ');
 }
 
-/** A small chart per device of allocated, reserved and process memory. */
+/** Headroom above the largest value of a chart. */
+const CHART_HEADROOM = 1.1;
+
+/**
+ * A small chart per device of allocated, reserved and process memory; a
+ * series with no value at all (e.g. allocated on the host) is left out.
+ */
 export function renderTimeline(
   timeline: ReadonlyMap<string, ReadonlyArray<ITimelinePoint>>,
   capacity: number
@@ -164,14 +175,18 @@ export function renderTimeline(
     if (points.length === 0) {
       continue;
     }
-    const series: [string, number[]][] = [
-      ['allocated', points.map(p => p.allocated)],
-      ['reserved', points.map(p => p.reserved)]
-    ];
-    if (points.some(p => p.used !== null)) {
-      series.push(['process', points.map(p => p.used ?? 0)]);
-    }
-    const max = Math.max(1, ...series.flatMap(([, values]) => values));
+    const series = (
+      [
+        ['allocated', points.map(p => p.allocated)],
+        ['reserved', points.map(p => p.reserved)],
+        ['process', points.map(p => p.used)]
+      ] as [string, (number | null)[]][]
+    ).filter(([, values]) => values.some(v => v !== null));
+    const peak = Math.max(
+      1,
+      ...series.flatMap(([, values]) => values.map(v => v ?? 0))
+    );
+    const max = peak * CHART_HEADROOM;
     const svg = document.createElementNS(SVG_NS, 'svg');
     svg.setAttribute('class', 'jp-GpuMem-chart');
     svg.setAttribute('viewBox', `0 0 ${capacity} ${height}`);
@@ -179,7 +194,7 @@ export function renderTimeline(
     svg.setAttribute('role', 'img');
     svg.setAttribute(
       'aria-label',
-      `${deviceId} over the last ${points.length} readings, up to ${formatBytes(max)}`
+      `${deviceId} over the last ${points.length} readings, up to ${formatBytes(peak)}`
     );
     for (const [name, values] of series) {
       const line = document.createElementNS(SVG_NS, 'polyline');
@@ -189,6 +204,9 @@ export function renderTimeline(
       svg.appendChild(line);
     }
     const last = points[points.length - 1];
+    const figures = series
+      .map(([name, values]) => `${name} ${formatBytes(values[values.length - 1])}`)
+      .join(', ');
     section.append(
       h(
         'div',
@@ -196,9 +214,7 @@ export function renderTimeline(
         h(
           'div',
           { class: 'jp-GpuMem-chartTitle' },
-          `${deviceId}: allocated ${formatBytes(last.allocated)}, reserved ${formatBytes(last.reserved)}` +
-            (last.used !== null ? `, process ${formatBytes(last.used)}` : '') +
-            ` (scale ${formatBytes(max)})`
+          `${deviceId}, last ${Math.round(last.time - points[0].time)} s: ${figures}`
         ),
         svg as unknown as Node
       )
@@ -240,9 +256,11 @@ export function renderHolders(
       )
     );
   } else {
+    const devices = new Set(snapshot.holders.flatMap(h => Object.keys(h.devices)));
+    const showDevices = devices.size > 1;
     const body = h('tbody');
     for (const holder of snapshot.holders) {
-      for (const row of holderRows(holder, selected, onToggle)) {
+      for (const row of holderRows(holder, selected, onToggle, showDevices)) {
         body.append(row);
       }
     }
@@ -261,7 +279,7 @@ export function renderHolders(
             h('th', {}, 'Type'),
             h('th', { title: 'bytes only this name keeps alive' }, 'Only it'),
             h('th', { title: 'bytes other names reach too' }, 'Shared'),
-            h('th', {}, 'Devices')
+            showDevices ? h('th', {}, 'Devices') : null
           )
         ),
         body
@@ -294,7 +312,8 @@ export function renderHolders(
 function holderRows(
   holder: IHolder,
   selected: ReadonlySet<string>,
-  onToggle: (purgeName: string, checked: boolean) => void
+  onToggle: (purgeName: string, checked: boolean) => void,
+  showDevices: boolean
 ): HTMLElement[] {
   const box = h('input', {
     type: 'checkbox',
@@ -315,7 +334,7 @@ function holderRows(
       : '',
     holder.aliases.length ? `also: ${holder.aliases.join(', ')}` : '',
     holder.shared_with.length ? `shared with: ${holder.shared_with.join(', ')}` : '',
-    `${holder.tensors} storage${holder.tensors === 1 ? '' : 's'}`
+    `${holder.tensors} storage${holder.tensors === 1 ? '' : 's'} on ${formatByteMap(holder.devices)}`
   ].filter(Boolean);
   const row = h(
     'tr',
@@ -329,7 +348,9 @@ function holderRows(
     h('td', { class: 'jp-GpuMem-type' }, holder.type),
     h('td', { class: 'jp-GpuMem-bytes' }, formatBytes(holder.unique)),
     h('td', { class: 'jp-GpuMem-bytes' }, holder.shared ? formatBytes(holder.shared) : ''),
-    h('td', { class: 'jp-GpuMem-where' }, Object.keys(holder.devices).join(', '))
+    showDevices
+      ? h('td', { class: 'jp-GpuMem-where' }, Object.keys(holder.devices).join(', '))
+      : null
   );
   const rows = [row];
   if (holder.hint) {
@@ -338,7 +359,7 @@ function holderRows(
         'tr',
         { class: 'jp-GpuMem-hintRow' },
         h('td', {}, ''),
-        h('td', { colspan: '5', class: 'jp-GpuMem-hint' }, holder.hint)
+        h('td', { colspan: showDevices ? '5' : '4', class: 'jp-GpuMem-hint' }, holder.hint)
       )
     );
   }

@@ -96,23 +96,39 @@ describe('device bars', () => {
     const node = renderTimeline(
       new Map([
         [
+          'cuda:0',
+          [
+            { time: 1, allocated: 0, reserved: 0, used: 10 * MiB },
+            { time: 2, allocated: 4 * MiB, reserved: 8 * MiB, used: 20 * MiB }
+          ]
+        ],
+        [
           'cpu',
           [
-            { time: 1, allocated: 0, reserved: 0, used: 10 },
-            { time: 2, allocated: 4 * MiB, reserved: 4 * MiB, used: 20 * MiB }
+            { time: 1, allocated: null, reserved: null, used: 5 * MiB },
+            { time: 3, allocated: null, reserved: null, used: 10 * MiB }
           ]
         ]
       ]),
       10
     );
-    const lines = $$(node, 'polyline');
+    const boxes = $$(node, '.jp-GpuMem-chartBox');
+    expect(boxes.map(b => b.dataset.device)).toEqual(['cuda:0', 'cpu']);
+    const lines = $$(boxes[0], 'polyline');
     expect(lines.map(l => l.getAttribute('class'))).toEqual([
       'jp-GpuMem-line jp-GpuMem-line-allocated',
       'jp-GpuMem-line jp-GpuMem-line-reserved',
       'jp-GpuMem-line jp-GpuMem-line-process'
     ]);
-    // newest reading at the right edge, scaled to the largest value
-    expect(lines[2].getAttribute('points')).toBe('8,40.00 9,0.00');
+    // newest reading at the right edge; zero at the bottom; the peak below the top
+    expect(lines[0].getAttribute('points')).toBe('8,40.00 9,32.73');
+    expect(lines[2].getAttribute('points')).toBe('8,21.82 9,3.64');
+    expect(boxes[0].textContent).toContain('allocated 4.0 MiB, reserved 8.0 MiB, process 20.0 MiB');
+    // a series without any value is left out
+    expect($$(boxes[1], 'polyline').map(l => l.getAttribute('class'))).toEqual([
+      'jp-GpuMem-line jp-GpuMem-line-process'
+    ]);
+    expect(boxes[1].textContent).toContain('cpu, last 2 s: process 10.0 MiB');
   });
 });
 
