@@ -1,0 +1,194 @@
+"""CuPy backend: ``cupy.ndarray`` memory, the device memory pool, the pinned pool.
+
+An array's storage is its ``MemoryPointer.mem``: the pool chunk (or the
+foreign buffer of an array made through DLPack) that every view of it
+shares, keyed by ``(cuda:N, mem.ptr)`` with ``mem.size`` bytes.
+
+CuPy's public pool counters read the *current* device only, and switching
+device creates a CUDA context where none exists. So the per-device pools
+are found through the garbage collector's view of the default pool (it
+lists the pool's container of ``SingleDeviceMemoryPool`` objects), read
+without any CUDA call, and a device is switched to only to free blocks it
+already holds, where its context therefore exists.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+from typing import Any
+
+from .base import AcceleratorInfo, Backend, FrameworkUsage, StorageInfo
+
+_MiB = 1 << 20
+
+
+def _format_uuid(raw: Any) -> str | None:
+    if isinstance(raw, str):
+        return raw if raw.startswith(("GPU-", "MIG-")) else "GPU-" + raw
+    try:
+        h = bytes(raw).hex()
+    except Exception:
+        return None
+    if len(h) != 32:
+        return None
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+class CupyBackend(Backend):
+    """Backend for CuPy arrays and pools."""
+
+    name = "cupy"
+    module = "cupy"
+
+    @property
+    def cupy(self):
+        return sys.modules["cupy"]
+
+    def tensor_types(self) -> tuple[type, ...]:
+        nd = getattr(sys.modules.get("cupy"), "ndarray", None)
+        return (nd,) if isinstance(nd, type) else ()
+
+    def storages(self, obj: Any) -> list[StorageInfo]:
+        try:
+            pointer = obj.data
+            mem = pointer.mem
+            ptr, size, dev_index = int(mem.ptr), int(mem.size), int(mem.device_id)
+        except Exception:
+            return []
+        if not ptr or not size:
+            return []
+        dev = f"cuda:{dev_index}"
+        return [StorageInfo((dev, ptr), size, dev, "cupy")]
+
+    # -- pools ----------------------------------------------------------------
+    def device_pools(self) -> dict[int, Any]:
+        """``{device ordinal: SingleDeviceMemoryPool}`` of the default pool (no CUDA call)."""
+        memory = sys.modules.get("cupy.cuda.memory")
+        single = getattr(memory, "SingleDeviceMemoryPool", None)
+        if single is None:
+            return {}
+        try:
+            pool = self.cupy.get_default_memory_pool()
+        except Exception:
+            return {}
+        found: dict[int, Any] = {}
+        for ref in gc.get_referents(pool):
+            if isinstance(ref, dict):
+                items = list(ref.values())
+            elif isinstance(ref, (list, tuple)):
+                items = list(ref)
+            else:
+                items = [ref]
+            for item in items:
+                if isinstance(item, single):
+                    try:
+                        found[int(item._device_id)] = item
+                    except Exception:
+                        continue
+        return found
+
+    def _pool_figures(self) -> dict[int, tuple[int, int]]:
+        out = {}
+        for index, pool in self.device_pools().items():
+            try:
+                total, used = int(pool.total_bytes()), int(pool.used_bytes())
+            except Exception:
+                continue
+            if total:
+                out[index] = (used, total)
+        return out
+
+    def pinned_free(self) -> tuple[int, int | None]:
+        """(free blocks, their bytes or ``None``) kept by the pinned host pool."""
+        try:
+            pool = self.cupy.get_default_pinned_memory_pool()
+            blocks = int(pool.n_free_blocks())
+        except Exception:
+            return 0, None
+        if not blocks:
+            return 0, 0
+        nbytes = 0
+        for ref in gc.get_referents(pool):
+            groups = ref.values() if isinstance(ref, dict) else ()
+            for group in groups:
+                if isinstance(group, (list, set, tuple)):
+                    nbytes += sum(int(getattr(m, "size", 0) or 0) for m in group)
+        return blocks, nbytes or None
+
+    # -- devices ------------------------------------------------------------------
+    def accelerators(self) -> list[AcceleratorInfo]:
+        out = []
+        runtime = getattr(getattr(sys.modules.get("cupy"), "cuda", None), "runtime", None)
+        kind = "rocm" if getattr(runtime, "is_hip", False) else "cuda"
+        for index in sorted(self._pool_figures()):
+            name = uuid = total = None
+            try:  # the pool holds memory there, so this device has a context already
+                props = runtime.getDeviceProperties(index)
+                raw_name = props.get("name")
+                name = raw_name.decode() if isinstance(raw_name, bytes) else raw_name
+                uuid = _format_uuid(props.get("uuid")) if kind == "cuda" else None
+                total = props.get("totalGlobalMem")
+            except Exception:
+                pass
+            out.append(AcceleratorInfo(f"cuda:{index}", kind, name, uuid, total))
+        return out
+
+    def usage(self, device_ids, detail: bool = False) -> dict[str, FrameworkUsage]:
+        from . import human_bytes
+
+        ids = set(device_ids)
+        out: dict[str, FrameworkUsage] = {}
+        for index, (used, total) in self._pool_figures().items():
+            dev = f"cuda:{index}"
+            if dev not in ids:
+                continue
+            u = FrameworkUsage("cupy", allocated=used, reserved=total)
+            u.free_in_reserved = total - used
+            if total - used >= _MiB:
+                u.note = (f"cupy keeps {human_bytes(total - used)} of freed memory in its pool: "
+                          f"`%gpumem purge` gives it back")
+            out[dev] = u
+        if "cpu" in ids:
+            blocks, nbytes = self.pinned_free()
+            if blocks:
+                size = human_bytes(nbytes) if nbytes is not None else f"{blocks} block(s)"
+                out["cpu"] = FrameworkUsage(
+                    "cupy pinned", pool=nbytes,
+                    note=f"cupy's pinned host pool keeps {size} of freed pinned memory: "
+                         f"`%gpumem purge` gives it back")
+        return out
+
+    def release(self) -> list[str]:
+        """Free the unused blocks of CuPy's device pools, pinned pool and FFT plans."""
+        from . import human_bytes
+
+        cupy = self.cupy
+        notes: list[str] = []
+        for index, pool in sorted(self.device_pools().items()):
+            try:
+                before = int(pool.total_bytes())
+                if not before:
+                    continue
+                with cupy.cuda.Device(index):
+                    pool.free_all_blocks()
+                given = before - int(pool.total_bytes())
+            except Exception as exc:
+                notes.append(f"cupy: could not free its pool on cuda:{index} ({exc})")
+                continue
+            if given:
+                notes.append(f"cupy: gave {human_bytes(given)} of its pool back to cuda:{index}")
+        try:
+            blocks, nbytes = self.pinned_free()
+            if blocks:
+                cupy.get_default_pinned_memory_pool().free_all_blocks()
+                size = human_bytes(nbytes) if nbytes is not None else f"{blocks} block(s)"
+                notes.append(f"cupy: gave {size} of pinned host memory back")
+        except Exception as exc:
+            notes.append(f"cupy: could not free its pinned pool ({exc})")
+        config = sys.modules.get("cupy.fft.config")
+        if config is not None:
+            try:
+                config.get_plan_cache().clear()
+            except Exception:
+                pass
+        return notes
