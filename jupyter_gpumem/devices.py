@@ -143,16 +143,17 @@ def selected_ids(device: str, accs: list[AcceleratorInfo] | None = None) -> list
     return [device]
 
 
-def _nvml_index(acc: AcceleratorInfo) -> int | None:
+def _nvml_index(acc: AcceleratorInfo) -> tuple[int | None, bool]:
+    """NVML index of an accelerator, and whether it was found by UUID (exact)."""
     if not acc.id.startswith("cuda:") or not nvml.available():
-        return None
+        return None, False
     if acc.uuid:
         idx = nvml.index_for_uuid(acc.uuid)
         if idx is not None:
-            return idx
+            return idx, True
     visible = nvml.visible_indices()
     ordinal = int(acc.id.split(":")[1])
-    return visible[ordinal] if ordinal < len(visible) else None
+    return (visible[ordinal] if ordinal < len(visible) else None), False
 
 
 def _host_memory() -> tuple[int | None, int | None, int | None]:
@@ -212,7 +213,11 @@ def read_devices(device: str = "auto", *, detail: bool = False) -> list[DeviceUs
 
 def _accelerator_usage(acc: AcceleratorInfo) -> DeviceUsage:
     du = DeviceUsage(acc.id, acc.kind, acc.name, uuid=acc.uuid, total=acc.total)
-    idx = _nvml_index(acc)
+    idx, exact = _nvml_index(acc)
+    if idx is not None and not exact:
+        why = nvml.order_note()
+        if why:
+            du.notes.append(why)
     if idx is None:
         why = nvml.status() if acc.id.startswith("cuda:") else None
         if why:

@@ -98,40 +98,51 @@ def read_device(index: int) -> NvmlDevice | None:
 
 
 def process_used(index: int, pid: int | None = None) -> int | None:
-    """Bytes that process ``pid`` (default: this one) uses on device ``index``."""
+    """Bytes that process ``pid`` (default: this one) uses on device ``index``.
+
+    A process with both a compute and a graphics context is listed twice by
+    NVML with the same figure: it is counted once. ``None`` where NVML lists
+    the process but cannot tell its memory (some drivers, MIG, WSL).
+    """
     if not _ensure():
         return None
     nv = _pynvml()
     pid = os.getpid() if pid is None else pid
     try:
         h = nv.nvmlDeviceGetHandleByIndex(index)
-        procs = list(nv.nvmlDeviceGetComputeRunningProcesses(h))
+        lists = [list(nv.nvmlDeviceGetComputeRunningProcesses(h))]
         try:
-            procs += list(nv.nvmlDeviceGetGraphicsRunningProcesses(h))
+            lists.append(list(nv.nvmlDeviceGetGraphicsRunningProcesses(h)))
         except Exception:
             pass
     except Exception:
         return None
-    total = 0
-    for p in procs:
-        if p.pid == pid and p.usedGpuMemory is not None:
-            total += int(p.usedGpuMemory)
-    return total
+    figure, unknown = 0, False
+    for procs in lists:
+        values = [p.usedGpuMemory for p in procs if p.pid == pid]
+        if any(v is None for v in values):
+            unknown = True
+        else:
+            figure = max(figure, sum(int(v) for v in values))
+    return None if unknown and not figure else figure
 
 
 def visible_indices(env: str | None = None) -> list[int]:
     """NVML indices of the devices CUDA numbers 0, 1, ... in this process.
 
-    Follows ``CUDA_VISIBLE_DEVICES``: integers, full ``GPU-...`` UUIDs and
-    UUID prefixes; parsing stops at the first entry that matches nothing, as
-    CUDA does.
+    Follows ``CUDA_VISIBLE_DEVICES`` as CUDA does: integers, full ``GPU-...``
+    UUIDs and unambiguous UUID prefixes; parsing stops at the first entry
+    that matches nothing, matches more than one device, or repeats one.
+    Integers count in NVML's (PCI bus) order, which is CUDA's only when
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or the GPUs are all alike: see
+    :func:`order_note`.
     """
     count = device_count()
     if env is None:
         env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is None:
         return list(range(count))
-    uuids = {}
+    uuids: dict[int, str] = {}
     out: list[int] = []
     for raw in env.split(","):
         item = raw.strip()
@@ -139,7 +150,7 @@ def visible_indices(env: str | None = None) -> list[int]:
             break
         if item.lstrip("-").isdigit():
             idx = int(item)
-            if idx < 0 or idx >= count:
+            if idx < 0 or idx >= count or idx in out:
                 break
             out.append(idx)
             continue
@@ -150,10 +161,31 @@ def visible_indices(env: str | None = None) -> list[int]:
                     uuids[i] = d.uuid
         want = item if item.startswith(("GPU-", "MIG-")) else "GPU-" + item
         matches = [i for i, u in uuids.items() if u.startswith(want)]
-        if len(matches) != 1:
+        if len(matches) != 1 or matches[0] in out:
             break
         out.append(matches[0])
     return out
+
+
+def order_note() -> str | None:
+    """Why numbering CUDA devices by position may not match NVML, or ``None``.
+
+    CUDA numbers devices fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``;
+    NVML numbers them by PCI bus. Alike GPUs tie, and ties go by PCI bus, so
+    the orders differ only when the GPUs differ.
+    """
+    if os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST").strip().upper() == "PCI_BUS_ID":
+        return None
+    names = set()
+    for i in range(device_count()):
+        d = read_device(i)
+        if d is not None:
+            names.add(d.name)
+    if len(names) <= 1:
+        return None
+    return ("the GPUs differ and CUDA_DEVICE_ORDER is not PCI_BUS_ID, so CUDA's device "
+            "numbers may not follow NVML's: set CUDA_DEVICE_ORDER=PCI_BUS_ID before any "
+            "framework starts for exact per-device figures")
 
 
 def index_for_uuid(uuid: str) -> int | None:
