@@ -1,0 +1,242 @@
+"""TensorFlow and Keras 3 on the CPU: attribution, DLPack sharing, purge.
+
+TensorFlow stays out of the main test process (its import changes every later
+test's scan, and it must not meet JAX): each ``check_*`` below runs in one
+child pytest process, and ``test_in_own_process[check_...]`` reports each
+one's outcome here. TensorFlow is required (``.ci/run`` installs
+tensorflow-cpu); a missing one fails, it is not skipped.
+"""
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from conftest import run
+
+FRAMEWORK = "tensorflow"
+CHILD = os.environ.get("JUPYTER_GPUMEM_TEST_CHILD") == FRAMEWORK
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 1 << 20
+
+
+# -- the parent: run every check in one child process ------------------------------
+def _checks() -> list[str]:
+    return sorted(n for n, f in globals().items() if n.startswith("check_") and callable(f))
+
+
+@pytest.fixture(scope="module")
+def child_results(tmp_path_factory):
+    if importlib.util.find_spec(FRAMEWORK) is None:
+        pytest.fail(f"{FRAMEWORK} is not installed: .ci/run installs tensorflow-cpu==2.21.0")
+    xml = tmp_path_factory.mktemp("child") / "results.xml"
+    env = dict(os.environ, JUPYTER_GPUMEM_TEST_CHILD=FRAMEWORK, TF_CPP_MIN_LOG_LEVEL="2",
+               CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o",
+         "python_functions=check_*", f"--junitxml={xml}", __file__],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    results: dict[str, tuple[str, str]] = {}
+    if xml.exists():
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            bad = [c for c in case if c.tag in ("failure", "error", "skipped")]
+            outcome = bad[0].tag if bad else "passed"
+            text = (bad[0].get("message", "") + "\n" + (bad[0].text or "")) if bad else ""
+            results[case.get("name")] = (outcome, text)
+    return results, proc.stdout[-6000:] + proc.stderr[-3000:]
+
+
+def pytest_generate_tests(metafunc):
+    if "check" in metafunc.fixturenames:
+        metafunc.parametrize("check", _checks())
+
+
+def test_in_own_process(child_results, check):
+    results, output = child_results
+    assert check in results, f"{check} did not run in the child:\n{output}"
+    outcome, text = results[check]
+    assert outcome == "passed", f"{check} {outcome}:\n{text}"
+
+
+# -- the checks (run in the child) ---------------------------------------------------
+@pytest.fixture
+def tf():
+    import tensorflow
+
+    return tensorflow
+
+
+def current(tf) -> int:
+    return tf.config.experimental.get_memory_info("CPU:0")["current"]
+
+
+def report(ip, names: str = ""):
+    return ip.run_line_magic("gpumem", f"{names} --device cpu -o")
+
+
+def purge(ip, args: str):
+    return ip.run_line_magic("gpumem", f"purge {args} --device cpu -o")
+
+
+def holder(snap, name):
+    found = snap.holder(name)
+    assert found is not None, f"{name} not among {[h.name for h in snap.holders]}"
+    return found
+
+
+def settle():
+    gc.collect()
+
+
+def check_eager_tensor_is_blamed_and_purged(ip, tf):
+    run(ip, "import tensorflow as tf\nx = tf.ones((1024, 1024))\nkeep = tf.ones((256, 1024))")
+    h = holder(report(ip), "x")
+    assert h.unique == 4 * MiB and h.devices == {"cpu": 4 * MiB} and h.type == "EagerTensor"
+    before = current(tf)
+    result = purge(ip, "x")
+    settle()
+    assert "x" not in ip.user_ns and "keep" in ip.user_ns
+    assert result.freed["cpu"] == 4 * MiB
+    assert before - current(tf) >= 4 * MiB
+
+
+def check_identity_variable_and_read_share_one_buffer(ip, tf):
+    run(ip, "import tensorflow as tf\nx = tf.ones((1024, 1024))\ny = tf.identity(x)\n"
+            "v = tf.Variable(x)")
+    snap = report(ip)
+    for name in ("x", "y", "v"):
+        h = holder(snap, name)
+        assert (h.unique, h.shared) == (0, 4 * MiB), (name, h.unique, h.shared)
+    assert sorted(holder(snap, "x").shared_with) == ["v", "y"]
+    cpu = next(d for d in snap.devices if d.id == "cpu")
+    assert cpu.attributed == 4 * MiB  # one buffer, counted once
+
+
+def check_variable_is_blamed_and_purged(ip, tf):
+    run(ip, "import tensorflow as tf\nv = tf.Variable(tf.zeros((1024, 2048)))")
+    h = holder(report(ip), "v")
+    assert h.unique == 8 * MiB and h.type == "ResourceVariable"
+    before = current(tf)
+    purge(ip, "v")
+    settle()
+    assert before - current(tf) >= 8 * MiB
+
+
+KERAS_STEP = """
+import numpy as np, tensorflow as tf, keras
+model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(2048, activation="relu"),
+                          keras.layers.Dense(16)])
+opt = keras.optimizers.Adam()
+x = np.ones((8, 256), np.float32)
+with tf.GradientTape() as tape:
+    loss = tf.reduce_mean(model(x))
+opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+del tape, x
+"""
+
+
+def check_keras_model_and_optimizer_are_blamed_and_purged(ip, tf):
+    base = current(tf)
+    run(ip, "import tensorflow as tf\nunrelated = tf.ones((64, 1024))")
+    run(ip, KERAS_STEP)
+    weights = (256 * 2048 + 2048 + 2048 * 16 + 16) * 4
+    snap = report(ip, "model")
+    m, o = holder(snap, "model"), holder(snap, "opt")
+    assert m.type == "Sequential" and o.type == "Adam"
+    assert m.total == weights and m.unique == 0  # the optimizer tracks the same variables
+    assert "opt" in m.shared_with
+    assert o.unique >= 2 * weights  # Adam's two slots per variable
+    assert m.largest_path == "model._layers[1]._kernel"
+    assert o.largest_path.startswith("opt._")
+    rows = {r.path: r for r in holder(snap, "model").rows} if snap.details else {}
+    assert rows["model._layers[1]._kernel"].nbytes == 256 * 2048 * 4
+    assert o.hint and "purge it together with its model" in o.hint
+    held = current(tf)
+    result = purge(ip, "model opt")
+    settle()
+    assert "unrelated" in ip.user_ns and "model" not in ip.user_ns
+    assert not result.still_held
+    assert held - current(tf) >= 3 * weights
+    assert current(tf) - base <= 64 * 1024 * 4 + 64 * 1024  # back to what `unrelated` holds
+
+
+def check_purging_the_model_alone_names_the_optimizer(ip, tf):
+    run(ip, KERAS_STEP)
+    result = purge(ip, "model")
+    assert any(s.by == "opt" for s in result.still_held), result.messages
+
+
+def check_tensor_shared_with_torch_through_dlpack_counts_once(ip, tf):
+    run(ip, "import tensorflow as tf, torch\nx = tf.ones((1024, 1024))\n"
+            "t = torch.from_dlpack(x)\nu = torch.ones(1024)\n"
+            "w = tf.experimental.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(u))")
+    snap = report(ip)
+    assert (holder(snap, "x").shared, holder(snap, "t").shared) == (4 * MiB, 4 * MiB)
+    assert holder(snap, "w").shared_with == ["u"]
+    cpu = next(d for d in snap.devices if d.id == "cpu")
+    assert cpu.attributed == 4 * MiB + 4096
+    purge(ip, "x t")
+    settle()
+    assert "w" in ip.user_ns and "u" in ip.user_ns
+
+
+def check_output_history_holds_a_tensor_until_purge(ip, tf):
+    run(ip, "import tensorflow as tf")
+    run(ip, "tf.ones((1024, 1024))")
+    h = next(h for h in report(ip).holders if h.hidden)
+    assert h.name.startswith("Out[") and h.unique == 4 * MiB
+    before = current(tf)
+    purge(ip, "")
+    settle()
+    assert before - current(tf) >= 4 * MiB
+
+
+def check_string_and_resource_tensors_are_skipped_safely(ip, tf):
+    # TensorFlow aborts the process if a string tensor is exported through DLPack
+    run(ip, "import tensorflow as tf\ns = tf.constant(['x' * 1000] * 100)\n"
+            "h = tf.Variable(1.0).handle\nn = tf.ones((1024,))")
+    snap = report(ip)
+    assert snap.holder("s") is None and snap.holder("h") is None
+    assert holder(snap, "n").unique == 4096
+
+
+def check_cpu_allocator_figures_are_reported(ip, tf):
+    run(ip, "import tensorflow as tf\nx = tf.ones((1024, 1024))")
+    cpu = next(d for d in report(ip).devices if d.id == "cpu")
+    fw = next(f for f in cpu.frameworks if f.name == "tensorflow")
+    assert fw.allocated == current(tf) and fw.allocated >= 4 * MiB and fw.peak >= fw.allocated
+
+
+def check_gpu_device_names_map_to_cuda_ordinals(ip, tf):
+    from jupyter_gpumem.backends.tensorflow import TensorFlowBackend, _device_from_name
+
+    assert _device_from_name("/job:localhost/replica:0/task:0/device:GPU:1") == ("GPU", 1)
+    assert _device_from_name("/job:localhost/replica:0/task:0/device:CPU:0") == ("CPU", 0)
+    assert _device_from_name("GPU:3") == ("GPU", 3)
+    backend = TensorFlowBackend()
+    backend._ordinals = [2, 2, 5]  # two virtual GPUs on CUDA device 2, one on device 5
+    assert backend._device_id("GPU", 1) == "cuda:2" and backend._device_id("GPU", 2) == "cuda:5"
+    assert backend._device_id("CPU", 0) == "cpu"
+
+
+def check_importing_tensorflow_does_not_start_its_runtime(tmp_path):
+    code = (
+        "import tensorflow as tf\n"
+        "from tensorflow.python.eager import context\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "ip = InteractiveShell.instance()\n"
+        "ip.run_line_magic('load_ext', 'jupyter_gpumem')\n"
+        "ip.run_line_magic('gpumem', '--device all')\n"
+        "ip.run_line_magic('gpumem', 'purge --device all')\n"
+        "ctx = context.context_safe()\n"
+        "print('STARTED', bool(ctx is not None and ctx._initialized))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, env=dict(os.environ), timeout=300)
+    assert "STARTED False" in proc.stdout, proc.stdout + proc.stderr
