@@ -208,8 +208,10 @@ class Panel:
         self.confirm_button = w.Button(description="Yes, purge", button_style="danger",
                                        layout=w.Layout(width="auto"))
         self.cancel_button = w.Button(description="Cancel", layout=w.Layout(width="auto"))
-        self.confirm_box = w.HBox([self.confirm_text, self.confirm_button, self.cancel_button],
-                                  layout=w.Layout(display="none", align_items="center"))
+        self.confirm_box = w.VBox([self.confirm_text,
+                                   w.HBox([self.confirm_button, self.cancel_button])],
+                                  layout=w.Layout(display="none", border="1px solid #d62728",
+                                                  padding="4px"))
         self.result = w.HTML()
         self.widget = _panel_box(w)([
             header, w.HTML("<b>Devices</b>"), self.bars,

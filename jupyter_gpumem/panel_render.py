@@ -161,8 +161,7 @@ def timeline_svg(points: list, dev: str, *, window: float, now: float | None = N
         coords = " ".join(f"{(i + 0.5) * xs:.1f},{h - v / top * (h - 2):.1f}" for i, v in pts)
         parts.append(f"<polyline data-line='{field}' points='{coords}' fill='none'"
                      f" stroke='{colour}' stroke-width='1.5'><title>{esc(label)}</title></polyline>")
-    minutes = window / 60
-    span = f"{minutes:g} min" if minutes >= 1 else f"{window:g} s"
+    span = f"{round(window / 60, 1):g} min" if window >= 60 else f"{window:.0f} s"
     parts.append(f"<text x='3' y='11' fill='currentColor'>{esc(fmt_bytes(top))}</text>")
     parts.append(f"<text x='3' y='{h + 12}' fill='currentColor'>-{esc(span)}</text>")
     parts.append(f"<text x='{w - 3}' y='{h + 12}' text-anchor='end' fill='currentColor'>now</text>")
@@ -170,11 +169,19 @@ def timeline_svg(points: list, dev: str, *, window: float, now: float | None = N
     return "".join(parts)
 
 
+MIN_SPAN = 60.0  # seconds the timeline shows at least, while its history is shorter
+
+
 def timeline_html(points: list, devices: Iterable[str], *, window: float,
                   cells: Iterable[tuple[float, float | None]] = (), now: float | None = None) -> str:
-    """Every device's timeline with a legend; shaded bands are cells that ran."""
+    """Every device's timeline with a legend; shaded bands are cells that ran.
+
+    The time axis spans the history there is, from one minute up to ``window``.
+    """
     cells = list(cells)
     now = time.time() if now is None else now
+    if points:
+        window = min(window, max(MIN_SPAN, now - points[0][0]))
     present = {f for _, values in points for d in values.values() for f, v in d.items()
                if v is not None}
     legend = "".join(f"<span style='margin-right:10px'><span style='color:{c}'>━</span> "
@@ -217,8 +224,9 @@ def holder_row_html(h: dict) -> str:
     if h.get("shared_with"):
         extra.append("shares with " + esc(", ".join(h["shared_with"])))
     if h.get("hint"):
-        extra.append("💡 " + esc(h["hint"]))
-    more = f"<div style='opacity:.75;white-space:normal'>{' · '.join(extra)}</div>" if extra else ""
+        extra.append("hint: " + esc(h["hint"]))
+    more = (f"<div style='opacity:.75;white-space:normal;line-height:1.4;padding-bottom:4px'>"
+            f"{' · '.join(extra)}</div>") if extra else ""
     return (f"<div data-holder='{esc(h.get('name'))}' style='{_FONT};line-height:28px'>"
             f"{cells}<code title='{path}'>{path}</code>{more}</div>")
 

@@ -6,19 +6,20 @@ record the messages (ipywidgets' DummyComm pattern) instead of dropping them.
 """
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import threading
 import time
 import types
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("ipywidgets")
 
-from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
-from traitlets.config import Config  # noqa: E402
 
 from jupyter_gpumem import panel as panel_mod  # noqa: E402
 from jupyter_gpumem import panel_render  # noqa: E402
@@ -31,17 +32,12 @@ def _panel_threads() -> list[threading.Thread]:
 
 
 @pytest.fixture
-def shell():
-    InteractiveShell.clear_instance()
-    cfg = Config()
-    cfg.HistoryManager.hist_file = ":memory:"
-    sh = InteractiveShell.instance(config=cfg)
-    run(sh, "%load_ext jupyter_gpumem")
-    run(sh, "import torch, time")
-    yield sh
-    run(sh, "%unload_ext jupyter_gpumem")
-    sh.history_manager.end_session()
-    InteractiveShell.clear_instance()
+def shell(ip):
+    """conftest's shell, with torch imported; no panel or panel thread outlives a test."""
+    run(ip, "import torch, time")
+    yield ip
+    panel_mod.close(ip)
+    assert not _panel_threads()
 
 
 def run(sh, code: str):
@@ -100,11 +96,12 @@ def recorder(monkeypatch):
 
 # -- what the panel shows -----------------------------------------------------------------
 def test_panel_shows_bars_timeline_and_holders_from_the_snapshot_schema(shell):
+    out = f"Out[{shell.execution_count}]"
     run(shell, "x = torch.zeros(4 * 2**20 // 4)\ny = torch.ones(2**18)\ny")
     panel = open_panel(shell)
     assert panel.snapshot["schema"] == "jupyter_gpumem.snapshot/1"
     assert holder_names(panel)[:1] == ["x"]
-    assert {"x", "y", "Out[3]"} <= set(holder_names(panel))
+    assert {"x", "y", out} <= set(holder_names(panel))
     assert shown_rows(panel)[0] == "x"
     x_row = panel.table.children[3].value
     assert "data-holder='x'" in x_row and "4.0 MiB" in x_row
@@ -154,6 +151,7 @@ def test_timeline_keeps_steps_and_marks_cells():
 
 # -- purge through the widgets ----------------------------------------------------------------------
 def test_check_purge_confirm_removes_names_from_kernel_and_table(shell):
+    out = f"Out[{shell.execution_count}]"
     run(shell, "x = torch.zeros(2**20)\nkeep = torch.zeros(2**18)\ny = torch.ones(2**19)\ny")
     panel = open_panel(shell)
     xs = StorageWeakRef(shell.user_ns["x"].untyped_storage())
@@ -168,12 +166,12 @@ def test_check_purge_confirm_removes_names_from_kernel_and_table(shell):
     assert panel.confirm_box.layout.display is None  # the question is shown
     assert "<b>x, y</b>" in panel.confirm_text.value
     assert "6.0 MiB on cpu" in panel.confirm_text.value  # the dry run's prediction
-    assert "Out[3]" in panel.confirm_text.value  # y's hidden holder goes too
+    assert out in panel.confirm_text.value  # y's hidden holder goes too
     assert "x" in shell.user_ns and "y" in shell.user_ns  # nothing happens before confirming
 
     panel.confirm_button.click()
     assert "x" not in shell.user_ns and "y" not in shell.user_ns
-    assert 3 not in shell.history_manager.output_hist
+    assert int(out[4:-1]) not in shell.history_manager.output_hist
     assert xs.expired() and ys.expired()
     assert "keep" in shell.user_ns
     assert set(holder_names(panel)) == {"keep"}
@@ -350,3 +348,15 @@ def test_without_ipywidgets_prints_the_text_report(shell, monkeypatch, capsys):
     assert "only it" in out and "\nx " in out  # the holders table of %gpumem
     assert "pip install ipywidgets" in out
     assert panel_mod.current(shell) is None and not _panel_threads()
+
+
+def test_ipywidgets_is_imported_only_when_a_panel_is_made():
+    code = ("import sys\nfrom IPython.core.interactiveshell import InteractiveShell\n"
+            "sh = InteractiveShell.instance()\nsh.run_cell('%load_ext jupyter_gpumem')\n"
+            "import jupyter_gpumem.panel\nassert 'ipywidgets' not in sys.modules, 'imported early'\n"
+            "sh.run_cell('%gpumem panel --device cpu')\nassert 'ipywidgets' in sys.modules\n"
+            "sh.run_cell('%unload_ext jupyter_gpumem')\nprint('ok')\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
