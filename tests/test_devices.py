@@ -1,0 +1,178 @@
+"""Device numbering: CUDA_VISIBLE_DEVICES to NVML indices, per-process figures.
+
+There is no GPU here, so NVML is a fake shaped like ``pynvml`` (the same
+function names and record attributes); the real path runs in
+``tests/gpu/test_multi_gpu.py``.
+"""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from jupyter_gpumem import devices, nvml
+from jupyter_gpumem.backends import AcceleratorInfo
+
+GiB = 1 << 30
+UUIDS = ["GPU-4a3b2c1d-0000-1111-2222-333344445555",
+         "GPU-4a3b9999-0000-1111-2222-333344445555",
+         "GPU-7f000000-aaaa-bbbb-cccc-ddddeeeeffff"]
+
+
+class FakeNvml(types.SimpleNamespace):
+    """Three GPUs; this process uses 1 GiB on physical GPU 1 (compute and graphics)."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, names=("NVIDIA H200",) * 3, pid=4242, used_memory=GiB):
+        super().__init__()
+        self.names, self.pid, self.used_memory = names, pid, used_memory
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return len(self.names)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if not 0 <= i < len(self.names):
+            raise self.NVMLError("Invalid Argument")
+        return ("handle", i)
+
+    def nvmlDeviceGetUUID(self, h):
+        return UUIDS[h[1]].encode()
+
+    def nvmlDeviceGetName(self, h):
+        return self.names[h[1]]
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        used = 3 * GiB if h[1] == 1 else 0
+        return types.SimpleNamespace(total=141 * GiB, used=used, free=141 * GiB - used)
+
+    def _procs(self, h):
+        if h[1] != 1:
+            return []
+        return [types.SimpleNamespace(pid=self.pid, usedGpuMemory=self.used_memory),
+                types.SimpleNamespace(pid=1, usedGpuMemory=2 * GiB)]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return self._procs(h)
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h):
+        return self._procs(h)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    nv = FakeNvml()
+    monkeypatch.setattr(nvml, "_pynvml", lambda: nv)
+    monkeypatch.setattr(nvml, "_state", {"init": None, "error": None})
+    monkeypatch.setattr(devices.os, "getpid", lambda: nv.pid)
+    monkeypatch.setattr(nvml.os, "getpid", lambda: nv.pid)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    return nv
+
+
+@pytest.mark.parametrize("env, expected", [
+    (None, [0, 1, 2]),
+    ("1", [1]),
+    ("2,0", [2, 0]),
+    (" 1 , 2 ", [1, 2]),
+    ("0,7,1", [0]),                      # stops at the first device that does not exist
+    ("1,1,2", [1]),                      # and at a repeat
+    ("-1", []),
+    ("", []),
+    (UUIDS[2], [2]),                     # a full UUID
+    ("GPU-7f00", [2]),                   # an unambiguous prefix
+    ("7f00", [2]),                       # the prefix without GPU-
+    ("GPU-4a3b,1", []),                  # an ambiguous prefix matches nothing
+    ("GPU-4a3b9,0", [1, 0]),
+    ("MIG-0000,0", []),
+])
+def test_cuda_visible_devices_maps_to_nvml_indices(fake, env, expected):
+    assert nvml.visible_indices(env) == expected
+
+
+def test_accelerators_are_numbered_within_cuda_visible_devices(fake, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
+    accs = devices.accelerators()
+    assert [a.id for a in accs] == ["cuda:0", "cuda:1"]
+    first, second = devices.read_devices("cuda")
+    assert (first.id, first.nvml_index, first.uuid) == ("cuda:0", 1, UUIDS[1])
+    assert (second.id, second.nvml_index, second.uuid) == ("cuda:1", 2, UUIDS[2])
+    assert first.used_process == GiB and first.other_processes == 2 * GiB
+    assert second.used_process == 0
+
+
+def test_a_framework_uuid_wins_over_position(fake, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    du = devices._accelerator_usage(AcceleratorInfo("cuda:0", "cuda", uuid=UUIDS[2]))
+    assert du.nvml_index == 2 and du.notes == []
+
+
+def test_process_in_both_nvml_lists_counts_once(fake):
+    assert nvml.process_used(1) == GiB
+    assert nvml.process_used(0) == 0
+
+
+def test_unknown_per_process_figure_is_none(fake):
+    fake.used_memory = None
+    assert nvml.process_used(1) is None
+
+
+def test_mixed_gpus_without_pci_order_say_numbering_may_differ(fake, monkeypatch):
+    fake.names = ("NVIDIA H200", "NVIDIA A100 80GB PCIe", "NVIDIA H200")
+    du = devices._accelerator_usage(AcceleratorInfo("cuda:1", "cuda"))
+    assert du.nvml_index == 1 and any("CUDA_DEVICE_ORDER" in n for n in du.notes)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    assert devices._accelerator_usage(AcceleratorInfo("cuda:1", "cuda")).notes == []
+
+
+def test_without_nvml_everything_is_none(monkeypatch):
+    def missing():
+        raise ImportError("No module named 'pynvml'")
+
+    monkeypatch.setattr(nvml, "_pynvml", missing)
+    monkeypatch.setattr(nvml, "_state", {"init": None, "error": None})
+    assert nvml.visible_indices("1") == [] and nvml.process_used(0) is None
+    assert "NVML unavailable" in nvml.status()
+
+
+def test_dataparallel_and_its_module_count_once(ip):
+    from conftest import run
+
+    run(ip, "import torch\nm = torch.nn.Linear(512, 512)\ndp = torch.nn.DataParallel(m)")
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    weights = (512 * 512 + 512) * 4
+    for name in ("m", "dp"):
+        h = snap.holder(name)
+        assert (h.unique, h.shared, h.devices) == (0, weights, {"cpu": weights})
+    assert snap.holder("dp").largest_path == "dp.module.weight"
+    assert next(d for d in snap.devices if d.id == "cpu").attributed == weights
+    result = ip.run_line_magic("gpumem", "purge dp --device cpu -o")
+    assert any(s.by == "m" for s in result.still_held)
+
+
+def test_distributed_data_parallel_counts_once(ip, tmp_path):
+    import torch.distributed as dist
+
+    from conftest import run
+
+    if not dist.is_available():
+        pytest.skip("this torch build has no torch.distributed")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        run(ip, "import torch\nm = torch.nn.Linear(512, 512)\n"
+                "ddp = torch.nn.parallel.DistributedDataParallel(m)")
+        snap = ip.run_line_magic("gpumem", "--device cpu -o")
+        weights = (512 * 512 + 512) * 4
+        assert snap.holder("m").total == weights
+        assert snap.holder("ddp").shared == weights and "m" in snap.holder("ddp").shared_with
+        ip.run_line_magic("gpumem", "purge ddp m --device cpu")
+    finally:
+        dist.destroy_process_group()
