@@ -113,7 +113,7 @@ class _Target:
     text: str
     binding: _paths.Binding | None      # None for hidden holders named directly
     root: _scan.Root | None             # the root this name is, if it is one
-    keys: set = field(default_factory=set)
+    keys: dict = field(default_factory=dict)   # storage key -> path node
 
 
 # -- planning ------------------------------------------------------------------
@@ -132,7 +132,7 @@ def _targets(names, roots, by_name, scan1, ids, shell, namespace, time_limit, de
             if root is None:
                 errors.append(f"nothing is held by the {text}")
                 continue
-            targets.append(_Target(text, None, root, set(reach_of[id(root)].storages)))
+            targets.append(_Target(text, None, root, _paths_of(reach_of[id(root)])))
             continue
         try:
             binding = _paths.resolve(text, shell=shell, namespace=namespace)
@@ -142,12 +142,12 @@ def _targets(names, roots, by_name, scan1, ids, shell, namespace, time_limit, de
             continue
         root = by_name.get(text)
         if root is not None and root.obj is binding.obj:
-            keys = set(reach_of[id(root)].storages)
+            keys = _paths_of(reach_of[id(root)])
         else:
             root = None
             extra = _scan.scan([_scan.Root(text, binding.obj)], devices=ids, shell=shell,
                                namespace=namespace, time_limit=time_limit)
-            keys = set(extra.reach[0].storages)
+            keys = _paths_of(extra.reach[0])
         if not keys:
             errors.append(f"{text!r} holds no {_device_words(device)}")
             continue
@@ -157,13 +157,17 @@ def _targets(names, roots, by_name, scan1, ids, shell, namespace, time_limit, de
     return targets
 
 
-def _plan_remaining(roots, removed_roots, targets, ids, shell, namespace, time_limit):
-    """Scan what stays, with the purged objects cut out of the graph."""
-    gone = {id(r) for r in removed_roots}
-    remaining = [r for r in roots if id(r) not in gone]
-    cut = {id(t.binding.obj) for t in targets if t.binding is not None}
-    return remaining, _scan.scan(remaining, devices=ids, shell=shell, namespace=namespace,
-                                 time_limit=time_limit, extra_stop=cut)
+def _paths_of(reach) -> dict:
+    return {k: v[1] for k, v in reach.storages.items()}
+
+
+def _through_graph(node) -> bool:
+    """True when a path goes through an autograd graph (``x.grad_fn→...``)."""
+    while node is not None:
+        node, label = node
+        if label[0] == "graph":
+            return True
+    return False
 
 
 def _still_held(remaining, scan_result, target_keys) -> list[StillHeld]:
@@ -333,19 +337,27 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bo
             for n in [r.name] + r.aliases:
                 by_name.setdefault(n, r)
     targets = _targets(names, roots, by_name, scan1, ids, shell, namespace, time_limit, device)
-    target_keys: set = set().union(*(t.keys for t in targets)) if targets else set()
     reach_of = {id(r): reach for r, reach in zip(roots, scan1.reach)}
     if names:
-        hidden_clear = [r for r in roots if r.hidden and target_keys & reach_of[id(r)].storages.keys()]
-    else:
-        hidden_clear = [r for r in roots if r.hidden and reach_of[id(r)].storages]
-        target_keys = set().union(*(reach_of[id(r)].storages.keys() for r in hidden_clear)) \
-            if hidden_clear else set()
-    removed_roots = [t.root for t in targets if t.root is not None] + hidden_clear
-    remaining, scan2 = _plan_remaining(roots, removed_roots, targets, ids, shell, namespace, time_limit)
-    still = _still_held(remaining, scan2, target_keys)
-    held_keys = set().union(*(reach.storages.keys() for reach in scan2.reach)) if scan2.reach else set()
-    predicted = _bytes_by_device(scan1, target_keys - held_keys) if target_keys else {}
+        target_paths = {k: node for t in targets for k, node in t.keys.items()}
+    else:  # no names: the targets are the hidden holders that hold memory
+        target_paths = {k: v[1] for r in roots if r.hidden for k, v in reach_of[id(r)].storages.items()}
+    # what the user names that stay will still hold, with the purged objects cut out
+    named_roots = {id(t.root) for t in targets if t.root is not None}
+    user_remaining = [r for r in roots if not r.hidden and id(r) not in named_roots]
+    cut = {id(t.binding.obj) for t in targets if t.binding is not None}
+    scan2 = _scan.scan(user_remaining, devices=ids, shell=shell, namespace=namespace,
+                       time_limit=time_limit, extra_stop=cut)
+    user_held = set().union(*(reach.storages.keys() for reach in scan2.reach)) if scan2.reach else set()
+    own = target_paths.keys() - user_held
+    named_objs = {id(t.binding.obj) for t in targets if t.binding is not None} | \
+        {id(t.root.obj) for t in targets if t.root is not None}
+    hidden_clear = [r for r in roots if r.hidden and reach_of[id(r)].storages and (
+        not names or id(r.obj) in named_objs or own & reach_of[id(r)].storages.keys())]
+    # parameters an autograd graph points to belong to their model, not to the loss
+    reportable = {k for k, node in target_paths.items() if not _through_graph(node)}
+    still = _still_held(user_remaining, scan2, reportable)
+    predicted = _bytes_by_device(scan1, own)
     for dev in ids:
         predicted.setdefault(dev, 0)
     plan_removed = [t.text for t in targets] + [n for r in hidden_clear for n in [r.name] + r.aliases
@@ -365,13 +377,13 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bo
     for r in hidden_clear:
         removed += [n for n in clear_hidden(r, shell) if n not in removed]
     # drop every reference this function holds to user objects before collecting
-    del targets, roots, remaining, by_name, reach_of, removed_roots, hidden_clear, scan1, scan2
+    del targets, roots, user_remaining, by_name, reach_of, hidden_clear, scan1, scan2
     result.messages += release_caches()
     after = _read(device)
     scan3_roots = _scan.collect_roots(namespace, shell)
     scan3 = _scan.scan(scan3_roots, devices=ids, shell=shell, namespace=namespace,
                        time_limit=time_limit)
-    result.still_held = _still_held(scan3_roots, scan3, target_keys)
+    result.still_held = _still_held(scan3_roots, scan3, reportable)
     del scan3_roots
     result.removed = removed
     result.changes = _changes(before, after, tracked_before, _tracked(scan3))

@@ -182,6 +182,7 @@ class Walker:
         handlers = self._handlers
         tensor_backend = self._tensor_backend
         describe = self.describe
+        graph_seen: dict = {}   # autograd nodes expanded in this root's walk
         while stack:
             item, node, depth = pop()
             tp = type(item)
@@ -207,7 +208,7 @@ class Walker:
                     for info in self._storages(backend, item, oid):
                         if info.key not in found:
                             found[info.key] = (info, node, self._describe(item) if describe else None)
-                    for child_label, child in backend.tensor_edges(item):
+                    for child_label, child in backend.tensor_edges(item, graph_seen):
                         push((child, (node, child_label), depth + 1))
                     continue
                 handlers[tp](item, node, depth + 1, push, found)

@@ -299,3 +299,27 @@ def test_purging_a_name_also_clears_its_hidden_references(ip):
     result = purge(ip, "t")
     assert_freed(ref)
     assert "_" in result.removed and any(n.startswith("Out[") for n in result.removed)
+
+
+def test_purging_loss_frees_its_activations_and_leaves_the_model_alone(ip):
+    run(ip, CASES["autograd graph of a scalar loss"][0])
+    run(ip, "x[:2]")  # Out[] holds a view of the input, which x holds anyway
+    n = ip.execution_count - 1
+    act = weak(ip, CASES["autograd graph of a scalar loss"][2])
+    weight = weak(ip, "model[0].weight")
+    dry = purge(ip, "loss --dry-run")
+    assert dry.predicted["cpu"] >= 512 * 1024 * 4
+    assert dry.still_held == [], "the model's parameters are not the loss's to free"
+    result = purge(ip, "loss")
+    assert_freed(act)
+    assert not weight.expired()
+    assert n in ip.user_ns["Out"], "an output that only shares x's memory stays"
+    assert result.removed == ["loss"]
+
+
+def test_purging_hidden_holders_names_the_user_name_that_also_holds_it(ip):
+    run(ip, f"t = torch.ones({N})")
+    run(ip, "t")
+    result = purge(ip, "--dry-run")
+    assert result.predicted["cpu"] == 0
+    assert [s.by for s in result.still_held] == ["t"]

@@ -98,8 +98,13 @@ class Backend:
         """
         return iter(())
 
-    def tensor_edges(self, obj: Any) -> "tuple | list":
-        """Like :meth:`children` for a tensor, as a sequence (empty on the fast path)."""
+    def tensor_edges(self, obj: Any, seen: dict) -> "tuple | list":
+        """Like :meth:`children` for a tensor, as a sequence (empty on the fast path).
+
+        ``seen`` lives for one root's walk: a backend records there the graph
+        nodes it has expanded (id -> node, which also keeps each id valid), so
+        a graph reached through many of its tensors is expanded once.
+        """
         return tuple(self.children(obj))
 
     def accelerators(self) -> list[AcceleratorInfo]:

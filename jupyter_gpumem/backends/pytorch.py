@@ -97,16 +97,18 @@ class TorchBackend(Backend):
             if grad is not None:
                 yield ("attr", "grad"), grad
         else:
-            yield from self._graph_children(fn)
+            yield from self._graph_children(fn, {})
 
-    def tensor_edges(self, obj: Any):
+    def tensor_edges(self, obj: Any, seen: dict):
         if type(obj) in self._storage_types():
             return ()
         fn = obj.grad_fn
         if fn is None:
             grad = obj.grad
             return () if grad is None else ((("attr", "grad"), grad),)
-        return list(self._graph_children(fn))
+        if id(fn) in seen:
+            return ()
+        return list(self._graph_children(fn, seen))
 
     def _storage_types(self) -> tuple:
         types_ = self.tensor_types()
@@ -124,9 +126,13 @@ class TorchBackend(Backend):
                 continue
             yield ("attr", key), value
 
-    def _graph_children(self, root: Any) -> Iterator[tuple[tuple, Any]]:
-        """Saved tensors and leaf variables of the autograd graph under ``root``."""
-        seen = {id(root)}
+    def _graph_children(self, root: Any, seen: dict) -> Iterator[tuple[tuple, Any]]:
+        """Saved tensors and leaf variables of the autograd graph under ``root``.
+
+        Nodes already in ``seen`` (expanded from another tensor of the same
+        graph) are not expanded again.
+        """
+        seen[id(root)] = root
         queue = deque([root])
         while queue:
             node = queue.popleft()
@@ -146,7 +152,7 @@ class TorchBackend(Backend):
                 parents = ()
             for parent, _ in parents:
                 if parent is not None and id(parent) not in seen:
-                    seen.add(id(parent))
+                    seen[id(parent)] = parent
                     queue.append(parent)
 
     def _saved_names(self, node: Any) -> tuple[str, ...]:
