@@ -1,0 +1,143 @@
+"""``%gpumem history``: the per-cell records as a table, CSV, JSON or TensorBoard scalars."""
+from __future__ import annotations
+
+import csv
+import html
+import json
+import os
+import sys
+
+from .render import fmt_bytes
+from .watch_result import changes_short, device_short, fmt_seconds
+
+CSV_FIELDS = [
+    "execution_count", "label", "source", "start", "wall", "device",
+    "allocated_before", "allocated_after", "allocated_delta", "reserved_before", "reserved_after",
+    "reserved_delta", "peak_allocated", "peak_reserved", "peak_rss", "process_before",
+    "process_after", "process_peak_sampled", "samples", "share_after", "error", "changes",
+]
+
+
+def rows(records) -> list[dict]:
+    """One flat row per record and device."""
+    out = []
+    for r in records:
+        changes = ";".join(f"{c.change}:{c.name}:{c.delta}" for c in r.changes)
+        for d in r.devices:
+            dj = d.to_json()
+            row = {"execution_count": r.execution_count, "label": r.label, "source": r.source,
+                   "start": round(r.start, 6), "wall": round(r.wall, 6), "device": d.id,
+                   "error": r.error["type"] if r.error else "", "changes": changes}
+            for f in CSV_FIELDS:
+                if f not in row:
+                    row[f] = dj.get(f)
+            out.append(row)
+    return out
+
+
+def save(records, path: str) -> int:
+    """Write ``records`` to ``path`` as CSV or JSON (by its extension); return how many."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".json":
+        with open(path, "w") as f:
+            json.dump([r.to_json() for r in records], f, indent=1)
+    elif ext == ".csv":
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+            writer.writeheader()
+            for row in rows(records):
+                writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    else:
+        raise ValueError(f"{path!r}: use a .csv or .json file name")
+    return len(records)
+
+
+def summary_writer(logdir: str):
+    """TensorBoard's ``SummaryWriter`` (PyTorch's or tensorboardX's), or ImportError."""
+    errors = []
+    if "torch" in sys.modules:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            return SummaryWriter(log_dir=logdir)
+        except ImportError as exc:
+            errors.append(str(exc))
+    try:
+        from tensorboardX import SummaryWriter  # type: ignore
+
+        return SummaryWriter(logdir)
+    except ImportError as exc:
+        errors.append(str(exc))
+    raise ImportError("TensorBoard's writer is not installed (pip install tensorboard, "
+                      "or tensorboardX)")
+
+
+def tensorboard(records, logdir: str) -> int:
+    """Per-cell scalars under ``gpumem/<device>/...``, step = cell number; return how many."""
+    writer = summary_writer(logdir)
+    n = 0
+    try:
+        for i, r in enumerate(records):
+            step = r.execution_count if r.execution_count is not None else i
+            writer.add_scalar("gpumem/wall_seconds", r.wall, step)
+            n += 1
+            for d in r.devices:
+                for field in ("allocated_after", "allocated_delta", "reserved_after",
+                              "peak_allocated", "peak_reserved", "peak_rss",
+                              "process_peak_sampled"):
+                    value = getattr(d, field)
+                    if value is not None:
+                        writer.add_scalar(f"gpumem/{d.id}/{field}", value, step)
+                        n += 1
+    finally:
+        writer.close()
+    return n
+
+
+class HistoryTable:
+    """The records as a table (text and HTML); ``records`` holds the WatchResults."""
+
+    def __init__(self, records) -> None:
+        self.records = list(records)
+
+    def _rows(self) -> list[list[str]]:
+        out = []
+        for r in self.records:
+            dev = " · ".join((f"{d.id} " if len(r.devices) > 1 else "") + device_short(d)
+                             for d in r.devices)
+            out.append([r.label, fmt_seconds(r.wall), dev, changes_short(r.changes),
+                        f"raised {r.error['type']}" if r.error else ""])
+        return out
+
+    def __repr__(self) -> str:
+        if not self.records:
+            return "no watched cells yet: `%gpumem watch on` or a `%%gpuwatch` cell records them"
+        rows_ = [["cell", "wall", "memory", "names", ""]] + self._rows()
+        widths = [max(len(row[i]) for row in rows_) for i in range(5)]
+        return "\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip()
+                         for row in rows_)
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(repr(self))
+
+    def _repr_html_(self) -> str:
+        if not self.records:
+            return f"<div>{html.escape(repr(self))}</div>"
+        head = "".join(f"<th style='text-align:left'>{h}</th>"
+                       for h in ("cell", "wall", "memory", "names", ""))
+        body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(c)}</td>"
+                                        for c in row) + "</tr>" for row in self._rows())
+        return (f"<table class='jupyter-gpumem'><thead><tr>{head}</tr></thead>"
+                f"<tbody>{body}</tbody></table>")
+
+    def to_json(self) -> list[dict]:
+        return [r.to_json() for r in self.records]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i):
+        return self.records[i]
+
+
+__all__ = ["save", "rows", "tensorboard", "HistoryTable", "fmt_bytes"]

@@ -1,0 +1,298 @@
+"""Which names a cell created, grew, shrank or deleted: holders tracked between cells.
+
+A full scan of a large namespace costs tens to hundreds of milliseconds, too
+much to pay after every cell. The :class:`HolderTracker` keeps, for every
+root (user name or hidden holder), the storages it reached when last
+scanned, and per cell rescans only what can have changed:
+
+- roots that are new, rebound to another object, or whose cheap signature
+  changed (a container's length, a tensor's storage, gradient or graph);
+- every root (a full scan) when the framework's allocator moved by more
+  than the rescanned roots explain (``ACC_TOLERANCE``), or on the host when
+  the resident set grew by more than they explain (``CPU_TOLERANCE``), or
+  when a full scan costs less than the caller's budget (a share of the
+  cell's wall time), or when asked (after an error).
+
+So a change inside a container whose length stays the same (``d[k] = t2``)
+is seen on an accelerator through its allocator, and on the host only
+when it is large or a full scan is affordable. The tracker keeps no
+reference to user objects: only names, ids, storage keys and bytes.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import scan as _scan
+from .backends import active_backends
+
+ACC_TOLERANCE = 2 << 20      # allocator bytes a cell may move without a full rescan
+CPU_TOLERANCE = 64 << 20     # host resident-set growth that prompts a full rescan
+
+
+@dataclass
+class RootInfo:
+    """What one root reached when it was last scanned (no reference to it)."""
+
+    name: str
+    label: str
+    ident: Any
+    sig: Any
+    keys: dict = field(default_factory=dict)   # storage key -> (nbytes, device)
+    hidden: bool = False
+    purge: str | None = None
+    type: str = ""
+    kind: str = "user"
+    aliases: tuple = ()
+
+    def by_device(self, devices=None) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for nbytes, dev in self.keys.values():
+            if devices is None or dev in devices:
+                out[dev] = out.get(dev, 0) + nbytes
+        return out
+
+    def nbytes(self, devices=None) -> int:
+        return sum(self.by_device(devices).values())
+
+    @property
+    def purge_arg(self) -> str | None:
+        """What ``%gpumem purge`` accepts for this root."""
+        if self.purge:
+            return self.purge
+        if self.kind == "traceback":
+            return "last traceback"
+        if self.kind == "result":
+            return "last result"
+        return None
+
+
+@dataclass
+class RootChange:
+    """One root whose bytes differ between two updates."""
+
+    name: str
+    before: RootInfo | None
+    after: RootInfo | None
+
+
+@dataclass
+class Update:
+    """How one :meth:`HolderTracker.update` went."""
+
+    mode: str                      # "none", "incremental" or "full"
+    changes: list[RootChange]
+    partial: bool = False
+    seconds: float = 0.0
+    scanned: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+
+def identity(root: _scan.Root) -> Any:
+    """What says a root is still the same object (the traceback root is rebuilt each time)."""
+    if root.kind == "traceback" and isinstance(root.obj, tuple):
+        return tuple(id(o) for o in root.obj)
+    return id(root.obj)
+
+
+def signature(obj: Any, backends=None) -> Any:
+    """A cheap fingerprint that changes when an object's memory likely did.
+
+    Reads only C-level slots; never runs user code.
+    """
+    tp = type(obj)
+    try:
+        for backend in backends if backends is not None else active_backends():
+            types_ = backend.tensor_types()
+            if types_ and isinstance(obj, types_):
+                keys = tuple((i.key, i.nbytes) for i in backend.storages(obj))
+                grad = grad_fn = None
+                if tp.__module__.startswith("torch"):
+                    grad_fn = id(obj.grad_fn) if getattr(obj, "grad_fn", None) is not None else None
+                    if getattr(obj, "is_leaf", False) and obj.grad is not None:
+                        grad = tuple((i.key, i.nbytes) for i in backend.storages(obj.grad))
+                return (tp, keys, grad, grad_fn)
+        for base in (dict, list, tuple, set, frozenset):
+            if isinstance(obj, base):
+                return (tp, base.__len__(obj))
+    except Exception:  # noqa: BLE001 - an object that refuses: compare by type only
+        return (tp,)
+    return (tp,)
+
+
+class HolderTracker:
+    """Per-root storages, kept up to date cheaply; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.roots: dict[str, RootInfo] = {}
+        self._keys: dict[tuple, list] = {}      # key -> [roots holding it, nbytes, device]
+        self.totals: dict[str, int] = {}        # bytes per device reached by any root
+        self.seeded = False
+        self.full_cost: float | None = None
+        self.marks: dict[str, int] = {}
+        self.updated_at: float | None = None
+
+    # -- bookkeeping of storages ----------------------------------------------------------
+    def _add(self, keys: dict) -> None:
+        for key, (nbytes, dev) in keys.items():
+            entry = self._keys.get(key)
+            if entry is None:
+                self._keys[key] = [1, nbytes, dev]
+                self.totals[dev] = self.totals.get(dev, 0) + nbytes
+            else:
+                if entry[1] != nbytes:
+                    self.totals[entry[2]] -= entry[1]
+                    self.totals[dev] = self.totals.get(dev, 0) + nbytes
+                    entry[1], entry[2] = nbytes, dev
+                entry[0] += 1
+
+    def _remove(self, keys: dict) -> None:
+        for key in keys:
+            entry = self._keys.get(key)
+            if entry is None:
+                continue
+            entry[0] -= 1
+            if entry[0] <= 0:
+                del self._keys[key]
+                self.totals[entry[2]] -= entry[1]
+
+    def shared_bytes(self, info: RootInfo, devices=None) -> int:
+        """Bytes of ``info`` that other roots reach too."""
+        total = 0
+        for key, (nbytes, dev) in info.keys.items():
+            entry = self._keys.get(key)
+            if entry is not None and entry[0] > 1 and (devices is None or dev in devices):
+                total += nbytes
+        return total
+
+    def top(self, devices=None, n: int | None = None) -> list[RootInfo]:
+        """Roots by bytes on ``devices``, largest first (only those holding some)."""
+        infos = [i for i in self.roots.values() if i.nbytes(devices) > 0]
+        infos.sort(key=lambda i: (-i.nbytes(devices), i.name))
+        return infos if n is None else infos[:n]
+
+    # -- updating -------------------------------------------------------------------------
+    def update(self, roots: list[_scan.Root], *, shell: Any = None, namespace: dict | None = None,
+               marks: dict[str, int] | None = None, force_full: bool = False,
+               full_budget: float | None = None, time_limit: float = 3.0,
+               extra_stop: set[int] | None = None) -> Update:
+        """Bring the tracker up to date with ``roots``; return what changed since last time.
+
+        ``marks`` are per-device measures that move with memory (allocator
+        ``allocated`` for accelerators, resident set for ``cpu``); a move the
+        rescanned roots do not explain prompts a full scan.
+        """
+        start = time.perf_counter()
+        backends = active_backends()
+        before = dict(self.roots)
+        fingerprints = {r.name: (identity(r), signature(r.obj, backends)) for r in roots}
+        reasons: list[str] = []
+        partial = False
+        scanned = 0
+        full = force_full or not self.seeded
+        if not full and full_budget is not None and self.full_cost is not None \
+                and self.full_cost <= full_budget:
+            full = True
+            reasons.append("a full scan fits the time budget")
+        if not full:
+            totals0 = dict(self.totals)
+            changed = [r for r in roots if r.name not in self.roots
+                       or (self.roots[r.name].ident, self.roots[r.name].sig) != fingerprints[r.name]]
+            gone = [n for n in self.roots if n not in fingerprints]
+            for n in gone:
+                self._remove(self.roots.pop(n).keys)
+            if changed:
+                result = _scan.scan(changed, devices=None, shell=shell, namespace=namespace,
+                                    time_limit=time_limit, extra_stop=extra_stop)
+                partial = result.partial
+                scanned = len(changed)
+                for root, reach in zip(changed, result.reach):
+                    self._replace(self._info(root, reach, fingerprints[root.name]))
+            why = self._unexplained(marks, totals0)
+            if why:
+                full = True
+                reasons.append(why)
+        if full:
+            scanned, partial = self._full(roots, fingerprints, shell, namespace, time_limit,
+                                          extra_stop)
+            self.seeded = True
+        if marks is not None:
+            self.marks = dict(marks)
+        self.updated_at = time.time()
+        mode = "full" if full else ("incremental" if scanned or len(before) != len(self.roots)
+                                    else "none")
+        return Update(mode, self.diff(before), partial, time.perf_counter() - start,
+                      scanned, reasons)
+
+    def _unexplained(self, marks: dict[str, int] | None, totals0: dict[str, int]) -> str | None:
+        if not marks or not self.marks:
+            return None
+        for dev, value in marks.items():
+            if value is None or self.marks.get(dev) is None:
+                continue
+            measured = value - self.marks[dev]
+            tracked = self.totals.get(dev, 0) - totals0.get(dev, 0)
+            if dev == "cpu":
+                if measured - tracked > CPU_TOLERANCE:
+                    return "host memory grew more than the rescanned names explain"
+            elif abs(measured - tracked) > ACC_TOLERANCE:
+                return f"{dev}'s allocator moved more than the rescanned names explain"
+        return None
+
+    def _full(self, roots, fingerprints, shell, namespace, time_limit,
+              extra_stop) -> tuple[int, bool]:
+        t0 = time.perf_counter()
+        result = _scan.scan(roots, devices=None, shell=shell, namespace=namespace,
+                            time_limit=time_limit, extra_stop=extra_stop)
+        new: dict[str, RootInfo] = {}
+        for root, reach in zip(roots, result.reach):
+            old = self.roots.get(root.name)
+            if result.partial and not reach.storages and old is not None:
+                new[root.name] = old   # not reached before the time limit: keep what we knew
+                continue
+            new[root.name] = self._info(root, reach, fingerprints[root.name])
+        self.roots = {}
+        self._keys = {}
+        self.totals = {}
+        for info in new.values():
+            self.roots[info.name] = info
+            self._add(info.keys)
+        if not result.partial:
+            self.full_cost = time.perf_counter() - t0
+        return len(roots), result.partial
+
+    def _replace(self, info: RootInfo) -> None:
+        old = self.roots.get(info.name)
+        if old is not None:
+            self._remove(old.keys)
+        self.roots[info.name] = info
+        self._add(info.keys)
+
+    @staticmethod
+    def _info(root: _scan.Root, reach: _scan.Reach, fingerprint) -> RootInfo:
+        from .snapshot import type_name
+
+        keys = {k: (info.nbytes, info.device) for k, (info, _, _) in reach.storages.items()}
+        label = root.name
+        if root.kind == "traceback":
+            kind_type = "traceback"
+        else:
+            try:
+                kind_type = type_name(root.obj)
+            except Exception:  # noqa: BLE001
+                kind_type = type(root.obj).__name__
+        return RootInfo(root.name, label, fingerprint[0], fingerprint[1], keys, root.hidden,
+                        root.purge, kind_type, root.kind, tuple(root.aliases))
+
+    def diff(self, before: dict[str, RootInfo]) -> list[RootChange]:
+        """Roots whose bytes differ between ``before`` (a copy of :attr:`roots`) and now."""
+        out = []
+        for name in list(before) + [n for n in self.roots if n not in before]:
+            old, new = before.get(name), self.roots.get(name)
+            if old is new:
+                continue
+            if (old.by_device() if old else {}) == (new.by_device() if new else {}):
+                continue
+            out.append(RootChange(name, old, new))
+        return out

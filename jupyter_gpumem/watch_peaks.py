@@ -1,0 +1,586 @@
+"""Exact peaks for nested watch scopes, read from counters that keep one high-water mark.
+
+An allocator keeps one peak per device, and the only way to start measuring
+is to reset it to the current value. With several scopes open at once
+(``%gpumem watch on`` around a ``%%gpuwatch`` cell around a
+``with jupyter_gpumem.watch()`` block) and user code that resets peaks too,
+a naive reset would clobber every outer measurement. The :class:`PeakLedger`
+keeps it right:
+
+- entering a scope folds the counter's peak into every open scope (and
+  into the *user view*, below), then resets the counter;
+- leaving a scope folds the counter's peak into every scope still open;
+- a reset by the user (``torch.cuda.reset_peak_memory_stats()``,
+  ``torch.accelerator.reset_peak_memory_stats()``,
+  ``tracemalloc.reset_peak()``) goes through a wrapper that folds first;
+- the *user view*: what the user's own reading functions
+  (``torch.cuda.max_memory_allocated``, ``memory_stats``,
+  ``tracemalloc.get_traced_memory``, ``resource.getrusage().ru_maxrss``)
+  return is lifted to the value they would have shown had no scope reset
+  the counter, until the user resets it. So no reading anyone makes is
+  lowered by a scope.
+
+A reset that bypasses the wrappers (``torch._C._cuda_resetPeakMemoryStats``
+called directly, or a reset function imported before the first scope
+opened) is detected when the counter's peak is found lower than last seen:
+open scopes then note that their peak covers only the time since, and the
+user view drops what it kept. Patches are installed while a scope is open
+or the user view keeps something the real counter lost, and removed after.
+
+Counters: ``torch`` (the CUDA caching allocator, per device, every
+``.peak`` field of ``memory_stats``), ``rss`` (this process's peak resident
+set, ``VmHWM``, reset through ``/proc/self/clear_refs``; Linux) and
+``tracemalloc`` (the Python heap, NumPy arrays included, only while the user
+has tracing on). Torch tensors on the CPU are not in tracemalloc.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import tracemalloc
+from typing import Any, Callable
+
+Peaks = dict  # field -> peak bytes
+Reading = dict  # field -> (current, peak)
+
+_TRACEMALLOC_ORIG = {"get_traced_memory": tracemalloc.get_traced_memory,
+                     "reset_peak": getattr(tracemalloc, "reset_peak", None)}
+
+
+class Counter:
+    """One resettable high-water mark (or a family of them) for one device."""
+
+    key: tuple = ()
+    device: str = ""
+    family: str = ""
+    exact_label: str = ""
+
+    def read(self) -> Reading | None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+
+class TorchCudaCounter(Counter):
+    """The CUDA caching allocator's stats for one device (every ``peak`` field)."""
+
+    family = "torch"
+    exact_label = "torch allocator, exact"
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.device = f"cuda:{index}"
+        self.key = ("torch", self.device)
+
+    def read(self) -> Reading | None:
+        return flatten_nested(_raw_cuda_stats(self.index))
+
+    def reset(self) -> None:
+        torch = sys.modules["torch"]
+        reset = getattr(torch._C, "_cuda_resetPeakMemoryStats", None)
+        if reset is not None:
+            reset(self.index)
+        else:  # pragma: no cover - very old torch
+            _PATCHES.original("torch.cuda.memory", "reset_peak_memory_stats")(self.index)
+
+
+class RssCounter(Counter):
+    """This process's peak resident set (``VmHWM``); Linux only."""
+
+    family = "rss"
+    key = ("rss", "cpu")
+    device = "cpu"
+    exact_label = "process peak RSS (VmHWM), exact"
+    _works: bool | None = None
+
+    @classmethod
+    def available(cls) -> bool:
+        if cls._works is None:
+            cls._works = False
+            if sys.platform.startswith("linux"):
+                cls._works = read_rss() is not None and os.access("/proc/self/clear_refs", os.W_OK)
+        return cls._works
+
+    def read(self) -> Reading | None:
+        return read_rss()
+
+    def reset(self) -> None:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+
+
+class TracemallocCounter(Counter):
+    """The Python heap as tracemalloc counts it; only while tracing is on."""
+
+    family = "tracemalloc"
+    key = ("tracemalloc", "cpu")
+    device = "cpu"
+    exact_label = "Python heap (tracemalloc), exact"
+
+    def read(self) -> Reading | None:
+        if not tracemalloc.is_tracing():
+            return None
+        current, peak = _TRACEMALLOC_ORIG["get_traced_memory"]()
+        return {"traced": (current, peak)}
+
+    def reset(self) -> None:
+        if _TRACEMALLOC_ORIG["reset_peak"] is not None:
+            _TRACEMALLOC_ORIG["reset_peak"]()
+
+
+def read_rss() -> Reading | None:
+    """``{"rss": (VmRSS, VmHWM)}`` in bytes, from ``/proc/self/status``."""
+    rss = hwm = None
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    if rss is None or hwm is None:
+        return None
+    return {"rss": (rss, hwm)}
+
+
+def flatten_nested(stats: Any) -> Reading:
+    """``{"allocated_bytes.all": (current, peak), ...}`` from a nested memory_stats dict."""
+    out: Reading = {}
+    if not isinstance(stats, dict):
+        return out
+    for stat, pools in stats.items():
+        if not isinstance(pools, dict):
+            continue
+        for pool, d in pools.items():
+            if isinstance(d, dict) and "peak" in d and "current" in d:
+                out[f"{stat}.{pool}"] = (int(d["current"]), int(d["peak"]))
+    return out
+
+
+def _raw_cuda_stats(index: int) -> dict:
+    torch = sys.modules["torch"]
+    raw = getattr(torch._C, "_cuda_memoryStats", None)
+    if raw is not None:
+        return raw(index)
+    return _PATCHES.original("torch.cuda.memory", "memory_stats_as_nested_dict")(index)
+
+
+def counters_for(device_ids) -> list[Counter]:
+    """The counters available now for these device ids (never creates a CUDA context)."""
+    out: list[Counter] = []
+    torch = sys.modules.get("torch")
+    cuda_ready = False
+    if torch is not None:
+        try:
+            cuda_ready = bool(torch.cuda.is_initialized())
+        except Exception:
+            cuda_ready = False
+    for dev in device_ids:
+        if dev.startswith("cuda:") and cuda_ready:
+            out.append(TorchCudaCounter(int(dev.split(":")[1])))
+        elif dev == "cpu":
+            if RssCounter.available():
+                out.append(RssCounter())
+            if tracemalloc.is_tracing():
+                out.append(TracemallocCounter())
+    return out
+
+
+class PeakScope:
+    """The peaks one scope saw: ``peaks[counter key][field]``, exact once closed."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[tuple, Peaks] = {}
+        self.start: dict[tuple, dict[str, int]] = {}
+        self.labels: dict[tuple, str] = {}
+        self.notes: list[str] = []
+        self.closed = False
+
+    def fold(self, key: tuple, peaks: Peaks) -> None:
+        mine = self.peaks.setdefault(key, {})
+        for field, value in peaks.items():
+            if value > mine.get(field, -1):
+                mine[field] = value
+
+    def peak(self, key: tuple, field: str) -> int | None:
+        return self.peaks.get(key, {}).get(field)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+
+def _peaks(reading: Reading) -> Peaks:
+    return {f: p for f, (_, p) in reading.items()}
+
+
+class PeakLedger:
+    """Open scopes, the user view and the last peaks seen, per counter."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._open: list[PeakScope] = []
+        self._base: dict[tuple, Peaks] = {}
+        self._last: dict[tuple, Peaks | None] = {}
+
+    # -- scopes ------------------------------------------------------------------------
+    def open(self, device_ids) -> PeakScope:
+        """Start a scope on every counter available for ``device_ids``."""
+        scope = PeakScope()
+        with self._lock:
+            for counter in counters_for(device_ids):
+                reading = counter.read()
+                if reading is None:
+                    continue
+                peaks = self._observe(counter.key, reading)
+                for s in self._open:
+                    s.fold(counter.key, peaks)
+                current = {f: c for f, (c, _) in reading.items()}
+                if any(p > current[f] for f, p in peaks.items()):
+                    self._fold_base(counter.key, peaks)
+                    _PATCHES.install(counter.family)
+                    try:
+                        counter.reset()
+                    except Exception:  # noqa: BLE001 - no exact peak from this counter then
+                        continue
+                    after = counter.read()   # the mark as the reset left it
+                    self._last[counter.key] = _peaks(after) if after is not None else None
+                scope.start[counter.key] = current
+                scope.labels[counter.key] = counter.exact_label
+                scope.fold(counter.key, current)
+            self._open.append(scope)
+            for family in {k[0] for k in scope.start}:
+                _PATCHES.install(family)
+        return scope
+
+    def close(self, scope: PeakScope, device_ids=()) -> PeakScope:
+        """End ``scope``: its peaks are final. Counters born inside it count too."""
+        with self._lock:
+            if scope.closed:
+                return scope
+            for counter in counters_for(device_ids):
+                if counter.key in scope.start:
+                    continue
+                if counter.family != "torch":
+                    continue
+                # the allocator began inside the scope, so inside every open scope
+                for s in self._open + [scope]:
+                    s.start.setdefault(counter.key, {})
+                    s.labels.setdefault(counter.key, counter.exact_label)
+                _PATCHES.install(counter.family)
+            for key in list(scope.start):
+                counter = _counter_for(key)
+                reading = counter.read() if counter is not None else None
+                if reading is None:
+                    continue
+                peaks = self._observe(key, reading)
+                for s in self._open:
+                    if key in s.start or s is scope:
+                        s.fold(key, peaks)
+            scope.closed = True
+            if scope in self._open:
+                self._open.remove(scope)
+            if not self._open:
+                self._drop_redundant_base()
+                _PATCHES.uninstall_unneeded(self._needed_families())
+        return scope
+
+    def tick(self) -> None:
+        """Fold every open counter's peak into the open scopes (the sampler calls this).
+
+        So a reset that bypasses the wrappers loses at most what came since the
+        last tick, and is noticed when the peak drops below what a tick saw.
+        """
+        with self._lock:
+            keys = {k for s in self._open for k in s.start}
+            for key in keys:
+                counter = _counter_for(key)
+                reading = counter.read() if counter is not None else None
+                if reading is None:
+                    continue
+                peaks = self._observe(key, reading)
+                for s in self._open:
+                    if key in s.start:
+                        s.fold(key, peaks)
+
+    def abandon(self, scope: PeakScope) -> None:
+        """Forget a scope that will never be closed normally (unload mid-cell)."""
+        self.close(scope)
+
+    # -- the user's own resets and reads -------------------------------------------------
+    def before_user_reset(self, key: tuple) -> None:
+        """Fold the peak the user is about to reset into every open scope."""
+        counter = _counter_for(key)
+        with self._lock:
+            reading = counter.read() if counter is not None else None
+            if reading is not None:
+                peaks = self._observe(key, reading)
+                for s in self._open:
+                    if key in s.start:
+                        s.fold(key, peaks)
+            self._base.pop(key, None)
+            self._last[key] = None  # the reset lowers the peak: that is not a foreign reset
+
+    def user_peaks(self, key: tuple, reading: Reading) -> Peaks:
+        """Peaks a user reading should show: the real ones, lifted by what scopes reset."""
+        with self._lock:
+            peaks = self._observe(key, reading)
+            base = self._base.get(key)
+            if not base:
+                return peaks
+            return {f: max(p, base.get(f, 0)) for f, p in peaks.items()}
+
+    def has_base(self, key: tuple) -> bool:
+        with self._lock:
+            return bool(self._base.get(key))
+
+    def open_count(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    # -- internals ---------------------------------------------------------------------
+    def _observe(self, key: tuple, reading: Reading) -> Peaks:
+        """Peaks of ``reading``; notice a reset done behind the ledger's back."""
+        peaks = _peaks(reading)
+        last = self._last.get(key)
+        slack = _DROP_SLACK.get(key[0], 0)
+        if last is not None and any(peaks.get(f, 0) < v - slack for f, v in last.items()):
+            self._base.pop(key, None)
+            for s in self._open:
+                if key in s.start:
+                    s.note("the peak counter was reset by code that bypassed jupyter_gpumem: "
+                           "the peak covers only the time since that reset")
+        self._last[key] = peaks
+        return peaks
+
+    def _fold_base(self, key: tuple, peaks: Peaks) -> None:
+        base = self._base.setdefault(key, {})
+        for f, v in peaks.items():
+            if v > base.get(f, -1):
+                base[f] = v
+
+    def _drop_redundant_base(self) -> None:
+        for key in list(self._base):
+            last = self._last.get(key) or {}
+            if all(last.get(f, -1) >= v for f, v in self._base[key].items()):
+                del self._base[key]
+
+    def _needed_families(self) -> set[str]:
+        return {k[0] for k, v in self._base.items() if v}
+
+
+# VmHWM shows max(mark, current RSS) and the kernel updates the mark lazily, so it can
+# dip a little below a value read earlier without anyone resetting it.
+_DROP_SLACK = {"rss": 16 << 20}
+
+
+def _counter_for(key: tuple) -> Counter | None:
+    family, device = key
+    if family == "torch":
+        return TorchCudaCounter(int(device.split(":")[1]))
+    if family == "rss":
+        return RssCounter()
+    if family == "tracemalloc":
+        return TracemallocCounter()
+    return None
+
+
+LEDGER = PeakLedger()
+
+
+# -- patches: the user's reset and read functions ------------------------------------------
+class _Patches:
+    """Module attributes replaced while needed, restored only if still ours."""
+
+    def __init__(self) -> None:
+        self._installed: dict[str, list[tuple[Any, str, Any, Any]]] = {}
+        self._originals: dict[tuple[str, str], Any] = {}
+        self._lock = threading.RLock()
+
+    def original(self, module: str, attr: str) -> Callable:
+        with self._lock:
+            found = self._originals.get((module, attr))
+        return found if found is not None else getattr(sys.modules[module], attr)
+
+    def install(self, family: str) -> None:
+        with self._lock:
+            if family in self._installed:
+                return
+            done: list[tuple[Any, str, Any, Any]] = []
+            for module_name, attr, make in _WRAPPERS.get(family, ()):
+                module = sys.modules.get(module_name)
+                if module is None or not hasattr(module, attr):
+                    continue
+                original = self._originals.setdefault((module_name, attr), getattr(module, attr))
+                wrapper = make(original)
+                wrapper.__wrapped__ = original
+                wrapper.__jupyter_gpumem__ = True
+                setattr(module, attr, wrapper)
+                done.append((module, attr, original, wrapper))
+            self._installed[family] = done
+
+    def uninstall_unneeded(self, needed: set[str]) -> None:
+        with self._lock:
+            for family in [f for f in self._installed if f not in needed]:
+                for module, attr, original, wrapper in self._installed.pop(family):
+                    if getattr(module, attr, None) is wrapper:
+                        setattr(module, attr, original)
+
+    def installed(self) -> set[str]:
+        with self._lock:
+            return set(self._installed)
+
+
+_PATCHES = _Patches()
+
+
+def uninstall_all() -> None:
+    """Remove every patch (extension unload); the user view is then the real counters."""
+    with LEDGER._lock:
+        if LEDGER.open_count() == 0:
+            LEDGER._base.clear()
+            _PATCHES.uninstall_unneeded(set())
+
+
+def _cuda_key(device) -> tuple:
+    torch = sys.modules["torch"]
+    from torch.cuda._utils import _get_device_index
+
+    index = _get_device_index(device, optional=True)
+    if index is None or index < 0:
+        index = torch.cuda.current_device()
+    return ("torch", f"cuda:{index}")
+
+
+def _accelerator_key(device_index) -> tuple | None:
+    torch = sys.modules["torch"]
+    acc = torch.accelerator.current_accelerator()
+    if acc is None or acc.type != "cuda":
+        return None
+    if device_index is None:
+        index = torch.accelerator.current_device_index()
+    elif isinstance(device_index, int):
+        index = device_index
+    else:
+        dev = torch.device(device_index)
+        index = dev.index if dev.index is not None else torch.accelerator.current_device_index()
+    return ("torch", f"cuda:{index}")
+
+
+def _wrap_reset(key_of: Callable[[Any], tuple | None]) -> Callable[[Callable], Callable]:
+    def make(original: Callable) -> Callable:
+        def reset_peak_memory_stats(device=None, *args, **kwargs):
+            try:
+                key = key_of(device)
+                if key is not None:
+                    LEDGER.before_user_reset(key)
+            except Exception:  # noqa: BLE001 - never break the user's call
+                pass
+            return original(device, *args, **kwargs)
+        reset_peak_memory_stats.__doc__ = original.__doc__
+        return reset_peak_memory_stats
+    return make
+
+
+def _wrap_nested_stats(original: Callable) -> Callable:
+    def memory_stats_as_nested_dict(device=None):
+        stats = original(device)
+        try:
+            if stats:
+                key = _cuda_key(device)
+                lifted = LEDGER.user_peaks(key, flatten_nested(stats))
+                for name, peak in lifted.items():
+                    stat, pool = name.rsplit(".", 1)
+                    stats[stat][pool]["peak"] = peak
+        except Exception:  # noqa: BLE001
+            pass
+        return stats
+    memory_stats_as_nested_dict.__doc__ = original.__doc__
+    return memory_stats_as_nested_dict
+
+
+def _wrap_flat_stats(original: Callable) -> Callable:
+    def memory_stats(device_index=None, /):
+        stats = original(device_index)
+        try:
+            key = _accelerator_key(device_index) if stats else None
+            if key is not None:
+                reading = {k[: -len(".peak")]: (int(stats.get(k[: -len(".peak")] + ".current", 0)), int(v))
+                           for k, v in stats.items() if k.endswith(".peak")}
+                for name, peak in LEDGER.user_peaks(key, reading).items():
+                    stats[name + ".peak"] = peak
+        except Exception:  # noqa: BLE001
+            pass
+        return stats
+    memory_stats.__doc__ = original.__doc__
+    return memory_stats
+
+
+def _wrap_traced(original: Callable) -> Callable:
+    def get_traced_memory():
+        current, peak = original()
+        try:
+            peak = LEDGER.user_peaks(TracemallocCounter.key, {"traced": (current, peak)})["traced"]
+        except Exception:  # noqa: BLE001
+            pass
+        return current, peak
+    get_traced_memory.__doc__ = original.__doc__
+    return get_traced_memory
+
+
+def _wrap_tracemalloc_reset(original: Callable) -> Callable:
+    def reset_peak():
+        try:
+            LEDGER.before_user_reset(TracemallocCounter.key)
+        except Exception:  # noqa: BLE001
+            pass
+        return original()
+    reset_peak.__doc__ = original.__doc__
+    return reset_peak
+
+
+def _wrap_getrusage(original: Callable) -> Callable:
+    import resource
+
+    def getrusage(who):
+        usage = original(who)
+        try:
+            if who == resource.RUSAGE_SELF and LEDGER.has_base(RssCounter.key):
+                reading = read_rss()
+                if reading is not None:
+                    hwm_kib = LEDGER.user_peaks(RssCounter.key, reading)["rss"] // 1024
+                    if hwm_kib > usage.ru_maxrss:
+                        values = list(usage)
+                        values[2] = hwm_kib
+                        usage = resource.struct_rusage(values)
+        except Exception:  # noqa: BLE001
+            pass
+        return usage
+    getrusage.__doc__ = original.__doc__
+    return getrusage
+
+
+_WRAPPERS: dict[str, list[tuple[str, str, Callable[[Callable], Callable]]]] = {
+    "torch": [
+        ("torch.cuda", "reset_peak_memory_stats", _wrap_reset(_cuda_key)),
+        ("torch.cuda.memory", "reset_peak_memory_stats", _wrap_reset(_cuda_key)),
+        ("torch.cuda", "memory_stats_as_nested_dict", _wrap_nested_stats),
+        ("torch.cuda.memory", "memory_stats_as_nested_dict", _wrap_nested_stats),
+        ("torch.accelerator", "reset_peak_memory_stats", _wrap_reset(_accelerator_key)),
+        ("torch.accelerator.memory", "reset_peak_memory_stats", _wrap_reset(_accelerator_key)),
+        ("torch.accelerator", "memory_stats", _wrap_flat_stats),
+        ("torch.accelerator.memory", "memory_stats", _wrap_flat_stats),
+    ],
+    "tracemalloc": [
+        ("tracemalloc", "get_traced_memory", _wrap_traced),
+        ("tracemalloc", "reset_peak", _wrap_tracemalloc_reset),
+    ],
+    "rss": [("resource", "getrusage", _wrap_getrusage)],
+}
+
+if "resource" not in sys.modules and os.name == "posix":  # so the rss patch has its module
+    import resource  # noqa: F401

@@ -1,0 +1,437 @@
+"""What a watched cell or block did to memory: :class:`WatchResult` and its forms.
+
+One result is the report of ``%%gpuwatch``, a line of the ``watch on``
+footer, a record of the per-cell history and what ``with watch()`` gives.
+It holds no reference to user objects (names, bytes and text only), so
+keeping it in ``Out`` or in a variable pins no memory. ``to_json()`` gives
+the ``jupyter_gpumem.watch/1`` object described in :mod:`jupyter_gpumem.watch`.
+"""
+from __future__ import annotations
+
+import html
+import shlex
+from dataclasses import dataclass, field
+
+from .render import fmt_bytes
+
+WATCH_SCHEMA = "jupyter_gpumem.watch/1"
+_KIND_WORDS = {"created": "new", "grew": "grew", "shrank": "shrank", "deleted": "deleted"}
+_FOOTER_NAMES = 3
+
+
+def signed(n: int | None) -> str:
+    """``+1.2 GiB`` / ``-512.0 MiB`` / ``n/a``."""
+    if n is None:
+        return "n/a"
+    return ("+" if n >= 0 else "") + fmt_bytes(n)
+
+
+def _delta(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else b - a
+
+
+@dataclass
+class DeviceWatch:
+    """One device before, during and after the watched code (bytes)."""
+
+    id: str
+    kind: str
+    total: int | None = None
+    allocated_before: int | None = None
+    allocated_after: int | None = None
+    allocated_measure: str = "torch allocator"
+    reserved_before: int | None = None
+    reserved_after: int | None = None
+    peak_allocated: int | None = None
+    peak_reserved: int | None = None
+    peak_measure: str | None = None
+    peak_rss: int | None = None
+    peak_traced: int | None = None
+    traced_before: int | None = None
+    process_before: int | None = None
+    process_after: int | None = None
+    process_peak_sampled: int | None = None
+    process_measure: str = "NVML"
+    samples: int = 0
+    used_all_after: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def allocated_delta(self) -> int | None:
+        return _delta(self.allocated_before, self.allocated_after)
+
+    @property
+    def reserved_delta(self) -> int | None:
+        return _delta(self.reserved_before, self.reserved_after)
+
+    @property
+    def process_delta(self) -> int | None:
+        return _delta(self.process_before, self.process_after)
+
+    @property
+    def share_after(self) -> float | None:
+        """Share of the device in use after the code (all processes; host RAM for cpu)."""
+        used = self.used_all_after
+        if used is None and self.kind != "cpu":
+            used = self.reserved_after
+        if used is None or not self.total:
+            return None
+        return used / self.total
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id, "kind": self.kind, "total": self.total,
+            "allocated_before": self.allocated_before, "allocated_after": self.allocated_after,
+            "allocated_delta": self.allocated_delta, "allocated_measure": self.allocated_measure,
+            "reserved_before": self.reserved_before, "reserved_after": self.reserved_after,
+            "reserved_delta": self.reserved_delta,
+            "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
+            "peak_measure": self.peak_measure, "peak_rss": self.peak_rss,
+            "peak_traced": self.peak_traced, "traced_before": self.traced_before,
+            "process_before": self.process_before, "process_after": self.process_after,
+            "process_peak_sampled": self.process_peak_sampled,
+            "process_measure": self.process_measure, "samples": self.samples,
+            "used_all_after": self.used_all_after, "share_after": self.share_after,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass
+class HolderChange:
+    """A name (or hidden holder) the code created, grew, shrank or deleted."""
+
+    name: str
+    change: str                 # created | grew | shrank | deleted
+    before: int
+    after: int
+    devices: dict[str, int] = field(default_factory=dict)   # device -> change in bytes
+    hidden: bool = False
+    shared: int = 0             # bytes other names reach too
+    type: str = ""
+    purge: str | None = None
+
+    @property
+    def delta(self) -> int:
+        return self.after - self.before
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "change": self.change, "before": self.before,
+                "after": self.after, "delta": self.delta, "devices": dict(self.devices),
+                "hidden": self.hidden, "shared": self.shared, "type": self.type,
+                "purge": self.purge}
+
+
+@dataclass
+class HolderEntry:
+    """One of the biggest holders, named when the code raised or a device is full."""
+
+    name: str
+    nbytes: int
+    devices: dict[str, int] = field(default_factory=dict)
+    hidden: bool = False
+    shared: int = 0
+    type: str = ""
+    purge: str | None = None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "bytes": self.nbytes, "devices": dict(self.devices),
+                "hidden": self.hidden, "shared": self.shared, "type": self.type,
+                "purge": self.purge}
+
+
+@dataclass
+class WatchResult:
+    """The report of one watched cell or block; text, HTML and JSON forms."""
+
+    label: str
+    source: str                          # "%%gpuwatch" | "watch on" | "watch()"
+    execution_count: int | None = None
+    start: float = 0.0                   # unix seconds
+    wall: float = 0.0                    # seconds the code ran
+    interval: float = 0.05
+    devices: list[DeviceWatch] = field(default_factory=list)
+    changes: list[HolderChange] = field(default_factory=list)
+    holders_mode: str = "none"
+    partial: bool = False
+    error: dict | None = None            # {"type", "message", "oom"}
+    holders: list[HolderEntry] = field(default_factory=list)
+    purge_names: list[str] = field(default_factory=list)
+    context: str = "ipython"             # "ipython" | "script"
+    warning: str | None = None
+    auto_purge: dict | None = None
+    messages: list[str] = field(default_factory=list)
+    overhead: float = 0.0                # seconds the watch itself took
+
+    @property
+    def end(self) -> float:
+        return self.start + self.wall
+
+    @property
+    def purge_command(self) -> str | None:
+        """The command that frees the holders named on error or warning."""
+        if not self.purge_names:
+            return None
+        if self.context == "ipython":
+            return "%gpumem purge " + " ".join(shlex.quote(n) for n in self.purge_names)
+        return f"jupyter_gpumem.purge({self.purge_names!r}, namespace=globals())"
+
+    @property
+    def hidden_purge_command(self) -> str | None:
+        """``%gpumem purge``, when some named holders are hidden ones (no user name touched)."""
+        if self.context == "ipython" and any(h.hidden and h.purge for h in self.holders):
+            return "%gpumem purge"
+        return None
+
+    def device(self, dev: str) -> DeviceWatch | None:
+        return next((d for d in self.devices if d.id == dev), None)
+
+    def change(self, name: str) -> HolderChange | None:
+        return next((c for c in self.changes if c.name == name), None)
+
+    def to_json(self) -> dict:
+        """The ``jupyter_gpumem.watch/1`` object (JSON-able)."""
+        return {
+            "schema": WATCH_SCHEMA, "label": self.label, "source": self.source,
+            "execution_count": self.execution_count, "start": self.start, "end": self.end,
+            "wall": round(self.wall, 6), "interval": self.interval,
+            "devices": [d.to_json() for d in self.devices],
+            "changes": [c.to_json() for c in self.changes],
+            "holders_mode": self.holders_mode, "partial": self.partial,
+            "error": dict(self.error) if self.error else None,
+            "holders": [h.to_json() for h in self.holders],
+            "purge_command": self.purge_command, "warning": self.warning,
+            "auto_purge": self.auto_purge, "messages": list(self.messages),
+            "overhead": round(self.overhead, 6),
+        }
+
+    # -- text ------------------------------------------------------------------------------
+    def footer(self) -> str:
+        """The one-line ``watch on`` footer (a second line when the cell raised)."""
+        parts = []
+        multi = len(self.devices) > 1
+        for d in self.devices:
+            text = device_short(d)
+            parts.append(f"{d.id} {text}" if multi else text)
+        names = changes_short(self.changes)
+        if names:
+            parts.append(names)
+        parts.append(fmt_seconds(self.wall))
+        if self.error:
+            parts.append(f"raised {self.error['type']}")
+        lines = [" · ".join(parts)]
+        if self.error and self.error.get("oom") and self.holders:
+            lines.append("  " + holders_short(self))
+        if self.warning:
+            lines.append(self.warning)
+        if self.auto_purge:
+            lines.append(auto_purge_line(self.auto_purge))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return watch_text(self)
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(repr(self))
+
+    def _repr_html_(self) -> str:
+        return watch_html(self)
+
+
+# -- rendering ---------------------------------------------------------------------------------
+def fmt_seconds(s: float) -> str:
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    return f"{s / 60:.1f} min"
+
+
+def device_short(d: DeviceWatch) -> str:
+    if d.kind == "cpu":
+        text = f"{signed(d.allocated_delta)} tensors"
+        if d.peak_rss is not None:
+            text += f" (peak RSS {fmt_bytes(d.peak_rss)})"
+        return text
+    text = f"{signed(d.allocated_delta)} allocated"
+    if d.peak_allocated is not None:
+        text += f" (peak {fmt_bytes(d.peak_allocated)})"
+    elif d.process_peak_sampled is not None:
+        text += f" (sampled peak {fmt_bytes(d.process_peak_sampled)})"
+    return text
+
+
+def changes_short(changes: list[HolderChange]) -> str:
+    groups: dict[str, list[HolderChange]] = {}
+    for c in changes:
+        groups.setdefault(c.change, []).append(c)
+    parts = []
+    for kind in ("created", "grew", "shrank", "deleted"):
+        items = sorted(groups.get(kind, []), key=lambda c: -abs(c.delta))
+        if not items:
+            continue
+        shown = []
+        for c in items[:_FOOTER_NAMES]:
+            amount = fmt_bytes(c.after) if kind == "created" else \
+                fmt_bytes(c.before) if kind == "deleted" else signed(c.delta)
+            shown.append(f"{c.name} {amount}")
+        more = f" +{len(items) - _FOOTER_NAMES} more" if len(items) > _FOOTER_NAMES else ""
+        parts.append(f"{_KIND_WORDS[kind]}: " + ", ".join(shown) + more)
+    return " · ".join(parts)
+
+
+def holders_short(r: WatchResult, n: int = 5) -> str:
+    shown = ", ".join(f"{h.name} {fmt_bytes(h.nbytes)}" for h in r.holders[:n])
+    more = f" +{len(r.holders) - n} more" if len(r.holders) > n else ""
+    text = f"biggest holders: {shown}{more}"
+    if r.purge_command:
+        text += f" · free them: {r.purge_command}"
+    return text
+
+
+def auto_purge_line(info: dict) -> str:
+    removed = ", ".join(info.get("removed") or []) or "nothing"
+    freed = ", ".join(f"{fmt_bytes(v)} on {k}" for k, v in (info.get("freed") or {}).items()
+                      if v is not None)
+    return f"auto-purge of hidden holders and caches: removed {removed}" + \
+        (f"; freed {freed}" if freed else "")
+
+
+def _range(a: int | None, b: int | None) -> str:
+    return f"{fmt_bytes(a)} → {fmt_bytes(b)}"
+
+
+def device_lines(d: DeviceWatch, interval: float) -> list[str]:
+    """The facts of one device, a phrase each."""
+    facts = []
+    if d.kind == "cpu":
+        facts.append(f"tensors {signed(d.allocated_delta)} ({_range(d.allocated_before, d.allocated_after)},"
+                     f" {d.allocated_measure})")
+        if d.peak_rss is not None:
+            facts.append(f"process peak RSS {fmt_bytes(d.peak_rss)} (exact, VmHWM: all host memory "
+                         f"of this process)")
+        else:
+            facts.append("no exact peak on cpu here")
+        if d.peak_traced is not None:
+            facts.append(f"Python heap peak {fmt_bytes(d.peak_traced)} "
+                         f"(tracemalloc, exact; from {fmt_bytes(d.traced_before)})")
+        facts.append("no allocator peak for tensors on cpu")
+    else:
+        facts.append(f"allocated {signed(d.allocated_delta)} ({_range(d.allocated_before, d.allocated_after)})")
+        if d.reserved_before is not None or d.reserved_after is not None:
+            facts.append(f"reserved {signed(d.reserved_delta)} ({_range(d.reserved_before, d.reserved_after)})")
+        if d.peak_allocated is not None:
+            facts.append(f"peak {fmt_bytes(d.peak_allocated)} allocated, "
+                         f"{fmt_bytes(d.peak_reserved)} reserved ({d.peak_measure})")
+        else:
+            facts.append("no allocator peak (no framework counters on this device yet)")
+    if d.process_peak_sampled is not None:
+        facts.append(f"{'RSS' if d.kind == 'cpu' else 'process'} {signed(d.process_delta)}, "
+                     f"sampled peak {fmt_bytes(d.process_peak_sampled)} "
+                     f"({d.process_measure}, sampled every {fmt_seconds(interval)}, {d.samples} samples)")
+    return facts
+
+
+def _change_rows(r: WatchResult) -> list[list[str]]:
+    rows = []
+    for c in sorted(r.changes, key=lambda c: -abs(c.delta)):
+        amount = fmt_bytes(c.after) if c.change == "created" else \
+            fmt_bytes(c.before) if c.change == "deleted" else signed(c.delta)
+        what = c.type + (" (hidden)" if c.hidden else "")
+        extra = f"{fmt_bytes(c.shared)} shared with other names" if c.shared else ""
+        if c.change in ("grew", "shrank"):
+            extra = (_range(c.before, c.after) + ("; " + extra if extra else ""))
+        rows.append([_KIND_WORDS[c.change], c.name, amount, ",".join(sorted(c.devices)), what, extra])
+    return rows
+
+
+def _holder_rows(r: WatchResult) -> list[list[str]]:
+    return [[h.name, fmt_bytes(h.nbytes), ",".join(sorted(h.devices)),
+             h.type + (" (hidden)" if h.hidden else ""),
+             f"{fmt_bytes(h.shared)} shared" if h.shared else ""] for h in r.holders]
+
+
+def _table(rows: list[list[str]], right: set[int]) -> list[str]:
+    if not rows:
+        return []
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i])
+                             for i, c in enumerate(row)).rstrip() for row in rows]
+
+
+def _head(r: WatchResult) -> str:
+    return f"{r.source} · {r.label} · {fmt_seconds(r.wall)}"
+
+
+def watch_text(r: WatchResult) -> str:
+    """The full plain-text report."""
+    lines = [_head(r)]
+    for d in r.devices:
+        lines.append(f"{d.id}  " + " · ".join(device_lines(d, r.interval)))
+        lines += [f"  note: {n}" for n in d.notes]
+    mode = r.holders_mode + (", partial" if r.partial else "")
+    if r.changes:
+        lines.append(f"names ({mode} scan):")
+        lines += _table(_change_rows(r), {2})
+    else:
+        lines.append(f"names: no name gained or lost memory ({mode} scan)")
+    if r.error:
+        lines.append(f"raised {r.error['type']}: {r.error['message']}")
+    if r.holders:
+        lines.append("biggest holders:")
+        lines += _table(_holder_rows(r), {1})
+    if r.purge_command:
+        lines.append(f"free them: {r.purge_command}")
+    if r.hidden_purge_command:
+        lines.append(f"hidden holders only (no user name touched): {r.hidden_purge_command}")
+    if r.warning:
+        lines.append(r.warning)
+    if r.auto_purge:
+        lines.append(auto_purge_line(r.auto_purge))
+    lines += [f"note: {m}" for m in r.messages]
+    return "\n".join(lines)
+
+
+def _esc(x) -> str:
+    return html.escape(str(x))
+
+
+def _html_table(headers: list[str], rows: list[list[str]], right: set[int]) -> str:
+    def cell(tag, i, text):
+        return f"<{tag} style='text-align:{'right' if i in right else 'left'}'>{_esc(text)}</{tag}>"
+    head = "".join(cell("th", i, h) for i, h in enumerate(headers))
+    body = "".join("<tr>" + "".join(cell("td", i, c) for i, c in enumerate(row)) + "</tr>"
+                   for row in rows)
+    return f"<table class='jupyter-gpumem'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def watch_html(r: WatchResult) -> str:
+    """The report as HTML (the same facts as the text)."""
+    parts = [f"<div class='jupyter-gpumem'><div><b>{_esc(_head(r))}</b></div>"]
+    for d in r.devices:
+        parts.append(f"<div><code>{_esc(d.id)}</code> " +
+                     " · ".join(_esc(f) for f in device_lines(d, r.interval)) + "</div>")
+        parts += [f"<div><em>note: {_esc(n)}</em></div>" for n in d.notes]
+    mode = r.holders_mode + (", partial" if r.partial else "")
+    if r.changes:
+        parts.append(_html_table(["", "name", "bytes", "device", "what", ""],
+                                 _change_rows(r), {2}))
+    else:
+        parts.append(f"<div>no name gained or lost memory ({_esc(mode)} scan)</div>")
+    if r.error:
+        parts.append(f"<div style='color:#b00'>raised <b>{_esc(r.error['type'])}</b>: "
+                     f"{_esc(r.error['message'])}</div>")
+    if r.holders:
+        parts.append("<div>biggest holders:</div>")
+        parts.append(_html_table(["name", "bytes", "device", "what", ""], _holder_rows(r), {1}))
+    if r.purge_command:
+        parts.append(f"<div>free them: <code>{_esc(r.purge_command)}</code></div>")
+    if r.hidden_purge_command:
+        parts.append(f"<div>hidden holders only (no user name touched): "
+                     f"<code>{_esc(r.hidden_purge_command)}</code></div>")
+    if r.warning:
+        parts.append(f"<div style='color:#b60'>{_esc(r.warning)}</div>")
+    if r.auto_purge:
+        parts.append(f"<div>{_esc(auto_purge_line(r.auto_purge))}</div>")
+    parts += [f"<div><em>note: {_esc(m)}</em></div>" for m in r.messages]
+    parts.append("</div>")
+    return "".join(parts)
