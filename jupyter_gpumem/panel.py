@@ -370,7 +370,7 @@ class Panel:
         watched = _watch_cells(self.shell)
         if watched:
             with self._lock:
-                self._cells = deque(watched, maxlen=500)
+                self._cells = deque(_merge_cells(list(self._cells), watched), maxlen=500)
         try:
             self.refresh()
         except Exception as exc:  # noqa: BLE001 - never raise into the user's cell
@@ -532,8 +532,18 @@ def _field(entry: Any, names: tuple[str, ...]) -> float | None:
     return None
 
 
+def _merge_cells(own: list[list], watched: list[list]) -> list[list]:
+    """The panel's own cell spans plus watched spans that none of them covers
+    (``with jupyter_gpumem.watch():`` blocks, cells from before the panel)."""
+    out = [list(c) for c in own]
+    for start, end in watched:
+        if not any(s - 0.5 <= start <= (e if e is not None else start) + 0.5 for s, e in own):
+            out.append([start, end])
+    return sorted(out, key=lambda c: c[0])
+
+
 def _watch_cells(shell: Any) -> list[list] | None:
-    """Cell spans from %%gpuwatch's history, where that module offers one."""
+    """Cell spans from %%gpuwatch's history (``start``, ``end`` in unix seconds)."""
     import sys
 
     watch = sys.modules.get("jupyter_gpumem.watch")

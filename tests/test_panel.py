@@ -271,17 +271,21 @@ def test_a_failing_refresh_never_breaks_the_cell(shell, monkeypatch):
     assert "scan failed: RuntimeError: scan exploded" in panel.status.value
 
 
-def test_timeline_marks_cells_from_gpuwatch_history_when_there_is_one(shell, monkeypatch):
+def test_timeline_adds_cells_from_gpuwatch_history_when_there_is_one(shell, monkeypatch):
     panel = open_panel(shell)
     now = time.time()
     fake_watch = types.SimpleNamespace(history_for=lambda sh: [
-        {"start": now - 5, "end": now - 4}, {"start": now - 3, "end": now - 1}])
+        types.SimpleNamespace(start=now - 500, end=now - 499),  # before the panel existed
+        {"start": now - 5, "end": now - 4}])
     monkeypatch.setitem(sys.modules, "jupyter_gpumem.watch", fake_watch)
     run(shell, "pass")
-    assert [tuple(c) for c in panel._cells] == [(now - 5, now - 4), (now - 3, now - 1)]
+    starts = [c[0] for c in panel._cells]
+    assert starts[:2] == [now - 500, now - 5] and len(starts) >= 3  # ours: the last cell too
+    assert starts == sorted(starts) and panel._cells[-1][1] is not None
+    count = len(panel._cells)
     monkeypatch.setitem(sys.modules, "jupyter_gpumem.watch", types.SimpleNamespace())
     run(shell, "pass")  # without that history the panel keeps its own marks
-    assert panel._cells[-1][0] > now
+    assert len(panel._cells) == count + 1 and panel._cells[-1][0] > now
 
 
 # -- lifetime ------------------------------------------------------------------------------------------
