@@ -276,6 +276,19 @@ def _delete_target(t: _Target, shell: Any, namespace: dict | None) -> list[str]:
     return removed
 
 
+def _execute(targets: list[_Target], hidden_clear: list[_scan.Root], shell: Any,
+             namespace: dict | None) -> list[str]:
+    """Remove the bindings and hidden holders; leave no reference to them behind."""
+    removed: list[str] = []
+    for t in targets:
+        removed += _delete_target(t, shell, namespace)
+    for r in hidden_clear:
+        removed += [n for n in clear_hidden(r, shell) if n not in removed]
+    targets.clear()
+    hidden_clear.clear()
+    return removed
+
+
 def release_caches() -> list[str]:
     """Collect garbage and give every active framework's cached memory back."""
     notes: list[str] = []
@@ -310,34 +323,30 @@ def _changes(before, after, tracked_before, tracked_after) -> list[DeviceChange]
     return out
 
 
-def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bool = False,
-          dry_run: bool = False, device: str = "auto", time_limit: float = 3.0) -> PurgeResult:
-    """Delete ``names`` (or, with none, only the hidden holders) and free their memory.
+@dataclass
+class _Plan:
+    """What a purge will do; the only holder of references to the objects it removes."""
 
-    ``all`` purges every user name that holds memory on the chosen devices.
-    ``dry_run`` only reports what would go. Raises :class:`PurgeError`, having
-    deleted nothing, when a name is missing, malformed or holds nothing.
-    """
-    start = time.perf_counter()
-    names = list(names or ())
-    try:
-        device = _devices.parse_device(device)
-    except ValueError as exc:
-        raise PurgeError(str(exc)) from None
-    if names and all:
-        raise PurgeError("give names or --all, not both (nothing was deleted)")
-    ids = set(_devices.selected_ids(device))
+    result: PurgeResult
+    targets: list[_Target]
+    hidden_clear: list[_scan.Root]
+    reportable: set
+    tracked_before: dict[str, int]
+
+
+def _plan(names: list[str], shell: Any, namespace: dict | None, all_names: bool, dry_run: bool,
+          device: str, ids: set[str], time_limit: float) -> _Plan:
+    """Check every name and work out what goes, what is freed and what still holds it."""
     roots = _scan.collect_roots(namespace, shell)
     scan1 = _scan.scan(roots, devices=ids, shell=shell, namespace=namespace, time_limit=time_limit)
-    if all:
-        names = [r.name for r, reach in zip(roots, scan1.reach) if not r.hidden and reach.storages]
-    by_name = {r.name: r for r in roots if not r.hidden}
-    for r in roots:
-        if r.hidden:
-            for n in [r.name] + r.aliases:
-                by_name.setdefault(n, r)
-    targets = _targets(names, roots, by_name, scan1, ids, shell, namespace, time_limit, device)
     reach_of = {id(r): reach for r, reach in zip(roots, scan1.reach)}
+    if all_names:
+        names = [r.name for r in roots if not r.hidden and reach_of[id(r)].storages]
+    by_name = {r.name: r for r in roots if not r.hidden}
+    for hidden_root in (r for r in roots if r.hidden):
+        for n in [hidden_root.name] + hidden_root.aliases:
+            by_name.setdefault(n, hidden_root)
+    targets = _targets(names, roots, by_name, scan1, ids, shell, namespace, time_limit, device)
     if names:
         target_paths = {k: node for t in targets for k, node in t.keys.items()}
     else:  # no names: the targets are the hidden holders that hold memory
@@ -356,37 +365,49 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bo
         not names or id(r.obj) in named_objs or own & reach_of[id(r)].storages.keys())]
     # parameters an autograd graph points to belong to their model, not to the loss
     reportable = {k for k, node in target_paths.items() if not _through_graph(node)}
-    still = _still_held(user_remaining, scan2, reportable)
     predicted = _bytes_by_device(scan1, own)
     for dev in ids:
         predicted.setdefault(dev, 0)
-    plan_removed = [t.text for t in targets] + [n for r in hidden_clear for n in [r.name] + r.aliases
-                                                 if n not in names]
-    result = PurgeResult(names, plan_removed, predicted, still_held=still, dry_run=dry_run)
+    removed = [t.text for t in targets] + [n for r in hidden_clear for n in [r.name] + r.aliases
+                                           if n not in names]
+    result = PurgeResult(names, removed, predicted, still_held=_still_held(user_remaining, scan2, reportable),
+                         dry_run=dry_run)
     if scan1.partial or scan2.partial:
         result.messages.append("partial scan: " + ", ".join(scan1.reasons + scan2.reasons))
+    return _Plan(result, targets, hidden_clear, reportable, _tracked(scan1))
+
+
+def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bool = False,
+          dry_run: bool = False, device: str = "auto", time_limit: float = 3.0) -> PurgeResult:
+    """Delete ``names`` (or, with none, only the hidden holders) and free their memory.
+
+    ``all`` purges every user name that holds memory on the chosen devices.
+    ``dry_run`` only reports what would go. Raises :class:`PurgeError`, having
+    deleted nothing, when a name is missing, malformed or holds nothing.
+    """
+    start = time.perf_counter()
+    try:
+        device = _devices.parse_device(device)
+    except ValueError as exc:
+        raise PurgeError(str(exc)) from None
+    if names and all:
+        raise PurgeError("give names or --all, not both (nothing was deleted)")
+    ids = set(_devices.selected_ids(device))
+    plan = _plan(list(names or ()), shell, namespace, all, dry_run, device, ids, time_limit)
+    result = plan.result
     if dry_run:
+        result.messages += _still_messages(result.still_held)
         result.seconds = time.perf_counter() - start
-        result.messages += _still_messages(still)
         return result
     before = _read(device)
-    tracked_before = _tracked(scan1)
-    removed: list[str] = []
-    for t in targets:
-        removed += _delete_target(t, shell, namespace)
-    for r in hidden_clear:
-        removed += [n for n in clear_hidden(r, shell) if n not in removed]
-    # drop every reference this function holds to user objects before collecting
-    del targets, roots, user_remaining, by_name, reach_of, hidden_clear, scan1, scan2
+    # _execute empties the plan: after it, nothing here refers to the purged objects
+    result.removed = _execute(plan.targets, plan.hidden_clear, shell, namespace)
     result.messages += release_caches()
     after = _read(device)
-    scan3_roots = _scan.collect_roots(namespace, shell)
-    scan3 = _scan.scan(scan3_roots, devices=ids, shell=shell, namespace=namespace,
-                       time_limit=time_limit)
-    result.still_held = _still_held(scan3_roots, scan3, reportable)
-    del scan3_roots
-    result.removed = removed
-    result.changes = _changes(before, after, tracked_before, _tracked(scan3))
+    roots = _scan.collect_roots(namespace, shell)
+    scan3 = _scan.scan(roots, devices=ids, shell=shell, namespace=namespace, time_limit=time_limit)
+    result.still_held = _still_held(roots, scan3, plan.reportable)
+    result.changes = _changes(before, after, plan.tracked_before, _tracked(scan3))
     result.messages += _still_messages(result.still_held)
     result.seconds = time.perf_counter() - start
     return result

@@ -323,3 +323,29 @@ def test_purging_hidden_holders_names_the_user_name_that_also_holds_it(ip):
     result = purge(ip, "--dry-run")
     assert result.predicted["cpu"] == 0
     assert [s.by for s in result.still_held] == ["t"]
+
+
+@pytest.mark.parametrize("setup, names", [
+    (f"t = torch.ones({N})", "t"),
+    (f"class C:\n    cache = torch.ones({N})", "C"),
+    ("model = torch.nn.Linear(512, 512)\nopt = torch.optim.Adam(model.parameters())\n"
+     "model(torch.ones(2, 512)).sum().backward()\nopt.step()\ndel model", "opt"),
+])
+def test_memory_is_dead_when_caches_are_released(ip, monkeypatch, setup, names):
+    """The caches are emptied only after purge dropped its own references (else nothing is given back)."""
+    import jupyter_gpumem.purge as purge_module
+
+    run(ip, setup)
+    first = names if names != "C" else "C.cache"
+    ref = weak(ip, {"opt": "opt.param_groups[0]['params'][0]"}.get(names, first))
+    seen = []
+    original = purge_module.release_caches
+
+    def spy():
+        notes = original()
+        seen.append(ref.expired())
+        return notes
+
+    monkeypatch.setattr(purge_module, "release_caches", spy)
+    purge(ip, names)
+    assert seen == [True]
