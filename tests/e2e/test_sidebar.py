@@ -161,7 +161,7 @@ def lab(tmp_path):
 
 
 @pytest.fixture
-def page(tmp_path, request):
+def page(tmp_path):
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as pw:
@@ -172,16 +172,9 @@ def page(tmp_path, request):
             args=CHROMIUM_FLAGS,
             viewport={"width": 1400, "height": 900},
         )
-        page = context.new_page()
         try:
-            yield page
+            yield context.new_page()
         finally:
-            failed = getattr(request.node, "_gpumem_failed", False)
-            if failed:
-                # for a look at what went wrong (test-results/ is ignored by git)
-                out = ROOT / "test-results"
-                out.mkdir(exist_ok=True)
-                page.screenshot(path=str(out / "sidebar-failure.png"))
             context.close()
 
 
@@ -229,6 +222,17 @@ def _widen_right_area(page, by: int = 160) -> None:
 
 
 def test_sidebar_lists_and_purges_a_host_tensor(lab, page):
+    try:
+        _scenario(lab, page)
+    except BaseException:
+        # for a look at what went wrong (test-results/ is ignored by git)
+        out = ROOT / "test-results"
+        out.mkdir(exist_ok=True)
+        page.screenshot(path=str(out / "sidebar-failure.png"))
+        raise
+
+
+def _scenario(lab, page) -> None:
     timings = {}
     start = time.monotonic()
     page.goto(f"{lab['base']}/lab/tree/demo.ipynb?token={TOKEN}")
