@@ -161,13 +161,15 @@ class Walker:
         self._storage_cache: dict[int, list[StorageInfo]] = {}
         self._instance_layout: dict[type, tuple] = {}
         self._tensor_backend: dict[type, Backend] = {}
+        self.current_root: str | None = None
+        self.out_of_time = False
 
     # -- driving -----------------------------------------------------------
     def stop(self, reason: str) -> None:
-        if not self.partial:
-            self.partial = True
-        if reason not in self.reasons:
-            self.reasons.append(reason)
+        self.partial = True
+        text = f"{reason} in {self.current_root}" if self.current_root else reason
+        if text not in self.reasons:
+            self.reasons.append(text)
 
     def walk(self, obj: Any, label: tuple) -> Reach:
         """Every storage reachable from ``obj`` (stops at ``stop_ids``)."""
@@ -194,10 +196,11 @@ class Walker:
             seen.add(oid)
             count += 1
             if not count & 511 and time.perf_counter() > self.deadline:
+                self.out_of_time = True
                 self.stop("time limit reached")
                 break
             if depth > self.max_depth:
-                self.stop("depth limit reached")
+                self.stop(f"structure deeper than {self.max_depth} levels cut")
                 continue
             try:
                 backend = tensor_backend.get(tp)
@@ -646,9 +649,10 @@ def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     gc.disable()
     try:
         for root in roots:
-            if id(root.obj) in stop or (walker.partial and "time limit reached" in walker.reasons):
+            if id(root.obj) in stop or walker.out_of_time:
                 reach.append(Reach())
                 continue
+            walker.current_root = root.name
             reach.append(walker.walk(root.obj, ("root", root.name)))
     finally:
         if gc_was_enabled:

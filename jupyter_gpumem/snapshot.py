@@ -268,7 +268,8 @@ def _messages(result, usages, accs, device):
         yield "no accelerator: showing host tensors (device cpu)" if device == "auto" \
             else "no accelerator found"
     if result.partial:
-        yield "partial result: " + ", ".join(result.reasons) + " (raise GpuMemMagics.scan_time_limit)"
+        hint = " (raise GpuMemMagics.scan_time_limit)" if any("time limit" in r for r in result.reasons) else ""
+        yield "partial result: " + ", ".join(result.reasons) + hint
     if result.errors:
         yield f"{result.errors} object(s) refused introspection and were skipped"
     for du in usages:
