@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up a development environment in .venv: the package (editable, with the
+# JupyterLab sidebar built from labextension/), the test tools, CPU builds of
+# PyTorch, TensorFlow and JAX, and Chromium for the sidebar's browser test.
+# Safe to run again: it skips what is already there. Source it or run it.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+
+# Frameworks: CPU builds, pinned (an unpinned torch pulls a multi-GB CUDA build).
+python -m pip install -q "torch==2.13.0" "tensorflow-cpu==2.21.0" "jax==0.10.2" "jaxlib==0.10.2"
+
+# The package with its test extras; this builds the sidebar (needs Node.js 20+, not needed by users).
+python -m pip install -q -e ".[test]"
+
+# A real browser for the sidebar's end-to-end test (Debian's Chromium; tools never download browsers here).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null
+  else
+    echo "note: chromium not found; the sidebar's browser test will be skipped" >&2
+  fi
+fi
