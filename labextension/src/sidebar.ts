@@ -2,6 +2,7 @@
  * The "GPU Memory" sidebar widget: header with the device choice, link
  * status, device bars, timeline, holders table and the purge button.
  */
+import type { Message } from '@lumino/messaging';
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
@@ -123,7 +124,20 @@ export class GpuMemSidebar extends Widget {
     );
   }
 
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    if (this._stale) {
+      this._render();
+    }
+  }
+
   private _render(): void {
+    if (!this.isVisible && this.isAttached) {
+      // hidden (collapsed sidebar): render when shown again
+      this._stale = true;
+      return;
+    }
+    this._stale = false;
     const model = this.model;
     this._kernelLine.textContent = model.kernelLabel
       ? `Kernel of ${model.kernelLabel}${model.version ? ` (jupyter_gpumem ${model.version})` : ''}`
@@ -176,6 +190,19 @@ export class GpuMemSidebar extends Widget {
 
   private _renderStatus(): void {
     const model = this.model;
+    // rebuilt only when what it shows changes, so its buttons stay put
+    // (a button replaced between mouse down and up loses the click)
+    const key = JSON.stringify([
+      model.state,
+      model.kernelLabel,
+      model.error,
+      model.noAccelerator,
+      model.device
+    ]);
+    if (key === this._statusKey) {
+      return;
+    }
+    this._statusKey = key;
     const parts: HTMLElement[] = [];
     const where = model.kernelLabel ? ` of ${model.kernelLabel}` : '';
     switch (model.state) {
@@ -230,6 +257,8 @@ export class GpuMemSidebar extends Widget {
   private _poll: Poll;
   private _purging = false;
   private _choicesKey = '';
+  private _statusKey = '';
+  private _stale = false;
   private _shownSnapshot: unknown = undefined;
   private _shownSelection: unknown = undefined;
   private _kernelLine = h('div', { class: 'jp-GpuMem-kernel' });

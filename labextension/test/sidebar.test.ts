@@ -275,6 +275,28 @@ describe('GpuMemSidebar', () => {
     expect($$(ctx.sidebar.node, '.jp-GpuMem-chartBox').length).toBe(1);
   });
 
+  it('keeps its buttons across device readings (a click is not lost)', () => {
+    const ctx = setUp();
+    ctx.comm().receive({ type: 'hello', version: '0.1.0', device: 'auto' });
+    ctx.comm().receive({
+      type: 'snapshot',
+      snapshot: snapshot({ device: 'auto', devices: [], holders: [], accelerator: false })
+    });
+    const button = $(ctx.sidebar.node, '.jp-GpuMem-useCpu');
+    ctx.comm().receive({ type: 'devices', time: 2000, devices: [device()] });
+    expect($(ctx.sidebar.node, '.jp-GpuMem-useCpu')).toBe(button);
+  });
+
+  it('renders only when shown, then catches up', () => {
+    const ctx = setUp();
+    ready(ctx);
+    ctx.sidebar.hide();
+    ctx.comm().receive({ type: 'snapshot', snapshot: snapshot({ holders: [holder({ name: 'later', purge: 'later' })] }) });
+    expect($(ctx.sidebar.node, 'tr[data-name="later"]')).toBeNull();
+    ctx.sidebar.show();
+    expect($(ctx.sidebar.node, 'tr[data-name="later"]')).not.toBeNull();
+  });
+
   it('refreshes through its poll while visible', async () => {
     const model = new SidebarModel();
     const channel = new KernelChannel(model);
