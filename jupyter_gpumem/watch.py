@@ -551,12 +551,11 @@ def _cell_label(shell: Any) -> str:
 
 
 def _current_count(shell: Any) -> int | None:
-    """The number of the cell running now (its input is stored before it runs)."""
-    hm = getattr(shell, "history_manager", None)
-    raw = getattr(hm, "input_hist_raw", None)
-    if raw:
-        return len(raw) - 1
-    return getattr(shell, "execution_count", None)
+    """The number of the cell running now: what IPython's display hook files ``Out[N]`` under."""
+    try:
+        return int(shell.displayhook.prompt_count)
+    except Exception:  # noqa: BLE001
+        return getattr(shell, "execution_count", None)
 
 
 def _show(result: Any) -> None:
