@@ -160,12 +160,15 @@ def snapshot_html(s) -> str:
 def _purge_rows(r) -> list[list[str]]:
     if r.dry_run:
         return [[dev, fmt_bytes(n)] for dev, n in sorted(r.predicted.items())]
-    return [[c.device, c.measure, fmt_bytes(c.before), fmt_bytes(c.after), fmt_bytes(c.freed)]
+    return [[c.device, c.measure, fmt_bytes(c.before), fmt_bytes(c.after), fmt_bytes(c.freed),
+             "" if c.allocated_before is None else
+             f"{fmt_bytes(c.allocated_before)} → {fmt_bytes(c.allocated_after)}"]
             for c in r.changes]
 
 
 def _purge_headers(r) -> list[str]:
-    return ["device", "would free"] if r.dry_run else ["device", "measure", "before", "after", "freed"]
+    return ["device", "would free"] if r.dry_run else \
+        ["device", "measure", "before", "after", "freed", "allocated"]
 
 
 def purge_text(r) -> str:

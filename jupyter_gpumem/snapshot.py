@@ -11,7 +11,7 @@ from typing import Any
 
 from . import devices as _devices
 from . import scan as _scan
-from .backends import active_backends
+from .backends import StorageInfo, active_backends
 
 SNAPSHOT_SCHEMA = "jupyter_gpumem.snapshot/1"
 _HIDDEN_HINTS = {
@@ -246,20 +246,31 @@ def build(*, shell: Any = None, namespace: dict | None = None, device: str = "au
                     messages, result.seconds, details=details)
 
 
-def _attributed_on(result: _scan.ScanResult, dev: str) -> int:
-    seen: dict[tuple, int] = {}
+def _attributed_by_framework(result: _scan.ScanResult, dev: str) -> dict[str, int]:
+    """Distinct storage bytes reached from names on ``dev``, per framework."""
+    seen: dict[tuple, StorageInfo] = {}
     for reach in result.reach:
         for key, (info, _, _) in reach.storages.items():
             if info.device == dev:
-                seen[key] = info.nbytes
-    return sum(seen.values())
+                seen[key] = info
+    out: dict[str, int] = {}
+    for info in seen.values():
+        out[info.framework] = out.get(info.framework, 0) + info.nbytes
+    return out
+
+
+def _attributed_on(result: _scan.ScanResult, dev: str) -> int:
+    return sum(_attributed_by_framework(result, dev).values())
 
 
 def _unattributed(result: _scan.ScanResult, usages) -> dict[str, int | None]:
+    """Allocated bytes no name reaches, per device, summed over the frameworks that count."""
     out: dict[str, int | None] = {}
     for du in usages:
-        allocated = du.allocated
-        out[du.id] = None if allocated is None else max(allocated - _attributed_on(result, du.id), 0)
+        reached = _attributed_by_framework(result, du.id)
+        rest = [max(fw.allocated - reached.get(fw.name, 0), 0)
+                for fw in du.frameworks if fw.allocated is not None]
+        out[du.id] = sum(rest) if rest else None
     return out
 
 

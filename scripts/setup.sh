@@ -14,7 +14,7 @@ fi
 python -m pip install -q --upgrade pip
 
 # Frameworks: CPU builds, pinned (an unpinned torch pulls a multi-GB CUDA build).
-python -m pip install -q "torch==2.13.0" "tensorflow-cpu==2.21.0" "jax==0.10.2" "jaxlib==0.10.2"
+python -m pip install -q "torch==2.13.0" "tensorflow-cpu==2.21.0" "keras==3.15.1" "jax==0.10.2" "jaxlib==0.10.2"
 
 # The package with its test extras; this builds the sidebar (needs Node.js 20+, not needed by users).
 python -m pip install -q -e ".[test]"
