@@ -86,6 +86,7 @@ class _State:
         self.footer: _Footer | None = None
         self.footer_device: str | None = None
         self.costs: deque = deque(maxlen=2000)   # seconds each footer cost (pre + post)
+        self.ns_mark: tuple | None = None
         self._observer = None
 
     def record(self, result: WatchResult) -> None:
@@ -165,23 +166,64 @@ class _Sampling:
                 self.max_process[dev] = value
 
 
+class _PausableSampler(_monitor.Sampler):
+    """A :class:`~.monitor.Sampler` that can wait, idle, between watched cells.
+
+    Starting a thread costs milliseconds on a busy machine, so while
+    ``watch on`` holds the hub the thread stays, paused on an Event, and
+    samples only while watched code runs.
+    """
+
+    def __init__(self, fn, interval: float, name: str) -> None:
+        super().__init__(fn, interval, name=name)
+        self._active = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            if not self._active.is_set():
+                self._active.wait()
+                continue
+            try:
+                self.fn()
+            except Exception as exc:  # noqa: BLE001 - a sampler must never die noisily
+                self.errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+            self._stop_event.wait(self.interval)
+
+    def resume(self) -> None:
+        self._active.set()
+
+    def pause(self) -> None:
+        self._active.clear()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop_event.set()
+        self._active.set()
+        super().stop(timeout)
+
+
 class _SamplerHub:
-    """One :class:`~.monitor.Sampler` thread for every open watch; it reads counters only."""
+    """One sampling thread for every open watch; it reads counters only.
+
+    It runs while a watch is open; ``hold()`` (the ``watch on`` footer) keeps
+    it alive but paused between cells; without holders it stops.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: list[_Sampling] = []
-        self._sampler: _monitor.Sampler | None = None
+        self._holds = 0
+        self._sampler: _PausableSampler | None = None
 
     def add(self, sampling: _Sampling) -> None:
         with self._lock:
             self._open.append(sampling)
-            interval = min(s.interval for s in self._open)
+            interval = max(min(s.interval for s in self._open), 0.001)
             if self._sampler is None or self._sampler.stopped:
-                self._sampler = _monitor.Sampler(self._tick, interval, name="jupyter_gpumem-watch")
+                self._sampler = _PausableSampler(self._tick, interval, name="jupyter_gpumem-watch")
                 self._sampler.start()
-            else:
-                self._sampler.interval = max(interval, 0.001)
+            self._sampler.interval = interval
+            self._sampler.resume()
         self.sample([sampling])
 
     def remove(self, sampling: _Sampling) -> None:
@@ -190,12 +232,29 @@ class _SamplerHub:
         with self._lock:
             if sampling in self._open:
                 self._open.remove(sampling)
-            if not self._open:
+            if not self._open and self._sampler is not None:
+                if self._holds:
+                    self._sampler.pause()
+                else:
+                    stop, self._sampler = self._sampler, None
+        if stop is not None:
+            stop.stop()
+
+    def hold(self) -> None:
+        with self._lock:
+            self._holds += 1
+
+    def release(self) -> None:
+        stop = None
+        with self._lock:
+            self._holds = max(self._holds - 1, 0)
+            if not self._holds and not self._open:
                 stop, self._sampler = self._sampler, None
         if stop is not None:
             stop.stop()
 
     def running(self) -> bool:
+        """True while the thread exists (sampling or paused)."""
         with self._lock:
             return self._sampler is not None
 
@@ -337,9 +396,28 @@ class Watch:
 
     def _update(self, usages, error: BaseException | None = None, **kwargs):
         state = self._state
-        return state.tracker.update(self._roots(error), shell=self.shell, namespace=self._ns(),
-                                    marks=_marks(usages), time_limit=self.time_limit,
-                                    extra_stop=state.internal_ids() | {id(self)}, **kwargs)
+        upd = state.tracker.update(self._roots(error), shell=self.shell, namespace=self._ns(),
+                                   marks=_marks(usages), time_limit=self.time_limit,
+                                   extra_stop=state.internal_ids() | {id(self)}, **kwargs)
+        state.ns_mark = None if self._frame is not None or error is not None else self._ns_mark()
+        return upd
+
+    def _ns_mark(self) -> tuple | None:
+        """Names, hidden holders and their identities, cheaply: unchanged means nothing
+        ran since the tracker's last update (a cell's start right after the last cell's end)."""
+        shell = self.shell
+        ns = shell.user_ns if shell is not None else self._ns()
+        try:
+            parts: list = [tuple(ns), tuple(map(id, ns.values()))]
+            if shell is not None:
+                out = shell.history_manager.output_hist
+                hook = shell.displayhook
+                parts += [tuple(out), tuple(map(id, out.values())),
+                          tuple(id(getattr(hook, n, None)) for n in ("_", "__", "___")),
+                          tuple(map(id, _scan.traceback_objects(shell)))]
+            return tuple(parts)
+        except Exception:  # noqa: BLE001
+            return None
 
     # -- start / stop ---------------------------------------------------------------------
     def start(self) -> "Watch":
@@ -347,8 +425,12 @@ class Watch:
         t = time.perf_counter()
         self._ids0 = _devices.selected_ids(self.device)
         usages = _read_devices(_ordered(self._ids0 + ["cpu"]))
-        sync = self._update(usages)
-        self._messages = ["holders: partial scan before the code ran"] if sync.partial else []
+        state = self._state
+        self._messages = []
+        if not (state.tracker.seeded and state.ns_mark is not None
+                and state.ns_mark == self._ns_mark()):
+            if self._update(usages).partial:
+                self._messages.append("holders: partial scan before the code ran")
         self._tracked0 = dict(self._state.tracker.totals)
         self._roots0 = dict(self._state.tracker.roots)   # RootInfos are replaced, never changed
         self._usages0 = usages
@@ -697,6 +779,7 @@ def _start_footer(state: _State) -> None:
     events.register("pre_run_cell", footer.pre)
     events.register("post_run_cell", footer.post)
     state.footer = footer
+    HUB.hold()
 
 
 def _stop_footer(state: _State) -> None:
@@ -710,6 +793,7 @@ def _stop_footer(state: _State) -> None:
         except ValueError:
             pass
     footer.abandon()
+    HUB.release()
 
 
 # -- magics ----------------------------------------------------------------------------------
@@ -753,10 +837,23 @@ def magic_watch(magics, argv: list[str]) -> None:
     if args.state == "on":
         magics.watch = True
         _start_footer(state)
+        _seed(state, magics)
     elif args.state == "off":
         magics.watch = False
         _stop_footer(state)
     print(_status(magics, state))
+
+
+def _seed(state: _State, magics) -> None:
+    """Scan every holder once now, so the first watched cell's footer need not."""
+    try:
+        device = state.footer_device or magics.default_device
+        ids = _devices.selected_ids(device)
+        w = Watch(shell=state.shell, device=device, report=False, state=state, record=False,
+                  time_limit=magics.scan_time_limit)
+        w._update(_read_devices(_ordered(ids + ["cpu"])), force_full=not state.tracker.seeded)
+    except Exception as exc:  # noqa: BLE001
+        _complain("could not scan the holders", exc)
 
 
 def _status(magics, state: _State) -> str:

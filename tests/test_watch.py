@@ -188,8 +188,8 @@ def test_footer_line_after_every_cell(wip, capsys):
     records = watch_mod.history_for(wip)
     assert [r.source for r in records] == ["watch on"] * 3
     assert records[0].change("model").after == 10_000_000
-    assert not any(t.name == "jupyter_gpumem-watch" for t in threading.enumerate())
     run(wip, "%gpumem watch off")
+    assert not any(t.name == "jupyter_gpumem-watch" for t in threading.enumerate())
     capsys.readouterr()
     run(wip, "z = torch.ones(10)")
     assert capsys.readouterr().out == ""
