@@ -46,13 +46,18 @@ def shell():
     return ip
 
 
+CPU_TIMES: list[float] = []   # process CPU seconds of each quiet_run (all threads)
+
+
 def quiet_run(ip, code: str) -> float:
     """Wall seconds of one stored cell, its output discarded; fails loudly on an error."""
     sink = io.StringIO()
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        c0 = time.process_time()
         t0 = time.perf_counter()
         result = ip.run_cell(code, store_history=True)
         elapsed = time.perf_counter() - t0
+        CPU_TIMES.append(time.process_time() - c0)
     if not result.success:
         raise RuntimeError(f"benchmark cell failed: {code!r}\n{sink.getvalue()[-2000:]}")
     return elapsed
@@ -73,14 +78,20 @@ def calibrate(ip, seconds: float) -> str:
 def overhead(ip, rounds: int, seconds: float) -> dict:
     cell = calibrate(ip, seconds)
     times: dict[str, list[float]] = {"plain": [], "%%gpuwatch": [], "watch on": []}
+    cpu: dict[str, list[float]] = {k: [] for k in times}
+
+    def timed(mode: str, code: str) -> None:
+        times[mode].append(quiet_run(ip, code))
+        cpu[mode].append(CPU_TIMES[-1])
+
     for _ in range(rounds):
-        times["plain"].append(quiet_run(ip, cell))
-        times["%%gpuwatch"].append(quiet_run(ip, "%%gpuwatch\n" + cell))
+        timed("plain", cell)
+        timed("%%gpuwatch", "%%gpuwatch\n" + cell)
         quiet_run(ip, "%gpumem watch on")
-        times["watch on"].append(quiet_run(ip, cell))
+        timed("watch on", cell)
         quiet_run(ip, "%gpumem watch off")
     plain = statistics.median(times["plain"])
-    return {"cell": cell, "plain_s": plain, "times": times,
+    return {"cell": cell, "plain_s": plain, "times": times, "cpu": cpu,
             "ratio_gpuwatch": statistics.median(times["%%gpuwatch"]) / plain,
             "ratio_watch_on": statistics.median(times["watch on"]) / plain}
 
@@ -148,9 +159,12 @@ def main(argv=None) -> int:
     o = overhead(ip, args.rounds, args.cell_seconds)
     ok1 = o["ratio_gpuwatch"] <= 1.02 and o["ratio_watch_on"] <= 1.02
     print(f"CPU-bound cell, {args.rounds} alternating rounds, plain median {o['plain_s']:.3f} s")
+    cpu_plain = statistics.median(o["cpu"]["plain"])
     for mode, ts in o["times"].items():
+        cpu = statistics.median(o["cpu"][mode])
         print(f"  {mode:11s} median {statistics.median(ts):.3f} s  "
-              f"(min {min(ts):.3f}, max {max(ts):.3f})")
+              f"(min {min(ts):.3f}, max {max(ts):.3f}); process CPU time (all threads) "
+              f"median {cpu:.3f} s, {cpu / cpu_plain:.4f} x plain")
     print(f"  ratio %%gpuwatch / plain: {o['ratio_gpuwatch']:.4f}   "
           f"ratio watch on / plain: {o['ratio_watch_on']:.4f}   (target <= 1.02: "
           f"{'met' if ok1 else 'MISSED'})")

@@ -362,7 +362,11 @@ class Watch:
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> "Watch":
-        self.start()
+        try:
+            self.start()
+        except Exception as failure:  # noqa: BLE001 - the block runs unwatched instead
+            self.abandon()
+            _complain("watch could not start; the block runs unwatched", failure)
         return self
 
     def __exit__(self, etype, exc, tb) -> bool:
@@ -445,11 +449,13 @@ class Watch:
 
     def abandon(self) -> None:
         """Stop measuring without a report (the extension unloads mid-cell)."""
-        if self._started:
-            self._started = False
-            HUB.remove(self._sampling)
-            LEDGER.close(self._scope)
-            self._frame = None
+        sampling, scope = getattr(self, "_sampling", None), getattr(self, "_scope", None)
+        self._started = False
+        self._frame = None
+        if sampling is not None:
+            HUB.remove(sampling)
+        if scope is not None:
+            LEDGER.close(scope)
 
     def add_root(self, root: _scan.Root) -> None:
         """A holder the report should count that no namespace shows yet (the cell's value)."""
@@ -624,7 +630,8 @@ def watch(shell: Any = None, namespace: dict | None = None, *, device: str = "au
                 frame = caller
     return Watch(shell=shell, namespace=namespace, device=device, interval=interval,
                  label=label or ("block" if shell is None else f"block in {_cell_label(shell)}"),
-                 report=report, time_limit=time_limit, frame=frame)
+                 report=report, time_limit=time_limit, frame=frame,
+                 record=shell is None)   # a shell's history is per cell, not per block
 
 
 def _cell_label(shell: Any) -> str:
