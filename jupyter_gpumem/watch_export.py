@@ -52,8 +52,22 @@ def save(records, path: str) -> int:
     return len(records)
 
 
+def _keep_tensorflow_out() -> None:
+    """TensorBoard imports TensorFlow when it is installed, and TensorFlow takes the GPU.
+
+    Unless the user has imported TensorFlow already, mark TensorBoard as
+    TF-free (its own ``tensorboard.compat.notf`` switch), so it uses its stub.
+    """
+    if "tensorflow" in sys.modules or "tensorboard.compat.notf" in sys.modules:
+        return
+    import types
+
+    sys.modules["tensorboard.compat.notf"] = types.ModuleType("tensorboard.compat.notf")
+
+
 def summary_writer(logdir: str):
     """TensorBoard's ``SummaryWriter`` (PyTorch's or tensorboardX's), or ImportError."""
+    _keep_tensorflow_out()
     errors = []
     if "torch" in sys.modules:
         try:
