@@ -787,6 +787,8 @@ def _start_footer(state: _State) -> None:
     events.register("post_run_cell", footer.post)
     state.footer = footer
     HUB.hold()
+    if state.magics is not None:
+        _seed(state, state.magics)
 
 
 def _stop_footer(state: _State) -> None:
@@ -844,7 +846,6 @@ def magic_watch(magics, argv: list[str]) -> None:
     if args.state == "on":
         magics.watch = True
         _start_footer(state)
-        _seed(state, magics)
     elif args.state == "off":
         magics.watch = False
         _stop_footer(state)
