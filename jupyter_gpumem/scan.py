@@ -185,6 +185,8 @@ class Walker:
         tensor_backend = self._tensor_backend
         describe = self.describe
         graph_seen: dict = {}   # autograd nodes expanded in this root's walk
+        storage_cache = self._storage_cache
+        devices = self.devices
         while stack:
             item, node, depth = pop()
             tp = type(item)
@@ -207,12 +209,20 @@ class Walker:
                 if backend is None and tp not in handlers:
                     handlers[tp] = self._classify(tp)
                     backend = tensor_backend.get(tp)
-                if backend is not None:  # the hot path: a tensor
-                    for info in self._storages(backend, item, oid):
-                        if info.key not in found:
-                            found[info.key] = (info, node, self._describe(item) if describe else None)
-                    for child_label, child in backend.tensor_edges(item, graph_seen):
-                        push((child, (node, child_label), depth + 1))
+                if backend is not None:  # the hot path: a tensor, kept free of extra calls
+                    infos = storage_cache.get(oid)
+                    if infos is None:
+                        infos = backend.storages(item)
+                        if devices is not None and infos:
+                            infos = [i for i in infos if i[2] in devices]
+                        storage_cache[oid] = infos
+                    for info in infos:
+                        if info[0] not in found:
+                            found[info[0]] = (info, node, self._describe(item) if describe else None)
+                    edges = backend.tensor_edges(item, graph_seen)
+                    if edges:
+                        for child_label, child in edges:
+                            push((child, (node, child_label), depth + 1))
                     continue
                 handlers[tp](item, node, depth + 1, push, found)
             except Exception:
@@ -220,16 +230,6 @@ class Walker:
         reach.objects = count
         return reach
 
-    def _storages(self, backend: Backend, obj: Any, oid: int) -> list[StorageInfo]:
-        infos = self._storage_cache.get(oid)
-        if infos is None:
-            infos = backend.storages(obj)
-            if self.devices is not None:
-                infos = [i for i in infos if i.device in self.devices]
-            self._storage_cache[oid] = infos
-        return infos
-
-    # -- classification ------------------------------------------------------
     def _classify(self, tp: type) -> Callable:
         if tp in _SKIP_TYPES or issubclass(tp, weakref.ref):
             return _skip

@@ -11,7 +11,7 @@ from typing import Any
 
 from . import devices as _devices
 from . import scan as _scan
-from .backends import StorageInfo, active_backends
+from .backends import active_backends
 
 SNAPSHOT_SCHEMA = "jupyter_gpumem.snapshot/1"
 _HIDDEN_HINTS = {
@@ -63,8 +63,8 @@ class Holder:
     def total(self) -> int:
         return self.unique + self.shared
 
-    def to_json(self) -> dict:
-        """The ``Holder`` object of docs/PROTOCOL.md."""
+    def to_json(self, with_rows: bool = False) -> dict:
+        """The ``Holder`` object of docs/PROTOCOL.md (``rows`` only for ``details``)."""
         out = {
             "name": self.name, "label": self.label, "hidden": self.hidden,
             "aliases": list(self.aliases), "type": self.type, "unique": self.unique,
@@ -73,7 +73,7 @@ class Holder:
             "largest_bytes": self.largest_bytes, "shared_with": list(self.shared_with),
             "hint": self.hint, "purge": self.purge,
         }
-        if self.rows:
+        if with_rows:
             out["rows"] = [r.to_json() for r in self.rows]
         return out
 
@@ -111,7 +111,7 @@ class Snapshot:
             "unattributed": dict(self.unattributed),
         }
         if self.details:
-            out["details"] = [h.to_json() for h in self.details]
+            out["details"] = [h.to_json(with_rows=True) for h in self.details]
         return out
 
     def __repr__(self) -> str:
@@ -142,18 +142,32 @@ def type_name(obj: Any) -> str:
     return name
 
 
-def attribute(result: _scan.ScanResult, *, with_rows: bool = False,
-              backends=None) -> list[Holder]:
-    """Turn what each root reaches into holders: unique and shared bytes."""
+def owners_of(result: _scan.ScanResult) -> dict[tuple, list[int]]:
+    """Storage key -> indices of the roots that reach it."""
     owners: dict[tuple, list[int]] = {}
     for i, reach in enumerate(result.reach):
         for key in reach.storages:
-            owners.setdefault(key, []).append(i)
+            entry = owners.get(key)
+            if entry is None:
+                owners[key] = [i]
+            else:
+                entry.append(i)
+    return owners
+
+
+def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), backends=None,
+              owners: dict | None = None) -> list[Holder]:
+    """Turn what each root reaches into holders: unique and shared bytes.
+
+    ``rows_for``: names whose every storage is listed (``%gpumem NAME``).
+    """
+    owners = owners_of(result) if owners is None else owners
     backends = active_backends() if backends is None else backends
     holders = []
     for i, (root, reach) in enumerate(zip(result.roots, result.reach)):
         if not reach.storages:
             continue
+        with_rows = root.name in rows_for
         unique = shared = 0
         per_device: dict[str, int] = {}
         sharers: dict[int, int] = {}
@@ -231,44 +245,40 @@ def build(*, shell: Any = None, namespace: dict | None = None, device: str = "au
             extra.append(_scan.Root(text, target.obj, purge=text, kind="path"))
     result = _scan.scan(roots + extra, devices=set(ids), shell=shell, namespace=namespace,
                         time_limit=time_limit, describe=bool(names))
-    all_holders = attribute(result, with_rows=bool(names))
+    owners = owners_of(result)
     detail_names = set(names or ())
+    all_holders = attribute(result, rows_for=detail_names, owners=owners)
     details = [h for h in all_holders if h.name in detail_names]
-    holders = [h for h in all_holders if h.name not in {r.name for r in extra}]
-    for h in holders:
-        if h.name not in detail_names:
-            h.rows = []
+    extra_names = {r.name for r in extra}
+    holders = [h for h in all_holders if h.name not in extra_names]
     messages = list(_messages(result, usages, accs, device))
-    unattributed = _unattributed(result, usages)
+    reached = _reached_by_framework(result, owners)
+    unattributed = _unattributed(usages, reached)
     for du in usages:
-        du.attributed = _attributed_on(result, du.id)
+        du.attributed = sum(reached.get(du.id, {}).values())
     return Snapshot(device, usages, holders, unattributed, bool(accs), result.partial,
                     messages, result.seconds, details=details)
 
 
-def _attributed_by_framework(result: _scan.ScanResult, dev: str) -> dict[str, int]:
-    """Distinct storage bytes reached from names on ``dev``, per framework."""
-    seen: dict[tuple, StorageInfo] = {}
-    for reach in result.reach:
-        for key, (info, _, _) in reach.storages.items():
-            if info.device == dev:
-                seen[key] = info
-    out: dict[str, int] = {}
-    for info in seen.values():
-        out[info.framework] = out.get(info.framework, 0) + info.nbytes
+def _reached_by_framework(result: _scan.ScanResult, owners: dict) -> dict[str, dict[str, int]]:
+    """Distinct storage bytes reached from names: device -> framework -> bytes."""
+    out: dict[str, dict[str, int]] = {}
+    reach = result.reach
+    for key, roots in owners.items():
+        info = reach[roots[0]].storages[key][0]
+        per = out.get(info.device)
+        if per is None:
+            per = out[info.device] = {}
+        per[info.framework] = per.get(info.framework, 0) + info.nbytes
     return out
 
 
-def _attributed_on(result: _scan.ScanResult, dev: str) -> int:
-    return sum(_attributed_by_framework(result, dev).values())
-
-
-def _unattributed(result: _scan.ScanResult, usages) -> dict[str, int | None]:
+def _unattributed(usages, reached: dict[str, dict[str, int]]) -> dict[str, int | None]:
     """Allocated bytes no name reaches, per device, summed over the frameworks that count."""
     out: dict[str, int | None] = {}
     for du in usages:
-        reached = _attributed_by_framework(result, du.id)
-        rest = [max(fw.allocated - reached.get(fw.name, 0), 0)
+        mine = reached.get(du.id, {})
+        rest = [max(fw.allocated - mine.get(fw.name, 0), 0)
                 for fw in du.frameworks if fw.allocated is not None]
         out[du.id] = sum(rest) if rest else None
     return out

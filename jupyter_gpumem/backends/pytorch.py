@@ -8,6 +8,7 @@ from typing import Any, Iterator
 from .base import AcceleratorInfo, Backend, FrameworkUsage, StorageInfo
 
 _SKIP_DEVICE_TYPES = {"meta"}
+_new_info = tuple.__new__   # StorageInfo without the named tuple's Python-level __new__
 _MODULE_OWN = ("_parameters", "_buffers", "_modules")
 _PLAIN_DICTS = (dict, OrderedDict)
 
@@ -27,6 +28,9 @@ class TorchBackend(Backend):
     def __init__(self) -> None:
         self._saved_attrs: dict[type, tuple[str, ...]] = {}
         self._types: tuple | None = None
+        self._plain: tuple = ()
+        self._strided = None
+        self._device_names: dict = {}
 
     @property
     def torch(self):
@@ -36,6 +40,8 @@ class TorchBackend(Backend):
         if self._types is None:
             torch = self.torch
             self._types = (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)
+            self._plain = (torch.Tensor, torch.nn.Parameter)
+            self._strided = torch.strided
         return self._types
 
     def container_types(self) -> tuple[type, ...]:
@@ -43,6 +49,23 @@ class TorchBackend(Backend):
 
     # -- tensors ---------------------------------------------------------
     def storages(self, obj: Any) -> list[StorageInfo]:
+        if type(obj) in self._plain:
+            # the common case, kept short: a dense tensor or parameter
+            dev = obj.device
+            if obj.layout is self._strided and dev.type not in _SKIP_DEVICE_TYPES:
+                try:
+                    storage = obj.untyped_storage()
+                except (RuntimeError, NotImplementedError, TypeError):
+                    return []
+                nbytes = storage.nbytes()
+                if not nbytes:
+                    return []
+                ptr = storage.data_ptr()
+                name = self._device_names.get(dev)
+                if name is None:
+                    name = self._device_names[dev] = device_id(dev)
+                key = (name, ptr) if ptr else (name, "torch", id(storage))
+                return [_new_info(StorageInfo, (key, nbytes, name, "torch"))]
         torch = self.torch
         if isinstance(obj, torch.TypedStorage):
             obj = obj.untyped_storage()
@@ -100,7 +123,7 @@ class TorchBackend(Backend):
             yield from self._graph_children(fn, {})
 
     def tensor_edges(self, obj: Any, seen: dict):
-        if type(obj) in self._storage_types():
+        if type(obj) not in self._plain and type(obj) in self._storage_types():
             return ()
         fn = obj.grad_fn
         if fn is None:
