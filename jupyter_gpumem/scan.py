@@ -187,6 +187,7 @@ class Walker:
         graph_seen: dict = {}   # autograd nodes expanded in this root's walk
         storage_cache = self._storage_cache
         devices = self.devices
+        max_depth = self.max_depth
         while stack:
             item, node, depth = pop()
             tp = type(item)
@@ -201,7 +202,7 @@ class Walker:
                 self.out_of_time = True
                 self.stop("time limit reached")
                 break
-            if depth > self.max_depth:
+            if depth > max_depth:
                 self.stop(f"structure deeper than {self.max_depth} levels cut")
                 continue
             try:
@@ -213,7 +214,8 @@ class Walker:
                     infos = storage_cache.get(oid)
                     if infos is None:
                         infos = backend.storages(item)
-                        if devices is not None and infos:
+                        if devices is not None and infos and (
+                                len(infos) > 1 or infos[0][2] not in devices):
                             infos = [i for i in infos if i[2] in devices]
                         storage_cache[oid] = infos
                     for info in infos:

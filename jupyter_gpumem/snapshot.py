@@ -142,17 +142,24 @@ def type_name(obj: Any) -> str:
     return name
 
 
-def owners_of(result: _scan.ScanResult) -> dict[tuple, list[int]]:
-    """Storage key -> indices of the roots that reach it."""
+def owners_of(result: _scan.ScanResult) -> tuple[dict[tuple, list[int]], dict[str, dict[str, int]]]:
+    """Storage key -> indices of the roots that reach it; and the distinct bytes
+    reached from names, device -> framework -> bytes (one pass for both)."""
     owners: dict[tuple, list[int]] = {}
+    reached: dict[str, dict[str, int]] = {}
     for i, reach in enumerate(result.reach):
-        for key in reach.storages:
-            entry = owners.get(key)
-            if entry is None:
-                owners[key] = [i]
-            else:
-                entry.append(i)
-    return owners
+        for key, entry in reach.storages.items():
+            roots = owners.get(key)
+            if roots is not None:
+                roots.append(i)
+                continue
+            owners[key] = [i]
+            info = entry[0]
+            per = reached.get(info.device)
+            if per is None:
+                per = reached[info.device] = {}
+            per[info.framework] = per.get(info.framework, 0) + info.nbytes
+    return owners, reached
 
 
 def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), backends=None,
@@ -161,7 +168,7 @@ def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), bac
 
     ``rows_for``: names whose every storage is listed (``%gpumem NAME``).
     """
-    owners = owners_of(result) if owners is None else owners
+    owners = owners_of(result)[0] if owners is None else owners
     backends = active_backends() if backends is None else backends
     holders = []
     for i, (root, reach) in enumerate(zip(result.roots, result.reach)):
@@ -245,32 +252,18 @@ def build(*, shell: Any = None, namespace: dict | None = None, device: str = "au
             extra.append(_scan.Root(text, target.obj, purge=text, kind="path"))
     result = _scan.scan(roots + extra, devices=set(ids), shell=shell, namespace=namespace,
                         time_limit=time_limit, describe=bool(names))
-    owners = owners_of(result)
+    owners, reached = owners_of(result)
     detail_names = set(names or ())
     all_holders = attribute(result, rows_for=detail_names, owners=owners)
     details = [h for h in all_holders if h.name in detail_names]
     extra_names = {r.name for r in extra}
     holders = [h for h in all_holders if h.name not in extra_names]
     messages = list(_messages(result, usages, accs, device))
-    reached = _reached_by_framework(result, owners)
     unattributed = _unattributed(usages, reached)
     for du in usages:
         du.attributed = sum(reached.get(du.id, {}).values())
     return Snapshot(device, usages, holders, unattributed, bool(accs), result.partial,
                     messages, result.seconds, details=details)
-
-
-def _reached_by_framework(result: _scan.ScanResult, owners: dict) -> dict[str, dict[str, int]]:
-    """Distinct storage bytes reached from names: device -> framework -> bytes."""
-    out: dict[str, dict[str, int]] = {}
-    reach = result.reach
-    for key, roots in owners.items():
-        info = reach[roots[0]].storages[key][0]
-        per = out.get(info.device)
-        if per is None:
-            per = out[info.device] = {}
-        per[info.framework] = per.get(info.framework, 0) + info.nbytes
-    return out
 
 
 def _unattributed(usages, reached: dict[str, dict[str, int]]) -> dict[str, int | None]:

@@ -10,7 +10,7 @@ from .base import AcceleratorInfo, Backend, FrameworkUsage, StorageInfo
 _SKIP_DEVICE_TYPES = {"meta"}
 _new_info = tuple.__new__   # StorageInfo without the named tuple's Python-level __new__
 _MODULE_OWN = ("_parameters", "_buffers", "_modules")
-_PLAIN_DICTS = (dict, OrderedDict)
+_PLAIN_CONTAINERS = (dict, OrderedDict, set)
 
 
 def device_id(dev: Any) -> str:
@@ -145,7 +145,7 @@ class TorchBackend(Backend):
                     yield ("attr", key), value
         for key, value in dict.items(d):
             # skip the many empty hook tables every module carries
-            if key in _MODULE_OWN or (type(value) in _PLAIN_DICTS and not value):
+            if key in _MODULE_OWN or (type(value) in _PLAIN_CONTAINERS and not value):
                 continue
             yield ("attr", key), value
 
