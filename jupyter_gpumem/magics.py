@@ -188,11 +188,13 @@ class GpuMemMagics(Magics):
         return self.show(result, args.output)
 
     @cell_magic
-    @report_errors
     def gpuwatch(self, line: str, cell: str) -> Any:
         """Run the cell and report what it did to memory, peaks included.
 
         %%gpuwatch [-o NAME] [--interval S] [--plot] [--device ...]
+
+        Not wrapped in ``report_errors``: the cell's own exception must reach
+        the user as usual; the watch reports its own failures in one line.
         """
         from .watch import cell_magic_gpuwatch
 
