@@ -25,6 +25,7 @@ from .monitor import Sampler, Series, device_point
 
 INTERVAL = 1.0  # seconds between two readings of the device bars
 WINDOW = 300.0  # seconds of history the timeline shows
+TIMELINE_REDRAW = 5.0  # seconds between redraws of a timeline whose values hold still
 MIN_INTERVAL = 0.05
 MISSING = ("jupyter_gpumem: the live panel needs ipywidgets: run `pip install ipywidgets` "
            "in this kernel's environment, restart the kernel, then `%gpumem panel` again.")
@@ -173,6 +174,8 @@ class Panel:
         self._syncing = False
         self._pending: list[str] | None = None
         self._thread_error: str | None = None
+        self._cells_version = 0
+        self._drawn: tuple | None = None  # (time, point, cells version) of the last timeline
         self._build_widgets()
 
     def _series_len(self) -> int:
@@ -335,13 +338,17 @@ class Panel:
             t = time.time()
             self.series.append(t, device_point(usages))
             devices = [d.to_json() for d in usages]
+            point = device_point(usages)
             with self._lock:
                 cells = [tuple(c) for c in self._cells]
+                version = self._cells_version
                 attributed = dict(self._attributed)
             bars = _render.bars_html(devices, attributed)
-            timeline = _render.timeline_html(self.series.points(since=t - self.window),
-                                             [d["id"] for d in devices], window=self.window,
-                                             cells=cells, now=t)
+            timeline = None
+            if self._timeline_due(t, point, version):
+                timeline = _render.timeline_html(self.series.points(since=t - self.window),
+                                                 [d["id"] for d in devices], window=self.window,
+                                                 cells=cells, now=t)
         except Exception as exc:  # noqa: BLE001 - report once, keep sampling
             line = f"reading devices failed: {type(exc).__name__}: {exc}"
             if line != self._thread_error:
@@ -349,17 +356,38 @@ class Panel:
                 self._say(line, error=True)
             return
         self._thread_error = None
+        # traitlets sends only what changed: an idle device costs no message
         with self._lock:
             if self.closed:
                 return
             with self.bars.hold_sync(), self.timeline.hold_sync():
                 self.bars.value = bars
-                self.timeline.value = timeline
+                if timeline is not None:
+                    self.timeline.value = timeline
+                    self._drawn = (t, point, version)
+
+    def _timeline_due(self, t: float, point: dict, version: int) -> bool:
+        """Redraw when a value moved visibly, a cell began or ended, or time moved on."""
+        if self._drawn is None:
+            return True
+        drawn_t, drawn, drawn_version = self._drawn
+        if version != drawn_version or t - drawn_t >= TIMELINE_REDRAW:
+            return True
+        for dev, fields in point.items():
+            old = drawn.get(dev) or {}
+            for field, value in fields.items():
+                before = old.get(field)
+                if (value is None) != (before is None):
+                    return True
+                if value is not None and abs(value - before) > max(1 << 20, 0.005 * max(value, before)):
+                    return True
+        return False
 
     # -- main thread: cell events, holders, purge --------------------------------------------
     def _pre_run_cell(self, info: Any = None) -> None:
         with self._lock:
             self._cells.append([time.time(), None])
+            self._cells_version += 1
 
     def _post_run_cell(self, result: Any = None) -> None:
         if self.closed:
@@ -367,6 +395,7 @@ class Panel:
         with self._lock:
             if self._cells and self._cells[-1][1] is None:
                 self._cells[-1][1] = time.time()
+            self._cells_version += 1
         watched = _watch_cells(self.shell)
         if watched:
             with self._lock:

@@ -76,7 +76,11 @@ def bar_segments(dev: dict, attributed: int | None = None) -> list[tuple[str, st
 
 
 def device_bar_html(dev: dict, attributed: int | None = None) -> str:
-    """One device: a title line, the stacked bar, and every segment's figure."""
+    """One device: a title line, the stacked bar, and every segment's figure.
+
+    Only shown figures (rounded) go into the HTML, so a reading that changes
+    nothing visible gives the same string and the widget sends nothing.
+    """
     segments = bar_segments(dev, attributed)
     scale = dev.get("total") or sum(s[2] for s in segments) or 1
     title = f"<b>{esc(dev.get('id'))}</b> {esc(dev.get('name') or '')}"
@@ -88,8 +92,8 @@ def device_bar_html(dev: dict, attributed: int | None = None) -> str:
         text = esc(figure) if share >= 9 else ""
         ink = "inherit" if key == "free" else "#fff"
         cells.append(
-            f"<div data-segment='{key}' data-bytes='{nbytes}' title='{esc(label)}: {esc(figure)}'"
-            f" style='flex:0 0 {share:.3f}%;min-width:0;background:{colour};color:{ink};"
+            f"<div data-segment='{key}' title='{esc(label)}: {esc(figure)}'"
+            f" style='flex:0 0 {share:.1f}%;min-width:0;background:{colour};color:{ink};"
             f"overflow:hidden;white-space:nowrap;text-align:center;line-height:18px'>{text}</div>")
         legend.append(f"<span style='white-space:nowrap;margin-right:10px'>"
                       f"<span style='color:{colour}'>■</span> {esc(label)} "

@@ -111,7 +111,7 @@ def test_panel_shows_bars_timeline_and_holders_from_the_snapshot_schema(shell):
     assert "data-device='cpu'" in bars
     for key in ("tensors", "process_rest", "other_processes", "free"):
         assert f"data-segment='{key}'" in bars
-    assert "data-bytes='5242880'" in bars  # tracked tensors: x (4 MiB) + y (1 MiB)
+    assert "title='tracked tensors: 5.0 MiB'" in bars  # x (4 MiB) + y (1 MiB)
     deadline = time.time() + 5
     while len(panel.series) == 0 and time.time() < deadline:
         time.sleep(0.05)
@@ -132,7 +132,7 @@ def test_bar_segments_follow_the_protocol_for_an_accelerator():
     html = panel_render.device_bar_html(dev)
     for figure in ("1.0 GiB", "512.0 MiB", "7.0 GiB"):
         assert figure in html  # every segment carries its figure
-    assert "flex:0 0 70.000%" in html  # free is 7 of 10 GiB wide
+    assert "flex:0 0 70.0%" in html  # free is 7 of 10 GiB wide
 
 
 def test_timeline_keeps_steps_and_marks_cells():
@@ -249,12 +249,27 @@ def test_bars_move_while_a_cell_runs_and_holders_wait_for_its_end(shell, recorde
     assert len(inside) >= 5, inside  # about ten readings of a one-second cell
     rss = [v for _, v in inside]
     assert max(rss) - min(rss) >= 48 * MiB  # the 64 MiB tensor shows up while the cell runs
-    from_thread = [s for cid, kind, d, s in recorder.log
+    from_thread = [(d["state"]["value"], s) for cid, kind, d, s in recorder.log
                    if cid == panel.bars.model_id and kind == "comm_msg"]
-    assert from_thread.count("jupyter_gpumem-panel") >= 5  # the bars moved during the cell
+    moved = [html for html, thread in from_thread if thread == "jupyter_gpumem-panel"]
+    assert len(moved) >= 2  # the bars moved during the cell: up with the tensor, down again
     assert panel.refreshes == refreshes + 1  # holders: once, after the cell
     assert scans and set(scans) == {"MainThread"}  # the namespace is read on the main thread only
     assert panel.sampler.errors == 0
+
+
+def test_a_timeline_that_holds_still_is_not_sent_again(shell, recorder):
+    panel = open_panel(shell)
+    panel.sampler.stop()  # tick by hand from here
+    panel._tick()
+    drawn = panel._drawn
+    sent = len(recorder.updates(panel.timeline))
+    panel._tick()  # a moment later, nothing moved: no redraw, no message
+    assert panel._drawn is drawn and len(recorder.updates(panel.timeline)) == sent
+    run(shell, "pass")  # a cell began and ended: its band must show
+    panel._tick()
+    assert panel._drawn is not drawn and len(recorder.updates(panel.timeline)) == sent + 1
+    assert panel.stats["ticks"] >= 3
 
 
 def test_a_failing_refresh_never_breaks_the_cell(shell, monkeypatch):
