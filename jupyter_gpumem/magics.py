@@ -196,6 +196,7 @@ class GpuMemMagics(Magics):
         Not wrapped in ``report_errors``: the cell's own exception must reach
         the user as usual; the watch reports its own failures in one line.
         """
+        __tracebackhide__ = True  # noqa: F841
         from .watch import cell_magic_gpuwatch
 
         return cell_magic_gpuwatch(self, line, cell)
