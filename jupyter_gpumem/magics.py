@@ -27,7 +27,9 @@ USAGE = """\
 %gpumem purge [NAME|PATH ...] [--all] [--dry-run] [--device ...] [-o]
 %gpumem watch on|off [--warn-at 80%] [--auto-purge-hidden]
 %gpumem history [--save FILE] [--tensorboard DIR]
-%gpumem plot | panel | tame
+%gpumem plot [--save FILE]
+%gpumem panel [--device ...] [--interval S] [--window S] [--close]
+%gpumem tame [--give-back] | off | status
 %%gpuwatch [-o NAME] [--interval S] [--plot] [--device ...]"""
 
 

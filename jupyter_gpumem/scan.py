@@ -158,7 +158,7 @@ class Walker:
         self.reasons: list[str] = []
         self.errors = 0
         self._handlers: dict[type, Callable] = {}
-        self._storage_cache: dict[int, list[StorageInfo]] = {}
+        self._storage_cache: dict[int, tuple] = {}   # id -> (tensor, its storages)
         self._instance_layout: dict[type, tuple] = {}
         self._tensor_backend: dict[type, Backend] = {}
         self.current_root: str | None = None
@@ -175,7 +175,9 @@ class Walker:
         """Every storage reachable from ``obj`` (stops at ``stop_ids``)."""
         reach = Reach()
         found = reach.storages
-        seen: set[int] = set(self.stop_ids)
+        # id -> object: holding each visited object keeps its id from being reused
+        # by a temporary (saved tensors, frame locals) made later in the walk
+        seen: dict[int, Any] = dict.fromkeys(self.stop_ids)
         stack: list = [(obj, (None, label), 0)]
         push = stack.append
         pop = stack.pop
@@ -196,7 +198,7 @@ class Walker:
             oid = id(item)
             if oid in seen:
                 continue
-            seen.add(oid)
+            seen[oid] = item
             count += 1
             if not count & 511 and time.perf_counter() > self.deadline:
                 self.out_of_time = True
@@ -211,13 +213,15 @@ class Walker:
                     handlers[tp] = self._classify(tp)
                     backend = tensor_backend.get(tp)
                 if backend is not None:  # the hot path: a tensor, kept free of extra calls
-                    infos = storage_cache.get(oid)
-                    if infos is None:
+                    cached = storage_cache.get(oid)
+                    if cached is None:
                         infos = backend.storages(item)
                         if devices is not None and infos and (
                                 len(infos) > 1 or infos[0][2] not in devices):
                             infos = [i for i in infos if i[2] in devices]
-                        storage_cache[oid] = infos
+                        storage_cache[oid] = (item, infos)   # the tensor stays alive with its entry
+                    else:
+                        infos = cached[1]
                     for info in infos:
                         if info[0] not in found:
                             found[info[0]] = (info, node, self._describe(item) if describe else None)
