@@ -162,6 +162,7 @@ class Walker:
         self._instance_layout: dict[type, tuple] = {}
         self._tensor_backend: dict[type, Backend] = {}
         self.current_root: str | None = None
+        self._tensors_inline = 0
         self.out_of_time = False
 
     # -- driving -----------------------------------------------------------
@@ -181,14 +182,12 @@ class Walker:
         stack: list = [(obj, (None, label), 0)]
         push = stack.append
         pop = stack.pop
+        self._seen, self._found, self._push, self._graph_seen = seen, found, push, {}
         count = 0
         atomic = ATOMIC
         handlers = self._handlers
         tensor_backend = self._tensor_backend
-        describe = self.describe
-        graph_seen: dict = {}   # autograd nodes expanded in this root's walk
-        storage_cache = self._storage_cache
-        devices = self.devices
+        take_tensor = self._take_tensor
         max_depth = self.max_depth
         while stack:
             item, node, depth = pop()
@@ -212,29 +211,49 @@ class Walker:
                 if backend is None and tp not in handlers:
                     handlers[tp] = self._classify(tp)
                     backend = tensor_backend.get(tp)
-                if backend is not None:  # the hot path: a tensor, kept free of extra calls
-                    cached = storage_cache.get(oid)
-                    if cached is None:
-                        infos = backend.storages(item)
-                        if devices is not None and infos and (
-                                len(infos) > 1 or infos[0][2] not in devices):
-                            infos = [i for i in infos if i[2] in devices]
-                        storage_cache[oid] = (item, infos)   # the tensor stays alive with its entry
-                    else:
-                        infos = cached[1]
-                    for info in infos:
-                        if info[0] not in found:
-                            found[info[0]] = (info, node, self._describe(item) if describe else None)
-                    edges = backend.tensor_edges(item, graph_seen)
-                    if edges:
-                        for child_label, child in edges:
-                            push((child, (node, child_label), depth + 1))
-                    continue
-                handlers[tp](item, node, depth + 1, push, found)
+                if backend is not None:
+                    take_tensor(backend, item, oid, node, depth)
+                else:
+                    handlers[tp](item, node, depth + 1, push, found)
             except Exception:
                 self.errors += 1  # an object that refuses introspection
-        reach.objects = count
+        reach.objects = count + self._tensors_inline
+        self._tensors_inline = 0
         return reach
+
+    def _take_tensor(self, backend: Backend, item: Any, oid: int, node: tuple, depth: int) -> None:
+        """The hot path: record a tensor's storages and push what it holds (grad, graph)."""
+        cached = self._storage_cache.get(oid)
+        if cached is None:
+            infos = backend.storages(item)
+            devices = self.devices
+            if devices is not None and infos and (len(infos) > 1 or infos[0][2] not in devices):
+                infos = [i for i in infos if i[2] in devices]
+            self._storage_cache[oid] = (item, infos)   # the tensor stays alive with its entry
+        else:
+            infos = cached[1]
+        found = self._found
+        for info in infos:
+            if info[0] not in found:
+                found[info[0]] = (info, node, self._describe(item) if self.describe else None)
+        edges = backend.tensor_edges(item, self._graph_seen)
+        if edges:
+            push = self._push
+            for child_label, child in edges:
+                push((child, (node, child_label), depth + 1))
+
+    def _child(self, value: Any, node: tuple, depth: int) -> None:
+        """A container's child: a tensor is taken at once, anything else goes on the stack."""
+        tp = type(value)
+        backend = self._tensor_backend.get(tp)
+        if backend is not None:
+            oid = id(value)
+            if oid not in self._seen:
+                self._seen[oid] = value
+                self._tensors_inline += 1
+                self._take_tensor(backend, value, oid, node, depth)
+        elif tp not in ATOMIC:
+            self._push((value, node, depth))
 
     def _classify(self, tp: type) -> Callable:
         if tp in _SKIP_TYPES or issubclass(tp, weakref.ref):
@@ -298,29 +317,31 @@ class Walker:
             return type(obj).__name__
 
     def _backend_container(self, backend: Backend, obj, node, depth, push, found) -> None:
+        take = self._child
         for label, child in backend.children(obj):
-            if type(child) not in ATOMIC:
-                push((child, (node, label), depth))
+            take(child, (node, label), depth)
 
     def _dict(self, obj, node, depth, push, found) -> None:
         if len(obj) > _BIG and ATOMIC.issuperset(map(type, dict.values(obj))) \
                 and ATOMIC.issuperset(map(type, dict.keys(obj))):
             return
         atomic = ATOMIC
+        child = self._child
         for k, v in dict.items(obj):
             if type(v) not in atomic:
-                push((v, (node, ("item", k) if type(k) in atomic else ("item", ...)), depth))
+                child(v, (node, ("item", k) if type(k) in atomic else ("item", ...)), depth)
             if type(k) not in atomic:
-                push((k, (node, ("key",)), depth))
+                child(k, (node, ("key",)), depth)
 
     def _sequence(self, obj, node, depth, push, found) -> None:
         it = list.__iter__(obj) if isinstance(obj, list) else tuple.__iter__(obj)
         if len(obj) > _BIG and ATOMIC.issuperset(map(type, obj)):
             return
         atomic = ATOMIC
+        child = self._child
         for i, v in enumerate(it):
             if type(v) not in atomic:
-                push((v, (node, ("index", i)), depth))
+                child(v, (node, ("index", i)), depth)
 
     def _set(self, obj, node, depth, push, found) -> None:
         for v in (set.__iter__(obj) if isinstance(obj, set) else frozenset.__iter__(obj)):
