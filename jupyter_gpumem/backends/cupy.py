@@ -5,11 +5,10 @@ foreign buffer of an array made through DLPack) that every view of it
 shares, keyed by ``(cuda:N, mem.ptr)`` with ``mem.size`` bytes.
 
 CuPy's public pool counters read the *current* device only, and switching
-device creates a CUDA context where none exists. So the per-device pools
-are found through the garbage collector's view of the default pool (it
-lists the pool's container of ``SingleDeviceMemoryPool`` objects), read
-without any CUDA call, and a device is switched to only to free blocks it
-already holds, where its context therefore exists.
+device creates a CUDA context where none exists. So the pools are read on
+the current device (asking which device is current creates nothing), and
+on another device only where NVML shows this process already has a
+context there.
 """
 from __future__ import annotations
 
@@ -61,37 +60,38 @@ class CupyBackend(Backend):
         return [StorageInfo((dev, ptr), size, dev, "cupy")]
 
     # -- pools ----------------------------------------------------------------
-    def device_pools(self) -> dict[int, Any]:
-        """``{device ordinal: SingleDeviceMemoryPool}`` of the default pool (no CUDA call)."""
-        memory = sys.modules.get("cupy.cuda.memory")
-        single = getattr(memory, "SingleDeviceMemoryPool", None)
-        if single is None:
-            return {}
+    def _devices_in_use(self) -> list[int]:
+        """The current device, and every device where this process has a context (NVML)."""
+        from .. import nvml
+
+        try:
+            current = int(self.cupy.cuda.runtime.getDevice())
+        except Exception:
+            return []
+        found = {current}
+        for ordinal, index in enumerate(nvml.visible_indices()):
+            if (nvml.process_used(index) or 0) > 0:
+                found.add(ordinal)
+        return sorted(found)
+
+    def _on_device(self, index: int, fn):
+        cupy = self.cupy
+        if int(cupy.cuda.runtime.getDevice()) == index:
+            return fn()
+        with cupy.cuda.Device(index):
+            return fn()
+
+    def _pool_figures(self) -> dict[int, tuple[int, int]]:
+        """``{device ordinal: (used, total)}`` of CuPy's default pool, where it holds memory."""
         try:
             pool = self.cupy.get_default_memory_pool()
         except Exception:
             return {}
-        found: dict[int, Any] = {}
-        for ref in gc.get_referents(pool):
-            if isinstance(ref, dict):
-                items = list(ref.values())
-            elif isinstance(ref, (list, tuple)):
-                items = list(ref)
-            else:
-                items = [ref]
-            for item in items:
-                if isinstance(item, single):
-                    try:
-                        found[int(item._device_id)] = item
-                    except Exception:
-                        continue
-        return found
-
-    def _pool_figures(self) -> dict[int, tuple[int, int]]:
         out = {}
-        for index, pool in self.device_pools().items():
+        for index in self._devices_in_use():
             try:
-                total, used = int(pool.total_bytes()), int(pool.used_bytes())
+                used, total = self._on_device(index, lambda: (int(pool.used_bytes()),
+                                                              int(pool.total_bytes())))
             except Exception:
                 continue
             if total:
@@ -164,19 +164,15 @@ class CupyBackend(Backend):
 
         cupy = self.cupy
         notes: list[str] = []
-        for index, pool in sorted(self.device_pools().items()):
+        pool = cupy.get_default_memory_pool()
+        for index, (_, before) in sorted(self._pool_figures().items()):
             try:
-                before = int(pool.total_bytes())
-                if not before:
-                    continue
-                with cupy.cuda.Device(index):
-                    pool.free_all_blocks()
-                given = before - int(pool.total_bytes())
+                after = self._on_device(index, lambda: (pool.free_all_blocks(), int(pool.total_bytes()))[1])
             except Exception as exc:
                 notes.append(f"cupy: could not free its pool on cuda:{index} ({exc})")
                 continue
-            if given:
-                notes.append(f"cupy: gave {human_bytes(given)} of its pool back to cuda:{index}")
+            if before - after:
+                notes.append(f"cupy: gave {human_bytes(before - after)} of its pool back to cuda:{index}")
         try:
             blocks, nbytes = self.pinned_free()
             if blocks:

@@ -141,7 +141,10 @@ def test_purging_a_checked_name_frees_the_device(gpu_shell, capsys):
               f"{_mib(allocated_before)} -> {_mib(allocated_after)} MiB; panel says: "
               f"{freed.split('· freed')[1].split('<')[0].strip() if '· freed' in freed else freed}")
     assert "big" not in ip.user_ns and "small" in ip.user_ns
-    assert allocated_before - allocated_after == 1024 * MiB
+    # the purge also empties cuBLAS workspaces (allocated through torch's allocator),
+    # so the drop is big's 1 GiB plus those; what stays is small alone
+    assert allocated_before - allocated_after >= 1024 * MiB
+    assert abs(allocated_after - 64 * MiB) < MiB   # the allocator rounds blocks up a little
     assert [h["name"] for h in panel.snapshot["holders"]][:1] == ["small"]
     assert "data-purge-result" in freed and "freed" in freed
     run(ip, "del small")
