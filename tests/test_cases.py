@@ -349,3 +349,16 @@ def test_memory_is_dead_when_caches_are_released(ip, monkeypatch, setup, names):
     monkeypatch.setattr(purge_module, "release_caches", spy)
     purge(ip, names)
     assert seen == [True]
+
+
+@pytest.mark.parametrize("change", [
+    "t.set_(torch.ones(2 * N).untyped_storage())",
+    "t.data = torch.ones(2 * N)",
+    "t.resize_(2 * N)",
+])
+def test_a_tensor_whose_storage_changes_is_counted_anew(ip, change):
+    """Storages are remembered between scans; a swapped or regrown storage is seen at once."""
+    run(ip, f"t = torch.ones({N})")
+    assert holder(report(ip), "t").unique == 4 * N
+    run(ip, change.replace("N", str(N)) + ";")
+    assert holder(report(ip), "t").unique == 8 * N

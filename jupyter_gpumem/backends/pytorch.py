@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import weakref
 from collections import OrderedDict, deque
 from typing import Any, Iterator
 
@@ -31,6 +32,7 @@ class TorchBackend(Backend):
         self._plain: tuple = ()
         self._strided = None
         self._device_names: dict = {}
+        self._known: dict[int, tuple] = {}   # id -> (weak ref, data pointer, storages)
 
     @property
     def torch(self):
@@ -50,7 +52,14 @@ class TorchBackend(Backend):
     # -- tensors ---------------------------------------------------------
     def storages(self, obj: Any) -> list[StorageInfo]:
         if type(obj) in self._plain:
-            # the common case, kept short: a dense tensor or parameter
+            # the common case: a dense tensor or parameter. What it found is kept
+            # while the tensor lives and its data pointer stays (a storage swapped
+            # by set_(), .data = or a reallocating resize_() moves the pointer), so
+            # the scans after each cell do not ask every tensor again
+            oid = id(obj)
+            cached = self._known.get(oid)
+            if cached is not None and cached[0]() is obj and cached[1] == obj.data_ptr():
+                return cached[2]
             dev = obj.device
             if obj.layout is self._strided and dev.type not in _SKIP_DEVICE_TYPES:
                 try:
@@ -58,14 +67,19 @@ class TorchBackend(Backend):
                 except (RuntimeError, NotImplementedError, TypeError):
                     return []
                 nbytes = storage.nbytes()
-                if not nbytes:
-                    return []
                 ptr = storage.data_ptr()
                 name = self._device_names.get(dev)
                 if name is None:
                     name = self._device_names[dev] = device_id(dev)
                 key = (name, ptr) if ptr else (name, "torch", id(storage))
-                return [_new_info(StorageInfo, (key, nbytes, name, "torch"))]
+                infos = [_new_info(StorageInfo, (key, nbytes, name, "torch"))] if nbytes else []
+                known = self._known
+                try:
+                    ref = weakref.ref(obj, lambda _, k=oid: known.pop(k, None))
+                except TypeError:
+                    return infos
+                known[oid] = (ref, obj.data_ptr(), infos)
+                return infos
         torch = self.torch
         if isinstance(obj, torch.TypedStorage):
             obj = obj.untyped_storage()
