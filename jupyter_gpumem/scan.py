@@ -9,6 +9,7 @@ partial result says it is partial.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import gc
 import os
@@ -533,6 +534,14 @@ def format_label(label: tuple) -> str:
         return "→ref"
     if kind == "lru":
         return "→lru_cache"
+    if kind == "opt_param":
+        return f".param_groups[{label[1]}]['params'][{label[2]}]"
+    if kind == "opt_group":
+        return f".param_groups[{label[1]}]{_format_key(label[2])}"
+    if kind == "opt_state":
+        return f".state[...]{_format_key(label[1])}"
+    if kind == "opt_state_key":
+        return ".state.keys()[...]"
     return "→" + str(kind)
 
 
@@ -658,6 +667,20 @@ def stop_ids_for(shell: Any = None, namespace: dict | None = None) -> set[int]:
     return {id(o) for o in objs if o is not None}
 
 
+@contextlib.contextmanager
+def paused_gc():
+    """No garbage collection inside: a scan makes many short-lived objects, and a
+    collection they trigger costs time in proportion to the whole heap, which the
+    scan's cost must not depend on."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
          namespace: dict | None = None, time_limit: float = 3.0,
          extra_stop: set[int] | None = None, describe: bool = False,
@@ -670,19 +693,12 @@ def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     walker = Walker(active_backends() if backends is None else backends, devices,
                     start + time_limit, stop, describe=describe)
     reach: list[Reach] = []
-    # the walk makes many short-lived tuples; a collection it would trigger costs
-    # time in proportion to the whole heap, which the scan must not depend on
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():
         for root in roots:
             if id(root.obj) in stop or walker.out_of_time:
                 reach.append(Reach())
                 continue
             walker.current_root = root.name
             reach.append(walker.walk(root.obj, ("root", root.name)))
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     return ScanResult(roots, reach, walker.partial, walker.reasons,
                       time.perf_counter() - start, walker.errors)

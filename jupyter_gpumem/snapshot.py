@@ -235,6 +235,13 @@ def _hint(root: _scan.Root, backends, nbytes: int) -> str | None:
 def build(*, shell: Any = None, namespace: dict | None = None, device: str = "auto",
           names: list[str] | None = None, time_limit: float = 3.0) -> Snapshot:
     """Scan names and hidden holders and read the devices: one Snapshot."""
+    # the scan's many short-lived objects are all gone when _build returns, so the
+    # collector, paused meanwhile, finds nothing to do when it resumes
+    with _scan.paused_gc():
+        return _build(shell, namespace, device, names, time_limit)
+
+
+def _build(shell, namespace, device, names, time_limit) -> Snapshot:
     device = _devices.parse_device(device)
     accs = _devices.accelerators()
     ids = _devices.selected_ids(device, accs)

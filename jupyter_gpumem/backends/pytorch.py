@@ -12,6 +12,7 @@ _SKIP_DEVICE_TYPES = {"meta"}
 _new_info = tuple.__new__   # StorageInfo without the named tuple's Python-level __new__
 _MODULE_OWN = ("_parameters", "_buffers", "_modules")
 _PLAIN_CONTAINERS = (dict, OrderedDict, set)
+_ATOMIC_GROUP_VALUES = (int, float, bool, str, type(None))   # lr, eps, flags
 
 
 def device_id(dev: Any) -> str:
@@ -47,7 +48,7 @@ class TorchBackend(Backend):
         return self._types
 
     def container_types(self) -> tuple[type, ...]:
-        return (self.torch.nn.Module,)
+        return (self.torch.nn.Module, self.torch.optim.Optimizer)
 
     # -- tensors ---------------------------------------------------------
     def storages(self, obj: Any) -> list[StorageInfo]:
@@ -126,6 +127,9 @@ class TorchBackend(Backend):
         if isinstance(obj, torch.nn.Module):
             yield from self._module_children(obj)
             return
+        if isinstance(obj, torch.optim.Optimizer):
+            yield from self._optimizer_children(obj)
+            return
         if not isinstance(obj, torch.Tensor):
             return
         fn = obj.grad_fn
@@ -162,6 +166,35 @@ class TorchBackend(Backend):
             if key in _MODULE_OWN or (type(value) in _PLAIN_CONTAINERS and not value):
                 continue
             yield ("attr", key), value
+
+    def _optimizer_children(self, opt: Any) -> Iterator[tuple[tuple, Any]]:
+        """Parameters and per-parameter state, straight to the tensors (paths as
+        ``opt.param_groups[0]['params'][3]`` and ``opt.state[...]['exp_avg']``)."""
+        d = object.__getattribute__(opt, "__dict__")
+        groups, state = d.get("param_groups"), d.get("state")
+        if type(groups) is not list or not isinstance(state, dict):
+            yield from (( ("attr", k), v) for k, v in dict.items(d))
+            return
+        for gi, group in enumerate(groups):
+            if type(group) is not dict:
+                yield ("attr_index", "param_groups", gi), group
+                continue
+            for key, value in dict.items(group):
+                if key == "params" and type(value) is list:
+                    for pi, param in enumerate(value):
+                        yield ("opt_param", gi, pi), param
+                elif type(value) not in _ATOMIC_GROUP_VALUES:
+                    yield ("opt_group", gi, key), value
+        for param, per_param in dict.items(state):
+            yield ("opt_state_key",), param
+            if type(per_param) is dict:
+                for key, value in dict.items(per_param):
+                    yield ("opt_state", key), value
+            else:
+                yield ("opt_state", ...), per_param
+        for key, value in dict.items(d):
+            if key not in ("param_groups", "state"):
+                yield ("attr", key), value
 
     def _graph_children(self, root: Any, seen: dict) -> Iterator[tuple[tuple, Any]]:
         """Saved tensors and leaf variables of the autograd graph under ``root``.
