@@ -159,7 +159,7 @@ class Walker:
         self.reasons: list[str] = []
         self.errors = 0
         self._handlers: dict[type, Callable] = {}
-        self._storage_cache: dict[int, tuple] = {}   # id -> (tensor, its storages)
+        self._storage_cache: dict[int, tuple] = {}   # id -> (tensor, storages, edges or None)
         self._instance_layout: dict[type, tuple] = {}
         self._tensor_backend: dict[type, Backend] = {}
         self.current_root: str | None = None
@@ -224,20 +224,24 @@ class Walker:
 
     def _take_tensor(self, backend: Backend, item: Any, oid: int, node: tuple, depth: int) -> None:
         """The hot path: record a tensor's storages and push what it holds (grad, graph)."""
-        cached = self._storage_cache.get(oid)
-        if cached is None:
+        memo = self._storage_cache.get(oid)
+        if memo is not None:   # seen from another root of this scan
+            infos, edges = memo[1], memo[2]
+            if edges is None:
+                edges = backend.tensor_edges(item, self._graph_seen)
+        else:
             infos = backend.storages(item)
             devices = self.devices
             if devices is not None and infos and (len(infos) > 1 or infos[0][2] not in devices):
                 infos = [i for i in infos if i[2] in devices]
-            self._storage_cache[oid] = (item, infos)   # the tensor stays alive with its entry
-        else:
-            infos = cached[1]
+            edges = backend.tensor_edges(item, self._graph_seen)
+            # the tensor stays alive with its entry; edges given as a tuple are the same
+            # for every root, a list (an autograd graph) depends on what the root has seen
+            self._storage_cache[oid] = (item, infos, edges if type(edges) is tuple else None)
         found = self._found
         for info in infos:
             if info[0] not in found:
                 found[info[0]] = (info, node, self._describe(item) if self.describe else None)
-        edges = backend.tensor_edges(item, self._graph_seen)
         if edges:
             push = self._push
             for child_label, child in edges:

@@ -362,3 +362,12 @@ def test_a_tensor_whose_storage_changes_is_counted_anew(ip, change):
     assert holder(report(ip), "t").unique == 4 * N
     run(ip, change.replace("N", str(N)) + ";")
     assert holder(report(ip), "t").unique == 8 * N
+
+
+def test_two_losses_of_one_graph_both_reach_its_activations(ip):
+    """A graph expanded from one root is expanded again from the next (nothing carried over)."""
+    run(ip, "model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1))\n"
+            "out = model(torch.randn(512, 256))\nloss_a = out.square().mean()\nloss_b = out.abs().mean()")
+    snap = report(ip)
+    for name in ("loss_a", "loss_b", "out"):
+        assert holder(snap, name).shared >= 512 * 1024 * 4, name

@@ -103,7 +103,9 @@ class Backend:
 
         ``seen`` lives for one root's walk: a backend records there the graph
         nodes it has expanded (id -> node, which also keeps each id valid), so
-        a graph reached through many of its tensors is expanded once.
+        a graph reached through many of its tensors is expanded once. Return a
+        tuple when the edges do not depend on ``seen`` (the scan then reuses
+        them for every root), a list when they do.
         """
         return tuple(self.children(obj))
 

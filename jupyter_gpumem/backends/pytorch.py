@@ -58,8 +58,10 @@ class TorchBackend(Backend):
             # by set_(), .data = or a reallocating resize_() moves the pointer), so
             # the scans after each cell do not ask every tensor again
             oid = id(obj)
+            # an entry leaves with its tensor (the weak reference's callback), so an
+            # entry under this id is this tensor's
             cached = self._known.get(oid)
-            if cached is not None and cached[0]() is obj and cached[1] == obj.data_ptr():
+            if cached is not None and cached[1] == obj.data_ptr():
                 return cached[2]
             dev = obj.device
             if obj.layout is self._strided and dev.type not in _SKIP_DEVICE_TYPES:
@@ -148,7 +150,7 @@ class TorchBackend(Backend):
             grad = obj.grad
             return () if grad is None else ((("attr", "grad"), grad),)
         if id(fn) in seen:
-            return ()
+            return []   # expanded already in this root's walk: not in another root's
         return list(self._graph_children(fn, seen))
 
     def _storage_types(self) -> tuple:
