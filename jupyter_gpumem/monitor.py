@@ -14,18 +14,28 @@ from typing import Callable
 
 
 class Sampler(threading.Thread):
-    """Call ``fn()`` every ``interval`` seconds in a daemon thread."""
+    """Call ``fn()`` every ``interval`` seconds in a daemon thread.
+
+    :meth:`pause` lets the thread wait, idle, until :meth:`resume` (starting a
+    thread costs milliseconds on a busy machine, so a watch keeps one paused
+    between cells instead of starting a new one each time).
+    """
 
     def __init__(self, fn: Callable[[], object], interval: float, name: str = "jupyter_gpumem-sampler"):
         super().__init__(name=name, daemon=True)
         self.fn = fn
         self.interval = max(float(interval), 0.001)
         self._stop_event = threading.Event()
+        self._active = threading.Event()
+        self._active.set()
         self.errors = 0
         self.last_error: str | None = None
 
     def run(self) -> None:
         while not self._stop_event.is_set():
+            if not self._active.is_set():
+                self._active.wait()
+                continue
             try:
                 self.fn()
             except Exception as exc:  # noqa: BLE001 - a sampler must never die noisily
@@ -33,9 +43,17 @@ class Sampler(threading.Thread):
                 self.last_error = f"{type(exc).__name__}: {exc}"
             self._stop_event.wait(self.interval)
 
+    def pause(self) -> None:
+        """Stop sampling until :meth:`resume`; the thread stays."""
+        self._active.clear()
+
+    def resume(self) -> None:
+        self._active.set()
+
     def stop(self, timeout: float = 2.0) -> None:
         """Stop now and wait for the thread to end."""
         self._stop_event.set()
+        self._active.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
 

@@ -166,42 +166,6 @@ class _Sampling:
                 self.max_process[dev] = value
 
 
-class _PausableSampler(_monitor.Sampler):
-    """A :class:`~.monitor.Sampler` that can wait, idle, between watched cells.
-
-    Starting a thread costs milliseconds on a busy machine, so while
-    ``watch on`` holds the hub the thread stays, paused on an Event, and
-    samples only while watched code runs.
-    """
-
-    def __init__(self, fn, interval: float, name: str) -> None:
-        super().__init__(fn, interval, name=name)
-        self._active = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.is_set():
-            if not self._active.is_set():
-                self._active.wait()
-                continue
-            try:
-                self.fn()
-            except Exception as exc:  # noqa: BLE001 - a sampler must never die noisily
-                self.errors += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
-            self._stop_event.wait(self.interval)
-
-    def resume(self) -> None:
-        self._active.set()
-
-    def pause(self) -> None:
-        self._active.clear()
-
-    def stop(self, timeout: float = 2.0) -> None:
-        self._stop_event.set()
-        self._active.set()
-        super().stop(timeout)
-
-
 class _SamplerHub:
     """One sampling thread for every open watch; it reads counters only.
 
@@ -213,14 +177,14 @@ class _SamplerHub:
         self._lock = threading.Lock()
         self._open: list[_Sampling] = []
         self._holds = 0
-        self._sampler: _PausableSampler | None = None
+        self._sampler: _monitor.Sampler | None = None
 
     def add(self, sampling: _Sampling) -> None:
         with self._lock:
             self._open.append(sampling)
             interval = max(min(s.interval for s in self._open), 0.001)
             if self._sampler is None or self._sampler.stopped:
-                self._sampler = _PausableSampler(self._tick, interval, name="jupyter_gpumem-watch")
+                self._sampler = _monitor.Sampler(self._tick, interval, name="jupyter_gpumem-watch")
                 self._sampler.start()
             self._sampler.interval = interval
             self._sampler.resume()
