@@ -243,9 +243,13 @@ class Walker:
             if info[0] not in found:
                 found[info[0]] = (info, node, self._describe(item) if self.describe else None)
         if edges:
-            push = self._push
-            for child_label, child in edges:
-                push((child, (node, child_label), depth + 1))
+            if type(edges) is tuple:   # a gradient and the like: taken at once
+                for child_label, child in edges:
+                    self._child(child, (node, child_label), depth + 1)
+            else:                      # an autograd graph: through the stack, however deep
+                push = self._push
+                for child_label, child in edges:
+                    push((child, (node, child_label), depth + 1))
 
     def _child(self, value: Any, node: tuple, depth: int) -> None:
         """A container's child: a tensor is taken at once, anything else goes on the stack."""

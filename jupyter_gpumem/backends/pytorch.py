@@ -13,6 +13,7 @@ _new_info = tuple.__new__   # StorageInfo without the named tuple's Python-level
 _MODULE_OWN = ("_parameters", "_buffers", "_modules")
 _PLAIN_CONTAINERS = (dict, OrderedDict, set)
 _ATOMIC_GROUP_VALUES = (int, float, bool, str, type(None))   # lr, eps, flags
+_PLAIN_VALUES = frozenset(_ATOMIC_GROUP_VALUES)
 
 
 def device_id(dev: Any) -> str:
@@ -164,8 +165,9 @@ class TorchBackend(Backend):
                 if value is not None:
                     yield ("attr", key), value
         for key, value in dict.items(d):
-            # skip the many empty hook tables every module carries
-            if key in _MODULE_OWN or (type(value) in _PLAIN_CONTAINERS and not value):
+            # skip plain values and the many empty hook tables every module carries
+            tp = type(value)
+            if tp in _PLAIN_VALUES or key in _MODULE_OWN or (tp in _PLAIN_CONTAINERS and not value):
                 continue
             yield ("attr", key), value
 
