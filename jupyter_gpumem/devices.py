@@ -186,7 +186,9 @@ def _cpu_usage() -> DeviceUsage:
 def read_devices(device: str = "auto", *, detail: bool = False) -> list[DeviceUsage]:
     """Figures for every device the selection covers.
 
-    ``detail`` adds allocator details that cost more (largest free block).
+    ``detail`` adds what costs more or touches the frameworks' arrays (largest
+    free block, JAX's live host arrays): the main thread only; sampling threads
+    call it without.
     """
     accs = accelerators()
     by_id = {a.id: a for a in accs}

@@ -255,6 +255,9 @@ class Walker:
         """A container's child: a tensor is taken at once, anything else goes on the stack."""
         tp = type(value)
         backend = self._tensor_backend.get(tp)
+        if backend is None and tp not in self._handlers and tp not in ATOMIC:
+            self._handlers[tp] = self._classify(tp)   # a tensor type seen here first
+            backend = self._tensor_backend.get(tp)
         if backend is not None:
             oid = id(value)
             if oid not in self._seen:
@@ -477,19 +480,22 @@ class Walker:
         if dict_descr is None and not slots:
             self._referents(obj, node, depth, push)
             return
+        # tensors held directly as attributes are taken at once, so a tensor stored both
+        # as an attribute and in a list of the same object is named by its attribute
+        child = self._child
         if dict_descr is not None:
             d = dict_descr.__get__(obj)
             if d:
                 for k, v in dict.items(d):
                     if type(v) not in ATOMIC:
-                        push((v, (node, ("attr", k)), depth))
+                        child(v, (node, ("attr", k)), depth)
         for name, descr in slots:
             try:
                 v = descr.__get__(obj)
             except AttributeError:
                 continue
             if type(v) not in ATOMIC:
-                push((v, (node, ("attr", name)), depth))
+                child(v, (node, ("attr", name)), depth)
 
     def _referents(self, obj, node, depth, push) -> None:
         tp = type(obj)

@@ -191,7 +191,12 @@ class _SamplerHub:
         self.sample([sampling])
 
     def remove(self, sampling: _Sampling) -> None:
-        self.sample([sampling])
+        try:
+            self.sample([sampling])
+        finally:
+            self._drop(sampling)
+
+    def _drop(self, sampling: _Sampling) -> None:
         stop = None
         with self._lock:
             if sampling in self._open:
@@ -403,8 +408,12 @@ class Watch:
         self._roots0 = dict(self._state.tracker.roots)   # RootInfos are replaced, never changed
         self._usages0 = usages
         self._scope: PeakScope = LEDGER.open(self._ids0)
-        self._sampling = _Sampling(self._ids0, self._state.series, self.interval)
-        HUB.add(self._sampling)
+        try:
+            self._sampling = _Sampling(self._ids0, self._state.series, self.interval)
+            HUB.add(self._sampling)
+        except BaseException:
+            self.abandon()   # leave no open scope or sampling entry behind
+            raise
         self._start_unix = time.time()
         self._overhead = time.perf_counter() - t
         self._started = True
@@ -414,12 +423,15 @@ class Watch:
     def abandon(self) -> None:
         """Stop measuring without a report (the extension unloads mid-cell)."""
         sampling, scope = getattr(self, "_sampling", None), getattr(self, "_scope", None)
+        self._sampling = self._scope = None
         self._started = False
         self._frame = None
-        if sampling is not None:
-            HUB.remove(sampling)
-        if scope is not None:
-            LEDGER.close(scope)
+        try:
+            if sampling is not None:
+                HUB.remove(sampling)
+        finally:
+            if scope is not None:
+                LEDGER.close(scope)
 
     def add_root(self, root: _scan.Root) -> None:
         """A holder the report should count that no namespace shows yet (the cell's value)."""
@@ -691,6 +703,9 @@ class _Footer:
             error = getattr(result, "error_in_exec", None)
             count = getattr(result, "execution_count", None)
             r = w.stop(error=error, execution_count=count)
+            # the exception keeps the failed cell's frames alive: drop it before an
+            # automatic purge, which must find that memory unreferenced
+            error = result = None
             if r is not None:
                 if count is not None:
                     r.label = f"In [{count}]"

@@ -141,7 +141,9 @@ class JaxBackend(Backend):
                 stats = None
             if stats:
                 out[dev] = self._from_stats(dev, stats)
-        if "cpu" in ids and any(device_id(d) == "cpu" for d in devices):
+        # live_arrays() hands out every array: only on the main thread (detail), never
+        # from a sampling thread, which must not hold the user's arrays even briefly
+        if detail and "cpu" in ids and any(device_id(d) == "cpu" for d in devices):
             live = self._live_bytes("cpu")
             if live is not None:
                 out["cpu"] = FrameworkUsage("jax", allocated=live)

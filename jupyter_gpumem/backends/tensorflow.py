@@ -383,10 +383,11 @@ class KerasBackend(Backend):
     def children(self, obj: Any) -> Iterator[tuple[tuple, Any]]:
         if isinstance(obj, self._lookup("variable")):
             return
-        # The walk explores the last child first and keeps the first path it
-        # finds: so yield the rest, then sublayers and the optimizer, then
-        # lists of variables or layers (item by item), then variables held
-        # directly (``_kernel``). Graph connectivity (``_inbound_nodes``)
+        # The walk takes a variable the moment it is given and keeps the first
+        # path it finds; other children go on its stack, the last given explored
+        # first. So: variables held directly (``_kernel``), then variables in
+        # lists, then the rest, then sublayers and the optimizer, then layers in
+        # lists (explored first, in order). Graph connectivity (``_inbound_nodes``)
         # only leads to layers the model lists anyway.
         variable = self._lookup("variable")
         tracked = variable + self._lookup("layer") + self._lookup("optimizer")
@@ -400,13 +401,14 @@ class KerasBackend(Backend):
                 layers.append((("attr", key), value))
             elif isinstance(value, (list, tuple)) and _items(value) \
                     and isinstance(_items(value)[0], tracked):
-                lists += [(("attr_index", key, i), v) for i, v in enumerate(_items(value))][::-1]
+                lists += [(("attr_index", key, i), v) for i, v in enumerate(_items(value))]
             else:
                 rest.append((("attr", key), value))
+        yield from direct
+        yield from [(label, v) for label, v in lists if isinstance(v, variable)]
         yield from rest
         yield from layers[::-1]
-        yield from lists[::-1]
-        yield from direct[::-1]
+        yield from [(label, v) for label, v in lists if not isinstance(v, variable)][::-1]
 
     def hint(self, name: str, obj: Any, nbytes: int) -> str | None:
         if isinstance(obj, self._lookup("optimizer")):
