@@ -222,6 +222,14 @@ class Walker:
         self._tensors_inline = 0
         return reach
 
+    def close(self) -> None:
+        """Let go of every object the walk kept: its memo holds tensors, and its handlers
+        refer back to it, so without this the tensors would live until a collection."""
+        self._storage_cache.clear()
+        self._handlers.clear()
+        self._seen = self._found = None
+        self._push = self._child = None
+
     def _take_tensor(self, backend: Backend, item: Any, oid: int, node: tuple, depth: int) -> None:
         """The hot path: record a tensor's storages and push what it holds (grad, graph)."""
         memo = self._storage_cache.get(oid)
@@ -714,5 +722,6 @@ def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 continue
             walker.current_root = root.name
             reach.append(walker.walk(root.obj, ("root", root.name)))
+        walker.close()
     return ScanResult(roots, reach, walker.partial, walker.reasons,
                       time.perf_counter() - start, walker.errors)

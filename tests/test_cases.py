@@ -371,3 +371,20 @@ def test_two_losses_of_one_graph_both_reach_its_activations(ip):
     snap = report(ip)
     for name in ("loss_a", "loss_b", "out"):
         assert holder(snap, name).shared >= 512 * 1024 * 4, name
+
+
+def test_a_report_keeps_nothing_alive(ip):
+    """After %gpumem, `del` frees at once: the scan leaves no reference behind, not even
+    one a garbage collection would clear."""
+    import gc as gc_module
+
+    run(ip, f"model = torch.nn.Linear(512, 512)\nopt = torch.optim.Adam(model.parameters())\n"
+            f"model(torch.ones(2, 512)).sum().backward()\nopt.step()\nt = torch.ones({N})")
+    ref_t, ref_w = weak(ip, "t"), weak(ip, "model.weight")
+    gc_module.disable()
+    try:
+        report(ip)
+        run(ip, "del t, model, opt")
+        assert ref_t.expired() and ref_w.expired()
+    finally:
+        gc_module.enable()
