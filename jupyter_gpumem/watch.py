@@ -976,17 +976,23 @@ def _history_parser():
     return p
 
 
+def _last_records(state: "_State", last: int | None) -> list:
+    """The per-cell records kept, or the last ``last`` of them (``--last N``)."""
+    records = list(state.history)
+    if last is None:
+        return records
+    if last < 1:
+        raise UsageError("--last needs a positive number")
+    return records[-last:]
+
+
 def magic_history(magics, argv: list[str]) -> Any:
     """``%gpumem history [--save FILE] [--tensorboard DIR] [--last N] [--clear] [-o]``."""
     from . import watch_export
 
     args = _history_parser().parse_args(argv)
     state = _state_for_shell(magics.shell)
-    records = list(state.history)
-    if args.last is not None:
-        if args.last < 1:
-            raise UsageError("--last needs a positive number")
-        records = records[-args.last:]
+    records = _last_records(state, args.last)
     done = False
     if args.save:
         try:
@@ -1032,11 +1038,7 @@ def magic_plot(magics, argv: list[str]) -> Any:
 
     args = _plot_parser().parse_args(argv)
     state = _state_for_shell(magics.shell)
-    records = list(state.history)
-    if args.last is not None:
-        if args.last < 1:
-            raise UsageError("--last needs a positive number")
-        records = records[-args.last:]
+    records = _last_records(state, args.last)
     if not records:
         raise UsageError("nothing to plot yet: run `%gpumem watch on` or a `%%gpuwatch` cell first")
     devices = None
