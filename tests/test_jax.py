@@ -10,20 +10,17 @@ missing one fails, it is not skipped.
 from __future__ import annotations
 
 import gc
-import importlib.util
 import os
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
+from child_checks import ROOT, in_child, run_checks
 from conftest import run
 
 FRAMEWORK = "jax"
-CHILD = os.environ.get("JUPYTER_GPUMEM_TEST_CHILD") == FRAMEWORK
-ROOT = Path(__file__).resolve().parents[1]
+CHILD = in_child(FRAMEWORK)
 MiB = 1 << 20
 
 
@@ -34,25 +31,9 @@ def _checks() -> list[str]:
 
 @pytest.fixture(scope="module")
 def child_results(tmp_path_factory):
-    if importlib.util.find_spec(FRAMEWORK) is None:
-        pytest.fail(f"{FRAMEWORK} is not installed: .ci/run installs jax")
-    xml = tmp_path_factory.mktemp("child") / "results.xml"
-    env = dict(os.environ, JUPYTER_GPUMEM_TEST_CHILD=FRAMEWORK, KERAS_BACKEND="jax",
-               JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
-               TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o",
-         "python_functions=check_*", f"--junitxml={xml}", __file__],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    results: dict[str, tuple[str, str]] = {}
-    if xml.exists():
-        for case in ET.parse(xml).getroot().iter("testcase"):
-            bad = [c for c in case if c.tag in ("failure", "error", "skipped")]
-            outcome = bad[0].tag if bad else "passed"
-            text = (bad[0].get("message", "") + "\n" + (bad[0].text or "")) if bad else ""
-            results[case.get("name")] = (outcome, text)
-    return results, proc.stdout[-6000:] + proc.stderr[-3000:]
+    return run_checks(__file__, FRAMEWORK, ".ci/run installs jax", tmp_path_factory.mktemp("child"),
+        KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
+        XLA_FLAGS="--xla_force_host_platform_device_count=2", TF_CPP_MIN_LOG_LEVEL="2")
 
 
 def pytest_generate_tests(metafunc):

@@ -1,0 +1,46 @@
+"""Run a test module's ``check_*`` functions in one child pytest process.
+
+A framework that must not share the main test process (TensorFlow, JAX)
+keeps its checks in its own module; the parent runs them all in one child
+and reports each outcome as ``test_in_own_process[check_...]``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD_VARIABLE = "JUPYTER_GPUMEM_TEST_CHILD"
+
+
+def in_child(framework: str) -> bool:
+    """True inside the child process that runs ``framework``'s checks."""
+    return os.environ.get(CHILD_VARIABLE) == framework
+
+
+def run_checks(test_file: str, framework: str, install_hint: str, tmp_dir: Path,
+               **env: str) -> tuple[dict[str, tuple[str, str]], str]:
+    """Run the module's checks in a child; ``{check: (outcome, text)}`` and its output tail."""
+    if importlib.util.find_spec(framework) is None:
+        pytest.fail(f"{framework} is not installed: {install_hint}")
+    xml = tmp_dir / "results.xml"
+    child_env = dict(os.environ, **env, **{CHILD_VARIABLE: framework},
+                     PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o",
+         "python_functions=check_*", f"--junitxml={xml}", test_file],
+        cwd=ROOT, env=child_env, capture_output=True, text=True, timeout=900)
+    results: dict[str, tuple[str, str]] = {}
+    if xml.exists():
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            bad = [c for c in case if c.tag in ("failure", "error", "skipped")]
+            outcome = bad[0].tag if bad else "passed"
+            text = (bad[0].get("message", "") + "\n" + (bad[0].text or "")) if bad else ""
+            results[case.get("name")] = (outcome, text)
+    return results, proc.stdout[-6000:] + proc.stderr[-3000:]
