@@ -44,3 +44,16 @@ def run_checks(test_file: str, framework: str, install_hint: str, tmp_dir: Path,
             text = (bad[0].get("message", "") + "\n" + (bad[0].text or "")) if bad else ""
             results[case.get("name")] = (outcome, text)
     return results, proc.stdout[-6000:] + proc.stderr[-3000:]
+
+
+def names_of_checks(module_globals: dict) -> list[str]:
+    """The ``check_*`` functions of a test module, for parametrizing its parent test."""
+    return sorted(n for n, f in module_globals.items() if n.startswith("check_") and callable(f))
+
+
+def assert_passed(child_results: tuple[dict, str], check: str) -> None:
+    """The parent test's verdict on one check the child ran."""
+    results, output = child_results
+    assert check in results, f"{check} did not run in the child:\n{output}"
+    outcome, text = results[check]
+    assert outcome == "passed", f"{check} {outcome}:\n{text}"

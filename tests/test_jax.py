@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from child_checks import ROOT, in_child, run_checks
+from child_checks import ROOT, assert_passed, names_of_checks, in_child, run_checks
 from conftest import run
 
 FRAMEWORK = "jax"
@@ -26,7 +26,7 @@ MiB = 1 << 20
 
 # -- the parent: run every check in one child process ------------------------------
 def _checks() -> list[str]:
-    return sorted(n for n, f in globals().items() if n.startswith("check_") and callable(f))
+    return names_of_checks(globals())
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +42,7 @@ def pytest_generate_tests(metafunc):
 
 
 def test_in_own_process(child_results, check):
-    results, output = child_results
-    assert check in results, f"{check} did not run in the child:\n{output}"
-    outcome, text = results[check]
-    assert outcome == "passed", f"{check} {outcome}:\n{text}"
+    assert_passed(child_results, check)
 
 
 # -- the checks (run in the child) ---------------------------------------------------
