@@ -143,6 +143,25 @@ def _slots_of(tp: type) -> tuple:
     return tuple(out)
 
 
+_HAVE_GC = 1 << 14   # Py_TPFLAGS_HAVE_GC
+
+
+def _untracked_holds_nothing(backends: list[Backend]) -> bool:
+    """Whether a dict or tuple the garbage collector does not track holds nothing the
+    walk could follow: true when every tensor type of these backends is collectable.
+
+    CPython tracks a dict from the moment a collectable object goes into it (and a
+    tuple unless all it holds is untracked), so an untracked one holds atoms only:
+    a 50,000-entry ``{str: int}`` dict is skipped in O(1). Everything else the walk
+    enters (containers, instances, functions, frames, modules, optimizers) is
+    collectable; objects of types that are not hold no reference the walk can see.
+    """
+    try:
+        return all(t.__flags__ & _HAVE_GC for b in backends for t in b.tensor_types())
+    except Exception:
+        return False
+
+
 class Walker:
     """Walks object graphs; one instance per scan (it caches per type)."""
 
@@ -159,11 +178,12 @@ class Walker:
         self.reasons: list[str] = []
         self.errors = 0
         self._handlers: dict[type, Callable] = {}
-        self._storage_cache: dict[int, tuple] = {}   # id -> (tensor, storages, edges or None)
+        # id -> [tensor, storages, edges or None, the ``found`` of the last root that saw it]
+        self._storage_cache: dict[int, list] = {}
         self._instance_layout: dict[type, tuple] = {}
         self._tensor_backend: dict[type, Backend] = {}
+        self._untracked_is_empty = _untracked_holds_nothing(backends)
         self.current_root: str | None = None
-        self._tensors_inline = 0
         self.out_of_time = False
 
     # -- driving -----------------------------------------------------------
@@ -188,12 +208,22 @@ class Walker:
         atomic = ATOMIC
         handlers = self._handlers
         tensor_backend = self._tensor_backend
-        take_tensor = self._take_tensor
+        take = self._take
         max_depth = self.max_depth
         while stack:
             item, node, depth = pop()
             tp = type(item)
             if tp in atomic:
+                continue
+            handler = handlers.get(tp)
+            try:
+                if handler is None:
+                    handler = handlers[tp] = self._classify(tp)
+                if tp in tensor_backend:   # _take keeps its own account of what it saw
+                    take(((node[1], item),), node[0], depth)
+                    continue
+            except Exception:
+                self.errors += 1
                 continue
             oid = id(item)
             if oid in seen:
@@ -208,18 +238,10 @@ class Walker:
                 self.stop(f"structure deeper than {self.max_depth} levels cut")
                 continue
             try:
-                backend = tensor_backend.get(tp)
-                if backend is None and tp not in handlers:
-                    handlers[tp] = self._classify(tp)
-                    backend = tensor_backend.get(tp)
-                if backend is not None:
-                    take_tensor(backend, item, oid, node, depth)
-                else:
-                    handlers[tp](item, node, depth + 1, push, found)
+                handler(item, node, depth + 1, push, found)
             except Exception:
                 self.errors += 1  # an object that refuses introspection
-        reach.objects = count + self._tensors_inline
-        self._tensors_inline = 0
+        reach.objects = count
         return reach
 
     def close(self) -> None:
@@ -227,53 +249,64 @@ class Walker:
         refer back to it, so without this the tensors would live until a collection."""
         self._storage_cache.clear()
         self._handlers.clear()
-        self._seen = self._found = None
-        self._push = self._child = None
+        self._seen = self._found = self._push = self._graph_seen = None
 
-    def _take_tensor(self, backend: Backend, item: Any, oid: int, node: tuple, depth: int) -> None:
-        """The hot path: record a tensor's storages and push what it holds (grad, graph)."""
-        memo = self._storage_cache.get(oid)
-        if memo is not None:   # seen from another root of this scan
-            infos, edges = memo[1], memo[2]
-            if edges is None:
-                edges = backend.tensor_edges(item, self._graph_seen)
-        else:
-            infos = backend.storages(item)
-            devices = self.devices
-            if devices is not None and infos and (len(infos) > 1 or infos[0][2] not in devices):
-                infos = [i for i in infos if i[2] in devices]
-            edges = backend.tensor_edges(item, self._graph_seen)
-            # the tensor stays alive with its entry; edges given as a tuple are the same
-            # for every root, a list (an autograd graph) depends on what the root has seen
-            self._storage_cache[oid] = (item, infos, edges if type(edges) is tuple else None)
+    def _take(self, pairs: Any, parent: tuple | None, depth: int) -> None:
+        """Take ``(label, child)`` pairs found under the path node ``parent``: a tensor at
+        once, anything else onto the stack.
+
+        The hot path of a scan, one loop over a container's children (a model's
+        parameters, an optimizer's state). A tensor's storages are asked once per
+        scan; another root that reaches it (a parameter seen from its model, then
+        from its optimizer) finds them in the memo.
+        """
+        backend_of = self._tensor_backend.get
+        cache = self._storage_cache
+        memo_of = cache.get
         found = self._found
-        for info in infos:
-            if info[0] not in found:
-                found[info[0]] = (info, node, self._describe(item) if self.describe else None)
-        if edges:
-            if type(edges) is tuple:   # a gradient and the like: taken at once
-                for child_label, child in edges:
-                    self._child(child, (node, child_label), depth + 1)
-            else:                      # an autograd graph: through the stack, however deep
-                push = self._push
-                for child_label, child in edges:
-                    push((child, (node, child_label), depth + 1))
-
-    def _child(self, value: Any, node: tuple, depth: int) -> None:
-        """A container's child: a tensor is taken at once, anything else goes on the stack."""
-        tp = type(value)
-        backend = self._tensor_backend.get(tp)
-        if backend is None and tp not in self._handlers and tp not in ATOMIC:
-            self._handlers[tp] = self._classify(tp)   # a tensor type seen here first
-            backend = self._tensor_backend.get(tp)
-        if backend is not None:
-            oid = id(value)
-            if oid not in self._seen:
-                self._seen[oid] = value
-                self._tensors_inline += 1
-                self._take_tensor(backend, value, oid, node, depth)
-        elif tp not in ATOMIC:
-            self._push((value, node, depth))
+        push = self._push
+        graph_seen = self._graph_seen
+        devices = self.devices
+        atomic = ATOMIC
+        for label, value in pairs:
+            tp = type(value)
+            backend = backend_of(tp)
+            if backend is None:
+                if tp in atomic:
+                    continue
+                if tp not in self._handlers:
+                    self._handlers[tp] = self._classify(tp)   # a tensor type seen here first
+                    backend = backend_of(tp)
+                if backend is None:
+                    push((value, (parent, label), depth))
+                    continue
+            memo = memo_of(id(value))
+            if memo is None:
+                infos, edges = backend.take(value, graph_seen)
+                if devices is not None and infos and (len(infos) > 1 or infos[0][2] not in devices):
+                    infos = [i for i in infos if i[2] in devices]
+                # the entry keeps the tensor alive (so its id stays its own) and says which
+                # root's walk saw it last (by that walk's ``found``); edges given as a tuple
+                # are the same for every root, a list (an autograd graph) depends on what
+                # the root has seen and is asked again
+                cache[id(value)] = [value, infos, edges if type(edges) is tuple else None, found]
+            elif memo[3] is found:
+                continue   # seen already from this root
+            else:
+                memo[3] = found
+                infos, edges = memo[1], memo[2]
+                if edges is None:
+                    edges = backend.tensor_edges(value, graph_seen)
+            node = (parent, label)
+            for info in infos:
+                if info[0] not in found:
+                    found[info[0]] = (info, node, self._describe(value) if self.describe else None)
+            if edges:
+                if type(edges) is tuple:   # a gradient and the like: taken at once
+                    self._take(edges, node, depth + 1)
+                else:                      # an autograd graph: through the stack, however deep
+                    for child_label, child in edges:
+                        push((child, (node, child_label), depth + 1))
 
     def _classify(self, tp: type) -> Callable:
         if tp in _SKIP_TYPES or issubclass(tp, weakref.ref):
@@ -337,31 +370,27 @@ class Walker:
             return type(obj).__name__
 
     def _backend_container(self, backend: Backend, obj, node, depth, push, found) -> None:
-        take = self._child
-        for label, child in backend.children(obj):
-            take(child, (node, label), depth)
+        self._take(backend.children(obj), node, depth)
 
     def _dict(self, obj, node, depth, push, found) -> None:
+        if self._untracked_is_empty and not gc.is_tracked(obj):
+            return   # only atoms inside: see _untracked_holds_nothing
         if len(obj) > _BIG and ATOMIC.issuperset(map(type, dict.values(obj))) \
                 and ATOMIC.issuperset(map(type, dict.keys(obj))):
             return
         atomic = ATOMIC
-        child = self._child
-        for k, v in dict.items(obj):
-            if type(v) not in atomic:
-                child(v, (node, ("item", k) if type(k) in atomic else ("item", ...)), depth)
-            if type(k) not in atomic:
-                child(k, (node, ("key",)), depth)
+        self._take(((("item", k) if type(k) in atomic else ("item", ...), v)
+                    for k, v in dict.items(obj) if type(v) not in atomic), node, depth)
+        if not ATOMIC.issuperset(map(type, dict.keys(obj))):
+            self._take(((("key",), k) for k in dict.keys(obj)), node, depth)
 
     def _sequence(self, obj, node, depth, push, found) -> None:
+        if self._untracked_is_empty and not gc.is_tracked(obj):
+            return   # a tuple of atoms
         it = list.__iter__(obj) if isinstance(obj, list) else tuple.__iter__(obj)
         if len(obj) > _BIG and ATOMIC.issuperset(map(type, obj)):
             return
-        atomic = ATOMIC
-        child = self._child
-        for i, v in enumerate(it):
-            if type(v) not in atomic:
-                child(v, (node, ("index", i)), depth)
+        self._take(((("index", i), v) for i, v in enumerate(it)), node, depth)
 
     def _set(self, obj, node, depth, push, found) -> None:
         for v in (set.__iter__(obj) if isinstance(obj, set) else frozenset.__iter__(obj)):
@@ -490,20 +519,20 @@ class Walker:
             return
         # tensors held directly as attributes are taken at once, so a tensor stored both
         # as an attribute and in a list of the same object is named by its attribute
-        child = self._child
         if dict_descr is not None:
             d = dict_descr.__get__(obj)
             if d:
-                for k, v in dict.items(d):
-                    if type(v) not in ATOMIC:
-                        child(v, (node, ("attr", k)), depth)
+                self._take(((("attr", k), v) for k, v in dict.items(d)), node, depth)
+        if slots:
+            self._take(self._slot_values(obj, slots), node, depth)
+
+    @staticmethod
+    def _slot_values(obj, slots) -> Any:
         for name, descr in slots:
             try:
-                v = descr.__get__(obj)
+                yield ("attr", name), descr.__get__(obj)
             except AttributeError:
                 continue
-            if type(v) not in ATOMIC:
-                child(v, (node, ("attr", name)), depth)
 
     def _referents(self, obj, node, depth, push) -> None:
         tp = type(obj)

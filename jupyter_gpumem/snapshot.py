@@ -6,6 +6,8 @@ and text, so keeping one (``-o``, the panel, ``Out``) pins no memory.
 from __future__ import annotations
 
 import time
+from itertools import islice
+from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,74 +144,155 @@ def type_name(obj: Any) -> str:
     return name
 
 
-def owners_of(result: _scan.ScanResult) -> tuple[dict[tuple, list[int]], dict[str, dict[str, int]]]:
-    """Storage key -> indices of the roots that reach it; and the distinct bytes
-    reached from names, device -> framework -> bytes (one pass for both)."""
-    owners: dict[tuple, list[int]] = {}
-    reached: dict[str, dict[str, int]] = {}
-    for i, reach in enumerate(result.reach):
-        for key, entry in reach.storages.items():
-            roots = owners.get(key)
-            if roots is not None:
-                roots.append(i)
-                continue
-            owners[key] = [i]
-            info = entry[0]
-            per = reached.get(info.device)
-            if per is None:
-                per = reached[info.device] = {}
-            per[info.framework] = per.get(info.framework, 0) + info.nbytes
-    return owners, reached
+_INFO = itemgetter(0)        # (storage info, path node, description) -> info
+_NBYTES = itemgetter(1)      # StorageInfo -> bytes
+_DEVICE = itemgetter(2)      # StorageInfo -> device
+_PLACE = itemgetter(2, 3)    # StorageInfo -> (device, framework)
+_PAIRWISE = 16               # up to this many sharing roots, compare them pairwise
+
+
+class Sharing:
+    """Which storages more than one root reaches, and the distinct bytes reached.
+
+    Built with set operations over the roots' storage keys, so its cost grows
+    with the number of roots and shared storages, not with each storage."""
+
+    def __init__(self, result: _scan.ScanResult) -> None:
+        self.result = result
+        keys: set = set()
+        multi: set = set()
+        for reach in result.reach:
+            if reach.storages:
+                if keys:
+                    multi |= keys.intersection(reach.storages)
+                keys.update(reach.storages)
+        # root index -> the keys of its storages other roots reach too
+        self.shared_keys: dict[int, set] = {}
+        if multi:
+            for i, reach in enumerate(result.reach):
+                if reach.storages:
+                    common = reach.storages.keys() & multi
+                    if common:
+                        self.shared_keys[i] = common
+        self._owners: dict | None = None
+        self._reached: dict | None = None
+
+    @property
+    def reached(self) -> dict[str, dict[str, int]]:
+        """The distinct bytes reached from all roots, device -> framework -> bytes."""
+        if self._reached is None:
+            out: dict[str, dict[str, int]] = {}
+            counted: set = set()   # shared keys already counted (under an earlier root)
+            for i, reach in enumerate(self.result.reach):
+                found = reach.storages
+                if not found:
+                    continue
+                common = self.shared_keys.get(i)
+                entries = found.values() if not common else \
+                    map(found.__getitem__, (found.keys() - common) | (common - counted))
+                if common:
+                    counted |= common
+                infos = list(map(_INFO, entries))
+                places = set(map(_PLACE, infos))
+                if len(places) == 1:
+                    dev, fw = places.pop()
+                    per = out.setdefault(dev, {})
+                    per[fw] = per.get(fw, 0) + sum(map(_NBYTES, infos))
+                    continue
+                for info in infos:
+                    per = out.setdefault(info.device, {})
+                    per[info.framework] = per.get(info.framework, 0) + info.nbytes
+            self._reached = out
+        return self._reached
+
+    def owners(self, key: tuple) -> list[int]:
+        """Indices of the roots that reach a shared storage."""
+        if self._owners is None:
+            self._owners = {}
+            for i, keys in self.shared_keys.items():
+                for k in keys:
+                    self._owners.setdefault(k, []).append(i)
+        return self._owners.get(key, [])
+
+    def sharers(self, i: int) -> dict[int, int]:
+        """Root index -> bytes that root shares with root ``i``."""
+        mine = self.shared_keys.get(i)
+        if not mine:
+            return {}
+        found = self.result.reach[i].storages
+        out: dict[int, int] = {}
+        if len(self.shared_keys) <= _PAIRWISE:
+            for j, theirs in self.shared_keys.items():
+                if j != i:
+                    common = mine & theirs
+                    if common:
+                        out[j] = _bytes_of(found, common)
+            return out
+        for k in mine:
+            nbytes = found[k][0].nbytes
+            for j in self.owners(k):
+                if j != i:
+                    out[j] = out.get(j, 0) + nbytes
+        return out
+
+
+def _bytes_of(found: dict, keys) -> int:
+    return sum(map(_NBYTES, map(_INFO, map(found.__getitem__, keys))))
+
+
+def owners_of(result: _scan.ScanResult) -> Sharing:
+    """What the roots share (and, lazily, the distinct bytes reached)."""
+    return Sharing(result)
 
 
 def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), backends=None,
-              owners: dict | None = None) -> list[Holder]:
+              owners: Sharing | None = None) -> list[Holder]:
     """Turn what each root reaches into holders: unique and shared bytes.
 
     ``rows_for``: names whose every storage is listed (``%gpumem NAME``).
     """
-    owners = owners_of(result)[0] if owners is None else owners
+    sharing = Sharing(result) if owners is None else owners
     backends = active_backends() if backends is None else backends
+    names = [r.name for r in result.roots]
     holders = []
     for i, (root, reach) in enumerate(zip(result.roots, result.reach)):
-        if not reach.storages:
+        found = reach.storages
+        if not found:
             continue
-        with_rows = root.name in rows_for
-        unique = shared = 0
-        per_device: dict[str, int] = {}
-        sharers: dict[int, int] = {}
-        largest = None
-        largest_bytes = -1
+        entries = found.values()
+        infos = list(map(_INFO, entries))
+        sizes = list(map(_NBYTES, infos))
+        total = sum(sizes)
+        largest_bytes = max(sizes)
+        largest_entry = next(islice(entries, sizes.index(largest_bytes), None))
+        devices = set(map(_DEVICE, infos))
+        if len(devices) == 1:
+            per_device = {devices.pop(): total}
+        else:
+            per_device = {}
+            for info in infos:
+                per_device[info.device] = per_device.get(info.device, 0) + info.nbytes
+        common = sharing.shared_keys.get(i)
+        shared = _bytes_of(found, common) if common else 0
+        sharers = sharing.sharers(i) if common else {}
         rows = []
-        for key, entry in reach.storages.items():
-            info = entry[0]
-            nbytes = info.nbytes
-            own = owners[key]
-            if len(own) == 1:
-                unique += nbytes
-            else:
-                shared += nbytes
-                for j in own:
-                    if j != i:
-                        sharers[j] = sharers.get(j, 0) + nbytes
-            per_device[info.device] = per_device.get(info.device, 0) + nbytes
-            if nbytes > largest_bytes:
-                largest, largest_bytes = entry, nbytes
-            if with_rows:
-                rows.append(TensorRow(_scan.format_path(entry[1]), nbytes, info.device,
-                                      info.framework, entry[2],
-                                      [result.roots[j].name for j in own if j != i]))
-        path = _scan.format_path(largest[1])
+        if root.name in rows_for:
+            for key, (info, node, what) in found.items():
+                rows.append(TensorRow(
+                    _scan.format_path(node), info.nbytes, info.device, info.framework, what,
+                    [names[j] for j in sharing.owners(key) if j != i] if common and key in common
+                    else []))
+        path = _scan.format_path(largest_entry[1])
         label = root.name
         if root.kind == "traceback" and "→" in path:
             label = f"{root.name} ({path.rsplit('→', 1)[1]})"
         holders.append(Holder(
             name=root.name, label=label, type=type_name(root.obj) if root.kind != "traceback" else "traceback",
-            unique=unique, shared=shared, devices=per_device, tensors=len(reach.storages),
+            unique=total - shared, shared=shared, devices=per_device, tensors=len(found),
             largest_path=path, largest_bytes=largest_bytes, hidden=root.hidden,
             aliases=list(root.aliases),
-            shared_with=[result.roots[j].name for j, _ in sorted(sharers.items(), key=lambda kv: -kv[1])],
-            hint=_hint(root, backends, unique + shared), purge=root.purge,
+            shared_with=[names[j] for j, _ in sorted(sharers.items(), key=lambda kv: -kv[1])],
+            hint=_hint(root, backends, total), purge=root.purge,
             rows=sorted(rows, key=lambda r: -r.nbytes),
         ))
     holders.sort(key=lambda h: (-h.unique, -h.total, h.name))
@@ -259,13 +342,14 @@ def _build(shell, namespace, device, names, time_limit) -> Snapshot:
             extra.append(_scan.Root(text, target.obj, purge=text, kind="path"))
     result = _scan.scan(roots + extra, devices=set(ids), shell=shell, namespace=namespace,
                         time_limit=time_limit, describe=bool(names))
-    owners, reached = owners_of(result)
+    sharing = owners_of(result)
     detail_names = set(names or ())
-    all_holders = attribute(result, rows_for=detail_names, owners=owners)
+    all_holders = attribute(result, rows_for=detail_names, owners=sharing)
     details = [h for h in all_holders if h.name in detail_names]
     extra_names = {r.name for r in extra}
     holders = [h for h in all_holders if h.name not in extra_names]
     messages = list(_messages(result, usages, accs, device))
+    reached = sharing.reached
     unattributed = _unattributed(usages, reached)
     for du in usages:
         du.attributed = sum(reached.get(du.id, {}).values())

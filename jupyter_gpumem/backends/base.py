@@ -109,6 +109,11 @@ class Backend:
         """
         return tuple(self.children(obj))
 
+    def take(self, obj: Any, seen: dict) -> tuple:
+        """:meth:`storages` and :meth:`tensor_edges` of a tensor met for the first time
+        in a scan, in one call (a backend may do both at once, faster)."""
+        return self.storages(obj), self.tensor_edges(obj, seen)
+
     def accelerators(self) -> list[AcceleratorInfo]:
         """Accelerators this framework has already initialised."""
         return []

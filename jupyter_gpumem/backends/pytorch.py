@@ -11,9 +11,11 @@ from .base import AcceleratorInfo, Backend, FrameworkUsage, StorageInfo
 _SKIP_DEVICE_TYPES = {"meta"}
 _new_info = tuple.__new__   # StorageInfo without the named tuple's Python-level __new__
 _MODULE_OWN = ("_parameters", "_buffers", "_modules")
-_PLAIN_CONTAINERS = (dict, OrderedDict, set)
+_MODULE_OWN_SET = frozenset(_MODULE_OWN)
+_PLAIN_CONTAINERS = frozenset({dict, OrderedDict, set})
 _ATOMIC_GROUP_VALUES = (int, float, bool, str, type(None))   # lr, eps, flags
 _PLAIN_VALUES = frozenset(_ATOMIC_GROUP_VALUES)
+_GRAD = ("attr", "grad")
 
 
 def device_id(dev: Any) -> str:
@@ -128,20 +130,32 @@ class TorchBackend(Backend):
     def children(self, obj: Any) -> Iterator[tuple[tuple, Any]]:
         torch = self.torch
         if isinstance(obj, torch.nn.Module):
-            yield from self._module_children(obj)
-            return
+            return self._module_children(obj)
         if isinstance(obj, torch.optim.Optimizer):
-            yield from self._optimizer_children(obj)
-            return
+            return self._optimizer_children(obj)
         if not isinstance(obj, torch.Tensor):
-            return
+            return iter(())
         fn = obj.grad_fn
         if fn is None:
             grad = obj.grad
-            if grad is not None:
-                yield ("attr", "grad"), grad
-        else:
-            yield from self._graph_children(fn, {})
+            return iter(() if grad is None else ((_GRAD, grad),))
+        return self._graph_children(fn, {})
+
+    def take(self, obj: Any, seen: dict) -> tuple:
+        if type(obj) in self._plain:   # the common case in one call: see storages()
+            cached = self._known.get(id(obj))
+            if cached is not None and cached[1] == obj.data_ptr():
+                infos = cached[2]
+            else:
+                infos = self.storages(obj)
+            fn = obj.grad_fn
+            if fn is None:
+                grad = obj.grad
+                return infos, (() if grad is None else ((_GRAD, grad),))
+            if id(fn) in seen:
+                return infos, []
+            return infos, list(self._graph_children(fn, seen))
+        return self.storages(obj), self.tensor_edges(obj, seen)
 
     def tensor_edges(self, obj: Any, seen: dict):
         if type(obj) not in self._plain and type(obj) in self._storage_types():
@@ -149,7 +163,7 @@ class TorchBackend(Backend):
         fn = obj.grad_fn
         if fn is None:
             grad = obj.grad
-            return () if grad is None else ((("attr", "grad"), grad),)
+            return () if grad is None else ((_GRAD, grad),)
         if id(fn) in seen:
             return []   # expanded already in this root's walk: not in another root's
         return list(self._graph_children(fn, seen))
@@ -164,10 +178,11 @@ class TorchBackend(Backend):
             for key, value in dict.items(d.get(group) or {}):
                 if value is not None:
                     yield ("attr", key), value
+        plain, containers, own = _PLAIN_VALUES, _PLAIN_CONTAINERS, _MODULE_OWN_SET
         for key, value in dict.items(d):
             # skip plain values and the many empty hook tables every module carries
             tp = type(value)
-            if tp in _PLAIN_VALUES or key in _MODULE_OWN or (tp in _PLAIN_CONTAINERS and not value):
+            if tp in plain or (tp in containers and not value) or key in own:
                 continue
             yield ("attr", key), value
 
@@ -179,6 +194,7 @@ class TorchBackend(Backend):
         if type(groups) is not list or not isinstance(state, dict):
             yield from (( ("attr", k), v) for k, v in dict.items(d))
             return
+        listed = set()   # ids of the parameters of the groups, which are state keys too
         for gi, group in enumerate(groups):
             if type(group) is not dict:
                 yield ("attr_index", "param_groups", gi), group
@@ -186,11 +202,13 @@ class TorchBackend(Backend):
             for key, value in dict.items(group):
                 if key == "params" and type(value) is list:
                     for pi, param in enumerate(value):
+                        listed.add(id(param))
                         yield ("opt_param", gi, pi), param
                 elif type(value) not in _ATOMIC_GROUP_VALUES:
                     yield ("opt_group", gi, key), value
         for param, per_param in dict.items(state):
-            yield ("opt_state_key",), param
+            if id(param) not in listed:
+                yield ("opt_state_key",), param
             if type(per_param) is dict:
                 for key, value in dict.items(per_param):
                     yield ("opt_state", key), value
