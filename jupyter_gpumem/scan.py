@@ -20,6 +20,8 @@ import time
 import types
 import weakref
 from dataclasses import dataclass, field
+from itertools import compress, filterfalse, repeat
+from operator import is_not, itemgetter, not_
 from typing import Any, Callable
 
 from .backends import Backend, StorageInfo, active_backends
@@ -37,6 +39,10 @@ _SKIP_TYPES = frozenset({
 _LRU_WRAPPER = type(functools.lru_cache(lambda: None))
 _BIG = 4096            # containers longer than this get a C-speed "all atomic?" check first
 _DEFAULT_MAX_DEPTH = 2000
+_BATCH = 8             # a container with this many tensors of one backend takes them at once
+_FLUSH = 4096          # tensors waiting to be taken together at most
+_FIRST, _SECOND, _THIRD, _FOURTH = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
+_NEXT = (1).__add__
 
 # -- hidden names IPython keeps in user_ns --------------------------------
 _HIDDEN_NAME = re.compile(r"^(_|__|___|_\d+|_i|_ii|_iii|_i\d+|_ih|_oh|_dh|In|Out|_exit_code)$")
@@ -183,6 +189,9 @@ class Walker:
         self._instance_layout: dict[type, tuple] = {}
         self._tensor_backend: dict[type, Backend] = {}
         self._untracked_is_empty = _untracked_holds_nothing(backends)
+        self._batch_types: dict[Backend, frozenset] = {}
+        self._pending: dict[Backend, list] = {}   # (parent, label, tensor, depth) to take
+        self._waiting = 0                          # how many, over all backends
         self.current_root: str | None = None
         self.out_of_time = False
 
@@ -210,7 +219,13 @@ class Walker:
         tensor_backend = self._tensor_backend
         take = self._take
         max_depth = self.max_depth
-        while stack:
+        while stack or self._waiting:
+            if not stack:   # tensors wait to be taken together; what they hold comes next
+                try:
+                    self._flush()
+                except Exception:
+                    self.errors += 1
+                continue
             item, node, depth = pop()
             tp = type(item)
             if tp in atomic:
@@ -241,6 +256,9 @@ class Walker:
                 handler(item, node, depth + 1, push, found)
             except Exception:
                 self.errors += 1  # an object that refuses introspection
+        for pending in self._pending.values():   # a walk cut short leaves some
+            pending.clear()
+        self._waiting = 0
         reach.objects = count
         return reach
 
@@ -249,6 +267,7 @@ class Walker:
         refer back to it, so without this the tensors would live until a collection."""
         self._storage_cache.clear()
         self._handlers.clear()
+        self._pending.clear()
         self._seen = self._found = self._push = self._graph_seen = None
 
     def _take(self, pairs: Any, parent: tuple | None, depth: int) -> None:
@@ -280,6 +299,8 @@ class Walker:
                 if backend is None:
                     push((value, (parent, label), depth))
                     continue
+            if self._waiting:
+                self._flush()
             memo = memo_of(id(value))
             if memo is None:
                 infos, edges = backend.take(value, graph_seen)
@@ -370,7 +391,82 @@ class Walker:
             return type(obj).__name__
 
     def _backend_container(self, backend: Backend, obj, node, depth, push, found) -> None:
-        self._take(backend.children(obj), node, depth)
+        """A model, a module, an optimizer: their tensors of the backend's batch types
+        wait in ``_pending`` and are taken together (a model's 1,000 modules give one
+        batch of their parameters); the rest goes through :meth:`_take`."""
+        pairs = backend.children(obj)
+        if self.describe:
+            self._take(pairs, node, depth)
+            return
+        pairs = list(pairs)
+        kinds = self._batch_types.get(backend)
+        if kinds is None:
+            kinds = self._batch_types[backend] = backend.batch_types()
+        chosen = list(map(kinds.__contains__, map(type, map(_SECOND, pairs))))
+        if any(chosen):
+            batch = list(compress(pairs, chosen))
+            pending = self._pending.setdefault(backend, [])
+            pending += zip(repeat(node), map(_FIRST, batch), map(_SECOND, batch), repeat(depth))
+            self._waiting += len(batch)
+            if self._waiting >= _FLUSH:
+                self._flush()
+            if all(chosen):
+                return
+            pairs = list(compress(pairs, map(not_, chosen)))
+        self._take(pairs, node, depth)
+
+    def _flush(self) -> None:
+        """Take the tensors waiting in ``_pending``: before any other tensor is taken
+        (the first path to a storage names it) and at the end of a root's walk."""
+        self._waiting = 0
+        for backend, pending in self._pending.items():
+            if not pending:
+                continue
+            items = pending[:]
+            pending.clear()
+            if len(items) < _BATCH:
+                for node, label, value, depth in items:
+                    self._take(((label, value),), node, depth)
+            else:
+                self._take_batch(backend, list(map(_FIRST, items)), list(map(_SECOND, items)),
+                                 list(map(_THIRD, items)), list(map(_FOURTH, items)))
+
+    def _take_batch(self, backend: Backend, parents: Any, labels: Any, values: list,
+                    depths: Any) -> None:
+        """Many tensors at once (an optimizer's state, a model's parameters): what
+        :meth:`_take` does for each, in C-level passes over lists. Each tensor's path
+        node is ``(parent, label)``, one of ``parents`` and ``labels`` each."""
+        taken = backend.take_many(values)
+        if taken is None:   # the long way, one by one
+            for parent, label, value, depth in zip(parents, labels, values, depths):
+                self._take(((label, value),), parent, depth)
+            return
+        infos, held_label, held = taken
+        nodes = list(zip(parents, labels))
+        found = self._found
+        devices = self.devices
+        if set(map(len, infos)) == {1}:   # one storage each: the common case
+            single = list(map(_FIRST, infos))
+            if devices is not None and not devices.issuperset(map(_THIRD, single)):
+                keep = list(map(devices.__contains__, map(_THIRD, single)))
+                single, nodes_kept = list(compress(single, keep)), list(compress(nodes, keep))
+            else:
+                nodes_kept = nodes
+            keys = list(map(_FIRST, single))
+            new = list(filterfalse(found.__contains__, dict.fromkeys(keys)))
+            if new:   # the first path to each storage wins, as in _take
+                entries = dict(zip(reversed(keys), zip(reversed(single), reversed(nodes_kept),
+                                                       repeat(None))))
+                found.update(zip(new, map(entries.__getitem__, new)))
+        else:
+            for node, its in zip(nodes, infos):
+                for info in its:
+                    if (devices is None or info[2] in devices) and info[0] not in found:
+                        found[info[0]] = (info, node, None)
+        if any(map(is_not, held, repeat(None))):
+            has = list(map(is_not, held, repeat(None)))
+            self._take_batch(backend, list(compress(nodes, has)), repeat(held_label),
+                             list(compress(held, has)), map(_NEXT, compress(depths, has)))
 
     def _dict(self, obj, node, depth, push, found) -> None:
         if self._untracked_is_empty and not gc.is_tracked(obj):

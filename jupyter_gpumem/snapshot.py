@@ -146,7 +146,6 @@ def type_name(obj: Any) -> str:
 
 _INFO = itemgetter(0)        # (storage info, path node, description) -> info
 _NBYTES = itemgetter(1)      # StorageInfo -> bytes
-_DEVICE = itemgetter(2)      # StorageInfo -> device
 _PLACE = itemgetter(2, 3)    # StorageInfo -> (device, framework)
 _PAIRWISE = 16               # up to this many sharing roots, compare them pairwise
 
@@ -176,6 +175,18 @@ class Sharing:
                         self.shared_keys[i] = common
         self._owners: dict | None = None
         self._reached: dict | None = None
+        self._stats: dict[int, tuple] = {}
+        self._pairs: dict[tuple, int] = {}
+
+    def stats(self, i: int) -> tuple[list, list, int, set]:
+        """Root ``i``'s storages: their infos, their sizes, the total, the places
+        ``(device, framework)`` they are on."""
+        out = self._stats.get(i)
+        if out is None:
+            infos = list(map(_INFO, self.result.reach[i].storages.values()))
+            sizes = list(map(_NBYTES, infos))
+            out = self._stats[i] = (infos, sizes, sum(sizes), set(map(_PLACE, infos)))
+        return out
 
     @property
     def reached(self) -> dict[str, dict[str, int]]:
@@ -187,23 +198,32 @@ class Sharing:
                 found = reach.storages
                 if not found:
                     continue
+                infos, _, total, places = self.stats(i)
                 common = self.shared_keys.get(i)
-                entries = found.values() if not common else \
-                    map(found.__getitem__, (found.keys() - common) | (common - counted))
+                again = common & counted if common else ()
                 if common:
                     counted |= common
-                infos = list(map(_INFO, entries))
-                places = set(map(_PLACE, infos))
                 if len(places) == 1:
-                    dev, fw = places.pop()
+                    dev, fw = next(iter(places))
                     per = out.setdefault(dev, {})
-                    per[fw] = per.get(fw, 0) + sum(map(_NBYTES, infos))
+                    per[fw] = per.get(fw, 0) + total - (_bytes_of(found, again) if again else 0)
                     continue
-                for info in infos:
-                    per = out.setdefault(info.device, {})
-                    per[info.framework] = per.get(info.framework, 0) + info.nbytes
+                for key, (info, _, _) in found.items():
+                    if key not in again:
+                        per = out.setdefault(info.device, {})
+                        per[info.framework] = per.get(info.framework, 0) + info.nbytes
             self._reached = out
         return self._reached
+
+    def shared_bytes(self, i: int, j: int | None = None) -> int:
+        """Bytes root ``i`` shares with other roots (with root ``j`` only, if given)."""
+        key = (i, -1) if j is None else (min(i, j), max(i, j))
+        out = self._pairs.get(key)
+        if out is None:
+            mine = self.shared_keys.get(i, set())
+            common = mine if j is None else mine & self.shared_keys.get(j, set())
+            out = self._pairs[key] = _bytes_of(self.result.reach[i].storages, common)
+        return out
 
     def owners(self, key: tuple) -> list[int]:
         """Indices of the roots that reach a shared storage."""
@@ -222,11 +242,11 @@ class Sharing:
         found = self.result.reach[i].storages
         out: dict[int, int] = {}
         if len(self.shared_keys) <= _PAIRWISE:
-            for j, theirs in self.shared_keys.items():
+            for j in self.shared_keys:
                 if j != i:
-                    common = mine & theirs
-                    if common:
-                        out[j] = _bytes_of(found, common)
+                    nbytes = self.shared_bytes(i, j)
+                    if nbytes or not mine.isdisjoint(self.shared_keys[j]):
+                        out[j] = nbytes
             return out
         for k in mine:
             nbytes = found[k][0].nbytes
@@ -259,13 +279,10 @@ def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), bac
         found = reach.storages
         if not found:
             continue
-        entries = found.values()
-        infos = list(map(_INFO, entries))
-        sizes = list(map(_NBYTES, infos))
-        total = sum(sizes)
+        infos, sizes, total, places = sharing.stats(i)
         largest_bytes = max(sizes)
-        largest_entry = next(islice(entries, sizes.index(largest_bytes), None))
-        devices = set(map(_DEVICE, infos))
+        largest_entry = next(islice(found.values(), sizes.index(largest_bytes), None))
+        devices = {place[0] for place in places}
         if len(devices) == 1:
             per_device = {devices.pop(): total}
         else:
@@ -273,7 +290,7 @@ def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), bac
             for info in infos:
                 per_device[info.device] = per_device.get(info.device, 0) + info.nbytes
         common = sharing.shared_keys.get(i)
-        shared = _bytes_of(found, common) if common else 0
+        shared = sharing.shared_bytes(i) if common else 0
         sharers = sharing.sharers(i) if common else {}
         rows = []
         if root.name in rows_for:

@@ -114,6 +114,18 @@ class Backend:
         in a scan, in one call (a backend may do both at once, faster)."""
         return self.storages(obj), self.tensor_edges(obj, seen)
 
+    def batch_types(self) -> frozenset:
+        """Exact tensor types :meth:`take_many` handles."""
+        return frozenset()
+
+    def take_many(self, values: list) -> "tuple[list, tuple, list] | None":
+        """For many tensors of :meth:`batch_types` met in one container (an optimizer's
+        state): the storages of each, the label of the one tensor each may hold, and
+        that tensor or ``None`` (a gradient), found with C-level passes instead of a
+        call per tensor. ``None`` when some tensor needs the long way (:meth:`take`):
+        an autograd graph, say."""
+        return None
+
     def accelerators(self) -> list[AcceleratorInfo]:
         """Accelerators this framework has already initialised."""
         return []

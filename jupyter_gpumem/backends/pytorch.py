@@ -4,6 +4,8 @@ from __future__ import annotations
 import sys
 import weakref
 from collections import OrderedDict, deque
+from itertools import repeat
+from operator import attrgetter, is_not, itemgetter
 from typing import Any, Iterator
 
 from .base import AcceleratorInfo, Backend, FrameworkUsage, StorageInfo
@@ -16,6 +18,10 @@ _PLAIN_CONTAINERS = frozenset({dict, OrderedDict, set})
 _ATOMIC_GROUP_VALUES = (int, float, bool, str, type(None))   # lr, eps, flags
 _PLAIN_VALUES = frozenset(_ATOMIC_GROUP_VALUES)
 _GRAD = ("attr", "grad")
+_GRAD_FN, _GRAD_OF = attrgetter("grad_fn"), attrgetter("grad")
+_PTR, _INFOS = itemgetter(1), itemgetter(2)   # of a _known entry
+_SECOND = itemgetter(1)
+_STATE_KEY = ("opt_state_key",)
 
 
 def device_id(dev: Any) -> str:
@@ -47,6 +53,7 @@ class TorchBackend(Backend):
             torch = self.torch
             self._types = (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)
             self._plain = (torch.Tensor, torch.nn.Parameter)
+            self._data_ptr = torch._C.TensorBase.data_ptr   # what plain tensors use
             self._strided = torch.strided
         return self._types
 
@@ -157,6 +164,20 @@ class TorchBackend(Backend):
             return infos, list(self._graph_children(fn, seen))
         return self.storages(obj), self.tensor_edges(obj, seen)
 
+    def batch_types(self) -> frozenset:
+        self.tensor_types()
+        return frozenset(self._plain)
+
+    def take_many(self, values: list) -> tuple[list, tuple, list] | None:
+        if any(map(is_not, map(_GRAD_FN, values), repeat(None))):
+            return None   # an autograd graph: the long way
+        recs = list(map(self._known.get, map(id, values)))
+        if not all(recs) or list(map(_PTR, recs)) != list(map(self._data_ptr, values)):
+            infos = list(map(self.storages, values))   # first met, or moved: asked again
+        else:
+            infos = list(map(_INFOS, recs))
+        return infos, _GRAD, list(map(_GRAD_OF, values))
+
     def tensor_edges(self, obj: Any, seen: dict):
         if type(obj) not in self._plain and type(obj) in self._storage_types():
             return ()
@@ -186,37 +207,34 @@ class TorchBackend(Backend):
                 continue
             yield ("attr", key), value
 
-    def _optimizer_children(self, opt: Any) -> Iterator[tuple[tuple, Any]]:
+    def _optimizer_children(self, opt: Any) -> list[tuple[tuple, Any]]:
         """Parameters and per-parameter state, straight to the tensors (paths as
-        ``opt.param_groups[0]['params'][3]`` and ``opt.state[...]['exp_avg']``)."""
+        ``opt.param_groups[0]['params'][3]`` and ``opt.state[...]['exp_avg']``).
+        A list built by comprehensions: an optimizer holds thousands of tensors."""
         d = object.__getattribute__(opt, "__dict__")
         groups, state = d.get("param_groups"), d.get("state")
         if type(groups) is not list or not isinstance(state, dict):
-            yield from (( ("attr", k), v) for k, v in dict.items(d))
-            return
-        listed = set()   # ids of the parameters of the groups, which are state keys too
+            return [(("attr", k), v) for k, v in dict.items(d)]
+        out: list[tuple[tuple, Any]] = []
         for gi, group in enumerate(groups):
             if type(group) is not dict:
-                yield ("attr_index", "param_groups", gi), group
+                out.append((("attr_index", "param_groups", gi), group))
                 continue
             for key, value in dict.items(group):
                 if key == "params" and type(value) is list:
-                    for pi, param in enumerate(value):
-                        listed.add(id(param))
-                        yield ("opt_param", gi, pi), param
+                    out += [(("opt_param", gi, pi), param) for pi, param in enumerate(value)]
                 elif type(value) not in _ATOMIC_GROUP_VALUES:
-                    yield ("opt_group", gi, key), value
-        for param, per_param in dict.items(state):
-            if id(param) not in listed:
-                yield ("opt_state_key",), param
-            if type(per_param) is dict:
-                for key, value in dict.items(per_param):
-                    yield ("opt_state", key), value
-            else:
-                yield ("opt_state", ...), per_param
-        for key, value in dict.items(d):
-            if key not in ("param_groups", "state"):
-                yield ("attr", key), value
+                    out.append((("opt_group", gi, key), value))
+        listed = set(map(id, map(_SECOND, out)))   # parameters are state keys too
+        out += [(_STATE_KEY, param) for param in dict.keys(state) if id(param) not in listed]
+        per_params = list(dict.values(state))
+        out += [(("opt_state", key), value) for per_param in per_params if type(per_param) is dict
+                for key, value in dict.items(per_param)]
+        out += [(("opt_state", ...), per_param) for per_param in per_params
+                if type(per_param) is not dict]
+        out += [(("attr", key), value) for key, value in dict.items(d)
+                if key not in ("param_groups", "state")]
+        return out
 
     def _graph_children(self, root: Any, seen: dict) -> Iterator[tuple[tuple, Any]]:
         """Saved tensors and leaf variables of the autograd graph under ``root``.
