@@ -242,11 +242,9 @@ class Sharing:
         found = self.result.reach[i].storages
         out: dict[int, int] = {}
         if len(self.shared_keys) <= _PAIRWISE:
-            for j in self.shared_keys:
-                if j != i:
-                    nbytes = self.shared_bytes(i, j)
-                    if nbytes or not mine.isdisjoint(self.shared_keys[j]):
-                        out[j] = nbytes
+            for j, theirs in self.shared_keys.items():
+                if j != i and not mine.isdisjoint(theirs):
+                    out[j] = self.shared_bytes(i, j)
             return out
         for k in mine:
             nbytes = found[k][0].nbytes

@@ -13,32 +13,15 @@ import importlib
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
 from conftest import run  # noqa: E402
+from test_cases import holder, report, weak  # noqa: E402
 
 _scan = importlib.import_module("jupyter_gpumem.scan")
 
 W = 64 * 64 * 4       # bytes of one Linear(64, 64) weight
 B = 64 * 4            # and of its bias
 LAYERS = 12
-
-
-def report(ip):
-    return ip.run_line_magic("gpumem", "--device cpu -o")
-
-
-def holder(snap, name):
-    h = snap.holder(name)
-    assert h is not None, f"{name} not blamed; holders: {[x.label for x in snap.holders]}"
-    return h
-
-
-def weak(ip, expr: str) -> StorageWeakRef:
-    tensor = eval(expr, ip.user_ns)  # test code, not user input
-    ref = StorageWeakRef(tensor.untyped_storage())
-    del tensor
-    return ref
 
 
 @pytest.fixture
