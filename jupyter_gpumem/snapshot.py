@@ -6,9 +6,9 @@ and text, so keeping one (``-o``, the panel, ``Out``) pins no memory.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from itertools import islice
 from operator import itemgetter
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import devices as _devices
@@ -258,18 +258,13 @@ def _bytes_of(found: dict, keys) -> int:
     return sum(map(_NBYTES, map(_INFO, map(found.__getitem__, keys))))
 
 
-def owners_of(result: _scan.ScanResult) -> Sharing:
-    """What the roots share (and, lazily, the distinct bytes reached)."""
-    return Sharing(result)
-
-
 def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), backends=None,
-              owners: Sharing | None = None) -> list[Holder]:
+              sharing: Sharing | None = None) -> list[Holder]:
     """Turn what each root reaches into holders: unique and shared bytes.
 
     ``rows_for``: names whose every storage is listed (``%gpumem NAME``).
     """
-    sharing = Sharing(result) if owners is None else owners
+    sharing = Sharing(result) if sharing is None else sharing
     backends = active_backends() if backends is None else backends
     names = [r.name for r in result.roots]
     holders = []
@@ -357,9 +352,9 @@ def _build(shell, namespace, device, names, time_limit) -> Snapshot:
             extra.append(_scan.Root(text, target.obj, purge=text, kind="path"))
     result = _scan.scan(roots + extra, devices=set(ids), shell=shell, namespace=namespace,
                         time_limit=time_limit, describe=bool(names))
-    sharing = owners_of(result)
+    sharing = Sharing(result)
     detail_names = set(names or ())
-    all_holders = attribute(result, rows_for=detail_names, owners=sharing)
+    all_holders = attribute(result, rows_for=detail_names, sharing=sharing)
     details = [h for h in all_holders if h.name in detail_names]
     extra_names = {r.name for r in extra}
     holders = [h for h in all_holders if h.name not in extra_names]
