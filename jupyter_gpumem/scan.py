@@ -20,7 +20,7 @@ import time
 import types
 import weakref
 from dataclasses import dataclass, field
-from itertools import compress, filterfalse, repeat
+from itertools import compress, filterfalse, islice, repeat
 from operator import is_not, itemgetter, not_
 from typing import Any, Callable
 
@@ -437,7 +437,15 @@ class Walker:
         :meth:`_take` does for each, in C-level passes over lists. Each tensor's path
         node is ``(parent, label)``, one of ``parents`` and ``labels`` each."""
         taken = backend.take_many(values)
-        if taken is None:   # the long way, one by one
+        if taken is None:   # some need the long way (an autograd graph): find them by halves
+            n = len(values)
+            parents, labels, depths = (list(islice(x, n)) for x in (parents, labels, depths))
+            if n >= 2 * _BATCH:
+                half = n // 2
+                for part in (slice(0, half), slice(half, n)):
+                    self._take_batch(backend, parents[part], labels[part], values[part],
+                                     depths[part])
+                return
             for parent, label, value, depth in zip(parents, labels, values, depths):
                 self._take(((label, value),), parent, depth)
             return

@@ -84,7 +84,8 @@ def test_batches_find_what_the_one_by_one_walk_finds_under_the_same_paths(ip, tr
     """``describe`` (``%gpumem NAME``) takes every tensor one by one: the reference."""
     run(ip, "extra = [model[0].weight, opt.state[model[1].bias]]\n"
             "m = torch.nn.Sequential(torch.nn.Linear(256, 256), "
-            "*[torch.nn.Linear(8, 8) for _ in range(8)])\nm[8].weight = m[0].weight")
+            "*[torch.nn.Linear(8, 8) for _ in range(8)])\nm[8].weight = m[0].weight\n"
+            "model[5].act = model[5](torch.ones(2, 64))   # a graph among 48 leaves")
     roots = _scan.collect_roots(shell=ip)
     fast = _scan.scan(roots, devices={"cpu"}, shell=ip)
     slow = _scan.scan(roots, devices={"cpu"}, shell=ip, describe=True)
