@@ -24,6 +24,21 @@ _SECOND = itemgetter(1)
 _STATE_KEY = ("opt_state_key",)
 
 
+def _counter(stats: dict, name: str) -> dict:
+    """``stats[name]['all']`` of ``torch.cuda.memory_stats_as_nested_dict()``, or {}."""
+    value = stats.get(name)
+    value = value.get("all") if isinstance(value, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _allocator_key(stats: dict) -> tuple:
+    """What changes whenever the allocator's blocks do: its counts of allocations and
+    frees, of blocks and of segments (``None`` where torch does not say)."""
+    blocks, segments = _counter(stats, "allocation"), _counter(stats, "segment")
+    return (blocks.get("allocated"), blocks.get("freed"),
+            segments.get("allocated"), segments.get("freed"))
+
+
 def device_id(dev: Any) -> str:
     """``cuda:0``, ``cpu``, ``mps:0`` from a ``torch.device``."""
     text = str(dev)
@@ -43,6 +58,7 @@ class TorchBackend(Backend):
         self._strided = None
         self._device_names: dict = {}
         self._known: dict[int, tuple] = {}   # id -> (weak ref, data pointer, storages)
+        self._free_blocks: dict[int, tuple] = {}   # GPU -> (allocator counters, largest free)
 
     @property
     def torch(self):
@@ -311,15 +327,16 @@ class TorchBackend(Backend):
                 i = int(dev.split(":")[1])
                 if i >= torch.cuda.device_count():
                     continue
-                u = FrameworkUsage(
-                    "torch",
-                    allocated=torch.cuda.memory_allocated(i),
-                    reserved=torch.cuda.memory_reserved(i),
-                    peak=torch.cuda.max_memory_allocated(i),
-                )
+                # one read of the allocator's counters (memory_allocated() and the like
+                # each flatten all of them again)
+                stats = torch.cuda.memory_stats_as_nested_dict(i)
+                allocated = _counter(stats, "allocated_bytes")
+                u = FrameworkUsage("torch", allocated=allocated.get("current", 0),
+                                   reserved=_counter(stats, "reserved_bytes").get("current", 0),
+                                   peak=allocated.get("peak", 0))
                 u.free_in_reserved = u.reserved - u.allocated
                 if detail:
-                    u.largest_free_block = self._largest_free_block(i)
+                    u.largest_free_block = self._largest_free_block(i, stats)
                 out[dev] = u
             elif dev.startswith("mps:") and hasattr(torch, "mps"):
                 try:
@@ -332,7 +349,13 @@ class TorchBackend(Backend):
                     pass
         return out
 
-    def _largest_free_block(self, index: int) -> int | None:
+    def _largest_free_block(self, index: int, stats: dict) -> int | None:
+        """The largest cached block not in use on GPU ``index``. Reading it walks every
+        block of the allocator (milliseconds with thousands of tensors), so the figure
+        is kept until the allocator has allocated or freed a block or a segment."""
+        cached = self._free_blocks.get(index)
+        if cached is not None and cached[0] == _allocator_key(stats):
+            return cached[1]
         try:
             segments = self.torch.cuda.memory_snapshot()
         except Exception:
@@ -344,6 +367,10 @@ class TorchBackend(Backend):
             for block in seg.get("blocks", ()):
                 if block.get("state") == "inactive":
                     largest = max(largest, int(block.get("size", 0)))
+        # the counters as they are after the walk, which may itself have moved them
+        key = _allocator_key(self.torch.cuda.memory_stats_as_nested_dict(index))
+        if None not in key:
+            self._free_blocks[index] = (key, largest)
         return largest
 
     def release(self) -> list[str]:

@@ -65,3 +65,62 @@ def test_deep_model_and_adam_state_counted_per_device_and_purged(ip):
     assert leaked - floor >= 4 * PARAMS
     assert abs(after - floor) <= 2 * MIB
     assert float(ip.user_ns["keep"][0]) == 7.0
+
+
+def _largest_free_now(index: int = 0) -> int:
+    """The largest inactive block, read from the allocator the long way."""
+    return max((int(b["size"]) for seg in torch.cuda.memory_snapshot() if seg["device"] == index
+                for b in seg["blocks"] if b["state"] == "inactive"), default=0)
+
+
+def test_allocator_figures_are_torchs_and_follow_every_change(ip, monkeypatch):
+    """One read of the allocator's counters gives torch's figures; the largest free
+    block is walked for again only after the allocator changed."""
+    from jupyter_gpumem.backends import active_backends
+
+    run(ip, "import torch")
+    backend = next(b for b in active_backends() if b.name == "torch")
+    counts = lambda: (torch.cuda.memory_stats_as_nested_dict(0)["allocation"]["all"],  # noqa: E731
+                      torch.cuda.memory_stats_as_nested_dict(0)["segment"]["all"])
+    before = counts()
+    torch.cuda.memory_snapshot()
+    print("\nallocator counts before and after a memory_snapshot():", before, counts())
+    walks = []
+    real = torch.cuda.memory_snapshot
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: walks.append(1) or real())
+
+    def check(what):
+        walks.clear()
+        u = backend.usage(["cuda:0"], detail=True)["cuda:0"]
+        first = len(walks)
+        again = backend.usage(["cuda:0"], detail=True)["cuda:0"]
+        second = len(walks) - first
+        assert (u.allocated, u.reserved, u.peak) == (
+            torch.cuda.memory_allocated(0), torch.cuda.memory_reserved(0),
+            torch.cuda.max_memory_allocated(0)), what
+        assert u.largest_free_block == again.largest_free_block == _largest_free_now(), what
+        assert second == 0, f"{what}: walked again with nothing changed"
+        return first
+
+    small = [torch.ones(1024, device="cuda") for _ in range(20000)]
+    check("20,000 small tensors")
+    del small[::2]                      # holes: the largest free block is one of them
+    assert check("every other one freed") == 1
+    big = torch.ones(1 << 28, device="cuda")
+    assert check("a 1 GiB tensor") == 1
+    del big
+    assert check("the 1 GiB tensor freed") == 1
+    torch.cuda.empty_cache()
+    assert check("cache emptied") == 1
+    times = {}
+    for name, fn in (("counters + remembered block", lambda: backend.usage(["cuda:0"], detail=True)),
+                     ("memory_allocated/reserved/max + memory_snapshot walk",
+                      lambda: (torch.cuda.memory_allocated(0), torch.cuda.memory_reserved(0),
+                               torch.cuda.max_memory_allocated(0), _largest_free_now()))):
+        t0 = time.perf_counter()
+        for _ in range(20):
+            fn()
+        times[name] = (time.perf_counter() - t0) / 20 * 1000
+    print("per read with 10,000 small tensors alive:",
+          ", ".join(f"{k} {v:.2f} ms" for k, v in times.items()))
+    del small
