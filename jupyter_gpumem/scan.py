@@ -5,6 +5,10 @@ follows what the user holds, not the size of the heap. It reads objects
 only through C-level slots and descriptors: no property, ``__getattr__`` or
 other user code runs. It is iterative, bounded in time and depth, and a
 partial result says it is partial.
+
+Its hot path is tensors: a model's parameters and an optimizer's state wait
+in a batch and are taken together in C-level passes (``Walker._take_batch``),
+with each tensor's storages remembered by its backend between scans.
 """
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ _SKIP_TYPES = frozenset({
 _LRU_WRAPPER = type(functools.lru_cache(lambda: None))
 _BIG = 4096            # containers longer than this get a C-speed "all atomic?" check first
 _DEFAULT_MAX_DEPTH = 2000
-_BATCH = 8             # a container with this many tensors of one backend takes them at once
+_BATCH = 8             # this many tensors waiting are taken together; fewer, one by one
 _FLUSH = 4096          # tensors waiting to be taken together at most
 _FIRST, _SECOND, _THIRD, _FOURTH = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
 _NEXT = (1).__add__
