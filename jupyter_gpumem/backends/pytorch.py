@@ -19,8 +19,7 @@ _ATOMIC_GROUP_VALUES = (int, float, bool, str, type(None))   # lr, eps, flags
 _PLAIN_VALUES = frozenset(_ATOMIC_GROUP_VALUES)
 _GRAD = ("attr", "grad")
 _GRAD_FN, _GRAD_OF = attrgetter("grad_fn"), attrgetter("grad")
-_PTR, _INFOS = itemgetter(1), itemgetter(2)   # of a _known entry
-_SECOND = itemgetter(1)
+_SECOND, _THIRD = itemgetter(1), itemgetter(2)   # of a _known entry: pointer, storages
 _STATE_KEY = ("opt_state_key",)
 
 
@@ -165,12 +164,8 @@ class TorchBackend(Backend):
         return self._graph_children(fn, {})
 
     def take(self, obj: Any, seen: dict) -> tuple:
-        if type(obj) in self._plain:   # the common case in one call: see storages()
-            cached = self._known.get(id(obj))
-            if cached is not None and cached[1] == obj.data_ptr():
-                infos = cached[2]
-            else:
-                infos = self.storages(obj)
+        if type(obj) in self._plain:   # the common case in one call
+            infos = self.storages(obj)
             fn = obj.grad_fn
             if fn is None:
                 grad = obj.grad
@@ -188,10 +183,10 @@ class TorchBackend(Backend):
         if any(map(is_not, map(_GRAD_FN, values), repeat(None))):
             return None   # an autograd graph: the long way
         recs = list(map(self._known.get, map(id, values)))
-        if not all(recs) or list(map(_PTR, recs)) != list(map(self._data_ptr, values)):
+        if not all(recs) or list(map(_SECOND, recs)) != list(map(self._data_ptr, values)):
             infos = list(map(self.storages, values))   # first met, or moved: asked again
         else:
-            infos = list(map(_INFOS, recs))
+            infos = list(map(_THIRD, recs))
         return infos, _GRAD, list(map(_GRAD_OF, values))
 
     def tensor_edges(self, obj: Any, seen: dict):
