@@ -163,18 +163,6 @@ class TorchBackend(Backend):
             return iter(() if grad is None else ((_GRAD, grad),))
         return self._graph_children(fn, {})
 
-    def take(self, obj: Any, seen: dict) -> tuple:
-        if type(obj) in self._plain:   # the common case in one call
-            infos = self.storages(obj)
-            fn = obj.grad_fn
-            if fn is None:
-                grad = obj.grad
-                return infos, (() if grad is None else ((_GRAD, grad),))
-            if id(fn) in seen:
-                return infos, []
-            return infos, list(self._graph_children(fn, seen))
-        return self.storages(obj), self.tensor_edges(obj, seen)
-
     def batch_types(self) -> frozenset:
         self.tensor_types()
         return frozenset(self._plain)
