@@ -7,9 +7,12 @@ downloaded browser) it opens a notebook, runs a cell that makes a 4 MiB host
 tensor, loads the extension from the sidebar's button, picks ``cpu``, checks
 the tensor, purges it through the confirmation dialog, and proves with
 another cell that the name is gone from the kernel. It saves a screenshot of
-the sidebar to docs/sidebar.png.
+the sidebar to test-artifacts/sidebar.png (ignored by git; GPUMEM_TEST_ARTIFACTS
+names another folder), for a reviewer to look at; it never writes into the
+working tree's tracked files (docs/sidebar.png, the README's picture, is
+updated by hand from that screenshot).
 
-Skipped only when Chromium is absent.
+The browser test is skipped only when Chromium is absent.
 """
 from __future__ import annotations
 
@@ -29,7 +32,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LABEXT_SRC = ROOT / "labextension"
 LABEXT_BUILD = ROOT / "jupyter_gpumem" / "labextension"
-SCREENSHOT = ROOT / "docs" / "sidebar.png"
+# screenshots go to an ignored folder (.gitignore: test-artifacts/), never to docs/
+ARTIFACTS = Path(os.environ.get("GPUMEM_TEST_ARTIFACTS") or ROOT / "test-artifacts")
+SCREENSHOT = ARTIFACTS / "sidebar.png"
 CHROMIUM = os.environ.get("GPUMEM_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_FLAGS = [
     "--headless",
@@ -45,7 +50,7 @@ TOKEN = "gpumem-e2e-token"
 SIDEBAR_TAB = '.lm-TabBar-tab[data-id="jupyter-gpumem-sidebar"]'
 SIDEBAR = "#jupyter-gpumem-sidebar"
 
-pytestmark = pytest.mark.skipif(
+needs_chromium = pytest.mark.skipif(
     not (os.path.exists(CHROMIUM) and os.access(CHROMIUM, os.X_OK)),
     reason=f"Chromium is not installed at {CHROMIUM} (apt-get install -y chromium)",
 )
@@ -221,14 +226,30 @@ def _widen_right_area(page, by: int = 160) -> None:
     page.mouse.up()
 
 
+def test_screenshots_go_to_an_ignored_folder_not_to_tracked_files():
+    """The browser test's screenshots never show up in ``git status``."""
+    git = shutil.which("git")
+    if git is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    if os.environ.get("GPUMEM_TEST_ARTIFACTS"):
+        pytest.skip("GPUMEM_TEST_ARTIFACTS names the folder: the caller's choice")
+    for path in (SCREENSHOT, ARTIFACTS / "sidebar-failure.png"):
+        rel = str(path.relative_to(ROOT))
+        ignored = subprocess.run([git, "check-ignore", "-q", "--no-index", rel], cwd=ROOT)
+        assert ignored.returncode == 0, f"{rel} is not ignored by git"
+        tracked = subprocess.run([git, "ls-files", "--error-unmatch", rel], cwd=ROOT,
+                                 capture_output=True)
+        assert tracked.returncode != 0, f"{rel} is a tracked file"
+
+
+@needs_chromium
 def test_sidebar_lists_and_purges_a_host_tensor(lab, page):
     try:
         _scenario(lab, page)
     except BaseException:
-        # for a look at what went wrong (test-results/ is ignored by git)
-        out = ROOT / "test-results"
-        out.mkdir(exist_ok=True)
-        page.screenshot(path=str(out / "sidebar-failure.png"))
+        # for a look at what went wrong (in the ignored artifacts folder)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "sidebar-failure.png"))
         raise
 
 
@@ -288,7 +309,7 @@ def _scenario(lab, page) -> None:
     purge = sidebar.locator("button.jp-GpuMem-purge")
     assert purge.inner_text() == "Purge selected (1)"
     _widen_right_area(page)
-    SCREENSHOT.parent.mkdir(exist_ok=True)
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT))
 
     t = time.monotonic()
