@@ -24,6 +24,8 @@ if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
 
 from conftest import run  # noqa: E402
 
+from gpu_floor import empty_caches_after_each_test  # noqa: E402,F401
+
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 GiB = 1 << 30
