@@ -1,6 +1,7 @@
 """``%gpumem tame`` and the ``GpuMemMagics.tame`` setting."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -13,6 +14,20 @@ from jupyter_gpumem.backends import tame as tame_mod
 
 ROOT = Path(__file__).resolve().parents[1]
 VARS = ("XLA_PYTHON_CLIENT_PREALLOCATE", "TF_FORCE_GPU_ALLOW_GROWTH", "XLA_PYTHON_CLIENT_ALLOCATOR")
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported, found without importing it here (the
+    checks import it in a child process, so that this one stays without it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+needs_jax = pytest.mark.skipif(not _installed("jax"), reason="jax is not installed")
+needs_tensorflow = pytest.mark.skipif(not _installed("tensorflow"),
+                                      reason="tensorflow is not installed")
 
 
 @pytest.fixture
@@ -86,6 +101,7 @@ def test_config_trait_applies_on_every_start():
     assert "ENV false true" in proc.stdout, proc.stdout + proc.stderr
 
 
+@needs_jax
 def test_imported_but_unstarted_jax_still_takes_the_setting():
     proc = _child("import jax\n" + SHELL + "ip.run_line_magic('gpumem', 'tame')\n"
                   "from jax._src import xla_bridge\n"
@@ -95,6 +111,7 @@ def test_imported_but_unstarted_jax_still_takes_the_setting():
     assert "STARTED False" in proc.stdout and "warning" not in proc.stderr
 
 
+@needs_jax
 def test_warns_when_a_framework_has_already_set_up_its_devices():
     proc = _child("import jax, jax.numpy as jnp\nx = jnp.ones(4)\n" + SHELL +
                   "ip.run_line_magic('gpumem', 'tame')\n", JAX_PLATFORMS="cpu")
@@ -104,6 +121,7 @@ def test_warns_when_a_framework_has_already_set_up_its_devices():
     assert "jax: already set up its devices: too late" in proc.stdout
 
 
+@needs_tensorflow
 def test_warns_for_tensorflow_started_before_tame():
     proc = _child("import tensorflow as tf\nx = tf.ones(4)\n" + SHELL +
                   "ip.run_line_magic('gpumem', 'tame')\n", CUDA_VISIBLE_DEVICES="")
