@@ -88,6 +88,36 @@ def _bool_env(name: str) -> bool | None:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _onednn_enabled() -> bool | None:
+    """Whether TensorFlow runs with oneDNN, from the module TensorFlow has already loaded."""
+    port = sys.modules.get("tensorflow.python.util._pywrap_util_port")
+    try:
+        return bool(port.IsMklEnabled()) if port is not None else None
+    except Exception:
+        return None
+
+
+def _no_cpu_stats_note(exc: BaseException) -> str:
+    """Why TensorFlow's host figures are missing, and how the user can get them."""
+    missing = ("its allocated, peak and unattributed host bytes are unknown; tracked tensors "
+               "still counts the TensorFlow tensors that names reach")
+    if _onednn_enabled() is False:
+        setting = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+        why = ("oneDNN is off: TF_ENABLE_ONEDNN_OPTS=" + setting.strip()
+               if setting is not None and _bool_env("TF_ENABLE_ONEDNN_OPTS") is False
+               else "oneDNN is off, TensorFlow's default on this CPU")
+        if _bool_env("TF_CPU_ALLOCATOR_USE_BFC"):
+            fix = ("TF_CPU_ALLOCATOR_USE_BFC is set, but only after TensorFlow had started: "
+                   "restart the kernel and set it before importing tensorflow")
+        else:
+            fix = ("To get them: restart the kernel, run `%env TF_CPU_ALLOCATOR_USE_BFC=true`, "
+                   "then import tensorflow")
+        return f"TensorFlow keeps no allocator statistics on this CPU ({why}): {missing}. {fix}"
+    text = str(exc).strip()
+    first = text.splitlines()[0][:200] if text else type(exc).__name__
+    return f"TensorFlow reports no statistics for its CPU allocator ({first}): {missing}"
+
+
 class TensorFlowBackend(Backend):
     """Backend for TensorFlow eager tensors and resource variables."""
 
@@ -262,12 +292,7 @@ class TensorFlowBackend(Backend):
         experimental = self._tf().config.experimental
         ids = set(device_ids)
         if "cpu" in ids:
-            try:
-                info = experimental.get_memory_info("CPU:0")
-                out["cpu"] = FrameworkUsage("tensorflow", allocated=int(info["current"]),
-                                            peak=int(info["peak"]))
-            except Exception:
-                pass
+            out["cpu"] = self._cpu_usage(experimental)
         for k, ordinal in enumerate(self.gpu_ordinals()):
             dev = f"cuda:{ordinal}"
             if dev not in ids or dev in out:
@@ -282,6 +307,29 @@ class TensorFlowBackend(Backend):
             usage.note = self._pool_note(dev, current, peak, growth, limit)
             out[dev] = usage
         return out
+
+    @staticmethod
+    def _cpu_usage(experimental) -> FrameworkUsage:
+        """The host figures of TensorFlow's CPU allocator, or a note saying why there are none.
+
+        TensorFlow counts host memory only where its CPU allocator is a BFC
+        allocator: with oneDNN on, or with ``TF_CPU_ALLOCATOR_USE_BFC=true``.
+        With oneDNN off (``TF_ENABLE_ONEDNN_OPTS=0``, and TensorFlow's default
+        on CPUs without AVX-512) it keeps no statistics and
+        ``get_memory_info('CPU:0')`` raises. The bytes of the TensorFlow
+        tensors that names reach are still counted by the scan ("tracked
+        tensors"); what is missing is the allocator's own total, so host bytes
+        no name reaches cannot be shown. The environment is the user's to set:
+        the note says how, nothing is changed here.
+        """
+        try:
+            info = experimental.get_memory_info("CPU:0")
+            return FrameworkUsage("tensorflow", allocated=int(info["current"]),
+                                  peak=int(info["peak"]))
+        except Exception as exc:
+            usage = FrameworkUsage("tensorflow")
+            usage.note = _no_cpu_stats_note(exc)
+            return usage
 
     @staticmethod
     def _pool_note(dev: str, current: int, peak: int, growth: bool | None,
