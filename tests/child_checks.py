@@ -25,13 +25,20 @@ def in_child(framework: str) -> bool:
 
 
 def run_checks(test_file: str, framework: str, install_hint: str, tmp_dir: Path,
-               **env: str) -> tuple[dict[str, tuple[str, str]], str]:
-    """Run the module's checks in a child; ``{check: (outcome, text)}`` and its output tail."""
+               **env: str | None) -> tuple[dict[str, tuple[str, str]], str]:
+    """Run the module's checks in a child; ``{check: (outcome, text)}`` and its output tail.
+
+    ``env`` is added to this process's environment for the child; a variable
+    given as ``None`` is removed from it.
+    """
     if importlib.util.find_spec(framework) is None:
         pytest.fail(f"{framework} is not installed: {install_hint}")
     xml = tmp_dir / "results.xml"
-    child_env = dict(os.environ, **env, **{CHILD_VARIABLE: framework},
+    child_env = dict(os.environ, **{k: v for k, v in env.items() if v is not None},
+                     **{CHILD_VARIABLE: framework},
                      PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    for name in [k for k, v in env.items() if v is None]:
+        child_env.pop(name, None)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o",
          "python_functions=check_*", f"--junitxml={xml}", test_file],
