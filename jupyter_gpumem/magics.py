@@ -9,9 +9,10 @@ from typing import Any, Callable
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
-from traitlets import Bool, Float, Unicode, Union
+from traitlets import Bool, Float, TraitError, Unicode, Union, validate
 
 from . import devices as _devices
+from .monitor import check_interval
 
 #: subcommands served by other modules: name -> (module, function(magics, argv))
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -105,6 +106,13 @@ class GpuMemMagics(Magics):
         super().__init__(shell=shell, **kwargs)
         self._cleanups: list[Callable[[], Any]] = []
 
+    @validate("sample_interval")
+    def _check_sample_interval(self, proposal) -> float:
+        try:
+            return check_interval(proposal["value"], "GpuMemMagics.sample_interval")
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
+
     # -- helpers for the other modules ------------------------------------------
     def add_cleanup(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` when the extension unloads."""
@@ -117,6 +125,14 @@ class GpuMemMagics(Magics):
                 fn()
             except Exception as exc:  # noqa: BLE001
                 print(f"jupyter_gpumem: cleanup failed: {exc}", file=sys.stderr)
+
+    @staticmethod
+    def interval(value: Any, what: str = "--interval") -> float:
+        """A validated sampling interval (seconds, finite, 1 ms .. 1 h) or a UsageError."""
+        try:
+            return check_interval(value, what)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
 
     def device(self, value: str | None) -> str:
         """Validated device selection (``--device`` or the configured default)."""

@@ -21,12 +21,14 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from . import panel_render as _render
-from .monitor import Sampler, Series, device_point
+from .monitor import MAX_INTERVAL, Sampler, Series, check_interval, device_point
 
 INTERVAL = 1.0  # seconds between two readings of the device bars
 WINDOW = 300.0  # seconds of history the timeline shows
 TIMELINE_REDRAW = 5.0  # seconds between redraws of a timeline whose values hold still
 MIN_INTERVAL = 0.05
+MIN_WINDOW, MAX_WINDOW = 10.0, 86400.0
+MAX_READINGS = 100_000  # readings the timeline keeps, whatever the window and interval
 MISSING = ("jupyter_gpumem: the live panel needs ipywidgets: run `pip install ipywidgets` "
            "in this kernel's environment, restart the kernel, then `%gpumem panel` again.")
 
@@ -64,10 +66,13 @@ def magic_panel(magics: Any, argv: list[str]) -> None:
         print("jupyter_gpumem: live panel closed" if close(shell)
               else "jupyter_gpumem: no live panel is open")
         return None
-    if args.interval is not None and not args.interval >= MIN_INTERVAL:
-        raise UsageError(f"--interval must be at least {MIN_INTERVAL:g} seconds")
-    if args.window is not None and not args.window >= 10:
-        raise UsageError("--window must be at least 10 seconds")
+    for option, value, low, high in (("--interval", args.interval, MIN_INTERVAL, MAX_INTERVAL),
+                                     ("--window", args.window, MIN_WINDOW, MAX_WINDOW)):
+        if value is not None:
+            try:
+                check_interval(value, option, minimum=low, maximum=high)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
     device = magics.device(args.device) if args.device is not None else None
     try:
         _widgets()
@@ -179,7 +184,7 @@ class Panel:
         self._build_widgets()
 
     def _series_len(self) -> int:
-        return int(self.window / self.interval) + 16
+        return min(int(self.window / self.interval) + 16, MAX_READINGS)
 
     # -- widgets -------------------------------------------------------------------------
     def _build_widgets(self) -> None:
@@ -274,8 +279,14 @@ class Panel:
         self._start_sampler()
 
     def _start_sampler(self) -> None:
-        self.sampler = Sampler(self._tick, self.interval, name="jupyter_gpumem-panel")
+        self.sampler = Sampler(self._tick, self.interval, name="jupyter_gpumem-panel",
+                               on_failure=self._sampler_failed)
         self.sampler.start()
+
+    def _sampler_failed(self, failure: str) -> None:
+        """In the thread as it ends: say so in the panel (never in the cell's output)."""
+        self._say(f"device readings stopped: {failure}; `%gpumem panel` starts them again",
+                  error=True)
 
     def configure(self, device: str | None = None, interval: float | None = None,
                   window: float | None = None) -> None:
@@ -287,6 +298,9 @@ class Panel:
             if self.sampler is not None:
                 self.sampler.stop()
             self._start_sampler()
+        elif self.sampler is None or self.sampler.failure is not None:
+            self._start_sampler()
+            self._say("device readings started again")
         if window is not None or interval is not None:
             series = Series(maxlen=self._series_len())
             for t, values in self.series.points():

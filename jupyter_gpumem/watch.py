@@ -155,6 +155,7 @@ class _Sampling:
         self.interval = interval
         self.max_process: dict[str, int] = {}
         self.samples: dict[str, int] = {}
+        self.failure: str | None = None     # why the sampling thread stopped while this was open
 
     def observe(self, point: dict) -> None:
         for dev in self.devices:
@@ -170,7 +171,9 @@ class _SamplerHub:
     """One sampling thread for every open watch; it reads counters only.
 
     It runs while a watch is open; ``hold()`` (the ``watch on`` footer) keeps
-    it alive but paused between cells; without holders it stops.
+    it alive but paused between cells; without holders it stops. Should the
+    thread end on its own, the open watches say so in their reports
+    (``failure``) and the next watch starts a new thread.
     """
 
     def __init__(self) -> None:
@@ -178,13 +181,17 @@ class _SamplerHub:
         self._open: list[_Sampling] = []
         self._holds = 0
         self._sampler: _monitor.Sampler | None = None
+        #: why the last sampling thread ended on its own; None once a new one runs
+        self.failure: str | None = None
 
     def add(self, sampling: _Sampling) -> None:
         with self._lock:
             self._open.append(sampling)
-            interval = max(min(s.interval for s in self._open), 0.001)
+            interval = min(s.interval for s in self._open)
             if self._sampler is None or self._sampler.stopped:
-                self._sampler = _monitor.Sampler(self._tick, interval, name="jupyter_gpumem-watch")
+                self._sampler = _monitor.Sampler(self._tick, interval, name="jupyter_gpumem-watch",
+                                                 on_failure=self._failed)
+                self.failure = None
                 self._sampler.start()
             self._sampler.interval = interval
             self._sampler.resume()
@@ -226,6 +233,13 @@ class _SamplerHub:
         """True while the thread exists (sampling or paused)."""
         with self._lock:
             return self._sampler is not None
+
+    def _failed(self, failure: str) -> None:
+        """In the sampling thread as it ends: tell the open watches (never print)."""
+        with self._lock:
+            self.failure = failure
+            for s in self._open:
+                s.failure = failure
 
     def _tick(self) -> None:
         with self._lock:
@@ -307,9 +321,7 @@ class Watch:
         self.shell = shell
         self.namespace = namespace
         self.device = _devices.parse_device(device)
-        self.interval = float(interval)
-        if self.interval <= 0:
-            raise ValueError("the sampling interval must be a positive number of seconds")
+        self.interval = _monitor.check_interval(interval, "interval")
         self.label = label
         self.report = report
         self.time_limit = time_limit
@@ -465,6 +477,9 @@ class Watch:
         )
         if upd.partial:
             result.messages.append("holders: partial scan (raise GpuMemMagics.scan_time_limit)")
+        if self._sampling.failure:
+            result.messages.append(f"sampling stopped: {self._sampling.failure}; the sampled "
+                                   "peak covers only the time before")
         if error is not None:
             result.error = _error_info(error)
             self.name_holders(result, ids)
@@ -805,6 +820,7 @@ def _watch_parser():
 def magic_watch(magics, argv: list[str]) -> None:
     """``%gpumem watch on|off [--warn-at 80%] [--auto-purge-hidden] [--interval S] [--device D]``."""
     args = _watch_parser().parse_args(argv)
+    interval = magics.interval(args.interval) if args.interval is not None else None
     state = _state_for_shell(magics.shell)
     state.magics = magics
     if args.warn_at is not None:
@@ -816,10 +832,8 @@ def magic_watch(magics, argv: list[str]) -> None:
             else share
     if args.auto_purge is not None:
         magics.auto_purge_hidden = args.auto_purge
-    if args.interval is not None:
-        if args.interval <= 0:
-            raise UsageError("--interval needs a positive number of seconds")
-        magics.sample_interval = args.interval
+    if interval is not None:
+        magics.sample_interval = interval
     if args.device is not None:
         state.footer_device = magics.device(args.device)
     if args.state == "on":
@@ -855,7 +869,8 @@ def _status(magics, state: _State) -> str:
         parts.append(f"warn at {share:.0%}" if share is not None else "no warning threshold")
         if share is not None:
             parts.append(f"auto-purge-hidden {'on' if magics.auto_purge_hidden else 'off'}")
-        parts.append(f"sampling every {fmt_seconds(magics.sample_interval)}")
+        parts.append(f"sampling every {fmt_seconds(magics.sample_interval)}" if not HUB.failure
+                     else f"sampling stopped ({HUB.failure}); it starts again with the next cell")
     parts.append(f"{len(state.history)} cell(s) in history")
     return " · ".join(parts)
 
@@ -908,9 +923,8 @@ def cell_magic_gpuwatch(magics, line: str, cell: str) -> Any:
     args = _gpuwatch_parser().parse_args(split_line(line))
     if args.output is not None and not args.output.isidentifier():
         raise UsageError(f"-o needs a variable name, not {args.output!r}")
-    interval = args.interval if args.interval is not None else magics.sample_interval
-    if interval <= 0:
-        raise UsageError("--interval needs a positive number of seconds")
+    interval = magics.interval(args.interval) if args.interval is not None \
+        else magics.sample_interval
     device = magics.device(args.device)
     shell = magics.shell
     number = _current_count(shell) or 0

@@ -286,6 +286,25 @@ def test_a_failing_refresh_never_breaks_the_cell(shell, monkeypatch):
     assert "scan failed: RuntimeError: scan exploded" in panel.status.value
 
 
+def test_a_device_thread_that_stops_says_so_in_the_panel(shell, monkeypatch):
+    class Fatal(BaseException):
+        pass
+
+    def tick(self):
+        raise Fatal("no device")
+
+    seen = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_type))
+    monkeypatch.setattr(panel_mod.Panel, "_tick", tick)
+    panel = open_panel(shell, "--interval 0.05")
+    panel.sampler.join(2)
+    assert not panel.sampler.is_alive() and seen == []     # no traceback in the cell's output
+    assert "device readings stopped: Fatal: no device" in panel.status.value
+    monkeypatch.undo()
+    run(shell, "%gpumem panel")                              # shown again: it starts again
+    assert panel.sampler.is_alive() and panel.sampler.failure is None
+
+
 def test_timeline_adds_cells_from_gpuwatch_history_when_there_is_one(shell, monkeypatch):
     panel = open_panel(shell)
     now = time.time()
@@ -353,7 +372,9 @@ def test_unloading_the_extension_stops_the_thread(shell):
 
 def test_bad_options_are_usage_errors(shell):
     for line in ("%gpumem panel --interval 0", "%gpumem panel --device tpu",
-                 "%gpumem panel --window 1"):
+                 "%gpumem panel --window 1", "%gpumem panel --interval inf",
+                 "%gpumem panel --interval nan", "%gpumem panel --interval 1e9",
+                 "%gpumem panel --window inf", "%gpumem panel --window nan"):
         result = shell.run_cell(line, store_history=True)
         assert type(result.error_in_exec).__name__ == "UsageError", line
     assert panel_mod.current(shell) is None

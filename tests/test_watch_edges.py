@@ -1,0 +1,173 @@
+"""Edges of %%gpuwatch and the ``watch on`` footer: intervals, top-level await,
+cell events IPython does not pair, output without a final newline.
+
+A real IPython shell and real torch tensors on the CPU (``--device cpu``).
+"""
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import queue
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import run  # noqa: E402
+from IPython.core.error import UsageError  # noqa: E402
+
+watch_mod = importlib.import_module("jupyter_gpumem.watch")
+from jupyter_gpumem import monitor  # noqa: E402
+from jupyter_gpumem.watch_holders import HolderTracker  # noqa: E402
+from jupyter_gpumem.watch_peaks import LEDGER, RssCounter  # noqa: E402
+
+MB = 1 << 20
+ROOT = Path(__file__).resolve().parents[1]
+BAD_INTERVALS = ("inf", "-inf", "nan", "1e-9", "7200", "1e400")
+
+
+def _magics(shell):
+    return shell.magics_manager.registry["GpuMemMagics"]
+
+
+@pytest.fixture
+def wip(ip):
+    """The shared shell, with the watch state fresh before and after."""
+    def fresh():
+        state = watch_mod._state_for_shell(ip)
+        watch_mod._stop_footer(state)
+        state.history.clear()
+        state.tracker = HolderTracker()
+        state.footer_device = None
+        m = _magics(ip)
+        m.watch = False
+        m.warn_at = None
+        m.auto_purge_hidden = False
+        m.sample_interval = 0.05
+    fresh()
+    yield ip
+    fresh()
+    gc.collect()
+
+
+@pytest.fixture
+def thread_tracebacks(monkeypatch):
+    """Every exception that ended a thread (what threading prints into the cell's output)."""
+    seen: list = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_type))
+    return seen
+
+
+def _run_async(coro):
+    """Drive a coroutine to its end outside any event loop, as IPython's own tests do."""
+    try:
+        from IPython.core.async_helpers import _pseudo_sync_runner
+    except ImportError:  # pragma: no cover - older IPython
+        import asyncio
+
+        return asyncio.run(coro)
+    return _pseudo_sync_runner(coro)
+
+
+# -- 1. intervals ------------------------------------------------------------------------------
+def test_intervals_out_of_range_are_usage_errors_everywhere(wip, thread_tracebacks):
+    pytest.importorskip("ipywidgets")
+    from jupyter_gpumem import panel as panel_mod
+
+    ran = []
+    wip.user_ns["ran"] = ran
+    for value in BAD_INTERVALS:
+        res = wip.run_cell(f"%%gpuwatch --device cpu --interval={value}\nran.append(1)",
+                           store_history=True)
+        assert isinstance(res.error_in_exec, UsageError), value
+        assert "--interval" in str(res.error_in_exec) and "3600" in str(res.error_in_exec)
+        res = wip.run_cell(f"%gpumem watch on --device cpu --interval={value}", store_history=True)
+        assert isinstance(res.error_in_exec, UsageError), value
+        res = wip.run_cell(f"%gpumem panel --device cpu --interval={value}", store_history=True)
+        assert isinstance(res.error_in_exec, UsageError), value
+    for value in ("inf", "nan", "1e9"):
+        res = wip.run_cell(f"%gpumem panel --device cpu --window={value}", store_history=True)
+        assert isinstance(res.error_in_exec, UsageError), value
+    assert ran == [] and watch_mod._state_for_shell(wip).footer is None
+    assert panel_mod.current(wip) is None
+    assert _magics(wip).sample_interval == 0.05
+    # the range's ends are fine
+    run(wip, "%%gpuwatch --device cpu --interval 0.001\nran.append(1)")
+    run(wip, "%%gpuwatch --device cpu --interval 3600\nran.append(2)")
+    assert ran == [1, 2] and thread_tracebacks == []
+
+
+def test_the_sample_interval_setting_is_validated(wip, thread_tracebacks, capsys):
+    from traitlets import TraitError
+
+    m = _magics(wip)
+    for value in ("float('inf')", "float('nan')", "0", "-1", "1e6"):
+        run(wip, f"%config GpuMemMagics.sample_interval = {value}")   # one logged line, no raise
+        assert m.sample_interval == 0.05, value
+    with pytest.raises(TraitError, match="sample_interval"):
+        m.sample_interval = float("inf")
+    run(wip, "%config GpuMemMagics.sample_interval = 0.02")
+    assert m.sample_interval == 0.02
+    capsys.readouterr()
+    run(wip, "%gpumem watch on --device cpu")
+    assert "sampling every 20 ms" in capsys.readouterr().out
+    assert thread_tracebacks == []
+
+
+def test_the_python_api_rejects_intervals_out_of_range():
+    import jupyter_gpumem
+
+    for value in (float("inf"), float("nan"), 0.0, 1e-6, 1e5):
+        with pytest.raises(ValueError, match="interval"):
+            jupyter_gpumem.watch(device="cpu", interval=value)
+
+
+def test_a_sampler_thread_never_dies_with_a_traceback(thread_tracebacks):
+    calls = []
+    s = monitor.Sampler(lambda: calls.append(1), 0.01, name="jupyter_gpumem-test")
+    s.start()
+    time.sleep(0.05)
+    s.interval = float("inf")        # Event.wait(inf) raises OverflowError
+    time.sleep(0.1)
+    assert s.is_alive() and s.failure is None
+    s.stop()
+    assert not s.is_alive() and calls
+
+    class Fatal(BaseException):
+        pass
+
+    def boom():
+        raise Fatal("gone")
+
+    failures = []
+    s = monitor.Sampler(boom, 0.01, name="jupyter_gpumem-test", on_failure=failures.append)
+    s.start()
+    s.join(2)
+    assert not s.is_alive() and s.stopped
+    assert s.failure == "Fatal: gone" and failures == ["Fatal: gone"]
+    assert thread_tracebacks == []
+
+
+def test_a_sampler_that_stops_is_said_in_the_report_not_in_a_traceback(wip, monkeypatch,
+                                                                       thread_tracebacks):
+    class Fatal(BaseException):
+        pass
+
+    def tick():
+        raise Fatal("no more readings")
+
+    monkeypatch.setattr(watch_mod.HUB, "_tick", tick)
+    run(wip, "import time")
+    run(wip, "%%gpuwatch -o r --device cpu --interval 0.01\ntime.sleep(0.1)")
+    r = wip.user_ns["r"]
+    assert any("sampling stopped: Fatal: no more readings" in m for m in r.messages), r.messages
+    assert thread_tracebacks == []
+    monkeypatch.undo()
+    run(wip, "%%gpuwatch -o r2 --device cpu --interval 0.01\ntime.sleep(0.1)")   # it restarts
+    assert wip.user_ns["r2"].device("cpu").samples >= 3
+    assert not any("sampling stopped" in m for m in wip.user_ns["r2"].messages)
