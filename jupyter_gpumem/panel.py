@@ -21,7 +21,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from . import panel_render as _render
-from .monitor import MAX_INTERVAL, Sampler, Series, check_interval, device_point
+from .monitor import MAX_INTERVAL, CellEvents, Sampler, Series, check_interval, device_point
 
 INTERVAL = 1.0  # seconds between two readings of the device bars
 WINDOW = 300.0  # seconds of history the timeline shows
@@ -173,6 +173,7 @@ class Panel:
         self._lock = threading.RLock()
         self._attributed: dict[str, int] = {}
         self._cells: deque = deque(maxlen=500)
+        self._cell_events = CellEvents(shell)
         self._checked: set[str] = set()
         self._row_names: list[str | None] = []
         self._rows: list[tuple[Any, Any]] = []
@@ -399,17 +400,36 @@ class Panel:
 
     # -- main thread: cell events, holders, purge --------------------------------------------
     def _pre_run_cell(self, info: Any = None) -> None:
+        cell, ended = self._cell_events.pre(info)
+        now = time.time()
         with self._lock:
-            self._cells.append([time.time(), None])
+            for start in ended:     # cells whose "post" never came: their end is unknown
+                self._end_cell(start, start)
+            if cell.outer:      # a cell run from inside a cell is part of the outer one
+                cell.payload = now
+                self._cells.append([now, None])
             self._cells_version += 1
+
+    def _end_cell(self, start: float, end: float) -> None:
+        for span in reversed(self._cells):
+            if span[0] == start:
+                if span[1] is None:
+                    span[1] = end
+                return
 
     def _post_run_cell(self, result: Any = None) -> None:
         if self.closed:
             return
+        start, ended = self._cell_events.post(result)
+        now = time.time()
         with self._lock:
-            if self._cells and self._cells[-1][1] is None:
-                self._cells[-1][1] = time.time()
+            for other in ended:
+                self._end_cell(other, other)
+            if start is not None:
+                self._end_cell(start, now)
             self._cells_version += 1
+        if start is None and self._cell_events.running():
+            return      # an inner cell's event: the holders wait for the outer cell's end
         watched = _watch_cells(self.shell)
         if watched:
             with self._lock:

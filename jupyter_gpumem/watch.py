@@ -671,46 +671,79 @@ def _parse_share(value: Any) -> float | None:
     return share
 
 
+class _FooterCell:
+    """What the footer keeps for one outermost cell: its watch."""
+
+    def __init__(self, watch: Watch | None) -> None:
+        self.watch = watch
+
+    def abandon(self) -> None:
+        w, self.watch = self.watch, None
+        if w is not None:
+            w.abandon()
+
+
 class _Footer:
-    """The ``pre_run_cell`` / ``post_run_cell`` pair of ``%gpumem watch on``."""
+    """The ``pre_run_cell`` / ``post_run_cell`` pair of ``%gpumem watch on``.
+
+    The events are paired by :class:`~.monitor.CellEvents` (IPython does not
+    pair them): a cell run from inside a cell counts in its outer cell, and a
+    "pre" or "post" without its partner never turns the footer off.
+    """
 
     def __init__(self, state: _State) -> None:
         self.state = state
-        self.depth = 0
-        self.watch: Watch | None = None
+        self.cells = _monitor.CellEvents(state.shell)
         self._pre_cost = 0.0
 
     @property
     def magics(self):
         return self.state.magics
 
+    @property
+    def watch(self) -> Watch | None:
+        """The watch of the outermost cell running now, if any."""
+        payload = self.cells.outer_payload()
+        return payload.watch if payload is not None else None
+
     def pre(self, info=None) -> None:
-        self.depth += 1
-        if self.depth > 1:
-            return      # a cell run from inside a cell (%%capture, run_cell): the outer one counts
         t = time.perf_counter()
+        try:
+            cell, ended = self.cells.pre(info)
+        except Exception as exc:  # noqa: BLE001 - never in the user's way
+            _complain("watch footer failed", exc)
+            return
+        for payload in ended:       # cells whose "post" never came: no footer to print now
+            payload.abandon()
+        if not cell.outer:
+            return      # a cell run from inside a cell (%%capture, run_cell): the outer one counts
         shell = self.state.shell
+        w = None
         try:
             count = _current_count(shell)
             magics = self.magics
             device = self.state.footer_device or getattr(magics, "default_device", "auto")
-            self.watch = Watch(shell=shell, device=device,
-                               interval=getattr(magics, "sample_interval", 0.05),
-                               label=f"In [{count}]", report=False,
-                               time_limit=getattr(magics, "scan_time_limit", 3.0),
-                               source="watch on", state=self.state, record=True).start()
+            w = Watch(shell=shell, device=device,
+                      interval=getattr(magics, "sample_interval", 0.05),
+                      label=f"In [{count}]", report=False,
+                      time_limit=getattr(magics, "scan_time_limit", 3.0),
+                      source="watch on", state=self.state, record=True).start()
         except Exception as exc:  # noqa: BLE001 - never in the user's way
-            self.watch = None
             _complain("watch footer failed", exc)
+        cell.payload = _FooterCell(w)
         self._pre_cost = time.perf_counter() - t
 
     def post(self, result=None) -> None:
-        if self.depth == 0:
-            return      # the cell that turned watching on, or an empty cell
-        self.depth -= 1
-        if self.depth > 0:
+        try:
+            payload, ended = self.cells.post(result)
+        except Exception as exc:  # noqa: BLE001
+            _complain("watch footer failed", exc)
             return
-        w, self.watch = self.watch, None
+        for other in ended:
+            other.abandon()
+        if payload is None:
+            return      # an inner cell, or the cell that turned watching on
+        w, payload.watch = payload.watch, None
         if w is None:
             return
         t = time.perf_counter()
@@ -731,10 +764,8 @@ class _Footer:
         self.state.costs.append(self._pre_cost + time.perf_counter() - t)
 
     def abandon(self) -> None:
-        if self.watch is not None:
-            self.watch.abandon()
-            self.watch = None
-        self.depth = 0
+        for payload in self.cells.clear():
+            payload.abandon()
 
     def _thresholds(self, w: Watch, r: WatchResult) -> None:
         magics = self.magics

@@ -286,6 +286,24 @@ def test_a_failing_refresh_never_breaks_the_cell(shell, monkeypatch):
     assert "scan failed: RuntimeError: scan exploded" in panel.status.value
 
 
+def test_cell_marks_pair_nested_and_unpaired_cell_events(shell):
+    from IPython.core.async_helpers import _pseudo_sync_runner
+
+    panel = open_panel(shell)
+    count, refreshes = len(panel._cells), panel.refreshes
+    run(shell, "get_ipython().run_cell('')\n"          # IPython fires only "post" for it
+               "get_ipython().run_cell('inner = 1')\n"  # a cell inside the cell
+               "time.sleep(0.1)")
+    assert len(panel._cells) == count + 1           # one mark: the outer cell
+    start, end = panel._cells[-1]
+    assert end is not None and end - start >= 0.1  # it ends with the outer cell
+    assert panel.refreshes == refreshes + 1         # holders once, after the outer cell
+    _pseudo_sync_runner(shell.run_cell_async("x = 1", transformed_cell="x = 1"))  # "pre" only
+    run(shell, "y = 2")
+    assert len(panel._cells) == count + 3
+    assert all(end is not None for _, end in panel._cells)   # no mark stays open
+
+
 def test_a_device_thread_that_stops_says_so_in_the_panel(shell, monkeypatch):
     class Fatal(BaseException):
         pass

@@ -171,3 +171,45 @@ def test_a_sampler_that_stops_is_said_in_the_report_not_in_a_traceback(wip, monk
     run(wip, "%%gpuwatch -o r2 --device cpu --interval 0.01\ntime.sleep(0.1)")   # it restarts
     assert wip.user_ns["r2"].device("cpu").samples >= 3
     assert not any("sampling stopped" in m for m in wip.user_ns["r2"].messages)
+
+
+# -- 3. pre_run_cell / post_run_cell, which IPython does not pair -----------------------------
+def test_footer_survives_a_cell_that_awaits_run_cell_async(wip, capsys):
+    run(wip, "import torch")
+    run(wip, "%gpumem watch on --device cpu")
+    capsys.readouterr()
+    run(wip, "code = 'inner = torch.ones(1000)'\n"
+             "await get_ipython().run_cell_async(code, transformed_cell=code)\n"
+             "outer = torch.ones(1000)")          # only "pre" fires for the inner cell
+    out = capsys.readouterr().out
+    assert out.count("tensors") == 1 and "inner" in out and "outer" in out
+    run(wip, "later = torch.ones(1000)")
+    assert "new: later" in capsys.readouterr().out
+    run(wip, "%gpumem watch status")
+    assert "watch is on" in capsys.readouterr().out
+
+
+def test_a_nested_empty_run_cell_does_not_close_the_outer_watch(wip, capsys):
+    run(wip, "import torch")
+    run(wip, "%gpumem watch on --device cpu")
+    capsys.readouterr()
+    run(wip, "get_ipython().run_cell('')\nmade = torch.ones(1000)")   # only "post" fires
+    out = capsys.readouterr().out
+    assert out.count("tensors") == 1 and "new: made" in out
+    run(wip, "again = torch.ones(1000)")
+    assert "new: again" in capsys.readouterr().out
+
+
+def test_unpaired_cells_outside_any_cell_do_not_stop_the_footer(wip, capsys):
+    run(wip, "import torch")
+    run(wip, "%gpumem watch on --device cpu")
+    _run_async(wip.run_cell_async("a = 1", transformed_cell="a = 1"))     # "pre" only
+    wip.run_cell("b = 2", silent=True)                                     # neither
+    wip.events.trigger("post_run_cell", None)                              # "post" without "pre"
+    _run_async(wip.run_cell_async("c = 3", transformed_cell="c = 3"))     # "pre" only
+    capsys.readouterr()
+    run(wip, "after = torch.ones(1000)")
+    assert "new: after" in capsys.readouterr().out
+    run(wip, "%gpumem watch off")
+    assert LEDGER.open_count() == 0
+    assert not any(t.name == "jupyter_gpumem-watch" for t in threading.enumerate())
