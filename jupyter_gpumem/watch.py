@@ -671,13 +671,96 @@ def _parse_share(value: Any) -> float | None:
     return share
 
 
-class _FooterCell:
-    """What the footer keeps for one outermost cell: its watch."""
+_UNSET = object()
 
-    def __init__(self, watch: Watch | None) -> None:
+
+def _patch(obj: Any, name: str, make) -> tuple | None:
+    """Set ``obj.name = make(current)`` on the instance; (obj, name, previous, patched) or None
+    where the instance takes no attribute (a C-level stream such as a terminal's stdout)."""
+    try:
+        previous = vars(obj).get(name, _UNSET)
+        current = getattr(obj, name)
+        patched = make(current)
+        setattr(obj, name, patched)
+    except Exception:  # noqa: BLE001
+        return None
+    return obj, name, previous, patched
+
+
+def _unpatch(patch: tuple | None) -> None:
+    """Undo :func:`_patch` unless someone patched over it since (then ours stays, inert)."""
+    if patch is None:
+        return
+    obj, name, previous, patched = patch
+    try:
+        if vars(obj).get(name, _UNSET) is not patched:
+            return
+        if previous is _UNSET:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, previous)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class _OpenLine:
+    """Whether a cell's output left the cursor in the middle of a line (``print('x', end='')``).
+
+    For the cell's duration it wraps ``write`` of ``sys.stdout`` on the
+    instance, as IPython's own ``run_cell`` does to keep a cell's output, and
+    notes whether the last text ended with a newline; a display (its own
+    output area in a notebook, its own lines in a terminal) ends the line too.
+    Where the stream takes no attribute it knows nothing and says no.
+    """
+
+    def __init__(self, shell: Any) -> None:
+        self.open = False
+        self.active = True
+        self.stream = sys.stdout
+        self._patches = [_patch(self.stream, "write", self._write)]
+        for owner, name in ((getattr(shell, "display_pub", None), "publish"),
+                            (getattr(shell, "displayhook", None), "finish_displayhook")):
+            if owner is not None:
+                self._patches.append(_patch(owner, name, self._ends_line))
+
+    def _write(self, original):
+        def write(data, *args, **kwargs):
+            result = original(data, *args, **kwargs)
+            if self.active and isinstance(data, str) and data:
+                self.open = not data.endswith("\n")
+            return result
+        return write
+
+    def _ends_line(self, original):
+        def call(*args, **kwargs):
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if self.active:
+                    self.open = False
+        return call
+
+    def needs_newline(self) -> bool:
+        return self.open and self._patches[0] is not None and sys.stdout is self.stream
+
+    def remove(self) -> None:
+        self.active = False
+        patches, self._patches = self._patches, [None]
+        for patch in reversed(patches):
+            _unpatch(patch)
+
+
+class _FooterCell:
+    """What the footer keeps for one outermost cell: its watch and its output's last line."""
+
+    def __init__(self, watch: Watch | None, line: _OpenLine | None) -> None:
         self.watch = watch
+        self.line = line
 
     def abandon(self) -> None:
+        line, self.line = self.line, None
+        if line is not None:
+            line.remove()
         w, self.watch = self.watch, None
         if w is not None:
             w.abandon()
@@ -718,7 +801,7 @@ class _Footer:
         if not cell.outer:
             return      # a cell run from inside a cell (%%capture, run_cell): the outer one counts
         shell = self.state.shell
-        w = None
+        w = line = None
         try:
             count = _current_count(shell)
             magics = self.magics
@@ -728,9 +811,10 @@ class _Footer:
                       label=f"In [{count}]", report=False,
                       time_limit=getattr(magics, "scan_time_limit", 3.0),
                       source="watch on", state=self.state, record=True).start()
+            line = _OpenLine(shell)
         except Exception as exc:  # noqa: BLE001 - never in the user's way
             _complain("watch footer failed", exc)
-        cell.payload = _FooterCell(w)
+        cell.payload = _FooterCell(w, line)
         self._pre_cost = time.perf_counter() - t
 
     def post(self, result=None) -> None:
@@ -743,7 +827,12 @@ class _Footer:
             other.abandon()
         if payload is None:
             return      # an inner cell, or the cell that turned watching on
+        line, payload.line = payload.line, None
         w, payload.watch = payload.watch, None
+        newline = False
+        if line is not None:
+            newline = line.needs_newline()
+            line.remove()
         if w is None:
             return
         t = time.perf_counter()
@@ -758,7 +847,7 @@ class _Footer:
                 if count is not None:
                     r.label = f"In [{count}]"
                 self._thresholds(w, r)
-                print(r.footer())
+                print(("\n" if newline else "") + r.footer())
         except Exception as exc:  # noqa: BLE001
             _complain("watch footer failed", exc)
         self.state.costs.append(self._pre_cost + time.perf_counter() - t)

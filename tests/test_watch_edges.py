@@ -213,3 +213,17 @@ def test_unpaired_cells_outside_any_cell_do_not_stop_the_footer(wip, capsys):
     run(wip, "%gpumem watch off")
     assert LEDGER.open_count() == 0
     assert not any(t.name == "jupyter_gpumem-watch" for t in threading.enumerate())
+
+
+# -- 4. the footer on a line of its own ----------------------------------------------------------
+def test_footer_starts_on_a_line_of_its_own(wip, capsys):
+    run(wip, "%gpumem watch on --device cpu")
+    capsys.readouterr()
+    run(wip, "print('x', end='')")
+    assert capsys.readouterr().out.startswith("x\n+0 B tensors")
+    run(wip, "print('y')")
+    assert capsys.readouterr().out.startswith("y\n+0 B tensors")     # no blank line
+    run(wip, "pass")
+    assert capsys.readouterr().out.startswith("+0 B tensors")
+    run(wip, "import sys\nsys.stdout.write('partial')\nprint('', end='')")
+    assert capsys.readouterr().out.startswith("partial\n+0 B tensors")
