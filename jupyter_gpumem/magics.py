@@ -218,3 +218,15 @@ class GpuMemMagics(Magics):
         from .watch import cell_magic_gpuwatch
 
         return cell_magic_gpuwatch(self, line, cell)
+
+    async def gpuwatch_async(self, line: str, cell: str) -> Any:
+        """``%%gpuwatch`` over a cell with top-level ``await``: what IPython awaits.
+
+        The extension's input transformer turns such a cell into
+        ``await get_ipython().magics_manager.registry['GpuMemMagics'].gpuwatch_async(line, cell)``,
+        so IPython (and ipykernel, in its own event loop) runs it as an async cell.
+        """
+        __tracebackhide__ = True  # noqa: F841
+        from .watch import cell_magic_gpuwatch_async
+
+        return await cell_magic_gpuwatch_async(self, line, cell)

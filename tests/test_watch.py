@@ -469,6 +469,7 @@ def test_unload_removes_hooks_threads_and_patches(ip):
     assert not any(t.name == "jupyter_gpumem-watch" for t in threading.enumerate())
     assert not getattr(resource.getrusage, "__jupyter_gpumem__", False)
     assert not _PATCHES.installed() and LEDGER.open_count() == 0
+    assert not any(getattr(t, "__jupyter_gpumem__", False) for t in ip.input_transformers_cleanup)
     run(ip, "%load_ext jupyter_gpumem")
 
 

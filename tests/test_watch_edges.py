@@ -1,7 +1,9 @@
 """Edges of %%gpuwatch and the ``watch on`` footer: intervals, top-level await,
 cell events IPython does not pair, output without a final newline.
 
-A real IPython shell and real torch tensors on the CPU (``--device cpu``).
+A real IPython shell and real torch tensors on the CPU (``--device cpu``);
+the last test drives a real kernel (ipykernel over ZMQ), where an async cell
+runs inside the kernel's own event loop.
 """
 from __future__ import annotations
 
@@ -173,6 +175,83 @@ def test_a_sampler_that_stops_is_said_in_the_report_not_in_a_traceback(wip, monk
     assert not any("sampling stopped" in m for m in wip.user_ns["r2"].messages)
 
 
+# -- 2. top-level await in %%gpuwatch -----------------------------------------------------------
+def test_gpuwatch_runs_a_cell_with_top_level_await(wip, capsys):
+    run(wip, "import asyncio, torch")
+    res = run(wip, "%%gpuwatch -o r --device cpu\n"
+                   "await asyncio.sleep(0.01)\n"
+                   "t = torch.ones(1_000_000)\n"
+                   "await asyncio.sleep(0.01, result=t.sum())")
+    r = wip.user_ns["r"]
+    assert r.change("t").change == "created" and r.change("t").after == 4_000_000
+    assert r.wall >= 0.02 and r.source == "%%gpuwatch"
+    assert res.result == 1_000_000 and wip.user_ns["Out"][res.execution_count] == 1_000_000
+    out = capsys.readouterr().out
+    assert out.startswith("%%gpuwatch") and re.search(r"\n  new +t +3\.8 MiB", out)
+
+
+@pytest.mark.skipif(not RssCounter.available(), reason="no resettable peak RSS here")
+def test_an_async_gpuwatch_cell_keeps_its_exact_peak(wip):
+    run(wip, "import asyncio, torch\nfrom jupyter_gpumem.watch_peaks import read_rss")
+    run(wip, "%%gpuwatch -o r --device cpu\n"
+             "base = read_rss()['rss'][0]\n"
+             "await asyncio.sleep(0)\n"
+             "big = torch.ones(200 * 2**20 // 4)\n"
+             "await asyncio.sleep(0)\n"
+             "del big")
+    r, base = wip.user_ns["r"], wip.user_ns["base"]
+    assert r.device("cpu").peak_rss - base >= 190 * MB
+
+
+def test_an_async_gpuwatch_cell_that_raises_reports_then_raises(wip, capsys):
+    run(wip, "import asyncio, torch")
+    res = wip.run_cell("%%gpuwatch -o r --device cpu\n"
+                       "await asyncio.sleep(0)\n"
+                       "held = torch.ones(1000)\n"
+                       "raise MemoryError('out of memory')", store_history=True)
+    assert isinstance(res.error_in_exec, MemoryError)
+    r = wip.user_ns["r"]
+    assert r.error["oom"] and r.change("held").after == 4000
+    out = capsys.readouterr()
+    assert "raised MemoryError" in out.out and "MemoryError" in out.out + out.err
+
+
+def test_an_async_gpuwatch_cell_inside_watch_on_gives_one_footer(wip, capsys):
+    run(wip, "import asyncio, torch")
+    run(wip, "%gpumem watch on --device cpu")
+    capsys.readouterr()
+    run(wip, "%%gpuwatch --device cpu\nawait asyncio.sleep(0)\nw = torch.ones(1000)")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("%%gpuwatch") and any(ln.startswith("  new  w") for ln in lines)
+    assert [ln for ln in lines if "tensors (peak" in ln or "tensors ·" in ln] == [lines[-1]]
+    assert "new: w 3.9 KiB" in lines[-1]      # one footer, the last line
+    assert watch_mod.history_for(wip)[-1].source == "watch on"
+
+
+def test_a_terminal_still_waits_for_the_end_of_an_awaiting_gpuwatch_cell(wip):
+    manager = wip.input_transformer_manager
+    assert manager.check_complete("%%gpuwatch\nawait asyncio.sleep(0)\n")[0] == "incomplete"
+    assert manager.check_complete("%%gpuwatch\nawait asyncio.sleep(0)\n\n")[0] == "complete"
+
+
+def test_run_cell_magic_called_with_an_awaiting_cell_runs_it(wip):
+    run(wip, "import asyncio")
+    run(wip, "get_ipython().run_cell_magic('gpuwatch', '-o r --device cpu',\n"
+             "                            'await asyncio.sleep(0)\\nz9 = 9')")
+    assert wip.user_ns["z9"] == 9 and wip.user_ns["r"].source == "%%gpuwatch"
+
+
+def test_with_autoawait_off_an_awaiting_cell_is_a_syntax_error_as_in_ipython(wip):
+    run(wip, "import asyncio\nz8 = 0")
+    run(wip, "%autoawait off")
+    try:
+        res = wip.run_cell("%%gpuwatch --device cpu\nz8 = 8\nawait asyncio.sleep(0)",
+                           store_history=True)
+    finally:
+        run(wip, "%autoawait on")
+    assert isinstance(res.error_in_exec, SyntaxError) and wip.user_ns["z8"] == 0
+
+
 # -- 3. pre_run_cell / post_run_cell, which IPython does not pair -----------------------------
 def test_footer_survives_a_cell_that_awaits_run_cell_async(wip, capsys):
     run(wip, "import torch")
@@ -227,3 +306,59 @@ def test_footer_starts_on_a_line_of_its_own(wip, capsys):
     assert capsys.readouterr().out.startswith("+0 B tensors")
     run(wip, "import sys\nsys.stdout.write('partial')\nprint('', end='')")
     assert capsys.readouterr().out.startswith("partial\n+0 B tensors")
+
+
+# -- a real kernel -------------------------------------------------------------------------------
+class _Kernel:
+    def __init__(self, kc):
+        self.kc = kc
+
+    def execute(self, code: str, timeout: float = 120) -> tuple[str, list[str]]:
+        """stdout of the cell, and the names of the errors it raised."""
+        msg_id = self.kc.execute(code)
+        out, errors = [], []
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream" and content["name"] == "stdout":
+                out.append(content["text"])
+            elif kind == "error":
+                errors.append(f"{content['ename']}: {content['evalue']}")
+            elif kind == "status" and content["execution_state"] == "idle":
+                return "".join(out), errors
+        raise TimeoutError("the kernel did not finish")
+
+
+def test_in_a_real_kernel_await_footer_and_newlines(monkeypatch):
+    pytest.importorskip("ipykernel")
+    from jupyter_client.manager import start_new_kernel
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        k = _Kernel(kc)
+        assert k.execute("%load_ext jupyter_gpumem\nimport asyncio, torch")[1] == []
+        out, errors = k.execute("%%gpuwatch -o r --device cpu\n"
+                                "await asyncio.sleep(0.01)\nt = torch.ones(1_000_000)")
+        assert errors == []
+        out, errors = k.execute("print(r.change('t').after, r.wall >= 0.01)")
+        assert (out.strip(), errors) == ("4000000 True", [])
+        assert k.execute("%gpumem watch on --device cpu")[1] == []
+        out, errors = k.execute("print('x', end='')")
+        assert errors == [] and out.startswith("x\n+0 B tensors"), out
+        out, errors = k.execute("code = 'inner = torch.ones(1000)'\n"
+                                "await get_ipython().run_cell_async(code, transformed_cell=code)")
+        assert errors == [] and "new: inner" in out, out
+        out, errors = k.execute("later = torch.ones(1000)")
+        assert errors == [] and "new: later" in out, out
+        out, errors = k.execute("%gpumem watch status")
+        assert "watch is on" in out
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
