@@ -162,6 +162,12 @@ def test_footer_after_an_out_of_memory_error_gives_a_purge_that_frees_it(wip, ca
                        "    raise MemoryError('out of memory')\n"
                        "step()", store_history=True)
     assert isinstance(res.error_in_exec, MemoryError)
+    # the cell got as far as the weak reference, and the failed frame still holds the
+    # activations: only then does their expiry below say that the purge freed them
+    ref_act = wip.user_ns["ref_act"]
+    assert isinstance(ref_act, StorageWeakRef) and not ref_act.expired()
+    assert not wip.user_ns["ref_big"].expired()
+    del ref_act
     out = capsys.readouterr().out
     assert "raised MemoryError" in out and "biggest holders: last traceback 38.1 MiB" in out
     r = watch_mod.history_for(wip)[-1]
@@ -169,7 +175,6 @@ def test_footer_after_an_out_of_memory_error_gives_a_purge_that_frees_it(wip, ca
     run(wip, r.purge_command)         # the next cell, as a user would
     assert wip.user_ns["ref_act"].expired() and wip.user_ns["ref_big"].expired()
     assert torch.equal(wip.user_ns["keep"], torch.ones(1000))     # a name not named stays
-    assert isinstance(wip.user_ns["ref_act"], StorageWeakRef)
 
 
 # -- the footer ----------------------------------------------------------------------------------
@@ -403,6 +408,7 @@ def test_warn_at_names_candidates_and_auto_purge_clears_only_hidden_holders(wip,
     from torch.multiprocessing.reductions import StorageWeakRef
 
     run(wip, "import torch\nmine = torch.ones(1_000_000)")
+    ref = StorageWeakRef(wip.user_ns["mine"].untyped_storage())
     run(wip, "%gpumem watch on --device cpu --warn-at 1% --auto-purge-hidden")
     capsys.readouterr()
     res = run(wip, "torch.full((2_000_000,), 2.0)")
@@ -413,8 +419,7 @@ def test_warn_at_names_candidates_and_auto_purge_clears_only_hidden_holders(wip,
     assert f"auto-purge of hidden holders and caches: removed Out[{n}]" in out
     assert n not in wip.user_ns["Out"]
     assert torch.equal(wip.user_ns["mine"], torch.ones(1_000_000))   # a user's name stays
-    ref = StorageWeakRef(wip.user_ns["mine"].untyped_storage())
-    assert not ref.expired()
+    assert not ref.expired()                       # and its memory was never freed
 
 
 # -- from scripts --------------------------------------------------------------------------------
