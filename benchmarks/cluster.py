@@ -49,8 +49,6 @@ def main() -> int:
         ns["bag"] = db.from_sequence([1 << 16] * 4, npartitions=1).map(torch.ones).persist()
         wait(ns["futs"] + [ns["f0"], ns["f1"], ns["f2"]])
         wait(ns["bag"])
-        keys = sum(client.run(lambda dask_worker: len(dask_worker.data)).values())
-        print(f"keys in worker memory: {keys}")
 
         snap = jc.snapshot(client, namespace=ns, device=args.device)   # warm-up
         client.run(lambda: 0)
@@ -64,8 +62,10 @@ def main() -> int:
             run_times.append(time.perf_counter() - t)
         futs = snap.holder("futs")
         print(f"snapshot: {len(snap.workers)} workers answered, partial={snap.partial}, "
-              f"futs = {futs.summary() if futs else None}, {futs.in_memory if futs else 0} "
-              f"keys in memory")
+              f"{sum(len(w.keys) for w in snap.workers)} keys stored, "
+              f"{sum(h.in_memory for h in snap.holders)} of them held by "
+              f"{len(snap.holders)} names, {len(snap.unclaimed)} by no name; "
+              f"{futs.summary() if futs else 'futs: not found'}")
         med_snap = statistics.median(snap_times) * 1000
         med_run = statistics.median(run_times) * 1000
         print(f"cluster snapshot, {args.futures} futures on {args.workers} workers: "

@@ -82,13 +82,16 @@ def host_rss(client, address) -> int:
     return client.run(measure, workers=[address])[address]
 
 
-def test_future_and_persisted_collections_are_blamed_on_their_names(client, workers, ns):
+def test_future_and_persisted_collections_are_blamed_on_their_names(cluster, client, workers,
+                                                                   ns):
     w0, w1 = workers
     ns["x"] = client.submit(torch.ones, 256 * MiB, dtype=torch.uint8, workers=[w0], pure=False)
     ns["emb"] = db.from_sequence([4 * MiB] * 4, npartitions=4).map(torch.ones).persist(
         workers=[w1])
     ns["arr"] = da.random.random((4, 1 << 18), chunks=(1, 1 << 18)).persist()
     ns["cfg"] = {"runs": [ns["x"]]}
+    ns["later"] = (lambda fut: (lambda: fut))(ns["x"])
+    ns["cluster"] = cluster      # its scheduler lives in this process: Dask's, not a holder
     wait([ns["x"], ns["emb"], ns["arr"]])
     snap = jc.snapshot(client, namespace=ns, device="cpu", time_limit=LIMIT)
     print(f"\n{snap}\nsnapshot in {snap.seconds * 1000:.0f} ms")
@@ -96,7 +99,9 @@ def test_future_and_persisted_collections_are_blamed_on_their_names(client, work
     x = snap.holder("x")
     assert x.what == "Future" and x.workers == {w0: {"cpu": 256 * MiB}}
     assert x.summary() == f"x (Future) 256.0 MiB on worker {w0} cpu"
-    assert x.shared == 256 * MiB and x.shared_with == ["cfg"]
+    assert x.shared == 256 * MiB and sorted(x.shared_with) == ["cfg", "later"]
+    assert snap.holder("later").what == "closure of 1 Future"
+    assert snap.holder("cluster") is None and snap.holder("client") is None
     cfg = snap.holder("cfg")
     assert cfg.largest_path == "cfg['runs'][0]" and cfg.total == 256 * MiB
     emb = snap.holder("emb")
@@ -111,12 +116,13 @@ def test_future_and_persisted_collections_are_blamed_on_their_names(client, work
     assert arr.what == "persisted dask.array, 4 chunks" and arr.keys == arr.in_memory == 4
     assert {w: d["cpu"] for w, d in arr.workers.items()} == per_worker
     assert arr.summary().endswith("on 2 workers") == (len(per_worker) == 2)
+    assert snap.held_bytes == 256 * MiB + 64 * MiB + 8 * MiB   # x, cfg and later share one
     w0_report = snap.worker(w0)
     assert w0_report.device("cpu").attributed >= 256 * MiB
     assert w0_report.device("cpu").used_process >= 256 * MiB   # the worker's own RSS
     data = json.loads(json.dumps(snap.to_json()))
     assert data["schema"] == "jupyter_gpumem.cluster/1"
-    assert {h["name"] for h in data["holders"]} == {"x", "emb", "arr", "cfg"}
+    assert {h["name"] for h in data["holders"]} == {"x", "emb", "arr", "cfg", "later"}
     html = snap._repr_html_()
     assert "persisted dask.bag, 4 chunks" in html and w0 in html
 
@@ -307,8 +313,9 @@ def test_nothing_of_dask_is_imported_unless_the_user_did():
 def test_killed_worker_gives_an_answer_not_a_hang(client, workers, ns):
     """Last: the nanny restarts the killed worker, at a new address."""
     w0, w1 = workers
+    ns["lost"] = client.submit(torch.ones, 1000, workers=[w0], pure=False)
     ns["x"] = client.submit(torch.ones, 1000, workers=[w1], pure=False)
-    wait(ns["x"])
+    wait([ns["lost"], ns["x"]])
     pid = client.run(os.getpid, workers=[w0])[w0]
     os.kill(pid, signal.SIGKILL)
     start = time.perf_counter()
@@ -318,5 +325,8 @@ def test_killed_worker_gives_an_answer_not_a_hang(client, workers, ns):
     assert took < 2.5
     assert w0 not in {w.address for w in snap.workers} and w1 in {w.address for w in snap.workers}
     if w0 in snap.missing:            # the scheduler had not yet noticed the death
-        assert snap.partial
+        assert snap.partial and "did not answer" in snap.missing[w0]
     assert snap.holder("x").workers == {w1: {"cpu": 4000}}
+    lost = snap.holder("lost")         # restricted to the dead worker: not recomputed
+    assert lost.in_memory == 0 and sum(lost.not_in_memory.values()) == 1
+    assert "0 of 1 (1 " in repr(snap)

@@ -163,6 +163,7 @@ def attribute(names: list[NameKeys], reports: list[WorkerReport], records: dict,
     for nk in names:
         for k in nk.keys:
             owners.setdefault(k, []).append(nk.name)
+    spilled = {k for report in reports for k in report.spilled}
     holders = []
     for nk in names:
         workers: dict[str, dict[str, int]] = {}
@@ -189,7 +190,9 @@ def attribute(names: list[NameKeys], reports: list[WorkerReport], records: dict,
             if k in in_memory:
                 continue
             rec = records.get(k)
-            if rec is None:
+            if k in spilled:
+                absent["spilled to disk"] += 1
+            elif rec is None:
                 absent["unknown"] += 1
             elif rec["state"] == "memory" and any(w in missing for w in rec["who_has"]):
                 absent["on a worker that did not answer"] += 1
@@ -203,6 +206,18 @@ def attribute(names: list[NameKeys], reports: list[WorkerReport], records: dict,
             nk.keys.get(largest) if largest is not None else None))
     holders.sort(key=lambda h: (-h.unique, -h.total, h.name))
     return holders
+
+
+def held_by_names(names: list[NameKeys], reports: list[WorkerReport]) -> dict:
+    """Worker -> device -> bytes that any name holds, each storage counted once."""
+    claimed = {k for nk in names for k in nk.keys}
+    out = {}
+    for report in reports:
+        per = _bytes_on(report, [k for k in report.keys if k in claimed])
+        per = {d: n for d, n in per.items() if n}
+        if per:
+            out[report.address] = per
+    return out
 
 
 def unclaimed(names: list[NameKeys], reports: list[WorkerReport], records: dict,
@@ -267,6 +282,7 @@ def build(client: Any, *, namespace: dict | None = None, shell: Any = None,
     snap.missing = missing
     snap.holders = attribute(names, reports, records["tasks"], missing)
     snap.unclaimed = unclaimed(names, reports, records["tasks"], client.id)
+    snap.held = held_by_names(names, reports)
     if missing:
         snap.partial = True
         messages += [f"worker {w} {why}: its keys are not counted" for w, why in missing.items()]

@@ -40,6 +40,17 @@ def dask_types() -> tuple[type | None, tuple, type | None, type | None, type | N
             getattr(spec, "DataNode", None))
 
 
+def machinery_types() -> tuple:
+    """Client, Cluster and Server (scheduler, worker, nanny) of the Dask imported."""
+    out = []
+    for module, name in (("distributed.client", "Client"), ("distributed.core", "Server"),
+                         ("distributed.deploy.cluster", "Cluster")):
+        tp = getattr(sys.modules.get(module), name, None)
+        if isinstance(tp, type):
+            out.append(tp)
+    return tuple(out)
+
+
 def _class_dict(tp: type) -> dict:
     return type.__dict__["__dict__"].__get__(tp)
 
@@ -87,6 +98,15 @@ class DaskKeyBackend(Backend):
 
     def tensor_types(self) -> tuple:
         return ((self.future,) if self.future is not None else ()) + self.bases
+
+    def container_types(self) -> tuple:
+        """Dask's machinery: a client, a cluster, a scheduler or worker object (in the
+        notebook's process with a LocalCluster). The walk does not enter them: their
+        bookkeeping is Dask's, not a name of the notebook."""
+        return machinery_types()
+
+    def children(self, obj: Any):
+        return iter(())
 
     def _info(self, fut: Any, what: str) -> StorageInfo | None:
         try:
@@ -181,19 +201,6 @@ def _what(obj: Any, n_keys: int, kinds: set, backend: DaskKeyBackend) -> str:
     return f"{base} holding {n_keys} key{'s' if n_keys != 1 else ''}"
 
 
-def _is_dask_machinery(obj: Any, backend: DaskKeyBackend) -> bool:
-    """A client, a cluster, a scheduler object: Dask's own objects that are not Futures
-    or collections (the walk does not enter them: a client's bookkeeping is not a name)."""
-    tp = type(obj)
-    if tp is backend.future:
-        return False
-    try:
-        module = _class_dict(tp).get("__module__")
-    except Exception:
-        return False
-    return isinstance(module, str) and module.partition(".")[0] in ("distributed", "dask_cuda")
-
-
 @dataclass
 class NameScan:
     """The roots walked, and per root the keys it reaches (``keys[i]``: key -> path)."""
@@ -218,11 +225,8 @@ def scan_roots(roots: list[_scan.Root], *, client_id: str, shell: Any = None,
     """Walk ``roots`` for the keys of client ``client_id`` they keep alive (``remember``:
     keep a weak reference to each Future met, to tell later whether it is gone)."""
     backend = DaskKeyBackend(remember)
-    stop = {id(r.obj) for r in roots if _is_dask_machinery(r.obj, backend)}
-    if extra_stop:
-        stop |= extra_stop
     result = _scan.scan(roots, devices=None, shell=shell, namespace=namespace,
-                        time_limit=time_limit, extra_stop=stop, backends=[backend])
+                        time_limit=time_limit, extra_stop=extra_stop, backends=[backend])
     keys: list[dict] = []
     whats: list[str] = []
     others: dict = {}

@@ -49,10 +49,9 @@ def _more_unclaimed(s) -> str | None:
 
 
 def _title(s) -> str:
-    total = sum(h.total for h in s.holders)
     return (f"cluster {s.scheduler or '(scheduler did not answer)'} · "
             f"{len(s.workers)} of {len(s.workers) + len(s.missing)} workers answered · "
-            f"{len(s.holders)} name(s) hold {fmt_bytes(total)}")
+            f"{len(s.holders)} name(s) hold {fmt_bytes(s.held_bytes)}")
 
 
 def snapshot_text(s) -> str:

@@ -161,11 +161,17 @@ class ClusterSnapshot:
     holders: list[ClusterHolder] = field(default_factory=list)
     unclaimed: list[UnclaimedKey] = field(default_factory=list)
     missing: dict[str, str] = field(default_factory=dict)   # worker -> why it gave no answer
+    held: dict[str, dict[str, int]] = field(default_factory=dict)   # by all names, distinct
     partial: bool = False
     messages: list[str] = field(default_factory=list)
     seconds: float = 0.0
     time: float = field(default_factory=time.time)
     records: dict = field(default_factory=dict, repr=False)  # the scheduler's, by key
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes the notebook's names hold on the cluster, each storage counted once."""
+        return sum(n for per in self.held.values() for n in per.values())
 
     def holder(self, name: str) -> ClusterHolder | None:
         """The holder called ``name`` (or with that alias), if any."""
@@ -181,6 +187,8 @@ class ClusterSnapshot:
                 "messages": list(self.messages), "seconds": round(self.seconds, 6),
                 "workers": [w.to_json() for w in self.workers],
                 "missing": dict(self.missing),
+                "held": {w: dict(per) for w, per in self.held.items()},
+                "held_bytes": self.held_bytes,
                 "holders": [h.to_json() for h in self.holders],
                 "unclaimed": [u.to_json() for u in self.unclaimed]}
 
