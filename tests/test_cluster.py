@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -245,6 +246,20 @@ def test_output_history_is_a_holder_and_goes_with_its_name(ip, client, workers):
     assert "f" in result.removed and f"Out[{out}]" in result.removed
     assert out not in ip.user_ns["Out"] and result.dropped
     assert key not in stored(client)[w0]
+
+
+def test_names_walked_on_the_main_thread_cluster_asked_from_another(client, workers, ns):
+    w0, _ = workers
+    ns["x"] = client.submit(torch.ones, 1000, workers=[w0], pure=False)
+    wait(ns["x"])
+    names = jc.held_names(client, namespace=ns)
+    assert [(n.name, n.what) for n in names.names] == [("x", "Future")]
+    out = {}
+    thread = threading.Thread(target=lambda: out.update(
+        snap=jc.snapshot(client, names=names, device="cpu")))
+    thread.start()
+    thread.join(10)
+    assert out["snap"].holder("x").workers == {w0: {"cpu": 4000}}
 
 
 def test_stopped_worker_gives_a_partial_answer_in_time(client, workers, ns):

@@ -22,7 +22,8 @@ from .result import (ClusterHolder, ClusterPurgeResult, ClusterSnapshot, KeyStil
                      UnclaimedKey, WorkerChange, WorkerKey, WorkerReport)
 
 __all__ = [
-    "ClusterError", "ClusterPurgeError", "dask_imported", "find_client", "snapshot", "purge",
+    "ClusterError", "ClusterPurgeError", "dask_imported", "find_client", "held_names",
+    "snapshot", "purge",
     "ClusterSnapshot", "ClusterHolder", "UnclaimedKey", "WorkerReport", "WorkerKey",
     "ClusterPurgeResult", "WorkerChange", "KeyStillHeld",
 ]
@@ -92,8 +93,20 @@ def _resolve(client: Any, namespace: dict | None, shell: Any, device: str) -> tu
     return client, device
 
 
+def held_names(client: Any = None, *, namespace: dict | None = None, shell: Any = None,
+               time_limit: float = 1.0):
+    """The first half of :func:`snapshot`, the only one that reads the namespace (call it
+    on the kernel's main thread): which names hold keys of the client, as a
+    :class:`~jupyter_gpumem.cluster.build.HeldNames` (names, keys and paths, no object).
+    Give it to ``snapshot(names=...)``, which then asks only the cluster."""
+    from .build import held_names as _held_names
+
+    client, _ = _resolve(client, namespace, shell, "auto")
+    return _held_names(client, namespace=namespace, shell=shell, time_limit=time_limit)
+
+
 def snapshot(client: Any = None, *, namespace: dict | None = None, shell: Any = None,
-             device: str = "auto", time_limit: float = 3.0) -> ClusterSnapshot:
+             device: str = "auto", time_limit: float = 3.0, names=None) -> ClusterSnapshot:
     """The cluster's workers, their devices and keys, and the names that hold them.
 
     ``client``: a ``distributed.Client`` (default: :func:`find_client`). Give a
@@ -101,13 +114,17 @@ def snapshot(client: Any = None, *, namespace: dict | None = None, shell: Any = 
     traceback), or a plain ``namespace`` dict. ``device`` selects the devices that
     count on each worker, as in the notebook (``cpu`` counts host tensors). Within
     ``time_limit`` seconds, whatever answers: the result is ``partial`` and names
-    the workers that did not answer. Raises :class:`ClusterError` without a client.
+    the workers that did not answer. ``names``: a :func:`held_names` result, to ask
+    only the cluster (from a thread other than the kernel's, say). Raises
+    :class:`ClusterError` without a client.
     """
     from .build import build
 
     client, device = _resolve(client, namespace, shell, device)
+    if names is not None and names.client_id != client.id:
+        raise ClusterError("names were walked for another client")
     return build(client, namespace=namespace, shell=shell, device=device,
-                 time_limit=time_limit)
+                 time_limit=time_limit, names=names)
 
 
 def purge(names=(), *, client: Any = None, namespace: dict | None = None, shell: Any = None,

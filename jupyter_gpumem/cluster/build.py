@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import remote
@@ -56,6 +57,8 @@ def _why(exc: BaseException, timeout: float) -> str:
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return f"did not answer within {timeout:.2g} s"
     text = str(exc) or type(exc).__name__
+    if "No module named 'jupyter_gpumem" in text:
+        return "cannot run the product's worker side: jupyter_gpumem is not installed there"
     return f"did not answer ({type(exc).__name__}: {text})"[:200]
 
 
@@ -240,26 +243,56 @@ def unclaimed(names: list[NameKeys], reports: list[WorkerReport], records: dict,
 
 
 # -- one snapshot ----------------------------------------------------------------------------
+def walk_messages(found: NameScan) -> list[str]:
+    """What a walk of the names has to say (cut short, keys of another client)."""
+    out = []
+    if found.partial:
+        out.append("partial walk of the names: " + ", ".join(found.reasons))
+    if found.other_clients:
+        out.append("names holding keys of another client, not counted: "
+                   + ", ".join(sorted(found.other_clients)))
+    return out
+
+
+@dataclass
+class HeldNames:
+    """The names that hold keys of one client, from one walk of the namespace (names,
+    keys and paths only: no reference to the objects)."""
+
+    client_id: str
+    names: list[NameKeys]
+    messages: list[str] = field(default_factory=list)
+    partial: bool = False
+
+
+def held_names(client: Any, *, namespace: dict | None = None, shell: Any = None,
+               time_limit: float = 1.0) -> HeldNames:
+    """The names that hold keys of ``client``. Reads the namespace: call it on the
+    kernel's main thread; :func:`build` given its result reads only the cluster."""
+    found = scan_names(client_id=client.id, namespace=namespace, shell=shell,
+                       time_limit=time_limit)
+    try:
+        return HeldNames(client.id, holders_of(found), walk_messages(found), found.partial)
+    finally:
+        found.release()
+
+
 def build(client: Any, *, namespace: dict | None = None, shell: Any = None,
           device: str = "auto", time_limit: float = 3.0,
-          found: NameScan | None = None) -> ClusterSnapshot:
-    """A :class:`ClusterSnapshot`; see :func:`jupyter_gpumem.cluster.snapshot`."""
+          names: HeldNames | None = None) -> ClusterSnapshot:
+    """A :class:`ClusterSnapshot`; see :func:`jupyter_gpumem.cluster.snapshot`. Given
+    ``names`` (from :func:`held_names`), the namespace is not read."""
     start = time.perf_counter()
     deadline = Deadline(time_limit)
-    own_scan = found is None
-    if found is None:
-        found = scan_names(client_id=client.id, namespace=namespace, shell=shell,
+    if names is None:
+        names = held_names(client, namespace=namespace, shell=shell,
                            time_limit=time_limit * 0.3)
-    names = holders_of(found)
-    messages: list[str] = []
-    if found.partial:
-        messages.append("partial walk of the names: " + ", ".join(found.reasons))
-    if found.other_clients:
-        messages.append("names holding keys of another client, not counted: "
-                        + ", ".join(sorted(found.other_clients)))
-    if own_scan:
-        found.release()
-    snap = ClusterSnapshot(None, client.id, device)
+    elif names.client_id != client.id:
+        raise ValueError("names were walked for another client")
+    messages = list(names.messages)
+    walk_partial = names.partial
+    names = names.names
+    snap = ClusterSnapshot(None, client.id, device, partial=walk_partial)
     records, error = scheduler_records(client, deadline.left())
     if records is None:
         snap.partial = True

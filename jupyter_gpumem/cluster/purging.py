@@ -22,8 +22,9 @@ from .. import scan as _scan
 from ..purge import PurgeError, clear_hidden
 from ..render import fmt_bytes
 from . import remote
-from .build import Deadline, _bytes_on, build, describe_wanters, run_on_workers
-from .names import NameScan, scan_roots
+from .build import (Deadline, HeldNames, _bytes_on, build, describe_wanters, run_on_workers,
+                    walk_messages)
+from .names import NameScan, holders_of, scan_roots
 from .result import ClusterPurgeResult, ClusterSnapshot, KeyStillHeld, WorkerChange, key_text
 
 _POLL = 0.05
@@ -281,8 +282,8 @@ def purge(client: Any, names=(), *, namespace: dict | None = None, shell: Any = 
     if names and all:
         raise ClusterPurgeError("give names or --all, not both (nothing was deleted)")
     plan = _plan(client, names, all, shell, namespace, time_limit * 0.3)
-    before = build(client, namespace=namespace, shell=shell, device=device,
-                   time_limit=time_limit, found=plan.found)
+    before = build(client, device=device, time_limit=time_limit, names=HeldNames(
+        client.id, holders_of(plan.found), walk_messages(plan.found), plan.found.partial))
     others = _kept_by_others(plan.own, before.records, client.id)
     going = plan.own - others
     target_keys, named = set(plan.target_keys), dict(plan.named)
