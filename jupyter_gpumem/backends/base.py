@@ -66,6 +66,29 @@ class AcceleratorInfo:
 
 Children = Iterable["tuple[tuple, Any]"]
 
+_TYPE_DICT = type.__dict__["__dict__"].__get__
+_TYPE_MRO = type.__dict__["__mro__"].__get__
+_GETSET = type(type.__dict__["__dict__"])
+
+
+def dict_descriptor(tp: type) -> Any:
+    """The C-level ``__dict__`` descriptor of ``tp``'s instances, or ``None`` (no
+    instance dict, or a class that replaced it with something of its own)."""
+    for klass in _TYPE_MRO(tp):
+        d = _TYPE_DICT(klass)
+        if "__dict__" in d:
+            descr = d["__dict__"]
+            return descr if type(descr) is _GETSET else None
+    return None
+
+
+def instance_dict(obj: Any) -> dict:
+    """``obj.__dict__`` read through the C slot: no property or ``__getattribute__``
+    of the object's class runs. Empty when there is none."""
+    descr = dict_descriptor(type(obj))
+    d = descr.__get__(obj) if descr is not None else None
+    return d if type(d) is dict else {}
+
 
 class Backend:
     """Base class: a backend for one framework (see the module docstring)."""
@@ -109,6 +132,14 @@ class Backend:
         """
         return tuple(self.children(obj))
 
+    def graph_and_grad(self, obj: Any) -> tuple:
+        """A tensor's autograd node and gradient (``None`` where it has none)."""
+        return None, None
+
+    def describe(self, obj: Any) -> str | None:
+        """A tensor's dtype and shape in a few words, read without its code."""
+        return None
+
     def take(self, obj: Any, seen: dict) -> tuple:
         """:meth:`storages` and :meth:`tensor_edges` of a tensor met for the first time
         in a scan, in one call (a backend may do both at once, faster)."""
@@ -125,6 +156,16 @@ class Backend:
         call per tensor. ``None`` when some tensor needs the long way (:meth:`take`):
         an autograd graph, say."""
         return None
+
+    def start_scan(self, deadline: float) -> None:
+        """A scan begins; it must end by ``deadline`` (``time.perf_counter()``)."""
+
+    def set_deadline(self, deadline: float) -> None:
+        """The walk of the next root must end by ``deadline``."""
+
+    def partial_reasons(self) -> list[str]:
+        """Why the walk since the last call left something out (then forgotten)."""
+        return []
 
     def accelerators(self) -> list[AcceleratorInfo]:
         """Accelerators this framework has already initialised."""

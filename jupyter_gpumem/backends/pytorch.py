@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import sys
+import time
 import weakref
 from collections import OrderedDict, deque
 from itertools import repeat
 from operator import attrgetter, is_not, itemgetter
 from typing import Any, Iterator
 
-from .base import AcceleratorInfo, Backend, FrameworkUsage, StorageInfo
+from .base import AcceleratorInfo, Backend, FrameworkUsage, StorageInfo, instance_dict
 
 _SKIP_DEVICE_TYPES = {"meta"}
 _new_info = tuple.__new__   # StorageInfo without the named tuple's Python-level __new__
@@ -44,6 +45,89 @@ def device_id(dev: Any) -> str:
     return text if text == "cpu" or ":" in text else text + ":0"
 
 
+class _Mark:
+    """Put in a graph node's ``metadata``: it dies with the node."""
+
+    __slots__ = ("__weakref__",)
+
+
+class GraphLedger:
+    """How far the scan may walk autograd graphs without weakening the process.
+
+    Reading ``grad_fn`` or ``next_functions`` gives a graph node a Python wrapper,
+    and torch keeps that wrapper for as long as the node lives. A node that has a
+    wrapper is freed through it, and the wrapper's release frees the next node
+    inside its own call: freeing a chain of wrapped nodes recurses once per node,
+    and about 40,000 of them overflow the C stack (``del loss`` then kills the
+    process). Plain torch frees graphs without wrappers iteratively, at any depth.
+
+    So the scan wraps at most :attr:`per_scan` nodes in one scan and keeps the
+    nodes it wrapped that still live under :attr:`alive_limit`, process-wide,
+    counted exactly: each node it wraps gets a :class:`_Mark` in its ``metadata``
+    whose weak reference tells when the node is gone. A graph cut short makes
+    the scan partial, with a reason.
+    """
+
+    per_scan = 10_000
+    alive_limit = 20_000
+    _KEY = "jupyter_gpumem"
+    _CHECK_EVERY = 256
+
+    def __init__(self) -> None:
+        self.alive = 0
+        self._refs: set = set()
+        self._this_scan = 0
+        self.deadline = float("inf")
+        self._reasons: list[str] = []
+
+    def start(self, deadline: float) -> None:
+        self._this_scan = 0
+        self.deadline = deadline
+        self._reasons = []
+
+    def take_reasons(self) -> list[str]:
+        out, self._reasons = self._reasons, []
+        return out
+
+    def _gone(self, ref) -> None:
+        self._refs.discard(ref)
+        self.alive -= 1
+
+    def _cut(self, text: str) -> None:
+        if text not in self._reasons:
+            self._reasons.append(text)
+
+    def admit(self, node: Any) -> bool:
+        """Count ``node``, which has a wrapper now (made by this walk or before); False
+        when the walk must not expand it."""
+        try:
+            meta = node.metadata
+            if self._KEY not in meta:
+                mark = _Mark()
+                meta[self._KEY] = mark
+                self._refs.add(weakref.ref(mark, self._gone))
+                self.alive += 1
+        except Exception:   # a node without metadata: counted for this scan only
+            pass
+        if self._this_scan >= self.per_scan:
+            self._cut(f"autograd graph walked to its first {self.per_scan:,} nodes")
+            return False
+        self._this_scan += 1
+        return True
+
+    def may_expand(self) -> bool:
+        """Whether reading the next node's parents (which wraps them) is allowed."""
+        if self.alive >= self.alive_limit:
+            self._cut(f"autograd graphs not walked further: {self.alive:,} of their nodes "
+                      f"already carry the scan's wrappers (more could crash the kernel "
+                      f"when the graph is freed)")
+            return False
+        if not self._this_scan % self._CHECK_EVERY and time.perf_counter() > self.deadline:
+            self._cut("time limit reached in an autograd graph")
+            return False
+        return True
+
+
 class TorchBackend(Backend):
     """Backend for PyTorch (CUDA, ROCm through the CUDA API, MPS, CPU)."""
 
@@ -58,6 +142,16 @@ class TorchBackend(Backend):
         self._device_names: dict = {}
         self._known: dict[int, tuple] = {}   # id -> (weak ref, data pointer, storages)
         self._free_blocks: dict[int, tuple] = {}   # GPU -> (allocator counters, largest free)
+        self.ledger = GraphLedger()
+
+    def start_scan(self, deadline: float) -> None:
+        self.ledger.start(deadline)
+
+    def set_deadline(self, deadline: float) -> None:
+        self.ledger.deadline = deadline
+
+    def partial_reasons(self) -> list[str]:
+        return self.ledger.take_reasons()
 
     @property
     def torch(self):
@@ -109,40 +203,51 @@ class TorchBackend(Backend):
                 known[oid] = (ref, obj.data_ptr(), infos)
                 return infos
         torch = self.torch
-        if isinstance(obj, torch.TypedStorage):
-            obj = obj.untyped_storage()
-        if isinstance(obj, torch.UntypedStorage):
-            return self._storage_info(obj, device_id(obj.device))
-        dev = obj.device
-        if dev.type in _SKIP_DEVICE_TYPES:
+        tp = type(obj)
+        if issubclass(tp, torch.TypedStorage):
+            obj = instance_dict(obj).get("_untyped_storage")
+            tp = type(obj)
+        if issubclass(tp, torch._C.StorageBase):
+            return self._storage_info(obj, device_id(torch._C.StorageBase.device.__get__(obj)))
+        if not issubclass(tp, torch.Tensor):
             return []
-        if obj.layout != torch.strided:
-            return self._sparse_storages(obj)
-        try:
-            storage = obj.untyped_storage()
-        except (RuntimeError, NotImplementedError, TypeError):
-            return []
-        return self._storage_info(storage, device_id(dev))
+        # a subclass of the user's: read through TensorBase with its __torch_function__
+        # and properties left out, so none of its code runs
+        base = torch._C.TensorBase
+        with torch._C.DisableTorchFunctionSubclass():
+            dev = base.device.__get__(obj)
+            if dev.type in _SKIP_DEVICE_TYPES:
+                return []
+            if base.layout.__get__(obj) != torch.strided:
+                return self._sparse_storages(obj)
+            try:
+                storage = base.untyped_storage(obj)
+            except (RuntimeError, NotImplementedError, TypeError):
+                return []
+            return self._storage_info(storage, device_id(dev))
 
     def _storage_info(self, storage: Any, dev: str) -> list[StorageInfo]:
-        nbytes = storage.nbytes()
+        base = self.torch._C.StorageBase
+        nbytes = base.nbytes(storage)
         if not nbytes:
             return []
-        ptr = storage.data_ptr()
+        ptr = base.data_ptr(storage)
         key = (dev, ptr) if ptr else (dev, "torch", id(storage))
         return [StorageInfo(key, nbytes, dev, "torch")]
 
     def _sparse_storages(self, obj: Any) -> list[StorageInfo]:
         torch = self.torch
+        base = torch._C.TensorBase
         out: list[StorageInfo] = []
         parts = []
+        layout = base.layout.__get__(obj)
         try:
-            if obj.layout == torch.sparse_coo:
-                parts = [obj._indices(), obj._values()]
-            elif obj.layout in (torch.sparse_csr, torch.sparse_bsr):
-                parts = [obj.crow_indices(), obj.col_indices(), obj.values()]
-            elif obj.layout in (torch.sparse_csc, torch.sparse_bsc):
-                parts = [obj.ccol_indices(), obj.row_indices(), obj.values()]
+            if layout == torch.sparse_coo:
+                parts = [base._indices(obj), base._values(obj)]
+            elif layout in (torch.sparse_csr, torch.sparse_bsr):
+                parts = [base.crow_indices(obj), base.col_indices(obj), base.values(obj)]
+            elif layout in (torch.sparse_csc, torch.sparse_bsc):
+                parts = [base.ccol_indices(obj), base.row_indices(obj), base.values(obj)]
         except (RuntimeError, NotImplementedError):
             return out
         for part in parts:
@@ -151,17 +256,37 @@ class TorchBackend(Backend):
 
     def children(self, obj: Any) -> Iterator[tuple[tuple, Any]]:
         torch = self.torch
-        if isinstance(obj, torch.nn.Module):
+        tp = type(obj)
+        if issubclass(tp, torch.nn.Module):
             return self._module_children(obj)
-        if isinstance(obj, torch.optim.Optimizer):
+        if issubclass(tp, torch.optim.Optimizer):
             return self._optimizer_children(obj)
-        if not isinstance(obj, torch.Tensor):
+        if not issubclass(tp, torch.Tensor):
             return iter(())
-        fn = obj.grad_fn
+        fn, grad = self.graph_and_grad(obj)
         if fn is None:
-            grad = obj.grad
             return iter(() if grad is None else ((_GRAD, grad),))
         return self._graph_children(fn, {})
+
+    def graph_and_grad(self, obj: Any) -> tuple:
+        """A tensor's ``grad_fn`` and ``grad``, read without a subclass's code."""
+        if type(obj) in self._plain:
+            fn = obj.grad_fn
+            return fn, (obj.grad if fn is None else None)   # only a leaf's grad is kept
+        torch = self.torch
+        base = torch._C.TensorBase
+        with torch._C.DisableTorchFunctionSubclass():
+            fn = base.grad_fn.__get__(obj)
+            return fn, (base.grad.__get__(obj) if fn is None else None)
+
+    def describe(self, obj: Any) -> str | None:
+        torch = self.torch
+        if not issubclass(type(obj), torch.Tensor):
+            return None
+        base = torch._C.TensorBase
+        with torch._C.DisableTorchFunctionSubclass():
+            dtype = str(base.dtype.__get__(obj)).replace("torch.", "")
+            return f"{dtype}{list(base.shape.__get__(obj))}"
 
     def batch_types(self) -> frozenset:
         self.tensor_types()
@@ -178,31 +303,27 @@ class TorchBackend(Backend):
         return infos, _GRAD, list(map(_GRAD_OF, values))
 
     def tensor_edges(self, obj: Any, seen: dict):
-        if type(obj) not in self._plain and type(obj) in self._storage_types():
-            return ()
-        fn = obj.grad_fn
+        if type(obj) not in self._plain and not issubclass(type(obj), self.torch.Tensor):
+            return ()   # a storage
+        fn, grad = self.graph_and_grad(obj)
         if fn is None:
-            grad = obj.grad
             return () if grad is None else ((_GRAD, grad),)
         if id(fn) in seen:
             return []   # expanded already in this root's walk: not in another root's
         return list(self._graph_children(fn, seen))
 
-    def _storage_types(self) -> tuple:
-        types_ = self.tensor_types()
-        return types_[1:]
-
     def _module_children(self, module: Any) -> Iterator[tuple[tuple, Any]]:
-        d = object.__getattribute__(module, "__dict__")
+        d = instance_dict(module)
         for group in _MODULE_OWN:
-            for key, value in dict.items(d.get(group) or {}):
+            table = d.get(group)
+            for key, value in (dict.items(table) if issubclass(type(table), dict) else ()):
                 if value is not None:
                     yield ("attr", key), value
         plain, containers, own = _PLAIN_VALUES, _PLAIN_CONTAINERS, _MODULE_OWN_SET
         for key, value in dict.items(d):
             # skip plain values and the many empty hook tables every module carries
             tp = type(value)
-            if tp in plain or (tp in containers and not value) or key in own:
+            if tp in plain or (tp in containers and not len(value)) or key in own:
                 continue
             yield ("attr", key), value
 
@@ -210,9 +331,9 @@ class TorchBackend(Backend):
         """Parameters and per-parameter state, straight to the tensors (paths as
         ``opt.param_groups[0]['params'][3]`` and ``opt.state[...]['exp_avg']``).
         A list built by comprehensions: an optimizer holds thousands of tensors."""
-        d = object.__getattribute__(opt, "__dict__")
+        d = instance_dict(opt)
         groups, state = d.get("param_groups"), d.get("state")
-        if type(groups) is not list or not isinstance(state, dict):
+        if type(groups) is not list or not issubclass(type(state), dict):
             return [(("attr", k), v) for k, v in dict.items(d)]
         out: list[tuple[tuple, Any]] = []
         for gi, group in enumerate(groups):
@@ -236,11 +357,18 @@ class TorchBackend(Backend):
         return out
 
     def _graph_children(self, root: Any, seen: dict) -> Iterator[tuple[tuple, Any]]:
-        """Saved tensors and leaf variables of the autograd graph under ``root``.
+        """Saved tensors and leaf variables of the autograd graph under ``root``,
+        breadth first (the newest operations first).
 
         Nodes already in ``seen`` (expanded from another tensor of the same
-        graph) are not expanded again.
+        graph) are not expanded again. The walk stops where :class:`GraphLedger`
+        says: reading a node's ``next_functions`` gives every parent node a Python
+        wrapper that the node keeps until it dies, and a graph whose nodes carry
+        many wrappers is freed recursively (see :class:`GraphLedger`).
         """
+        ledger = self.ledger
+        if not ledger.admit(root):
+            return
         seen[id(root)] = root
         queue = deque([root])
         while queue:
@@ -255,12 +383,14 @@ class TorchBackend(Backend):
                 except (RuntimeError, AttributeError):
                     continue  # freed by backward(), or not readable
                 yield ("graph", node_name, attr), value
+            if not ledger.may_expand():
+                return
             try:
                 parents = node.next_functions
             except (RuntimeError, AttributeError):
                 parents = ()
             for parent, _ in parents:
-                if parent is not None and id(parent) not in seen:
+                if parent is not None and id(parent) not in seen and ledger.admit(parent):
                     seen[id(parent)] = parent
                     queue.append(parent)
 
@@ -374,17 +504,20 @@ class TorchBackend(Backend):
 
     def hint(self, name: str, obj: Any, nbytes: int) -> str | None:
         torch = self.torch
-        if not isinstance(obj, torch.Tensor):
-            if isinstance(obj, torch.optim.Optimizer):
+        tp = type(obj)   # never obj.__class__: a mock's spec would pass for a tensor
+        if not issubclass(tp, torch.Tensor):
+            if issubclass(tp, torch.optim.Optimizer):
                 return (f"`{name}` holds its parameters and their state: "
                         f"purge it together with its model")
             return None
-        if obj.grad_fn is not None:
+        if self.graph_and_grad(obj)[0] is not None:
             return (f"`{name}` keeps its autograd graph alive: "
                     f"store `{name}.item()` or `{name}.detach()` instead")
+        base = torch._C.TensorBase
         try:
-            own = obj.numel() * obj.element_size()
-            storage = obj.untyped_storage().nbytes()
+            with torch._C.DisableTorchFunctionSubclass():
+                own = base.numel(obj) * base.element_size(obj)
+                storage = torch._C.StorageBase.nbytes(base.untyped_storage(obj))
         except Exception:
             return None
         if storage > 2 * own and storage - own >= 1 << 20:
