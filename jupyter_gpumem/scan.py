@@ -29,6 +29,7 @@ from operator import is_not, itemgetter, not_
 from typing import Any, Callable
 
 from .backends import Backend, StorageInfo, active_backends
+from .backends.base import dict_descriptor
 
 ATOMIC = frozenset({
     int, float, complex, bool, str, bytes, bytearray, type(None), range, slice,
@@ -45,6 +46,7 @@ _BIG = 4096            # containers longer than this get a C-speed "all atomic?"
 _DEFAULT_MAX_DEPTH = 2000
 _BATCH = 8             # this many tensors waiting are taken together; fewer, one by one
 _FLUSH = 4096          # tensors waiting to be taken together at most
+_CHUNK = 1024          # children of one container pushed at a time
 _FIRST, _SECOND, _THIRD, _FOURTH = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
 _NEXT = (1).__add__
 
@@ -106,7 +108,7 @@ _module_is_library: dict[str, bool] = {}
 
 def is_library_module_name(name: str | None) -> bool:
     """True for modules that belong to Python or an installed package."""
-    if not name or not isinstance(name, str):
+    if type(name) is not str or not name:
         return False
     cached = _module_is_library.get(name)
     if cached is not None:
@@ -118,8 +120,8 @@ def is_library_module_name(name: str | None) -> bool:
         result = True
     else:
         mod = sys.modules.get(name)
-        path = mod.__dict__.get("__file__") if isinstance(mod, types.ModuleType) else None
-        if not isinstance(path, str):
+        path = _MODULE_DICT(mod).get("__file__") if is_a(mod, types.ModuleType) else None
+        if type(path) is not str:
             # a module made at run time (types.ModuleType) is the user's;
             # an unknown module name with no file is taken as a library's
             result = mod is None and top in sys.modules and top != name
@@ -129,24 +131,48 @@ def is_library_module_name(name: str | None) -> bool:
     return result
 
 
-def _dict_of(tp: type) -> Any:
-    """The C ``__dict__`` descriptor of ``tp`` instances, or ``None``."""
-    for klass in tp.__mro__:
-        d = type.__dict__["__dict__"].__get__(klass)
-        if "__dict__" in d:
-            descr = d["__dict__"]
-            return descr if type(descr) is types.GetSetDescriptorType else None
-    return None
+_TYPE_DICT = type.__dict__["__dict__"].__get__
+_TYPE_MRO = type.__dict__["__mro__"].__get__
+_TYPE_NAME = type.__dict__["__name__"].__get__
+_TYPE_MODULE = type.__dict__["__module__"].__get__
+_MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
+
+
+def type_module(tp: type) -> str | None:
+    """``tp.__module__`` read without the metaclass's ``__getattribute__``."""
+    try:
+        name = _TYPE_MODULE(tp)
+    except Exception:
+        return None
+    return name if type(name) is str else None
+
+
+def type_name_of(tp: type) -> str:
+    """``tp.__name__`` read without the metaclass's ``__getattribute__``."""
+    return _TYPE_NAME(tp)
+
+
+def is_a(obj: Any, cls: "type | tuple[type, ...]") -> bool:
+    """``isinstance`` by the object's real type: never asks ``obj.__class__`` (a
+    property of the user's, a mock's spec, a dead weak proxy)."""
+    return issubclass(type(obj), cls)
+
+
+_dict_of = dict_descriptor
 
 
 def _slots_of(tp: type) -> tuple:
     out = []
-    for klass in tp.__mro__:
+    for klass in _TYPE_MRO(tp):
         d = type.__dict__["__dict__"].__get__(klass)
         slots = d.get("__slots__", ())
-        if isinstance(slots, str):
+        if type(slots) is str:
             slots = (slots,)
+        elif type(slots) not in (tuple, list):
+            slots = ()   # what Python made the slots from is gone; their descriptors stay
         for name in slots:
+            if type(name) is not str:
+                continue
             descr = d.get(name)
             if type(descr) is types.MemberDescriptorType:
                 out.append((name, descr))
@@ -193,6 +219,7 @@ class Walker:
         self._instance_layout: dict[type, tuple] = {}
         self._tensor_backend: dict[type, Backend] = {}
         self._untracked_is_empty = _untracked_holds_nothing(backends)
+        self._instance_handler = self._instance
         self._batch_types: dict[Backend, frozenset] = {}
         self._pending: dict[Backend, list] = {}   # (parent, label, tensor, depth) to take
         self._waiting = 0                          # how many, over all backends
@@ -217,22 +244,36 @@ class Walker:
         push = stack.append
         pop = stack.pop
         self._seen, self._found, self._push, self._graph_seen = seen, found, push, {}
+        self._stack = stack
         count = 0
         atomic = ATOMIC
         handlers = self._handlers
         tensor_backend = self._tensor_backend
         take = self._take
         max_depth = self.max_depth
+        instance = self._instance_handler
+        untracked_is_empty = self._untracked_is_empty
+        is_tracked = gc.is_tracked
         while stack or self._waiting:
             if not stack:   # tensors wait to be taken together; what they hold comes next
                 try:
                     self._flush()
+                except _OutOfTime:
+                    break
                 except Exception:
                     self.errors += 1
                 continue
             item, node, depth = pop()
             tp = type(item)
             if tp in atomic:
+                continue
+            if tp is _Rest:   # the rest of a long container, after what it gave so far
+                try:
+                    take(item.pairs, node, depth)
+                except _OutOfTime:
+                    break
+                except Exception:
+                    self.errors += 1
                 continue
             handler = handlers.get(tp)
             try:
@@ -241,25 +282,34 @@ class Walker:
                 if tp in tensor_backend:   # _take keeps its own account of what it saw
                     take(((node[1], item),), node[0], depth)
                     continue
+            except _OutOfTime:
+                break
             except Exception:
                 self.errors += 1
                 continue
+            if handler is instance and untracked_is_empty and not is_tracked(item):
+                continue   # an object() or the like: it holds nothing the walk follows
             oid = id(item)
             if oid in seen:
                 continue
-            seen[oid] = item
             count += 1
             if not count & 511 and time.perf_counter() > self.deadline:
-                self.out_of_time = True
-                self.stop("time limit reached")
+                self.out_of_time = True   # the scan says so, if no second try finishes
                 break
             if depth > max_depth:
                 self.stop(f"structure deeper than {self.max_depth} levels cut")
                 continue
+            size, waiting = len(stack), self._waiting
             try:
                 handler(item, node, depth + 1, push, found)
+            except _OutOfTime:
+                break
             except Exception:
                 self.errors += 1  # an object that refuses introspection
+            if len(stack) != size or self._waiting != waiting:
+                # only what leads on is remembered: a leaf (a record's list of ints) met
+                # again is read again, cheaply, so the memo stays small against the heap
+                seen[oid] = item
         for pending in self._pending.values():   # a walk cut short leaves some
             pending.clear()
         self._waiting = 0
@@ -272,7 +322,8 @@ class Walker:
         self._storage_cache.clear()
         self._handlers.clear()
         self._pending.clear()
-        self._seen = self._found = self._push = self._graph_seen = None
+        self._seen = self._found = self._push = self._graph_seen = self._stack = None
+        self._instance_handler = None
 
     def _take(self, pairs: Any, parent: tuple | None, depth: int) -> None:
         """Take ``(label, child)`` pairs found under the path node ``parent``: a tensor at
@@ -291,7 +342,12 @@ class Walker:
         graph_seen = self._graph_seen
         devices = self.devices
         atomic = ATOMIC
-        for label, value in pairs:
+        pairs = iter(pairs)
+        stack = self._stack
+        bottom = len(stack)
+        for n, (label, value) in enumerate(pairs, 1):
+            if not n & 4095:
+                self._check_time()
             tp = type(value)
             backend = backend_of(tp)
             if backend is None:
@@ -302,6 +358,11 @@ class Walker:
                     backend = backend_of(tp)
                 if backend is None:
                     push((value, (parent, label), depth))
+                    if len(stack) - bottom >= _CHUNK:
+                        # a long container: the rest waits under what it gave so far,
+                        # so the stack stays short and the time limit is looked at
+                        stack.insert(bottom, (_Rest(pairs), parent, depth))
+                        return
                     continue
             if self._waiting:
                 self._flush()
@@ -333,9 +394,31 @@ class Walker:
                     for child_label, child in edges:
                         push((child, (node, child_label), depth + 1))
 
+    def _check_time(self) -> None:
+        if time.perf_counter() > self.deadline:
+            self.out_of_time = True
+            raise _OutOfTime
+
+    def _all_atomic(self, values: Any) -> bool:
+        """Whether every value is an atom, in C-level passes of a million values
+        with the time limit looked at between them."""
+        values = iter(values)
+        while True:
+            chunk = list(islice(values, 1 << 20))
+            if not ATOMIC.issuperset(map(type, chunk)):
+                return False
+            if len(chunk) < 1 << 20:
+                return True
+            self._check_time()
+
     def _classify(self, tp: type) -> Callable:
         if tp in _SKIP_TYPES or issubclass(tp, weakref.ref):
             return _skip
+        if type(tp) is not type and not is_library_module_name(type_module(type(tp))):
+            # a metaclass of the user's may run code on any look at the class (an
+            # abstract base's subclass check asks for ``__mro__``): only the C-level
+            # layout is read
+            return self._by_layout(tp)
         for backend in self.backends:
             types_ = backend.tensor_types()
             if types_ and issubclass(tp, types_):
@@ -374,9 +457,36 @@ class Walker:
             return self._traceback
         if issubclass(tp, BaseException):
             return self._exception
-        if tp.__module__.partition(".")[0] in ("numpy", "pandas") and not _dict_of(tp):
-            return _skip  # array data is not accelerator memory; no Python refs inside
-        return self._instance
+        return self._by_layout(tp)
+
+    def _by_layout(self, tp: type) -> Callable:
+        """Handler of a type found by its C-level layout alone."""
+        for base, handler in ((dict, self._dict), ((list, tuple), self._sequence),
+                              ((set, frozenset), self._set), (BaseException, self._exception)):
+            if issubclass(tp, base):
+                return self._with_instance(handler) if handler != self._exception else handler
+        top = (type_module(tp) or "").partition(".")[0]
+        if top == "numpy" and not _dict_of(tp):
+            numpy = sys.modules.get("numpy")
+            if numpy is not None and issubclass(tp, numpy.ndarray):
+                return self._ndarray
+            return _skip   # scalars, dtypes: no references inside
+        if top == "pandas" and not _dict_of(tp):
+            return self._referent_handler   # block managers and blocks: what the gc sees
+        return self._instance_handler
+
+    def _referent_handler(self, obj, node, depth, push, found) -> None:
+        self._referents(obj, node, depth, push)
+
+    def _ndarray(self, obj, node, depth, push, found) -> None:
+        """An object array's elements (a tensor in a numpy object array or in a pandas
+        object column); other arrays hold no Python objects."""
+        numpy = sys.modules["numpy"]
+        base = numpy.ndarray.__dict__
+        if not base["dtype"].__get__(obj).hasobject:
+            return
+        flat = base["flat"].__get__(obj)
+        self._take(((("flat", i), v) for i, v in enumerate(flat)), node, depth)
 
     def _with_instance(self, container: Callable) -> Callable:
         def both(obj, node, depth, push, found):
@@ -385,14 +495,14 @@ class Walker:
         return both
 
     # -- handlers ----------------------------------------------------------------
-    @staticmethod
-    def _describe(obj) -> str | None:
+    def _describe(self, obj) -> str | None:
+        name = type_name_of(type(obj))
+        backend = self._tensor_backend.get(type(obj))
         try:
-            dtype = str(getattr(obj, "dtype", "")).replace("torch.", "")
-            shape = tuple(getattr(obj, "shape", ()))
-            return f"{type(obj).__name__} {dtype}{list(shape)}"
+            text = backend.describe(obj) if backend is not None else None
         except Exception:
-            return type(obj).__name__
+            text = None
+        return f"{name} {text}" if text else name
 
     def _backend_container(self, backend: Backend, obj, node, depth, push, found) -> None:
         """A model, a module, an optimizer: their tensors of the backend's batch types
@@ -483,8 +593,8 @@ class Walker:
     def _dict(self, obj, node, depth, push, found) -> None:
         if self._untracked_is_empty and not gc.is_tracked(obj):
             return   # only atoms inside: see _untracked_holds_nothing
-        if len(obj) > _BIG and ATOMIC.issuperset(map(type, dict.values(obj))) \
-                and ATOMIC.issuperset(map(type, dict.keys(obj))):
+        if dict.__len__(obj) > _BIG and self._all_atomic(dict.values(obj)) \
+                and self._all_atomic(dict.keys(obj)):
             return
         atomic = ATOMIC
         self._take(((("item", k) if type(k) in atomic else ("item", ...), v)
@@ -495,22 +605,23 @@ class Walker:
     def _sequence(self, obj, node, depth, push, found) -> None:
         if self._untracked_is_empty and not gc.is_tracked(obj):
             return   # a tuple of atoms
-        it = list.__iter__(obj) if isinstance(obj, list) else tuple.__iter__(obj)
-        if len(obj) > _BIG and ATOMIC.issuperset(map(type, obj)):
+        base = list if is_a(obj, list) else tuple
+        if base.__len__(obj) > _BIG and self._all_atomic(base.__iter__(obj)):
             return
-        self._take(((("index", i), v) for i, v in enumerate(it)), node, depth)
+        self._take(((("index", i), v) for i, v in enumerate(base.__iter__(obj))), node, depth)
 
     def _set(self, obj, node, depth, push, found) -> None:
-        for v in (set.__iter__(obj) if isinstance(obj, set) else frozenset.__iter__(obj)):
+        for v in (set.__iter__(obj) if is_a(obj, set) else frozenset.__iter__(obj)):
             if type(v) not in ATOMIC:
                 push((v, (node, ("elem",)), depth))
 
     def _module(self, obj, node, depth, push, found) -> None:
-        d = obj.__dict__
+        d = _MODULE_DICT(obj)
         if is_library_module_name(d.get("__name__")) or d is sys.modules.get("__main__", obj).__dict__:
             return
         for k, v in dict.items(d):
-            if not (k.startswith("__") and k.endswith("__")) and type(v) not in ATOMIC:
+            if type(k) is str and not (k.startswith("__") and k.endswith("__")) \
+                    and type(v) not in ATOMIC:
                 push((v, (node, ("attr", k)), depth))
 
     def _class(self, obj, node, depth, push, found) -> None:
@@ -551,7 +662,7 @@ class Walker:
 
     def _builtin_method(self, obj, node, depth, push, found) -> None:
         owner = obj.__self__
-        if owner is not None and not isinstance(owner, types.ModuleType):
+        if owner is not None and not is_a(owner, types.ModuleType):
             push((owner, (node, ("attr", "__self__")), depth))
 
     def _partial(self, obj, node, depth, push, found) -> None:
@@ -629,7 +740,7 @@ class Walker:
         # as an attribute and in a list of the same object is named by its attribute
         if dict_descr is not None:
             d = dict_descr.__get__(obj)
-            if d:
+            if dict.__len__(d):
                 self._take(((("attr", k), v) for k, v in dict.items(d)), node, depth)
         if slots:
             self._take(self._slot_values(obj, slots), node, depth)
@@ -654,10 +765,23 @@ def _skip(obj, node, depth, push, found) -> None:
     return None
 
 
+class _Rest:
+    """On the walk's stack: the children of a container still to be taken."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: Any) -> None:
+        self.pairs = pairs
+
+
+class _OutOfTime(Exception):
+    """The scan's time limit passed inside one container or graph."""
+
+
 # -- paths -------------------------------------------------------------------------
 def _format_key(key: Any) -> str:
-    if key is ...:
-        return "[...]"
+    if key is ... or type(key) not in ATOMIC:
+        return "[...]"   # the repr of an object of the user's would run its code
     text = repr(key)
     return f"[{text}]" if len(text) <= 40 else "[...]"
 
@@ -668,7 +792,9 @@ def format_label(label: tuple) -> str:
     if kind == "root":
         return label[1]
     if kind == "attr":
-        return "." + label[1]
+        return "." + label[1] if type(label[1]) is str else ".__dict__[...]"
+    if kind == "flat":
+        return f".flat[{label[1]}]"
     if kind == "item":
         return _format_key(label[1])
     if kind == "index":
@@ -719,17 +845,26 @@ def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
     """The user's own names in a namespace (IPython's bookkeeping left out)."""
     hidden_ns = hidden_ns or {}
     out = []
-    for name, value in list(namespace.items()):
+    for name, value in list(dict.items(namespace)):
+        if type(name) is not str:
+            continue   # ``globals()[42] = ...``: no name to type (see odd_keys)
         if type(value) in ATOMIC or name in _SHELL_NAMES or _HIDDEN_NAME.match(name):
             continue
         if name.startswith("__") and name.endswith("__"):
             continue
         if name in hidden_ns and hidden_ns[name] is value:
             continue
-        if isinstance(value, types.ModuleType) and is_library_module_name(value.__dict__.get("__name__")):
+        if is_a(value, types.ModuleType) and is_library_module_name(_MODULE_DICT(value).get("__name__")):
             continue
         out.append(Root(name, value, purge=name))
     return out
+
+
+def odd_keys(namespace: dict | None = None, shell: Any = None) -> list[str]:
+    """Keys of the namespace that are not names (``globals()[42] = ...``): the scan
+    skips them, and the report says so."""
+    ns = shell.user_ns if shell is not None else namespace or {}
+    return [_format_key(k)[1:-1] for k in list(dict.keys(ns)) if type(k) is not str]
 
 
 def _add_hidden(roots: list[Root], by_id: dict[int, Root], name: str, obj: Any,
@@ -775,7 +910,7 @@ def hidden_roots(shell: Any = None) -> list[Root]:
         ns = shell.user_ns
         out_hist = getattr(getattr(shell, "history_manager", None), "output_hist", None)
         if out_hist is None:
-            out_hist = ns.get("Out", {}) if isinstance(ns.get("Out"), dict) else {}
+            out_hist = ns.get("Out", {}) if is_a(ns.get("Out"), dict) else {}
         for n, value in sorted(dict.items(out_hist), key=lambda kv: kv[0]):
             _add_hidden(roots, by_id, f"Out[{n}]", value, "output", f"Out[{n}]")
         for n in list(out_hist):
@@ -849,16 +984,45 @@ def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     stop = stop_ids_for(shell, namespace)
     if extra_stop:
         stop |= extra_stop
-    walker = Walker(active_backends() if backends is None else backends, devices,
-                    start + time_limit, stop, describe=describe)
+    backends = active_backends() if backends is None else backends
+    deadline = start + time_limit
+    walker = Walker(backends, devices, deadline, stop, describe=describe)
+    for backend in backends:
+        backend.start_scan(deadline)
+
+    def walk(root: Root, until: float) -> Reach:
+        walker.current_root = root.name
+        walker.deadline = until
+        walker.out_of_time = False
+        for backend in backends:
+            backend.set_deadline(until)
+        found = walker.walk(root.obj, ("root", root.name))
+        for backend in backends:
+            for reason in backend.partial_reasons():
+                walker.stop(reason)
+        return found
+
+    # Each root first gets a fair share of the time left, so one huge root (a list of
+    # ten million records) cannot starve the names after it; the roots cut short then
+    # share what the others left, in order.
     reach: list[Reach] = []
+    cut: list[int] = []
     with paused_gc():
-        for root in roots:
-            if id(root.obj) in stop or walker.out_of_time:
+        for i, root in enumerate(roots):
+            if id(root.obj) in stop:
                 reach.append(Reach())
                 continue
-            walker.current_root = root.name
-            reach.append(walker.walk(root.obj, ("root", root.name)))
+            now = time.perf_counter()
+            reach.append(walk(root, now + max(deadline - now, 0.0) / (len(roots) - i)))
+            if walker.out_of_time:
+                cut.append(i)
+        for i in cut:
+            if time.perf_counter() < deadline:
+                reach[i] = walk(roots[i], deadline)
+                if not walker.out_of_time:
+                    continue
+            walker.current_root = roots[i].name
+            walker.stop("time limit reached")
         walker.close()
     return ScanResult(roots, reach, walker.partial, walker.reasons,
                       time.perf_counter() - start, walker.errors)

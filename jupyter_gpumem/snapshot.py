@@ -6,6 +6,7 @@ and text, so keeping one (``-o``, the panel, ``Out``) pins no memory.
 from __future__ import annotations
 
 import time
+import types
 from dataclasses import dataclass, field
 from itertools import islice
 from operator import itemgetter
@@ -134,11 +135,11 @@ class Snapshot:
 def type_name(obj: Any) -> str:
     """What an object is, in a user's words."""
     tp = type(obj)
-    name = tp.__name__
+    name = _scan.type_name_of(tp)
     if name in ("Tensor", "Parameter"):
         return "tensor" if name == "Tensor" else "parameter"
-    if name == "function":
-        return "closure" if getattr(obj, "__closure__", None) else "function"
+    if tp is types.FunctionType:
+        return "closure" if obj.__closure__ else "function"
     if name == "_lru_cache_wrapper":
         return "lru_cache"
     return name
@@ -312,7 +313,7 @@ def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), bac
 def _hint(root: _scan.Root, backends, nbytes: int) -> str | None:
     if root.hidden:
         return _HIDDEN_HINTS.get(root.kind)
-    if isinstance(root.obj, BaseException):
+    if _scan.is_a(root.obj, BaseException):
         return (f"exception `{root.name}` keeps its traceback's frames alive: "
                 f"keep `str({root.name})` instead")
     for backend in backends:
@@ -359,6 +360,9 @@ def _build(shell, namespace, device, names, time_limit) -> Snapshot:
     extra_names = {r.name for r in extra}
     holders = [h for h in all_holders if h.name not in extra_names]
     messages = list(_messages(result, usages, accs, device))
+    odd = _scan.odd_keys(namespace, shell)
+    if odd:
+        messages.append(f"skipped {len(odd)} namespace key(s) that are not names: {', '.join(odd[:5])}")
     reached = sharing.reached
     unattributed = _unattributed(usages, reached)
     for du in usages:

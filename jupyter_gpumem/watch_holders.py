@@ -91,7 +91,7 @@ class Update:
 
 def identity(root: _scan.Root) -> Any:
     """What says a root is still the same object (the traceback root is rebuilt each time)."""
-    if root.kind == "traceback" and isinstance(root.obj, tuple):
+    if root.kind == "traceback" and type(root.obj) is tuple:
         return tuple(id(o) for o in root.obj)
     return id(root.obj)
 
@@ -105,16 +105,14 @@ def signature(obj: Any, backends=None) -> Any:
     try:
         for backend in backends if backends is not None else active_backends():
             types_ = backend.tensor_types()
-            if types_ and isinstance(obj, types_):
+            if types_ and issubclass(tp, types_):
                 keys = tuple((i.key, i.nbytes) for i in backend.storages(obj))
-                grad = grad_fn = None
-                if tp.__module__.startswith("torch"):
-                    grad_fn = id(obj.grad_fn) if getattr(obj, "grad_fn", None) is not None else None
-                    if getattr(obj, "is_leaf", False) and obj.grad is not None:
-                        grad = tuple((i.key, i.nbytes) for i in backend.storages(obj.grad))
-                return (tp, keys, grad, grad_fn)
+                fn, grad = backend.graph_and_grad(obj)
+                if grad is not None:
+                    grad = tuple((i.key, i.nbytes) for i in backend.storages(grad))
+                return (tp, keys, grad, None if fn is None else id(fn))
         for base in (dict, list, tuple, set, frozenset):
-            if isinstance(obj, base):
+            if issubclass(tp, base):
                 return (tp, base.__len__(obj))
     except Exception:  # noqa: BLE001 - an object that refuses: compare by type only
         return (tp,)

@@ -1,0 +1,164 @@
+"""Odd objects one at a time, in a real shell: each costs at most one line, none
+runs user code, and the named tensor beside it is still blamed."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import weakref
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import run  # noqa: E402
+from tests import hostile_child as hc  # noqa: E402
+
+N = 1 << 16
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def everything_answers(ip):
+    """Report, purge dry run, footer, %%gpuwatch: each works and blames `named`."""
+    ip.user_ns["named"] = torch.ones(N)
+    ip.user_ns["torch"] = torch
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    assert snap.holder("named").unique == 4 * N
+    dry = ip.run_line_magic("gpumem", "purge named --dry-run --device cpu -o")
+    assert "named" in dry.removed
+    ip.run_line_magic("gpumem", "watch on --device cpu")
+    try:
+        assert run(ip, "z = 1").success
+    finally:
+        ip.run_line_magic("gpumem", "watch off")
+    ip.run_cell_magic("gpuwatch", "--device cpu -o watched", "w = torch.ones(8)")
+    assert ip.user_ns["watched"].to_json()
+    return snap
+
+
+class Box:
+    pass
+
+
+def test_a_dead_weak_proxy_disables_nothing(ip, capsys):
+    gone = Box()
+    ip.user_ns["dead"] = weakref.proxy(gone)
+    del gone
+    snap = everything_answers(ip)
+    assert snap.holder("dead") is None
+    assert "ReferenceError" not in capsys.readouterr().out
+
+
+def test_a_raising_class_property_disables_nothing(ip, capsys):
+    hc.CALLS.clear()
+    ip.user_ns["odd"] = hc.RaisingClass(torch.ones(N))
+    snap = everything_answers(ip)
+    assert snap.holder("odd").unique == 4 * N
+    assert hc.CALLS == []
+    assert "__class__ read" not in capsys.readouterr().out
+
+
+def test_a_key_that_is_no_name_is_one_line(ip, capsys):
+    ip.user_ns[42] = [torch.ones(N)]
+    try:
+        snap = everything_answers(ip)
+    finally:
+        ip.user_ns.pop(42, None)
+    assert [m for m in snap.messages if "not names" in m] == [
+        "skipped 1 namespace key(s) that are not names: 42"]
+    assert "TypeError" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("make", [
+    lambda: hc.OwnGetattribute(torch.ones(N)),
+    lambda: hc.WithMeta(torch.ones(N)),
+    lambda: (lambda d: (dict.__setitem__(d, "t", torch.ones(N)), d)[1])(hc.CountingDict()),
+    lambda: (lambda l: (list.append(l, torch.ones(N)), l)[1])(hc.CountingList()),
+    lambda: torch.ones(N).as_subclass(hc.FunctionTensor),
+    lambda: torch.Tensor._make_subclass(hc.PropertyTensor, torch.ones(N)),
+    lambda: {hc.HostileKey(): torch.ones(N)},
+], ids=["getattribute", "metaclass", "dict-subclass", "list-subclass", "torch-function",
+        "tensor-properties", "hostile-key"])
+def test_no_user_code_runs(ip, make):
+    ip.user_ns["odd"] = make()
+    hc.CALLS.clear()
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    assert snap.holder("odd").total == 4 * N
+    ip.run_line_magic("gpumem", "odd")     # the rows of %gpumem NAME describe each tensor
+    ip.run_line_magic("gpumem", "purge --all --dry-run --device cpu")
+    assert hc.CALLS == []
+
+
+def test_a_mock_shaped_like_a_tensor_gets_no_tensor_hint(ip):
+    ip.user_ns["m"] = mock.MagicMock(spec=torch.Tensor)
+    ip.user_ns["t"] = torch.ones(N)
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    assert snap.holder("m") is None
+    assert not object.__getattribute__(ip.user_ns["m"], "_mock_children")
+
+
+def test_tensors_in_numpy_object_arrays_are_found(ip):
+    np = pytest.importorskip("numpy")
+    run(ip, "import numpy as np, torch\n"
+            f"arr = np.empty((2, 2), dtype=object)\narr[1, 0] = torch.ones({N})\n"
+            "plain = np.zeros(1000)")
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    h = snap.holder("arr")
+    assert h.unique == 4 * N and h.largest_path == "arr.flat[2]"
+    assert snap.holder("plain") is None
+
+
+def test_tensors_in_pandas_object_columns_are_found(ip):
+    pytest.importorskip("pandas")
+    run(ip, "import pandas as pd, torch\n"
+            f"df = pd.DataFrame({{'t': [torch.ones({N}), None], 'n': [1, 2]}})")
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    assert snap.holder("df").unique == 4 * N
+
+
+@pytest.mark.parametrize("code, limit", [
+    ("class R: pass\nbig = [R() for _ in range(3_000_000)]", 0.3),
+    ("big = [[i] for i in range(3_000_000)]", 0.3),
+    ("x = torch.ones(4, requires_grad=True)\nbig = x\nfor _ in range(300_000): big = big * 1.0001", 0.3),
+], ids=["objects", "one-element-lists", "graph"])
+def test_the_time_limit_holds_inside_one_container_or_graph(ip, code, limit):
+    run(ip, "import torch\n" + code)
+    ip.run_line_magic("config", f"GpuMemMagics.scan_time_limit = {limit}")
+    try:
+        start = time.perf_counter()
+        snap = ip.run_line_magic("gpumem", "--device cpu -o")
+        elapsed = time.perf_counter() - start
+    finally:
+        ip.run_line_magic("config", "GpuMemMagics.scan_time_limit = 3.0")
+    assert snap.partial and any("partial result" in m for m in snap.messages), snap.messages
+    assert elapsed <= 1.2 * limit + 0.05, elapsed
+
+
+MEMORY_CHILD = """
+import sys, time
+from IPython.core.interactiveshell import InteractiveShell
+ip = InteractiveShell.instance(); ip.run_cell('%load_ext jupyter_gpumem')
+ip.user_ns['big'] = [{'id': i, 'text': str(i), 'tags': [i, i + 1]} for i in range(2_000_000)]
+def hwm():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmHWM:'):
+            return int(line.split()[1]) * 1024
+before = hwm()
+open('/proc/self/clear_refs', 'w').write('5')   # peak resident set := current
+ip.run_line_magic('config', 'GpuMemMagics.scan_time_limit = 2.0')
+ip.run_line_magic('gpumem', '--device cpu')
+print('PEAK', before, hwm())
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's clear_refs")
+def test_the_scan_allocates_little_against_what_it_walks():
+    proc = subprocess.run([sys.executable, "-c", MEMORY_CHILD], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("PEAK"))
+    before, peak = map(int, line.split()[1:])
+    # two million records take ~700 MiB; the scan's growth is a small fraction
+    assert peak - before < 0.2 * before, (before, peak)
