@@ -167,23 +167,29 @@ def attribute(names: list[NameKeys], reports: list[WorkerReport], records: dict,
         for k in nk.keys:
             owners.setdefault(k, []).append(nk.name)
     spilled = {k for report in reports for k in report.spilled}
+    located: dict = {}   # key -> the reports of the workers that store it
+    for report in reports:
+        for k in report.keys:
+            located.setdefault(k, []).append(report)
     holders = []
     for nk in names:
         workers: dict[str, dict[str, int]] = {}
-        mine = [k for k in nk.keys if len(owners[k]) == 1]
         shared_keys = [k for k in nk.keys if len(owners[k]) > 1]
         unique = shared = 0
         in_memory: set = set()
         largest, largest_bytes = None, -1
-        for report in reports:
-            held = [k for k in nk.keys if k in report.keys]
-            if not held:
-                continue
+        on: dict[str, tuple[WorkerReport, list]] = {}
+        for k in nk.keys:
+            for report in located.get(k, ()):
+                on.setdefault(report.address, (report, []))[1].append(k)
+        for address, (report, held) in on.items():
             in_memory.update(held)
             per = _bytes_on(report, held)
-            workers[report.address] = {d: n for d, n in per.items() if n}
-            unique += sum(_bytes_on(report, [k for k in mine if k in report.keys]).values())
-            shared += sum(_bytes_on(report, [k for k in shared_keys if k in report.keys]).values())
+            workers[address] = {d: n for d, n in per.items() if n}
+            only = [k for k in held if len(owners[k]) == 1]
+            only_bytes = sum(_bytes_on(report, only).values()) if only else 0
+            unique += only_bytes
+            shared += sum(per.values()) - only_bytes
             for k in held:
                 n = report.keys[k].nbytes
                 if n > largest_bytes:

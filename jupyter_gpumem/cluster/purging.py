@@ -148,14 +148,20 @@ def _removed_names(plan: _Plan) -> list[str]:
     return out
 
 
-def _execute(plan: _Plan, shell: Any) -> list[str]:
-    """Remove the bindings and hidden holders, and every reference this module kept."""
+def _execute(plan: _Plan, shell: Any) -> tuple[list[str], list[str]]:
+    """Remove the bindings and hidden holders, and every reference this module kept.
+    Returns what went, and the names skipped because they changed meanwhile."""
     removed: list[str] = []
+    skipped: list[str] = []
     for t in plan.targets:
         if t.binding is None:
             continue
         obj = t.binding.obj
-        _paths.delete(t.binding)
+        try:
+            _paths.delete(t.binding)
+        except (LookupError, _paths.PathError):   # rebound or gone since the plan
+            skipped.append(t.text)
+            continue
         removed.append(t.text)
         if t.binding.is_name and shell is not None:
             hidden = getattr(shell, "user_ns_hidden", {})
@@ -169,7 +175,7 @@ def _execute(plan: _Plan, shell: Any) -> list[str]:
     plan.release()
     if any(ref() is not None for ref in refs):
         gc.collect()   # a Future in a reference cycle is released by its __del__ only now
-    return removed
+    return removed, skipped
 
 
 def _kept_by_others(keys, records: dict, client_id: str) -> set:
@@ -301,8 +307,10 @@ def purge(client: Any, names=(), *, namespace: dict | None = None, shell: Any = 
     remaining_names = set(plan.remaining_names)
     where = [w.address for w in before.workers
              if any(k in w.keys or k in w.spilled for k in going)]
-    result.removed = _execute(plan, shell)
+    result.removed, skipped = _execute(plan, shell)
     plan = None
+    if skipped:
+        result.messages.append("changed since the plan, left as they are: " + ", ".join(skipped))
     if going:
         result.dropped, result.waited, _ = _wait_dropped(client, going, where, time_limit)
     answers, missing = run_on_workers(client, remote.worker_release,
