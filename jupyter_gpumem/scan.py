@@ -471,12 +471,18 @@ class Walker:
             if numpy is not None and issubclass(tp, numpy.ndarray):
                 return self._ndarray
             return _skip   # scalars, dtypes: no references inside
-        if top == "pandas" and not _dict_of(tp):
-            return self._referent_handler   # block managers and blocks: what the gc sees
+        if top == "pandas":
+            # block managers and blocks keep their arrays in Cython slots: what the gc sees
+            return self._instance_and_referents
         return self._instance_handler
 
-    def _referent_handler(self, obj, node, depth, push, found) -> None:
-        self._referents(obj, node, depth, push)
+    def _instance_and_referents(self, obj, node, depth, push, found) -> None:
+        self._instance(obj, node, depth, push, found)
+        own = self._instance_layout_dict(obj)
+        tp = type(obj)
+        for v in gc.get_referents(obj):
+            if v is not own and v is not tp and type(v) not in ATOMIC:
+                push((v, (node, ("ref",)), depth))
 
     def _ndarray(self, obj, node, depth, push, found) -> None:
         """An object array's elements (a tensor in a numpy object array or in a pandas
