@@ -224,23 +224,41 @@ def report_values(values: dict, sizeof: dict, *, device: str = "auto",
             "errors": result.errors, "seconds": time.perf_counter() - start}
 
 
-def _stored(dask_worker: Any) -> tuple[dict, list]:
-    """(key -> value held in memory, keys spilled to disk), without unspilling or
-    touching the buffer's LRU order."""
+def _stored(dask_worker: Any) -> tuple[dict, list, str | None]:
+    """(key -> value held in memory, keys spilled to disk, a note where the data store is
+    of a kind not known here), without unspilling or touching the buffer's LRU order.
+
+    Known stores: a dict, Dask's SpillBuffer (its ``fast`` LRU over a dict, ``slow`` on
+    disk), and dask-cuda's DeviceHostFile (device objects in its ``device`` dict, host
+    ones in ``host``)."""
     data = dask_worker.data
+    if type(data) is dict:
+        return dict(data), [], None
+    memory: dict = {}
+    known = False
+    device = getattr(data, "device", None)
+    if type(device) is dict:
+        memory.update(device)
+        known = True
     fast = getattr(data, "fast", None)
-    inner = getattr(fast, "d", None) if fast is not None else None
+    inner = getattr(fast, "d", None)
     if type(inner) is dict:
-        memory = dict(inner)
+        memory.update(inner)
+        known = True
     elif type(fast) is dict:
-        memory = dict(fast)
-    elif type(data) is dict:
-        memory = dict(data)
-    else:
-        memory = {}
+        memory.update(fast)
+        known = True
+    if not known:
+        return {}, [], (f"its data store ({type(data).__name__}) is not read: "
+                        f"its keys count by Dask's sizeof only")
     slow = getattr(data, "slow", None)
-    spilled = [k for k in list(slow) if k not in memory] if slow is not None else []
-    return memory, spilled
+    if slow is None:
+        slow = getattr(data, "disk", None)
+    try:
+        spilled = [k for k in list(slow) if k not in memory] if slow is not None else []
+    except Exception:
+        spilled = []
+    return memory, spilled, None
 
 
 def worker_report(dask_worker: Any = None, device: str = "auto",
@@ -250,7 +268,7 @@ def worker_report(dask_worker: Any = None, device: str = "auto",
     from .. import devices as _devices
 
     start = time.perf_counter()
-    memory, spilled = _stored(dask_worker)
+    memory, spilled, note = _stored(dask_worker)
     tasks = dask_worker.state.tasks
     sizes = {}
     for key in list(memory) + spilled:
@@ -258,6 +276,13 @@ def worker_report(dask_worker: Any = None, device: str = "auto",
         sizes[key] = getattr(ts, "nbytes", None) or 0
     out = report_values(memory, sizes, device=device, time_limit=time_limit)
     memory.clear()
+    if note is not None:   # keys and sizes from the worker's own records, values unread
+        for key, ts in list(tasks.items()):
+            if getattr(ts, "state", None) == "memory":
+                out["keys"][key] = {"devices": {}, "frameworks": [], "type": "?",
+                                    "sizeof": getattr(ts, "nbytes", None) or 0, "shared": []}
+        out["reasons"].append(note)
+        out["partial"] = True
     devices = _devices.read_devices(device)
     for du in devices:
         du.attributed = out["tracked"].get(du.id, 0)
