@@ -986,6 +986,24 @@ def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
          extra_stop: set[int] | None = None, describe: bool = False,
          backends: list[Backend] | None = None) -> ScanResult:
     """Walk every root; see the module docstring."""
+    steps = iter_scan(roots, devices=devices, shell=shell, namespace=namespace,
+                      time_limit=time_limit, extra_stop=extra_stop, describe=describe,
+                      backends=backends)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
+              namespace: dict | None = None, time_limit: float = 3.0,
+              extra_stop: set[int] | None = None, describe: bool = False,
+              backends: list[Backend] | None = None):
+    """:func:`scan` in steps: a generator that yields between roots (the garbage
+    collector runs again meanwhile) and returns the :class:`ScanResult`. A caller on
+    an event loop lets other work run at each step; it must not let the user's code
+    run and then go on (the namespace may have changed): it starts a new scan."""
     start = time.perf_counter()
     stop = stop_ids_for(shell, namespace)
     if extra_stop:
@@ -1002,7 +1020,8 @@ def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         walker.out_of_time = False
         for backend in backends:
             backend.set_deadline(until)
-        found = walker.walk(root.obj, ("root", root.name))
+        with paused_gc():
+            found = walker.walk(root.obj, ("root", root.name))
         for backend in backends:
             for reason in backend.partial_reasons():
                 walker.stop(reason)
@@ -1013,7 +1032,7 @@ def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     # share what the others left, in order.
     reach: list[Reach] = []
     cut: list[int] = []
-    with paused_gc():
+    try:
         for i, root in enumerate(roots):
             if id(root.obj) in stop:
                 reach.append(Reach())
@@ -1022,13 +1041,16 @@ def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
             reach.append(walk(root, now + max(deadline - now, 0.0) / (len(roots) - i)))
             if walker.out_of_time:
                 cut.append(i)
+            yield
         for i in cut:
             if time.perf_counter() < deadline:
                 reach[i] = walk(roots[i], deadline)
+                yield
                 if not walker.out_of_time:
                     continue
             walker.current_root = roots[i].name
             walker.stop("time limit reached")
+    finally:
         walker.close()
     return ScanResult(roots, reach, walker.partial, walker.reasons,
                       time.perf_counter() - start, walker.errors)

@@ -332,10 +332,19 @@ def build(*, shell: Any = None, namespace: dict | None = None, device: str = "au
     # the scan's many short-lived objects are all gone when _build returns, so the
     # collector, paused meanwhile, finds nothing to do when it resumes
     with _scan.paused_gc():
-        return _build(shell, namespace, device, names, time_limit)
+        steps = build_steps(shell=shell, namespace=namespace, device=device, names=names,
+                            time_limit=time_limit)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
 
 
-def _build(shell, namespace, device, names, time_limit) -> Snapshot:
+def build_steps(*, shell: Any = None, namespace: dict | None = None, device: str = "auto",
+                names: list[str] | None = None, time_limit: float = 3.0):
+    """:func:`build` in steps (see :func:`jupyter_gpumem.scan.iter_scan`): a generator
+    that yields while it scans and returns the Snapshot."""
     device = _devices.parse_device(device)
     accs = _devices.accelerators()
     ids = _devices.selected_ids(device, accs)
@@ -351,8 +360,9 @@ def _build(shell, namespace, device, names, time_limit) -> Snapshot:
             if text in by_name and by_name[text].obj is target.obj:
                 continue
             extra.append(_scan.Root(text, target.obj, purge=text, kind="path"))
-    result = _scan.scan(roots + extra, devices=set(ids), shell=shell, namespace=namespace,
-                        time_limit=time_limit, describe=bool(names))
+    result = yield from _scan.iter_scan(roots + extra, devices=set(ids), shell=shell,
+                                        namespace=namespace, time_limit=time_limit,
+                                        describe=bool(names))
     sharing = Sharing(result)
     detail_names = set(names or ())
     all_holders = attribute(result, rows_for=detail_names, sharing=sharing)
