@@ -1,6 +1,7 @@
 """Per-device figures: NVML totals, this process, framework allocators.
 
-Cheap enough to call once a second from a thread: it reads counters only,
+Cheap enough to call every 50 ms from a thread: it reads counters only (after
+the first read, two NVML calls per GPU: see nvml.py),
 never the user's namespace, never imports a framework and never creates a
 CUDA context (frameworks are asked only once they have initialised one).
 """
@@ -189,7 +190,15 @@ def read_devices(device: str = "auto", *, detail: bool = False) -> list[DeviceUs
     ``detail`` adds what costs more or touches the frameworks' arrays (largest
     free block, JAX's live host arrays): the main thread only; sampling threads
     call it without.
+
+    One NVML reading: each device's memory info and process list are asked once,
+    however many parts (the device lines, the backends) want them.
     """
+    with nvml.reading():
+        return _read_devices(device, detail)
+
+
+def _read_devices(device: str, detail: bool) -> list[DeviceUsage]:
     accs = accelerators()
     by_id = {a.id: a for a in accs}
     ids = selected_ids(device, accs)

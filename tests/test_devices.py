@@ -70,7 +70,7 @@ class FakeNvml(types.SimpleNamespace):
 def fake(monkeypatch):
     nv = FakeNvml()
     monkeypatch.setattr(nvml, "_pynvml", lambda: nv)
-    monkeypatch.setattr(nvml, "_state", {"init": None, "error": None})
+    monkeypatch.setattr(nvml, "_state", nvml._fresh_state())
     monkeypatch.setattr(devices.os, "getpid", lambda: nv.pid)
     monkeypatch.setattr(nvml.os, "getpid", lambda: nv.pid)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -78,7 +78,7 @@ def fake(monkeypatch):
     return nv
 
 
-@pytest.mark.parametrize("env, expected", [
+CUDA_VISIBLE_DEVICES_CASES = [
     (None, [0, 1, 2]),
     ("1", [1]),
     ("2,0", [2, 0]),
@@ -93,9 +93,24 @@ def fake(monkeypatch):
     ("GPU-4a3b,1", []),                  # an ambiguous prefix matches nothing
     ("GPU-4a3b9,0", [1, 0]),
     ("MIG-0000,0", []),
-])
+]
+
+
+@pytest.mark.parametrize("env, expected", CUDA_VISIBLE_DEVICES_CASES)
 def test_cuda_visible_devices_maps_to_nvml_indices(fake, env, expected):
     assert nvml.visible_indices(env) == expected
+
+
+def test_the_mapping_follows_the_environment_once_the_devices_are_known(fake, monkeypatch):
+    nvml.read_device(0)                          # handles and UUIDs are now kept
+    for env, expected in CUDA_VISIBLE_DEVICES_CASES * 2:
+        if env is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", env)
+        assert nvml.visible_indices() == expected, env
+        assert [a.id for a in devices.accelerators()] == [f"cuda:{i}" for i in range(len(expected))]
+        assert [d.nvml_index for d in devices.read_devices("cuda")] == expected, env
 
 
 def test_accelerators_are_numbered_within_cuda_visible_devices(fake, monkeypatch):
@@ -138,7 +153,7 @@ def test_without_nvml_everything_is_none(monkeypatch):
         raise ImportError("No module named 'pynvml'")
 
     monkeypatch.setattr(nvml, "_pynvml", missing)
-    monkeypatch.setattr(nvml, "_state", {"init": None, "error": None})
+    monkeypatch.setattr(nvml, "_state", nvml._fresh_state())
     assert nvml.visible_indices("1") == [] and nvml.process_used(0) is None
     assert "NVML unavailable" in nvml.status()
 
