@@ -54,10 +54,12 @@ def load_ipython_extension(ip) -> None:
     if id(ip) in _loaded:
         return
     from .magics import GpuMemMagics
+    from .session import open_session
 
     magics = GpuMemMagics(shell=ip)
     ip.register_magics(magics)
     _loaded[id(ip)] = magics
+    open_session(ip, magics)
     for module, register in (("jupyter_gpumem.comm", "register_comm"),
                              ("jupyter_gpumem.watch", "on_load"),
                              ("jupyter_gpumem.backends.tame", "on_load")):
@@ -71,6 +73,9 @@ def unload_ipython_extension(ip) -> None:
         return
     _call_optional("jupyter_gpumem.comm", "unregister_comm", ip, magics)
     magics.run_cleanups()
+    from .session import close_session
+
+    close_session(ip)
     mm = ip.magics_manager
     for kind, names in (("line", ("gpumem",)), ("cell", ("gpuwatch",))):
         for name in names:

@@ -3,8 +3,9 @@
 The sidebar opens a comm on this target (see docs/PROTOCOL.md). The kernel
 answers ``hello``, then sends ``devices`` about once a second from a
 background thread that reads device counters only and never touches the
-user's namespace, and a ``snapshot`` after each cell (on the main thread, from
-the shell's ``post_run_cell`` event). Requests from the sidebar are checked
+user's namespace, and a ``snapshot`` after each cell (the shell's
+:class:`~jupyter_gpumem.session.Session` builds it on the main thread, after the
+cell's reply, with the user's settings, and every open view shows the same one). Requests from the sidebar are checked
 field by field before anything runs; a malformed one gets an ``error`` reply
 and changes nothing. No text from the frontend is ever executed.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any, Callable
+
+from .session import close_session, open_session, session_of
 
 TARGET = "jupyter_gpumem"
 INTERVAL = 1.0  # seconds between two ``devices`` messages
@@ -136,7 +139,7 @@ class _Channel:
     def __init__(self, hub: "_Hub", comm: Any):
         self.hub = hub
         self.comm = comm
-        self.device = "auto"
+        self.device = hub.session.default_device
         self.closed = False
 
     def send(self, data: dict) -> bool:
@@ -191,17 +194,24 @@ class _Channel:
         from .purge import PurgeError, purge
 
         try:
-            result = purge(names, shell=self.hub.shell, dry_run=dry_run, device=self.device)
+            result = purge(names, shell=self.hub.shell, dry_run=dry_run, device=self.device,
+                           time_limit=self.hub.session.time_limit)
         except PurgeError as exc:
             self.error(str(exc), rid)
             return
         self.send({"type": "purge_result", "result": result.to_json(), "reply_to": rid})
         if dry_run:
             return
-        self.hub.push_snapshots()
+        self.hub.session.refresh_now()   # every open view (this one, others, the panel)
 
-    def send_snapshot(self, reply_to: Any = None, cache: dict | None = None) -> None:
-        snap = self.hub.snapshot_json(self.device, cache)
+    def send_snapshot(self, reply_to: Any = None) -> None:
+        self.show_snapshot(self.hub.session.snapshot_json(self.device), reply_to)
+
+    def show_error(self, text: str) -> None:
+        self.error(text)
+
+    def show_snapshot(self, snap: dict, reply_to: Any = None) -> None:
+        """Send a PROTOCOL snapshot (the session's after a cell, or one asked for)."""
         data = {"type": "snapshot", "snapshot": snap}
         if reply_to is not None:
             data["reply_to"] = reply_to
@@ -216,6 +226,9 @@ class _Hub:
 
     def __init__(self, shell: Any):
         self.shell = shell
+        # the shell's session (made here when the comm is registered on its own)
+        self.owns_session = session_of(shell) is None
+        self.session = open_session(shell, None)
         self.interval = INTERVAL
         self._channels: list[_Channel] = []
         self._lock = threading.Lock()
@@ -228,14 +241,11 @@ class _Hub:
         import comm
 
         comm.get_comm_manager().register_target(TARGET, self.on_open)
-        self.shell.events.register("post_run_cell", self.post_run_cell)
 
     def stop(self) -> None:
         self._stopped.set()
-        try:
-            self.shell.events.unregister("post_run_cell", self.post_run_cell)
-        except ValueError:
-            pass
+        if self.owns_session:
+            close_session(self.shell)
         try:
             import comm
 
@@ -249,6 +259,7 @@ class _Hub:
             thread = self._thread
         for channel in channels:
             channel.closed = True
+            self.session.remove_view(channel)
             try:
                 channel.comm.close()
             except Exception:  # noqa: BLE001
@@ -278,6 +289,7 @@ class _Hub:
                 stopped = True
             else:
                 self._channels.append(channel)
+                self.session.add_view(channel)
                 stopped = False
                 if self._thread is None:
                     self._thread = threading.Thread(
@@ -293,32 +305,10 @@ class _Hub:
 
     def forget(self, channel: _Channel) -> None:
         channel.closed = True
+        self.session.remove_view(channel)
         with self._lock:
             if channel in self._channels:
                 self._channels.remove(channel)
-
-    def post_run_cell(self, result: Any = None) -> None:
-        """After each cell: a fresh snapshot to every open sidebar."""
-        if self.channels:
-            self.push_snapshots()
-
-    def push_snapshots(self) -> None:
-        cache: dict = {}
-        for channel in self.channels:
-            try:
-                channel.send_snapshot(cache=cache)
-            except Exception as exc:  # noqa: BLE001 - never raise into the user's cell
-                channel.error(f"snapshot failed: {type(exc).__name__}: {exc}")
-
-    def snapshot_json(self, device: str, cache: dict | None = None) -> dict:
-        from .snapshot import build  # see purge() on why not jupyter_gpumem.snapshot
-
-        if cache is not None and device in cache:
-            return cache[device]
-        snap = build(shell=self.shell, device=device).to_json()
-        if cache is not None:
-            cache[device] = snap
-        return snap
 
     # -- sampling thread: counters only, never the namespace ---------------
     def _sample(self) -> None:

@@ -22,6 +22,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 
 from . import panel_render as _render
 from .monitor import MAX_INTERVAL, CellEvents, Sampler, Series, check_interval, device_point
+from .session import session_of
 
 INTERVAL = 1.0  # seconds between two readings of the device bars
 WINDOW = 300.0  # seconds of history the timeline shows
@@ -83,7 +84,7 @@ def magic_panel(magics: Any, argv: list[str]) -> None:
     if panel is None:
         panel = Panel(shell, device=device or magics.device(None),
                       interval=args.interval or INTERVAL, window=args.window or WINDOW,
-                      time_limit=magics.scan_time_limit)
+                      time_limit=magics.scan_time_limit, session=session_of(shell))
         _panels[id(shell)] = panel
         if magics not in _cleanup_registered:
             magics.add_cleanup(lambda: close(shell))
@@ -156,8 +157,10 @@ class Panel:
     """
 
     def __init__(self, shell: Any, device: str = "auto", *, interval: float = INTERVAL,
-                 window: float = WINDOW, time_limit: float = 3.0):
+                 window: float = WINDOW, time_limit: float = 3.0, session: Any = None):
         self.shell = shell
+        #: the shell's session: it builds the snapshot after each cell for every view
+        self.session = session
         self.device = device
         self.interval = float(interval)
         self.window = float(window)
@@ -276,6 +279,8 @@ class Panel:
         events = self.shell.events
         events.register("pre_run_cell", self._pre_run_cell)
         events.register("post_run_cell", self._post_run_cell)
+        if self.session is not None:
+            self.session.add_view(self)
         self.refresh()
         self._start_sampler()
 
@@ -320,6 +325,8 @@ class Panel:
             self.closed = True
         if self.sampler is not None:
             self.sampler.stop()
+        if self.session is not None:
+            self.session.remove_view(self)
         for event, fn in (("pre_run_cell", self._pre_run_cell),
                           ("post_run_cell", self._post_run_cell)):
             try:
@@ -434,27 +441,40 @@ class Panel:
         if watched:
             with self._lock:
                 self._cells = deque(_merge_cells(list(self._cells), watched), maxlen=500)
+        if self.session is not None:
+            return      # the session refreshes every view after the cell's reply
         try:
             self.refresh()
         except Exception as exc:  # noqa: BLE001 - never raise into the user's cell
             self._say(f"refresh failed: {type(exc).__name__}: {exc}", error=True)
 
     def refresh(self) -> None:
-        """Scan the holders now (main thread only) and redraw table and bars."""
+        """Scan the holders now (main thread only) and redraw table and bars; with a
+        session, every other view of the shell (the sidebar) gets the new snapshot too."""
         from .snapshot import build
 
         if self.closed:
             return
         t0 = time.perf_counter()
         try:
-            data = build(shell=self.shell, device=self.device,
-                         time_limit=self.time_limit).to_json()
+            if self.session is not None:
+                self.session.refresh_now()
+            else:
+                self.apply_snapshot(build(shell=self.shell, device=self.device,
+                                          time_limit=self.time_limit).to_json())
         except Exception as exc:  # noqa: BLE001
             self._say(f"scan failed: {type(exc).__name__}: {exc}", error=True)
             return
-        self.apply_snapshot(data)
         self.stats["scans"] += 1
         self.stats["scan_seconds"] += time.perf_counter() - t0
+
+    def show_snapshot(self, data: dict) -> None:
+        """The session's snapshot after a cell (or a purge elsewhere): show it."""
+        if not self.closed:
+            self.apply_snapshot(data)
+
+    def show_error(self, text: str) -> None:
+        self._say(text, error=True)
 
     def apply_snapshot(self, data: dict) -> None:
         """Show a PROTOCOL snapshot: holders table, bars, notes."""

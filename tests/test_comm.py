@@ -268,10 +268,12 @@ def test_unregister_removes_target_hook_thread_and_comms(shell):
     c = open_sidebar()
     thread = hub.thread
     assert manager.targets[gpucomm.TARGET] == hub.on_open
-    assert hub.post_run_cell in shell.events.callbacks["post_run_cell"]
+    # the after-cell hook is the shell's session's (made by the comm, which owns it here)
+    hook = hub.session._post_run_cell
+    assert hub.owns_session and hook in shell.events.callbacks["post_run_cell"]
     gpucomm.unregister_comm(shell)
     assert gpucomm.TARGET not in manager.targets
-    assert hub.post_run_cell not in shell.events.callbacks["post_run_cell"]
+    assert hook not in shell.events.callbacks["post_run_cell"]
     assert not thread.is_alive()
     assert ("comm_close", {}, threading.main_thread().name) in [
         (k, d or {}, t) for k, d, t in c.sent if k == "comm_close"

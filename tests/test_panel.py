@@ -273,14 +273,15 @@ def test_a_timeline_that_holds_still_is_not_sent_again(shell, recorder):
 
 
 def test_a_failing_refresh_never_breaks_the_cell(shell, monkeypatch):
-    from jupyter_gpumem import snapshot
+    from jupyter_gpumem import session
 
     panel = open_panel(shell)
 
     def broken(**kwargs):
         raise RuntimeError("scan exploded")
 
-    monkeypatch.setattr(snapshot, "build", broken)
+    # the shell's session builds the snapshot after each cell for every view
+    monkeypatch.setattr(session, "build_steps", broken)
     result = run(shell, "v = 1 + 1\nv")
     assert result.result == 2
     assert "scan failed: RuntimeError: scan exploded" in panel.status.value

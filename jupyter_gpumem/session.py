@@ -1,0 +1,229 @@
+"""One :class:`Session` per shell: its settings and the snapshot after each cell.
+
+The live views (the panel, the sidebar's comm channels) do not scan on their
+own. Each registers with the session of its shell; after a cell the session
+builds one snapshot per device the views show and hands it to every view of
+that device. In a kernel this happens after the cell's reply has gone, on the
+kernel's event loop, in steps (:func:`jupyter_gpumem.snapshot.build_steps`):
+between steps the loop runs whatever came in, and when a new cell ran
+meanwhile the refresh is dropped, since the next cell's end brings a new one.
+Without an event loop (a terminal IPython, a script) it happens at once, in
+``post_run_cell``. The snapshot honours the user's settings
+(``scan_time_limit``; each view's device, ``default_device`` for the sidebar).
+
+Nothing here imports a widget or a framework; it holds no user object beyond
+the last snapshot's JSON (bytes, names and paths).
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Any, Protocol
+
+from .snapshot import build, build_steps
+from .monitor import CellEvents
+
+
+class View(Protocol):
+    """What a live view gives the session."""
+
+    device: str
+
+    def show_snapshot(self, data: dict) -> None:
+        """Show a PROTOCOL snapshot (JSON); called on the main thread."""
+
+    def show_error(self, text: str) -> None:
+        """Say in one line that the refresh failed."""
+
+
+class Session:
+    """What the extension keeps for one shell (see the module docstring)."""
+
+    def __init__(self, shell: Any, settings: Any) -> None:
+        self.shell = shell
+        #: the configurable with the user's settings (``GpuMemMagics``)
+        self.settings = settings
+        self._views: list[View] = []
+        self._cells = CellEvents(shell)
+        self._generation = 0          # cells ended so far; a refresh from an older one is dropped
+        self._task: asyncio.Task | None = None
+        self.last: dict[str, dict] = {}   # device -> the JSON snapshot after the last cell
+        #: what refreshing costs: how many, their wall seconds, how many were dropped
+        self.stats = {"refreshes": 0, "seconds": 0.0, "dropped": 0, "deferred": 0}
+        shell.events.register("pre_run_cell", self._pre_run_cell)
+        shell.events.register("post_run_cell", self._post_run_cell)
+
+    # -- settings ----------------------------------------------------------------
+    @property
+    def time_limit(self) -> float:
+        return float(getattr(self.settings, "scan_time_limit", 3.0))
+
+    @property
+    def default_device(self) -> str:
+        return str(getattr(self.settings, "default_device", "auto"))
+
+    # -- views -------------------------------------------------------------------
+    def add_view(self, view: View) -> None:
+        if view not in self._views:
+            self._views.append(view)
+
+    def remove_view(self, view: View) -> None:
+        if view in self._views:
+            self._views.remove(view)
+
+    @property
+    def views(self) -> list[View]:
+        return list(self._views)
+
+    def snapshot_json(self, device: str, names: list[str] | None = None) -> dict:
+        """A fresh snapshot now (main thread), with the session's time limit."""
+        data = build(shell=self.shell, device=device, names=names,
+                               time_limit=self.time_limit).to_json()
+        if not names:
+            self.last[device] = data
+        return data
+
+    def refresh_now(self) -> None:
+        """Build the snapshots now and show them in every view (after a purge, say)."""
+        self._generation += 1
+        self._cancel()
+        steps = self._refresh_steps(self._generation)
+        for _ in steps:
+            pass
+
+    # -- cell events (main thread) ---------------------------------------------------
+    def _pre_run_cell(self, info: Any = None) -> None:
+        self._cells.pre(info)
+
+    def _post_run_cell(self, result: Any = None) -> None:
+        try:
+            self._cells.post(result)
+            if self._cells.running():
+                return      # an inner cell's end: the outer cell's end brings the refresh
+            self._generation += 1
+            if not self._views:
+                return
+            loop, cell_task = _running_loop_and_task(self.shell)
+            if loop is None:
+                self.refresh_now()
+                return
+            self._cancel()
+            self.stats["deferred"] += 1
+            self._task = loop.create_task(self._refresh_after(cell_task, self._generation))
+        except Exception as exc:  # noqa: BLE001 - never raise into the user's cell
+            print(f"jupyter_gpumem: refresh failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    def _cancel(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            self.stats["dropped"] += 1
+        self._task = None
+
+    async def _refresh_after(self, cell_task: Any, generation: int) -> None:
+        """Wait for the cell's reply to go, then refresh in steps (see the module docstring)."""
+        try:
+            if cell_task is not None and not cell_task.done():
+                await asyncio.wait({cell_task})
+            for _ in self._refresh_steps(generation):
+                await asyncio.sleep(0)
+                if generation != self._generation:
+                    self.stats["dropped"] += 1
+                    return      # a cell ran meanwhile: its own refresh follows
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:  # noqa: BLE001 - a view's failure is its own line
+            print(f"jupyter_gpumem: refresh failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    def _refresh_steps(self, generation: int):
+        """Build one snapshot per device the views show and hand it to them; yields
+        between steps, and stops if a newer refresh was asked meanwhile."""
+        start = time.perf_counter()
+        views = list(self._views)
+        devices = list(dict.fromkeys(v.device for v in views))
+        built: dict[str, dict] = {}
+        for device in devices:
+            try:
+                steps = build_steps(shell=self.shell, device=device,
+                                    time_limit=self.time_limit)
+                while True:
+                    try:
+                        next(steps)
+                    except StopIteration as done:
+                        built[device] = done.value.to_json()
+                        break
+                    yield
+                    if generation != self._generation:
+                        steps.close()
+                        return
+            except Exception as exc:  # noqa: BLE001 - the views say so; the cell stands
+                self._tell(device, f"scan failed: {type(exc).__name__}: {exc}")
+        self.last.update(built)
+        self.stats["refreshes"] += 1
+        self.stats["seconds"] += time.perf_counter() - start
+        for view in views:
+            if view in self._views and view.device in built:
+                try:
+                    view.show_snapshot(built[view.device])
+                except Exception as exc:  # noqa: BLE001 - one view must not stop the others
+                    print(f"jupyter_gpumem: a view failed: {type(exc).__name__}: {exc}",
+                          file=sys.stderr)
+
+    def _tell(self, device: str, text: str) -> None:
+        for view in list(self._views):
+            if view.device == device:
+                try:
+                    view.show_error(text)
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def close(self) -> None:
+        """Unhook the cell events and drop a pending refresh."""
+        self._cancel()
+        self._views.clear()
+        for event, fn in (("pre_run_cell", self._pre_run_cell),
+                          ("post_run_cell", self._post_run_cell)):
+            try:
+                self.shell.events.unregister(event, fn)
+            except ValueError:
+                pass
+
+
+def _running_loop_and_task(shell: Any) -> tuple[Any, Any]:
+    """The kernel's event loop running this cell and the task that will send the
+    cell's reply; ``(None, None)`` outside a kernel (a terminal IPython runs an async
+    cell in a loop of its own that stops with the cell)."""
+    if getattr(shell, "kernel", None) is None:
+        return None, None
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None, None
+    try:
+        task = asyncio.current_task(loop)
+    except RuntimeError:
+        task = None
+    return loop, task
+
+
+_sessions: dict[int, Session] = {}
+
+
+def open_session(shell: Any, settings: Any) -> Session:
+    """The session of ``shell``, made on first use."""
+    session = _sessions.get(id(shell))
+    if session is None or session.shell is not shell:
+        session = _sessions[id(shell)] = Session(shell, settings)
+    return session
+
+
+def session_of(shell: Any) -> Session | None:
+    """The session of ``shell`` while the extension is loaded in it."""
+    session = _sessions.get(id(shell))
+    return session if session is not None and session.shell is shell else None
+
+
+def close_session(shell: Any) -> None:
+    session = _sessions.pop(id(shell), None)
+    if session is not None:
+        session.close()
