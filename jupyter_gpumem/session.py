@@ -25,6 +25,10 @@ from .snapshot import build, build_steps
 from .monitor import CellEvents
 
 
+#: seconds the kernel must have been idle after a cell before the views refresh
+IDLE_GRACE = 0.02
+
+
 class View(Protocol):
     """What a live view gives the session."""
 
@@ -125,6 +129,11 @@ class Session:
         try:
             if cell_task is not None and not cell_task.done():
                 await asyncio.wait({cell_task})
+            # a request already waiting (run-all sends every cell at once) goes first
+            await asyncio.sleep(IDLE_GRACE)
+            if generation != self._generation:
+                self.stats["dropped"] += 1
+                return
             for _ in self._refresh_steps(generation):
                 await asyncio.sleep(0)
                 if generation != self._generation:

@@ -1,0 +1,132 @@
+"""What the live views cost a cell, in a real kernel holding plain Python data.
+
+Two kernels side by side, each holding ``records`` (a list of dicts, as notebooks
+hold) and a few tensors: one without the extension, one with ``%gpumem watch on``,
+``%gpumem panel`` and a sidebar comm open (the views refresh after every cell).
+For each it prints
+
+- the median round trip of ``x = 1`` (execute request to reply), one cell at a
+  time with a pause between cells as a person leaves (``--pause``),
+- the wall time of 20 such cells sent back to back (run-all),
+
+and the ratios. Round trips alternate between the two kernels, so load on the
+machine falls on both alike.
+
+    python benchmarks/cell_latency.py [--records 1000000] [--repeat 30] [--pause 0.5]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import jupyter_client
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SETUP = """
+import torch
+records = [{{'id': i, 'text': str(i), 'tags': [i, i + 1]}} for i in range({n})]
+weights = [torch.ones(256, 256) for _ in range(8)]
+"""
+VIEWS = """
+%load_ext jupyter_gpumem
+%gpumem watch on --device cpu
+%gpumem panel --device cpu
+"""
+
+
+class Kernel:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.km = jupyter_client.KernelManager(kernel_name="python3")
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.km.start_kernel(env=env)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+
+    def run(self, code: str, timeout: float = 600) -> float:
+        """Execute ``code``; seconds from request to reply (errors raise)."""
+        start = time.perf_counter()
+        msg_id = self.kc.execute(code, store_history=True)
+        while True:
+            reply = self.kc.get_shell_msg(timeout=timeout)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        elapsed = time.perf_counter() - start
+        if reply["content"]["status"] != "ok":
+            raise RuntimeError(f"{self.name}: {code!r} failed: {reply['content']}")
+        return elapsed
+
+    def back_to_back(self, code: str, n: int) -> float:
+        """Send ``n`` cells at once, as run-all does; seconds until the last reply."""
+        start = time.perf_counter()
+        ids = [self.kc.execute(code, store_history=True) for _ in range(n)]
+        pending = set(ids)
+        while pending:
+            reply = self.kc.get_shell_msg(timeout=600)
+            pending.discard(reply["parent_header"].get("msg_id"))
+        return time.perf_counter() - start
+
+    def open_sidebar(self) -> None:
+        """Open a comm on the sidebar's target, as the JupyterLab sidebar does."""
+        msg = self.kc.session.msg("comm_open", {"comm_id": uuid.uuid4().hex,
+                                                "target_name": "jupyter_gpumem", "data": {}})
+        self.kc.shell_channel.send(msg)
+
+    def stop(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--pause", type=float, default=0.5)
+    ap.add_argument("--run-all", type=int, default=20)
+    args = ap.parse_args()
+    plain, views = Kernel("plain"), Kernel("views")
+    try:
+        for k in (plain, views):
+            k.run(SETUP.format(n=args.records))
+        views.run(VIEWS)
+        views.open_sidebar()
+        time.sleep(max(args.pause, 1.0))
+        for k in (plain, views):      # warm up
+            k.run("x = 1")
+        time.sleep(args.pause)
+        trips: dict[str, list[float]] = {"plain": [], "views": []}
+        for _ in range(args.repeat):
+            for k in (plain, views):
+                trips[k.name].append(k.run("x = 1"))
+                time.sleep(args.pause)
+        run_all = {}
+        for k in (plain, views):
+            time.sleep(max(args.pause, 1.0))
+            run_all[k.name] = k.back_to_back("x = 1", args.run_all)
+        refresh = views.run("from jupyter_gpumem.session import session_of\n"
+                            "_s = session_of(get_ipython()).stats")
+        del refresh
+    finally:
+        plain.stop()
+        views.stop()
+    med = {name: statistics.median(v) * 1e3 for name, v in trips.items()}
+    print(f"records held: {args.records:,} · pause between cells {args.pause:g} s · "
+          f"{args.repeat} round trips each, alternating")
+    print(f"x = 1 round trip, median: without the extension {med['plain']:.1f} ms · "
+          f"with watch on + panel + sidebar {med['views']:.1f} ms · "
+          f"difference {med['views'] - med['plain']:+.1f} ms (target within 10 ms)")
+    ratio = run_all["views"] / run_all["plain"]
+    print(f"{args.run_all} cells back to back: without {run_all['plain'] * 1e3:.0f} ms · "
+          f"with {run_all['views'] * 1e3:.0f} ms · ratio {ratio:.2f}x (target at most 1.2x)")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
