@@ -235,12 +235,31 @@ def holder_row_html(h: dict) -> str:
             f"{cells}<code title='{path}'>{path}</code>{more}</div>")
 
 
+def internals_lines(snap: dict) -> list[str]:
+    """The framework internals of a snapshot (``Internal`` objects), one HTML line each
+    (the ones inside a pool; the rest's parts come last, marked as such)."""
+    out = []
+    for i in snap.get("internals") or ():
+        if not isinstance(i, dict):
+            continue
+        kind = i.get("kind")
+        label = (f"{i.get('framework')}: " if i.get("framework") else "") + str(i.get("label") or "")
+        count = f" ×{i['count']:,}" if isinstance(i.get("count"), int) and i["count"] > 1 else ""
+        where = "in the rest" if kind == "outside" else "cached, free" if kind == "cached" else "allocated"
+        purge = "purge frees it" if i.get("freed_by_purge") else "purge cannot free it"
+        out.append(f"<span data-internal='{esc(i.get('label'))}' title='{esc(i.get('note') or '')}'>"
+                   f"{esc(label)}{esc(count)}: <b>{esc(fmt_bytes(i.get('bytes')))}</b> on "
+                   f"{esc(i.get('device'))} ({where}; {purge})</span>")
+    return out
+
+
 def footer_html(snap: dict) -> str:
     """Unattributed bytes, scan notes and the time of the scan."""
     lines = []
     if not snap.get("holders"):
         lines.append("no name holds tensor memory on "
                      + esc(", ".join(d.get("id", "?") for d in snap.get("devices") or ())))
+    lines += internals_lines(snap)
     un = {k: v for k, v in (snap.get("unattributed") or {}).items() if v}
     if un:
         lines.append("unattributed (allocated, reached by no name): " + esc(

@@ -53,6 +53,20 @@ def device_line(d) -> str:
     return " · ".join(parts)
 
 
+def rest_line(parts) -> str | None:
+    """The rest of a device's line, itemised where the process lets us know (the
+    ``"outside"`` internals of the snapshot), and which parts a purge cannot return."""
+    if not parts:
+        return None
+    items = [f"{i.label} {fmt_bytes(i.nbytes)}" if i.nbytes is not None else i.label
+             + (f" ({i.count})" if i.count else "") for i in parts]
+    kept = [i for i in parts if not i.freed_by_purge]
+    tail = ("no purge inside the process returns any of it (only ending the process does)"
+            if len(kept) == len(parts) else
+            "no purge inside the process returns " + ", ".join(i.label for i in kept))
+    return "  rest: " + " · ".join(items) + " · " + tail
+
+
 def fragmentation_line(d) -> str | None:
     frag = d.fragmentation
     if not frag or not frag.get("free_in_reserved"):
@@ -77,6 +91,28 @@ def _holder_rows(holders) -> list[list[str]]:
 
 
 _HEADERS = ["holder", "only it", "shared", "device", "what", "largest path"]
+_INTERNAL_HEADERS = ["framework internal", "bytes", "count", "device", "kind", "purge frees it",
+                     "what it is"]
+_KIND_WORDS = {"allocated": "allocated", "cached": "cached, free"}
+
+
+def _short(note: str | None) -> str:
+    return (note or "").split(";")[0].strip()
+
+
+def _internal_rows(internals) -> list[list[str]]:
+    return [[f"{i.framework}: {i.label}" if i.framework else i.label,
+             fmt_bytes(i.nbytes), "" if i.count is None else f"{i.count:,}", i.device,
+             _KIND_WORDS.get(i.kind, i.kind), "yes" if i.freed_by_purge else "no", _short(i.note)]
+            for i in internals]
+
+
+def _listed_internals(s) -> list:
+    return [i for i in getattr(s, "internals", ()) if i.kind in _KIND_WORDS]
+
+
+def _rest_parts(s, dev: str) -> list:
+    return [i for i in getattr(s, "internals", ()) if i.device == dev and i.kind == "outside"]
 
 
 def snapshot_text(s) -> str:
@@ -84,6 +120,9 @@ def snapshot_text(s) -> str:
     lines: list[str] = []
     for d in s.devices:
         lines.append(device_line(d))
+        rest = rest_line(_rest_parts(s, d.id))
+        if rest:
+            lines.append(rest)
         frag = fragmentation_line(d)
         if frag:
             lines.append(frag)
@@ -94,6 +133,10 @@ def snapshot_text(s) -> str:
         lines += _table(_HEADERS, _holder_rows(s.holders), {1, 2})
     else:
         lines.append("no name holds tensor memory on " + ", ".join(d.id for d in s.devices))
+    listed = _listed_internals(s)
+    if listed:
+        lines.append("")
+        lines += _table(_INTERNAL_HEADERS, _internal_rows(listed), {1, 2})
     un = {k: v for k, v in s.unattributed.items() if v}
     if un:
         lines.append("unattributed (allocated, reached by no name): " +
@@ -131,6 +174,9 @@ def snapshot_html(s) -> str:
     parts = ["<div class='jupyter-gpumem'>"]
     for d in s.devices:
         parts.append(f"<div><code>{_esc(device_line(d))}</code></div>")
+        rest = rest_line(_rest_parts(s, d.id))
+        if rest:
+            parts.append(f"<div><code>{_esc(rest.strip())}</code></div>")
         frag = fragmentation_line(d)
         if frag:
             parts.append(f"<div><code>{_esc(frag.strip())}</code></div>")
@@ -140,6 +186,9 @@ def snapshot_html(s) -> str:
         parts.append(_html_table(_HEADERS, _holder_rows(s.holders), {1, 2}))
     else:
         parts.append("<div>no name holds tensor memory</div>")
+    listed = _listed_internals(s)
+    if listed:
+        parts.append(_html_table(_INTERNAL_HEADERS, _internal_rows(listed), {1, 2}))
     un = {k: v for k, v in s.unattributed.items() if v}
     if un:
         parts.append("<div>unattributed (allocated, reached by no name): " + _esc(

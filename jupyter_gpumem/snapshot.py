@@ -14,7 +14,9 @@ from typing import Any
 
 from . import devices as _devices
 from . import scan as _scan
-from .backends import active_backends
+from . import backends as _backends
+from .backends import Internal, active_backends
+from .backends import cuda_context as _cuda_context
 
 SNAPSHOT_SCHEMA = "jupyter_gpumem.snapshot/1"
 _HIDDEN_HINTS = {
@@ -95,6 +97,11 @@ class Snapshot:
     scan_seconds: float = 0.0
     time: float = field(default_factory=time.time)
     details: list[Holder] = field(default_factory=list)
+    internals: list[Internal] = field(default_factory=list)
+
+    def internals_of(self, device: str, kinds: tuple = ("allocated", "cached")) -> list[Internal]:
+        """The internals on ``device`` of these kinds (``"outside"``: the rest's parts)."""
+        return [i for i in self.internals if i.device == device and i.kind in kinds]
 
     def holder(self, name: str) -> Holder | None:
         """The holder called ``name`` (or with that alias), if any."""
@@ -112,6 +119,7 @@ class Snapshot:
             "devices": [d.to_json() for d in self.devices],
             "holders": [h.to_json() for h in self.holders],
             "unattributed": dict(self.unattributed),
+            "internals": [i.to_json() for i in self.internals],
         }
         if self.details:
             out["details"] = [h.to_json(with_rows=True) for h in self.details]
@@ -160,6 +168,7 @@ class Sharing:
     def __init__(self, result: _scan.ScanResult) -> None:
         self.result = result
         keys: set = set()
+        self.keys = keys   # every storage key some root reaches
         multi: set = set()
         for reach in result.reach:
             if reach.storages:
@@ -374,21 +383,55 @@ def build_steps(*, shell: Any = None, namespace: dict | None = None, device: str
     if odd:
         messages.append(f"skipped {len(odd)} namespace key(s) that are not names: {', '.join(odd[:5])}")
     reached = sharing.reached
-    unattributed = _unattributed(usages, reached)
+    internals, errors = _backends.internals(ids, sharing.keys)
+    messages += errors
+    internals = sorted(internals, key=_internal_order) + _rest_remainders(usages, internals)
+    unattributed = _unattributed(usages, reached, internals)
     for du in usages:
         du.attributed = sum(reached.get(du.id, {}).values())
     return Snapshot(device, usages, holders, unattributed, bool(accs), result.partial,
-                    messages, result.seconds, details=details)
+                    messages, result.seconds, details=details, internals=internals)
 
 
-def _unattributed(usages, reached: dict[str, dict[str, int]]) -> dict[str, int | None]:
-    """Allocated bytes no name reaches, per device, summed over the frameworks that count."""
+_KIND_ORDER = {"allocated": 0, "cached": 1, "outside": 2}
+
+
+def _internal_order(i: Internal):
+    return (_KIND_ORDER.get(i.kind, 3), i.device, -(i.nbytes or 0), i.label)
+
+
+def _unattributed(usages, reached: dict[str, dict[str, int]],
+                  internals: list[Internal] = ()) -> dict[str, int | None]:
+    """Allocated bytes no name reaches, per device, summed over the frameworks that count;
+    the internals inside a framework's allocated bytes (workspaces, ...) are not counted."""
+    inside: dict[tuple, int] = {}
+    for i in internals:
+        if i.kind == "allocated" and i.nbytes:
+            inside[(i.device, i.framework)] = inside.get((i.device, i.framework), 0) + i.nbytes
     out: dict[str, int | None] = {}
     for du in usages:
         mine = reached.get(du.id, {})
-        rest = [max(fw.allocated - mine.get(fw.name, 0), 0)
+        rest = [max(fw.allocated - mine.get(fw.name, 0) - inside.get((du.id, fw.name), 0), 0)
                 for fw in du.frameworks if fw.allocated is not None]
         out[du.id] = sum(rest) if rest else None
+    return out
+
+
+def _rest_remainders(usages, internals: list[Internal]) -> list[Internal]:
+    """For each device whose rest (this process's memory outside the frameworks' pools)
+    has known parts, the part left unexplained: kernel images, handles, the driver."""
+    out = []
+    for du in usages:
+        rest = du.non_framework
+        parts = [i for i in internals if i.device == du.id and i.kind == "outside"]
+        if rest is None or not parts:
+            continue
+        known = sum(i.nbytes for i in parts if i.nbytes)
+        # a pool that reports no reserved figure (TensorFlow) sits in the rest too
+        no_reserved = {fw.name for fw in du.frameworks if fw.reserved is None}
+        known += sum(i.nbytes for i in internals if i.device == du.id and i.kind == "cached"
+                     and i.framework in no_reserved and i.nbytes)
+        out.append(_cuda_context.rest_remainder(du.id, rest - known))
     return out
 
 

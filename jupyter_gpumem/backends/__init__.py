@@ -5,7 +5,8 @@ CuPy. Importing this package imports none of those frameworks.
 """
 from __future__ import annotations
 
-from .base import AcceleratorInfo, Backend, FrameworkUsage, Registry, StorageInfo
+from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, Registry,
+                   StorageInfo)
 from .cupy import CupyBackend
 from .jax import JaxBackend
 from .pytorch import TorchBackend
@@ -29,6 +30,54 @@ def active_backends() -> list[Backend]:
     return REGISTRY.active()
 
 
+def internals(device_ids, reached_keys, backends=None) -> tuple[list[Internal], list[str]]:
+    """Every active backend's internals on these devices, then the CUDA context's own
+    parts on each CUDA device where this process has one; and one line per backend
+    that failed (its internals are left out, the rest stands)."""
+    from .cuda_context import context_internals, context_limits
+
+    ids = list(device_ids)
+    out: list[Internal] = []
+    errors: list[str] = []
+    for backend in active_backends() if backends is None else backends:
+        try:
+            out += backend.internals(ids, reached_keys)
+        except Exception as exc:
+            errors.append(f"{backend.name}: its internals could not be read ({type(exc).__name__}: {exc})")
+    for dev in ids:
+        if dev.startswith("cuda:") and dev[5:].isdigit():
+            try:
+                out += context_internals(dev, context_limits(int(dev[5:])))
+            except Exception:
+                pass
+    return out, errors
+
+
+def purge_estimate(device_ids, freed: dict, reached_keys, backends=None) -> dict[str, int]:
+    """Bytes a purge gives back per device when the storages in ``freed`` (key ->
+    StorageInfo) are freed and every framework releases its caches: each backend
+    counts the storages in its own pools and what its caches give back, and a storage
+    no backend accounts for counts its own size."""
+    ids = list(device_ids)
+    out: dict[str, int] = {dev: 0 for dev in ids}
+    rest = dict(freed)
+    for backend in active_backends() if backends is None else backends:
+        try:
+            est = backend.purge_estimate(ids, rest, reached_keys)
+        except Exception:
+            est = None
+        if est is None:
+            continue
+        for dev, n in est.returned.items():
+            if dev in out:
+                out[dev] += int(n)
+        for key in est.covered:
+            rest.pop(key, None)
+    for info in rest.values():
+        out[info.device] = out.get(info.device, 0) + info.nbytes
+    return out
+
+
 def human_bytes(n: int | None) -> str:
     """``1536`` -> ``1.5 KiB`` for the backends' one-line notes."""
     if n is None:
@@ -42,6 +91,6 @@ def human_bytes(n: int | None) -> str:
 
 
 __all__ = [
-    "AcceleratorInfo", "Backend", "FrameworkUsage", "StorageInfo",
-    "REGISTRY", "register", "active_backends", "human_bytes",
+    "AcceleratorInfo", "Backend", "FrameworkUsage", "Internal", "PurgeEstimate", "StorageInfo",
+    "REGISTRY", "register", "active_backends", "human_bytes", "internals", "purge_estimate",
 ]

@@ -54,6 +54,46 @@ class FrameworkUsage:
 
 
 @dataclass
+class Internal:
+    """Memory a framework or the CUDA context keeps for itself on one device: a holder
+    of its own, listed under the notebook's names.
+
+    ``kind`` says where the bytes sit: ``"allocated"`` (inside the framework's
+    allocated bytes, so no longer "unattributed": cuBLAS workspaces, a CUDA
+    graph's kept blocks), ``"cached"`` (reserved by the framework but not
+    allocated: its cached free blocks) or ``"outside"`` (outside every
+    framework's pool, part of the reconciliation line's rest: thread stacks of
+    the CUDA context, NCCL). ``freed_by_purge``: whether ``%gpumem purge`` gives
+    these bytes back to the device. ``nbytes`` is ``None`` where the framework
+    says that the memory exists but not how much.
+    """
+
+    label: str
+    device: str
+    nbytes: int | None
+    framework: str = ""
+    count: int | None = None
+    freed_by_purge: bool = False
+    kind: str = "allocated"
+    note: str | None = None
+
+    def to_json(self) -> dict:
+        """The ``Internal`` object of docs/PROTOCOL.md."""
+        return {"label": self.label, "device": self.device, "bytes": self.nbytes,
+                "framework": self.framework, "count": self.count,
+                "freed_by_purge": self.freed_by_purge, "kind": self.kind, "note": self.note}
+
+
+class PurgeEstimate(NamedTuple):
+    """What a framework gives back to each device when a purge frees some storages and
+    releases its caches: bytes per device, and the storage keys those figures
+    account for (the rest are counted by their own size)."""
+
+    returned: dict
+    covered: set
+
+
+@dataclass
 class AcceleratorInfo:
     """A device a framework can see: ``cuda:0`` and how to find it in NVML."""
 
@@ -178,6 +218,22 @@ class Backend:
     def release(self) -> list[str]:
         """Give cached memory back to the device; return one-line notes."""
         return []
+
+    def internals(self, device_ids: Iterable[str], reached_keys: "set | frozenset") -> list[Internal]:
+        """What the framework keeps for itself on these devices (workspaces, cached
+        blocks, private pools, ...), found from what it exposes (allocator
+        snapshots, configuration, counters), never by allocating or freeing.
+        ``reached_keys``: the storage keys the notebook's names reach, which are
+        not internals."""
+        return []
+
+    def purge_estimate(self, device_ids: Iterable[str], freed: dict,
+                       reached_keys: "set | frozenset" = frozenset()) -> PurgeEstimate | None:
+        """What a purge gives back to the device when the storages in ``freed``
+        (key -> :class:`StorageInfo`) are freed and :meth:`release` runs; ``None``
+        where the framework cannot say (each freed storage then counts its size).
+        ``reached_keys``: every storage the names reach before the purge."""
+        return None
 
     def hint(self, name: str, obj: Any, nbytes: int) -> str | None:
         """A one-line hint when ``obj`` held by ``name`` matches a leak pattern."""

@@ -16,7 +16,7 @@ import gc
 import sys
 from typing import Any
 
-from .base import AcceleratorInfo, Backend, FrameworkUsage, StorageInfo
+from .base import AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo
 
 _MiB = 1 << 20
 
@@ -157,6 +157,73 @@ class CupyBackend(Backend):
                     note=f"cupy's pinned host pool keeps {size} of freed pinned memory: "
                          f"`%gpumem purge` gives it back")
         return out
+
+    def _plan_cache(self) -> tuple[int, int, int] | None:
+        """(device ordinal, cached plans, bytes their work areas hold) of the current
+        device's FFT plan cache, where ``cupy.fft`` is in use."""
+        config = sys.modules.get("cupy.fft.config")
+        if config is None:
+            return None
+        try:
+            cache = config.get_plan_cache()
+            count, size = int(cache.get_curr_size()), int(cache.get_curr_memsize())
+            return int(self.cupy.cuda.runtime.getDevice()), count, size
+        except Exception:
+            return None
+
+    def internals(self, device_ids, reached_keys) -> list[Internal]:
+        from . import human_bytes
+
+        ids = set(device_ids)
+        out: list[Internal] = []
+        for index, (used, total) in sorted(self._pool_figures().items()):
+            dev = f"cuda:{index}"
+            if dev in ids and total > used:
+                out.append(Internal(
+                    "CuPy memory pool: free blocks", dev, total - used, "cupy",
+                    freed_by_purge=True, kind="cached",
+                    note=f"CuPy keeps freed arrays' memory in its pool ({human_bytes(total)} in "
+                         f"all, {human_bytes(used)} in use); `%gpumem purge` calls "
+                         f"free_all_blocks()"))
+        plans = self._plan_cache()
+        if plans is not None and plans[2] and f"cuda:{plans[0]}" in ids:
+            out.append(Internal(
+                "CuPy FFT plan cache", f"cuda:{plans[0]}", plans[2], "cupy", count=plans[1],
+                freed_by_purge=True, kind="allocated",
+                note="work areas of cached cuFFT plans, taken from CuPy's pool; "
+                     "`%gpumem purge` clears the cache"))
+        if "cpu" in ids:
+            blocks, nbytes = self.pinned_free()
+            if blocks:
+                out.append(Internal(
+                    "CuPy pinned host pool: free blocks", "cpu", nbytes, "cupy", count=blocks,
+                    freed_by_purge=True, kind="cached",
+                    note="freed pinned host memory CuPy keeps for reuse; `%gpumem purge` "
+                         "gives it back"))
+        return out
+
+    def purge_estimate(self, device_ids, freed: dict, reached_keys=frozenset()):
+        """Freed arrays go back to the pool, and the purge empties the pool: their bytes,
+        the pool's free blocks and the FFT plans' work areas come back."""
+        figures = self._pool_figures()
+        ids = [d for d in device_ids if d.startswith("cuda:")]
+        if not figures or not ids:
+            return None
+        returned: dict[str, int] = {}
+        covered = set()
+        for key, info in freed.items():
+            if info.framework == "cupy" and info.device in ids:
+                covered.add(key)
+                returned[info.device] = returned.get(info.device, 0) + info.nbytes
+        for index, (used, total) in figures.items():
+            dev = f"cuda:{index}"
+            if dev in ids:
+                returned[dev] = returned.get(dev, 0) + total - used
+        plans = self._plan_cache()
+        if plans is not None and f"cuda:{plans[0]}" in ids:
+            dev = f"cuda:{plans[0]}"
+            returned[dev] = returned.get(dev, 0) + plans[2]
+        return PurgeEstimate(returned, covered)
 
     def release(self) -> list[str]:
         """Free the unused blocks of CuPy's device pools, pinned pool and FFT plans."""

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from .base import AcceleratorInfo, Backend, FrameworkUsage, StorageInfo
+from .base import AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo
 
 _GiB = 1 << 30
 _HOST_MEMORY_KINDS = frozenset({"pinned_host", "unpinned_host"})
@@ -183,6 +183,51 @@ class JaxBackend(Backend):
                 f"(pool {human_bytes(pool)}, in use {human_bytes(in_use)}) and does not give it "
                 f"back to the device; XLA_PYTHON_CLIENT_ALLOCATOR=platform before `import jax` "
                 f"(`%gpumem tame --give-back`) frees on every delete, more slowly")
+
+    def _pool_stats(self, device_ids) -> dict[str, dict]:
+        """``memory_stats()`` of each accelerator among ``device_ids`` that has them."""
+        ids = set(device_ids)
+        out: dict[str, dict] = {}
+        for d in self._devices():
+            dev = device_id(d)
+            if dev == "cpu" or dev not in ids or dev in out:
+                continue
+            try:
+                stats = d.memory_stats()
+            except Exception:
+                stats = None
+            if stats:
+                out[dev] = stats
+        return out
+
+    def internals(self, device_ids, reached_keys) -> list[Internal]:
+        from . import human_bytes
+
+        out: list[Internal] = []
+        for dev, stats in self._pool_stats(device_ids).items():
+            in_use = int(stats.get("bytes_in_use", 0))
+            pool = stats.get("pool_bytes")
+            if pool is None:
+                pool = stats.get("bytes_reserved")
+            if pool and int(pool) > in_use:
+                out.append(Internal(
+                    "JAX (XLA) pool: free space", dev, int(pool) - in_use, "jax",
+                    freed_by_purge=False, kind="cached",
+                    note=f"XLA's allocator keeps its pool ({human_bytes(int(pool))}, "
+                         f"{human_bytes(in_use)} in use) until the process ends: freed arrays "
+                         f"go back to it, not to the device"))
+        return out
+
+    def purge_estimate(self, device_ids, freed: dict, reached_keys=frozenset()):
+        """Freed arrays go back to XLA's pool, which never shrinks: nothing comes back
+        to the device, unless the pool-less platform allocator is in use."""
+        stats = self._pool_stats(device_ids)
+        if not stats:
+            return None
+        pooled = {dev for dev, s in stats.items()
+                  if s.get("pool_bytes") is not None or s.get("bytes_reserved") is not None}
+        covered = {k for k, info in freed.items() if info.framework == "jax" and info.device in pooled}
+        return PurgeEstimate({dev: 0 for dev in pooled}, covered)
 
     def _live_bytes(self, platform: str) -> int | None:
         """Bytes of every live array on a platform, each buffer counted once."""

@@ -1,6 +1,7 @@
 """PyTorch backend: tensors, parameters, modules, autograd graphs, CUDA counters."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 import weakref
@@ -9,7 +10,9 @@ from itertools import repeat
 from operator import attrgetter, is_not, itemgetter
 from typing import Any, Iterator
 
-from .base import AcceleratorInfo, Backend, FrameworkUsage, StorageInfo, instance_dict
+from . import torch_allocator as _alloc
+from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo,
+                   instance_dict)
 
 _SKIP_DEVICE_TYPES = {"meta"}
 _new_info = tuple.__new__   # StorageInfo without the named tuple's Python-level __new__
@@ -141,7 +144,8 @@ class TorchBackend(Backend):
         self._strided = None
         self._device_names: dict = {}
         self._known: dict[int, tuple] = {}   # id -> (weak ref, data pointer, storages)
-        self._free_blocks: dict[int, tuple] = {}   # GPU -> (allocator counters, largest free)
+        self._views: dict[int, tuple] = {}   # GPU -> (allocator counters, AllocatorView)
+        self._sizes: dict[int, tuple] = {}   # GPU -> (workspace sizes, where they come from)
         self.ledger = GraphLedger()
 
     def start_scan(self, deadline: float) -> None:
@@ -463,28 +467,136 @@ class TorchBackend(Backend):
         return out
 
     def _largest_free_block(self, index: int, stats: dict) -> int | None:
-        """The largest cached block not in use on GPU ``index``. Reading it walks every
-        block of the allocator (milliseconds with thousands of tensors), so the figure
-        is kept until the allocator has allocated or freed a block or a segment."""
-        cached = self._free_blocks.get(index)
+        """The largest cached block not in use on GPU ``index`` (see :meth:`allocator_view`)."""
+        view = self.allocator_view(index, stats)
+        return None if view is None else view.largest_free
+
+    # -- the allocator's own memory ----------------------------------------------
+    def workspace_sizes(self, index: int) -> tuple[dict[int, str], dict[str, str]]:
+        """cuBLAS/cuBLASLt workspace sizes on GPU ``index`` (bytes -> label) and, per
+        label, a few words on where the size comes from: torch's own reader where it has
+        one, else ``CUBLAS_WORKSPACE_CONFIG`` / ``CUBLASLT_WORKSPACE_SIZE``, else torch's
+        default for the GPU's architecture."""
+        found = self._sizes.get(index)
+        if found is not None:
+            return found
+        torch = self.torch
+        hip = bool(getattr(torch.version, "hip", None))
+        major = None
+        try:
+            major = int(torch.cuda.get_device_properties(index).major)
+        except Exception:
+            pass
+        values = []
+        for name in ("_cuda_getCublasWorkspaceSize", "_cuda_getCublasLtWorkspaceSize"):
+            reader = getattr(torch._C, name, None)
+            try:
+                values.append(int(reader()) if reader is not None else None)
+            except Exception:
+                values.append(None)
+        sizes = _alloc.workspace_sizes(major, hip=hip, cublas=values[0], cublaslt=values[1])
+        config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+        lt = os.environ.get("CUBLASLT_WORKSPACE_SIZE")
+        blas = (", as torch reports" if values[0] is not None else
+                f" (CUBLAS_WORKSPACE_CONFIG={config})" if config else
+                f" (torch's default for sm {major}.x)" if major is not None else "")
+        lt_where = (", as torch reports" if values[1] is not None else
+                    f" (CUBLASLT_WORKSPACE_SIZE={lt} KiB)" if lt else " (torch's default)")
+        notes = {"cuBLAS workspace": blas, "cuBLASLt workspace": lt_where,
+                 "cuBLAS/cuBLASLt workspace": blas}
+        found = self._sizes[index] = (sizes, notes)
+        return found
+
+    def allocator_view(self, index: int, stats: dict | None = None):
+        """GPU ``index``'s segments and blocks (:class:`torch_allocator.AllocatorView`).
+        Reading them walks every block of the allocator (milliseconds with thousands of
+        tensors), so the view is kept until the allocator has allocated or freed a
+        block or a segment."""
+        torch = self.torch
+        if stats is None:
+            stats = torch.cuda.memory_stats_as_nested_dict(index)
+        cached = self._views.get(index)
         if cached is not None and cached[0] == _allocator_key(stats):
             return cached[1]
         try:
-            segments = self.torch.cuda.memory_snapshot()
+            segments = self._memory_snapshot()
         except Exception:
             return None
-        largest = 0
-        for seg in segments:
-            if seg.get("device") != index:
-                continue
-            for block in seg.get("blocks", ()):
-                if block.get("state") == "inactive":
-                    largest = max(largest, int(block.get("size", 0)))
+        view = _alloc.AllocatorView(segments, index, self.workspace_sizes(index)[0])
         # the counters as they are after the walk, which may itself have moved them
-        key = _allocator_key(self.torch.cuda.memory_stats_as_nested_dict(index))
+        key = _allocator_key(torch.cuda.memory_stats_as_nested_dict(index))
         if None not in key:
-            self._free_blocks[index] = (key, largest)
-        return largest
+            self._views[index] = (key, view)
+        return view
+
+    def _memory_snapshot(self) -> list:
+        return self.torch.cuda.memory_snapshot()
+
+    def _gpu_indices(self, device_ids) -> list[int]:
+        if not self._cuda_ready():
+            return []
+        count = self.torch.cuda.device_count()
+        out = []
+        for dev in device_ids:
+            if dev.startswith("cuda:") and dev[5:].isdigit() and int(dev[5:]) < count:
+                out.append(int(dev[5:]))
+        return out
+
+    def internals(self, device_ids, reached_keys) -> list[Internal]:
+        torch = self.torch
+        out: list[Internal] = []
+        clears = getattr(torch._C, "_cuda_clearCublasWorkspaces", None) is not None
+        for index in self._gpu_indices(device_ids):
+            dev = f"cuda:{index}"
+            view = self.allocator_view(index)
+            if view is None:
+                continue
+            out += view.internals(dev, _alloc.Reached.of(reached_keys, dev),
+                                  clears_workspaces=clears,
+                                  sizes_note=self.workspace_sizes(index)[1])
+        out += self._nccl(device_ids)
+        return out
+
+    def _nccl(self, device_ids) -> list[Internal]:
+        """NCCL communicators of ``torch.distributed``: their buffers are allocated by
+        NCCL itself, outside torch's allocator, so they are part of the rest."""
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is None or not dist.is_available() or not dist.is_initialized():
+                return []
+            if "nccl" not in str(dist.get_backend()).lower():
+                return []
+            world = dist.get_world_size()
+            dev = f"cuda:{self.torch.cuda.current_device()}"
+        except Exception:
+            return []
+        if dev not in set(device_ids):
+            return []
+        return [Internal(
+            "NCCL communicator (torch.distributed)", dev, None, "torch", count=world,
+            freed_by_purge=False, kind="outside",
+            note="NCCL allocates its buffers itself (NCCL_BUFFSIZE per channel and peer), "
+                 "outside torch's allocator: they are in the rest; "
+                 "torch.distributed.destroy_process_group() returns them")]
+
+    def purge_estimate(self, device_ids, freed: dict, reached_keys=frozenset()) -> PurgeEstimate | None:
+        indices = self._gpu_indices(device_ids)
+        if not indices:
+            return None
+        clears = getattr(self.torch._C, "_cuda_clearCublasWorkspaces", None) is not None
+        returned: dict[str, int] = {}
+        covered: set = set()
+        for index in indices:
+            dev = f"cuda:{index}"
+            view = self.allocator_view(index)
+            if view is None:
+                continue
+            mine = [k for k in freed if len(k) == 2 and k[0] == dev and type(k[1]) is int
+                    and view.segment_of(k[1]) is not None]
+            covered.update(mine)
+            returned[dev] = view.returned(_alloc.Reached(k[1] for k in mine),
+                                          _alloc.Reached.of(reached_keys, dev), clears)
+        return PurgeEstimate(returned, covered)
 
     def release(self) -> list[str]:
         torch = self.torch

@@ -24,7 +24,7 @@ import re
 import sys
 from typing import Any, Iterator
 
-from .base import AcceleratorInfo, Backend, FrameworkUsage, StorageInfo
+from .base import AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo
 
 #: dtypes TensorFlow can export through DLPack (see module docstring)
 _DLPACK_DTYPES = frozenset({
@@ -369,6 +369,52 @@ class TensorFlowBackend(Backend):
                          f"{fmt_bytes(int(info['peak']))}), not to the device: TensorFlow cannot "
                          f"give its pool back inside the process")
         return notes
+
+    def _gpu_info(self, device_ids) -> dict[str, tuple[int, int, int]]:
+        """cuda:N -> (logical index, current, peak) for the GPUs among ``device_ids``."""
+        if self._context() is None:
+            return {}
+        ids = set(device_ids)
+        out: dict[str, tuple[int, int, int]] = {}
+        experimental = self._tf().config.experimental
+        for k, ordinal in enumerate(self.gpu_ordinals()):
+            dev = f"cuda:{ordinal}"
+            if dev not in ids or dev in out:
+                continue
+            try:
+                info = experimental.get_memory_info(f"GPU:{k}")
+            except Exception:
+                continue
+            out[dev] = (k, int(info["current"]), int(info["peak"]))
+        return out
+
+    def internals(self, device_ids, reached_keys) -> list[Internal]:
+        from . import human_bytes
+
+        out: list[Internal] = []
+        for dev, (k, current, peak) in self._gpu_info(device_ids).items():
+            growth, limit = self._growth(k)
+            if limit:
+                nbytes, how = max(limit - current, 0), f"its configured limit {human_bytes(limit)}"
+            elif growth:
+                nbytes, how = max(peak - current, 0), f"at least its peak {human_bytes(peak)} (memory growth)"
+            else:
+                nbytes, how = None, "nearly all of the card, taken at start (TensorFlow does not say how much)"
+            out.append(Internal(
+                "TensorFlow BFC pool: free space", dev, nbytes, "tensorflow",
+                freed_by_purge=False, kind="cached",
+                note=f"TensorFlow's BFC allocator keeps a pool of {how}, "
+                     f"{human_bytes(current)} in use, and never gives it back inside the process"))
+        return out
+
+    def purge_estimate(self, device_ids, freed: dict, reached_keys=frozenset()):
+        """Freed tensors go back to TensorFlow's pool, never to the device."""
+        gpus = self._gpu_info(device_ids)
+        if not gpus:
+            return None
+        covered = {k for k, info in freed.items()
+                   if info.framework == "tensorflow" and info.device in gpus}
+        return PurgeEstimate({dev: 0 for dev in gpus}, covered)
 
     def hint(self, name: str, obj: Any, nbytes: int) -> str | None:
         return None
