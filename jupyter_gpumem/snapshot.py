@@ -431,7 +431,13 @@ def _rest_remainders(usages, internals: list[Internal]) -> list[Internal]:
         no_reserved = {fw.name for fw in du.frameworks if fw.reserved is None}
         known += sum(i.nbytes for i in internals if i.device == du.id and i.kind == "cached"
                      and i.framework in no_reserved and i.nbytes)
-        out.append(_cuda_context.rest_remainder(du.id, rest - known))
+        limits = None
+        if du.id.startswith("cuda:") and du.id[5:].isdigit():
+            try:
+                limits = _cuda_context.context_limits(int(du.id[5:]))
+            except Exception:
+                limits = None
+        out.append(_cuda_context.rest_remainder(du.id, rest - known, limits))
     return out
 
 

@@ -9,9 +9,11 @@ is asked about only while its primary context is active: nothing here loads
 CUDA, creates a context or initialises the driver.
 
 A context reserves local memory for the stack of every thread the GPU can run
-at once (stack limit x resident threads per multiprocessor x multiprocessors)
-and keeps the heap and FIFO it was given; none of it comes back before the
-process ends. What is left of the process's device memory outside the
+at once (stack limit x resident threads per multiprocessor x multiprocessors;
+on an H200, raising the limit from 1 KiB to 2 KiB cost the 264 MiB this says).
+The device heap and the printf FIFO are taken only once a kernel uses them
+(limits of 512 MiB cost nothing before), so they are not counted. None of it
+comes back before the process ends. What is left of the process's device memory outside the
 frameworks' pools (kernel images, library handles such as cuBLAS's and
 cuDNN's, the driver's own structures) is not broken down by the driver.
 """
@@ -105,23 +107,21 @@ def context_internals(dev: str, limits: dict | None) -> list[Internal]:
             note=(f"local memory for every thread the GPU can run at once: stack limit "
                   f"{stack:,} B x {threads:,} threads x {sms} multiprocessors; it grows when a "
                   f"kernel needs a deeper stack, and only the end of the process returns it")))
-    heap, printf = limits.get("heap") or 0, limits.get("printf") or 0
-    if heap or printf:
-        from . import human_bytes
-
-        out.append(Internal(
-            "CUDA context: device heap and printf buffer", dev, heap + printf, "cuda",
-            freed_by_purge=False, kind="outside",
-            note=(f"its limits: device-side malloc heap {human_bytes(heap)}, printf buffer "
-                  f"{human_bytes(printf)}; only the end of the process returns them")))
     return out
 
 
-def rest_remainder(dev: str, nbytes: int) -> Internal:
+def rest_remainder(dev: str, nbytes: int, limits: dict | None = None) -> Internal:
     """What is left of the rest once the known parts are taken out."""
+    from . import human_bytes
+
+    heap = ""
+    if limits and (limits.get("heap") or limits.get("printf")):
+        heap = (f", and, once a kernel uses them, the device malloc heap (up to "
+                f"{human_bytes(limits.get('heap') or 0)}) and the printf buffer "
+                f"({human_bytes(limits.get('printf') or 0)})")
     return Internal(
         "kernel images, library handles and the driver's own", dev, max(nbytes, 0), "cuda",
         freed_by_purge=False, kind="outside",
         note="loaded kernels (CUDA loads them as they are first used), cuBLAS/cuDNN handles, "
-             "other libraries' own allocations and the driver's structures; CUDA does not "
-             "break it down, and only the end of the process returns it")
+             "other libraries' own allocations and the driver's structures" + heap +
+             "; CUDA does not break it down, and only the end of the process returns it")
