@@ -5,6 +5,8 @@ use :func:`snapshot`, :func:`purge` and :func:`watch`.
 """
 from __future__ import annotations
 
+import sys as _sys
+import types as _types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -13,12 +15,25 @@ _loaded: dict[int, Any] = {}
 
 
 def snapshot(namespace: dict | None = None, *, shell: Any = None, names=None,
-             device: str = "auto", time_limit: float = 3.0):
+             device: str = "auto", time_limit: float = 3.0, cluster: Any = None):
     """Who holds memory now: a :class:`~jupyter_gpumem.snapshot.Snapshot`.
 
     Give a ``shell`` (IPython) to include its hidden holders, or a plain
     ``namespace`` dict such as ``globals()`` from a script.
+
+    ``cluster``: a ``distributed.Client`` (or ``True`` for the one in the namespace,
+    else ``Client.current()``): the Dask cluster it drives instead, as a
+    :class:`~jupyter_gpumem.cluster.ClusterSnapshot` of its workers' devices and the
+    names that hold their keys (what ``%gpumem --cluster`` shows). Raises
+    :class:`~jupyter_gpumem.cluster.ClusterError` without a client.
     """
+    if cluster is not None and cluster is not False:
+        from . import cluster as _cluster
+
+        if names:
+            raise _cluster.ClusterError("a cluster snapshot covers every name: give no names")
+        return _cluster.snapshot(None if cluster is True else cluster, namespace=namespace,
+                                 shell=shell, device=device, time_limit=time_limit)
     from .snapshot import build
 
     return build(shell=shell, namespace=namespace, device=device, names=names,
@@ -26,8 +41,24 @@ def snapshot(namespace: dict | None = None, *, shell: Any = None, names=None,
 
 
 def purge(names=(), *, namespace: dict | None = None, shell: Any = None, all: bool = False,
-          dry_run: bool = False, device: str = "auto", time_limit: float = 3.0):
-    """Delete ``names`` and every hidden reference to their memory; see :mod:`.purge`."""
+          dry_run: bool = False, device: str = "auto", time_limit: float = 3.0,
+          cluster: Any = None):
+    """Delete ``names`` and every hidden reference to their memory; see :mod:`.purge`.
+
+    ``cluster``: a ``distributed.Client`` (or ``True``, as for :func:`snapshot`):
+    release what the names hold on that Dask cluster (their Futures, persisted
+    collections), wait until the workers dropped the keys, free the workers'
+    caches, and return a :class:`~jupyter_gpumem.cluster.ClusterPurgeResult`
+    (what ``%gpumem purge NAME --cluster`` does). Bad input raises
+    :class:`~jupyter_gpumem.cluster.ClusterPurgeError` (a ``PurgeError``) having
+    deleted nothing.
+    """
+    if cluster is not None and cluster is not False:
+        from . import cluster as _cluster
+
+        return _cluster.purge(names, client=None if cluster is True else cluster,
+                              namespace=namespace, shell=shell, all=all, dry_run=dry_run,
+                              device=device, time_limit=time_limit)
     from .purge import purge as _purge
 
     return _purge(names, shell=shell, namespace=namespace, all=all, dry_run=dry_run,
@@ -39,6 +70,29 @@ def watch(*args, **kwargs):
     from .watch import watch as _watch
 
     return _watch(*args, **kwargs)
+
+
+#: the package's own functions, kept for when a submodule of the same name shadows them
+_PUBLIC = {"snapshot": snapshot, "purge": purge}
+
+
+class _Package(_types.ModuleType):
+    """Importing the submodule ``jupyter_gpumem.snapshot`` (or ``.purge``) binds the
+    package's ``snapshot`` attribute to that module, which is made callable; here its
+    call is pointed at the package's function, so ``jupyter_gpumem.snapshot(cluster=...)``
+    keeps every option of this module whatever was imported first."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        fn = _PUBLIC.get(name)
+        if fn is not None and isinstance(value, _types.ModuleType) \
+                and value.__name__ == f"{__name__}.{name}":
+            from ._callable import make_module_callable
+
+            make_module_callable(value.__name__, fn)
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

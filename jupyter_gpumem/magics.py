@@ -25,7 +25,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 USAGE = """\
 %gpumem [NAME ...] [--device auto|all|cpu|cuda:N] [-o]
+%gpumem --cluster [--device ...] [-o]
 %gpumem purge [NAME|PATH ...] [--all] [--dry-run] [--device ...] [-o]
+%gpumem purge [NAME|PATH ...] --cluster [--all] [--dry-run] [--device ...] [-o]
 %gpumem watch on|off [--warn-at 80%] [--auto-purge-hidden]
 %gpumem history [--save FILE] [--tensorboard DIR]
 %gpumem plot [--save FILE]
@@ -45,6 +47,9 @@ def _parser(prog: str, description: str) -> MagicArgumentParser:
 def _report_parser() -> MagicArgumentParser:
     p = _parser("%gpumem", "who holds accelerator memory")
     p.add_argument("names", nargs="*", help="names or paths to detail")
+    p.add_argument("--cluster", action="store_true",
+                   help="the Dask cluster this notebook drives: its workers' devices and the "
+                   "names that hold their keys")
     return p
 
 
@@ -53,6 +58,8 @@ def _purge_parser() -> MagicArgumentParser:
     p.add_argument("names", nargs="*", help="names or paths to purge")
     p.add_argument("--all", action="store_true", help="every user name that holds memory")
     p.add_argument("--dry-run", action="store_true", help="show what would go; change nothing")
+    p.add_argument("--cluster", action="store_true",
+                   help="release what the names hold on the Dask cluster and free it there")
     return p
 
 
@@ -155,7 +162,8 @@ class GpuMemMagics(Magics):
         """Who holds accelerator memory, and purge it.
 
         %gpumem [NAME ...] [--device auto|all|cpu|cuda:N] [-o]
-        %gpumem purge [NAME|PATH ...] [--all] [--dry-run] [--device ...] [-o]
+        %gpumem --cluster [--device ...] [-o]
+        %gpumem purge [NAME|PATH ...] [--cluster] [--all] [--dry-run] [--device ...] [-o]
         %gpumem watch on|off, history, plot, panel, tame: see the README.
         """
         argv = split_line(line)
@@ -176,6 +184,8 @@ class GpuMemMagics(Magics):
 
         args = _report_parser().parse_args(argv)
         device = self.device(args.device)
+        if args.cluster:
+            return self._cluster_report(args, device)
         error = None
         try:
             snap = build(shell=self.shell, device=device,
@@ -195,12 +205,47 @@ class GpuMemMagics(Magics):
 
         args = _purge_parser().parse_args(argv)
         device = self.device(args.device)
+        if args.cluster:
+            return self._cluster_purge(args, device)
         error = None
         try:
             result = purge(args.names, shell=self.shell, all=args.all, dry_run=args.dry_run,
                            device=device, time_limit=self.scan_time_limit)
         except PurgeError as exc:
             error = str(exc)
+        if error is not None:  # raised here so no frame of the plan stays in a traceback
+            raise UsageError(error)
+        return self.show(result, args.output)
+
+    def _cluster_report(self, args: Any, device: str) -> Any:
+        """``%gpumem --cluster``: the Dask cluster's workers and the names holding keys."""
+        from . import cluster
+
+        if args.names:
+            raise UsageError("--cluster reports every name that holds keys: give no names "
+                             f"(got {' '.join(args.names)})")
+        error = None
+        try:
+            snap = cluster.snapshot(shell=self.shell, device=device,
+                                    time_limit=self.scan_time_limit)
+        except cluster.ClusterError as exc:
+            error = f"--cluster: {exc}"
+        if error is not None:
+            raise UsageError(error)
+        return self.show(snap, args.output)
+
+    def _cluster_purge(self, args: Any, device: str) -> Any:
+        """``%gpumem purge NAME ... --cluster``: release the names' keys on the cluster."""
+        from . import cluster
+        from .purge import PurgeError
+
+        error = None
+        try:
+            result = cluster.purge(args.names, shell=self.shell, all=args.all,
+                                   dry_run=args.dry_run, device=device,
+                                   time_limit=self.scan_time_limit)
+        except (cluster.ClusterError, PurgeError) as exc:
+            error = f"--cluster: {exc}"
         if error is not None:  # raised here so no frame of the plan stays in a traceback
             raise UsageError(error)
         return self.show(result, args.output)
