@@ -11,15 +11,25 @@ Without an event loop (a terminal IPython, a script) it happens at once, in
 ``post_run_cell``. The snapshot honours the user's settings
 (``scan_time_limit``; each view's device, ``default_device`` for the sidebar).
 
-Nothing here imports a widget or a framework; it holds no user object beyond
+When the notebook drives a Dask cluster (``distributed`` imported by the user
+and a client connected), each snapshot gains a ``cluster`` part
+(docs/PROTOCOL.md): the workers' devices and the names that hold their keys.
+The names are walked on the main thread (:func:`jupyter_gpumem.cluster.held_names`);
+the cluster is asked from a thread of the session's own while the kernel's loop
+stays free (at once, without a loop), and the whole part is bounded by
+``scan_time_limit``: a slow or lost worker gives a partial part, never a longer
+wait.
+
+Nothing here imports a widget, a framework or Dask; it holds no user object beyond
 the last snapshot's JSON (bytes, names and paths).
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import sys
 import time
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from .snapshot import build, build_steps
 from .monitor import CellEvents
@@ -27,6 +37,53 @@ from .monitor import CellEvents
 
 #: seconds the kernel must have been idle after a cell before the views refresh
 IDLE_GRACE = 0.02
+#: share of ``scan_time_limit`` the walk of the names for cluster keys may take
+CLUSTER_WALK_SHARE = 0.3
+#: the least the cluster is given to answer (seconds)
+CLUSTER_MIN_WAIT = 0.05
+#: keys held by no name that a snapshot's cluster part lists (the rest are counted)
+CLUSTER_UNCLAIMED_SHOWN = 50
+
+
+class Offload:
+    """A step of a refresh that waits on something else than this process (the
+    cluster): the driver runs ``fn`` off the main thread (in a kernel) or at once, and
+    sends its result back into the steps."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+
+
+def drive_now(steps) -> Any:
+    """Run a generator of steps to its end on this thread (offloaded steps at once)."""
+    value = None
+    while True:
+        try:
+            step = steps.send(value)
+        except StopIteration as done:
+            return done.value
+        value = step.fn() if isinstance(step, Offload) else None
+
+
+def cluster_part(client: Any, names: Any, device: str, time_limit: float) -> dict | str:
+    """The cluster part of a snapshot (JSON), or a one-line note of why there is none.
+    Asks only the cluster (``names`` were walked on the main thread): any thread."""
+    from . import cluster
+
+    try:
+        part = cluster.snapshot(client, names=names, device=device,
+                                time_limit=time_limit).to_json()
+    except cluster.ClusterError as exc:
+        return f"cluster: {exc}"
+    except Exception as exc:  # noqa: BLE001 - the local snapshot stands
+        return f"cluster: {type(exc).__name__}: {exc}"
+    rest = part.get("unclaimed") or []
+    if len(rest) > CLUSTER_UNCLAIMED_SHOWN:
+        left = rest[CLUSTER_UNCLAIMED_SHOWN:]
+        part["unclaimed"] = rest[:CLUSTER_UNCLAIMED_SHOWN]
+        part["unclaimed_left_off"] = {"keys": len(left),
+                                      "bytes": sum(u.get("bytes") or 0 for u in left)}
+    return part
 
 
 class View(Protocol):
@@ -53,6 +110,7 @@ class Session:
         self._generation = 0          # cells ended so far; a refresh from an older one is dropped
         self._task: asyncio.Task | None = None
         self.last: dict[str, dict] = {}   # device -> the JSON snapshot after the last cell
+        self._cluster_pool: concurrent.futures.ThreadPoolExecutor | None = None
         #: what refreshing costs: how many, their wall seconds, how many were dropped
         self.stats = {"refreshes": 0, "seconds": 0.0, "dropped": 0, "deferred": 0}
         shell.events.register("pre_run_cell", self._pre_run_cell)
@@ -81,10 +139,16 @@ class Session:
         return list(self._views)
 
     def snapshot_json(self, device: str, names: list[str] | None = None) -> dict:
-        """A fresh snapshot now (main thread), with the session's time limit."""
+        """A fresh snapshot now (main thread), with the session's time limit (and the
+        cluster part when a Dask client is connected)."""
         data = build(shell=self.shell, device=device, names=names,
                                time_limit=self.time_limit).to_json()
         if not names:
+            try:
+                part = drive_now(self._cluster_steps([device])).get(device)
+            except Exception as exc:  # noqa: BLE001 - the local snapshot stands
+                part = f"cluster: {type(exc).__name__}: {exc}"
+            _add_cluster(data, part)
             self.last[device] = data
         return data
 
@@ -92,9 +156,7 @@ class Session:
         """Build the snapshots now and show them in every view (after a purge, say)."""
         self._generation += 1
         self._cancel()
-        steps = self._refresh_steps(self._generation)
-        for _ in steps:
-            pass
+        drive_now(self._refresh_steps(self._generation))
 
     # -- cell events (main thread) ---------------------------------------------------
     def _pre_run_cell(self, info: Any = None) -> None:
@@ -134,9 +196,20 @@ class Session:
             if generation != self._generation:
                 self.stats["dropped"] += 1
                 return
-            for _ in self._refresh_steps(generation):
-                await asyncio.sleep(0)
+            steps = self._refresh_steps(generation)
+            value = None
+            while True:
+                try:
+                    step = steps.send(value)
+                except StopIteration:
+                    break
+                if isinstance(step, Offload):   # the cluster: asked off the loop
+                    value = await asyncio.wrap_future(self._pool().submit(step.fn))
+                else:
+                    value = None
+                    await asyncio.sleep(0)
                 if generation != self._generation:
+                    steps.close()
                     self.stats["dropped"] += 1
                     return      # a cell ran meanwhile: its own refresh follows
         except asyncio.CancelledError:
@@ -167,6 +240,15 @@ class Session:
                         return
             except Exception as exc:  # noqa: BLE001 - the views say so; the cell stands
                 self._tell(device, f"scan failed: {type(exc).__name__}: {exc}")
+        if built:
+            try:
+                parts = yield from self._cluster_steps(list(built), generation)
+            except Exception as exc:  # noqa: BLE001 - the local snapshot stands
+                parts = {d: f"cluster: {type(exc).__name__}: {exc}" for d in built}
+            if generation != self._generation:
+                return
+            for device, data in built.items():
+                _add_cluster(data, parts.get(device))
         self.last.update(built)
         self.stats["refreshes"] += 1
         self.stats["seconds"] += time.perf_counter() - start
@@ -177,6 +259,43 @@ class Session:
                 except Exception as exc:  # noqa: BLE001 - one view must not stop the others
                     print(f"jupyter_gpumem: a view failed: {type(exc).__name__}: {exc}",
                           file=sys.stderr)
+
+    def _cluster_steps(self, devices: list[str], generation: int | None = None):
+        """Steps that give device -> the cluster part (JSON) or a note, for the
+        devices given; nothing when Dask is not in use or no client is connected.
+        The walk of the names runs here (main thread), the question to the cluster
+        is an :class:`Offload`; together within ``scan_time_limit``."""
+        from . import cluster
+
+        if not cluster.dask_imported():
+            return {}
+        client = cluster.find_client(shell=self.shell)
+        if client is None:
+            return {}
+        start = time.perf_counter()
+        limit = self.time_limit
+        try:
+            names = cluster.held_names(client, shell=self.shell,
+                                       time_limit=limit * CLUSTER_WALK_SHARE)
+        except Exception as exc:  # noqa: BLE001 - an asynchronous client, say
+            note = f"cluster: {exc}" if isinstance(exc, cluster.ClusterError) \
+                else f"cluster: {type(exc).__name__}: {exc}"
+            return {device: note for device in devices}
+        out: dict[str, Any] = {}
+        for device in devices:
+            if generation is not None and generation != self._generation:
+                return out
+            left = max(limit - (time.perf_counter() - start), CLUSTER_MIN_WAIT)
+            out[device] = yield Offload(
+                lambda device=device, left=left: cluster_part(client, names, device, left))
+        return out
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The session's one thread that asks the cluster (made on first use)."""
+        if self._cluster_pool is None:
+            self._cluster_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="jupyter_gpumem-cluster")
+        return self._cluster_pool
 
     def _tell(self, device: str, text: str) -> None:
         for view in list(self._views):
@@ -190,12 +309,23 @@ class Session:
         """Unhook the cell events and drop a pending refresh."""
         self._cancel()
         self._views.clear()
+        if self._cluster_pool is not None:
+            self._cluster_pool.shutdown(wait=False, cancel_futures=True)
+            self._cluster_pool = None
         for event, fn in (("pre_run_cell", self._pre_run_cell),
                           ("post_run_cell", self._post_run_cell)):
             try:
                 self.shell.events.unregister(event, fn)
             except ValueError:
                 pass
+
+
+def _add_cluster(data: dict, part: dict | str | None) -> None:
+    """Put the cluster part into a PROTOCOL snapshot, or its note into the messages."""
+    if isinstance(part, dict):
+        data["cluster"] = part
+    elif isinstance(part, str):
+        data["messages"] = list(data.get("messages") or ()) + [part]
 
 
 def _running_loop_and_task(shell: Any) -> tuple[Any, Any]:

@@ -121,6 +121,16 @@ def test_snapshot_after_each_cell(shell):
     assert all(t == threading.main_thread().name for kind, d, t in c.sent if d["type"] == "snapshot")
 
 
+def test_without_a_dask_client_the_snapshot_has_no_cluster_part(shell):
+    shell.run_cell("import torch; t = torch.ones(10)")
+    c = open_sidebar()
+    (reply,) = send(c, {"type": "set_device", "id": 1, "device": "cpu"})
+    shell.run_cell("u = 1")
+    for snap in [reply["snapshot"]] + [m["snapshot"] for m in c.messages("snapshot")]:
+        assert "cluster" not in snap
+        assert not [m for m in snap["messages"] if m.startswith("cluster")]
+
+
 def test_purge_deletes_the_name_and_frees_its_storage(shell):
     shell.run_cell("import torch; big = torch.ones(1024, 1024); keep = torch.ones(10)")
     ref = StorageWeakRef(shell.user_ns["big"].untyped_storage())
