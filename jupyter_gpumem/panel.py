@@ -203,6 +203,8 @@ class Panel:
         header = w.HBox([self.title, self.refresh_button, self.close_button],
                         layout=w.Layout(justify_content="space-between", align_items="center"))
         self.bars = w.HTML()
+        #: one bar per device of each Dask worker, when a client is connected
+        self.cluster_bars = w.HTML(layout=w.Layout(display="none"))
         self.timeline = w.HTML()
         self._table_header = (w.HTML("<b>holder</b> <span style='opacity:.6'>(check to purge)"
                                      "</span>"),
@@ -211,6 +213,8 @@ class Panel:
             grid_template_columns="minmax(12em, max-content) auto", grid_gap="0 0.5em",
             align_items="flex-start"))
         self.footer = w.HTML()
+        #: the names that hold keys on the Dask cluster, when a client is connected
+        self.cluster_table = w.HTML(layout=w.Layout(display="none"))
         self.purge_button = w.Button(description="Purge checked", icon="trash",
                                      button_style="warning", disabled=True,
                                      tooltip="delete the checked names and free their memory",
@@ -226,10 +230,10 @@ class Panel:
                                                   padding="4px"))
         self.result = w.HTML()
         self.widget = _panel_box(w)([
-            header, w.HTML("<b>Devices</b>"), self.bars,
+            header, w.HTML("<b>Devices</b>"), self.bars, self.cluster_bars,
             w.HTML("<b>This process, recent minutes</b>"), self.timeline,
             w.HTML("<b>Holders</b> <span style='opacity:.6'>(after each cell)</span>"),
-            self.table, self.footer, w.HBox([self.purge_button, self.status],
+            self.table, self.footer, self.cluster_table, w.HBox([self.purge_button, self.status],
                                             layout=w.Layout(align_items="center")),
             self.confirm_box, self.result,
         ], layout=w.Layout(border="1px solid #bbb", padding="4px 8px"))
@@ -477,7 +481,8 @@ class Panel:
         self._say(text, error=True)
 
     def apply_snapshot(self, data: dict) -> None:
-        """Show a PROTOCOL snapshot: holders table, bars, notes."""
+        """Show a PROTOCOL snapshot: holders table, bars, notes; with a ``cluster`` part,
+        the workers' device bars under the local ones and the cluster's holders."""
         holders = data.get("holders") or []
         while len(self._rows) < len(holders):
             self._new_row()
@@ -510,6 +515,11 @@ class Panel:
                     self.table.children = children
                 self.footer.value = _render.footer_html(data)
                 self.bars.value = _render.bars_html(data.get("devices") or (), attributed)
+            for widget, html in ((self.cluster_bars, _render.cluster_bars_html(data)),
+                                 (self.cluster_table, _render.cluster_holders_html(data))):
+                with widget.hold_sync():
+                    widget.value = html
+                    widget.layout.display = None if html else "none"
             self._update_purge_button()
 
     def _on_check(self, index: int, change: dict) -> None:

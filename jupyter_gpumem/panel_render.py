@@ -75,15 +75,19 @@ def bar_segments(dev: dict, attributed: int | None = None) -> list[tuple[str, st
     return [(key, label, values[key], colour) for key, label, colour in spec]
 
 
-def device_bar_html(dev: dict, attributed: int | None = None) -> str:
+def device_bar_html(dev: dict, attributed: int | None = None, *,
+                    worker: str | None = None) -> str:
     """One device: a title line, the stacked bar, and every segment's figure.
 
     Only shown figures (rounded) go into the HTML, so a reading that changes
     nothing visible gives the same string and the widget sends nothing.
+    ``worker``: the address of the Dask worker the device belongs to; its title
+    then reads ``worker host:port cuda:N``.
     """
     segments = bar_segments(dev, attributed)
     scale = dev.get("total") or sum(s[2] for s in segments) or 1
-    title = f"<b>{esc(dev.get('id'))}</b> {esc(dev.get('name') or '')}"
+    label = dev.get("id") if worker is None else f"worker {worker_label(worker)} {dev.get('id')}"
+    title = f"<b>{esc(label)}</b> {esc(dev.get('name') or '')}"
     title += f" · total {esc(fmt_bytes(dev.get('total')))}"
     cells, legend = [], []
     for key, label, nbytes, colour in segments:
@@ -99,7 +103,8 @@ def device_bar_html(dev: dict, attributed: int | None = None) -> str:
                       f"<span style='color:{colour}'>■</span> {esc(label)} "
                       f"<b>{esc(figure)}</b></span>")
     notes = "".join(f"<div><em>{esc(n)}</em></div>" for n in dev.get("notes") or ())
-    return (f"<div data-device='{esc(dev.get('id'))}' style='margin:4px 0;{_FONT}'>"
+    where = f" data-worker='{esc(worker)}'" if worker is not None else ""
+    return (f"<div data-device='{esc(dev.get('id'))}'{where} style='margin:4px 0;{_FONT}'>"
             f"<div>{title}</div>"
             f"<div style='display:flex;width:100%;height:18px;border:1px solid #999;"
             f"border-radius:3px;overflow:hidden'>{''.join(cells)}</div>"
@@ -111,6 +116,123 @@ def bars_html(devices: Iterable[dict], attributed: dict[str, int] | None = None)
     attributed = attributed or {}
     parts = [device_bar_html(d, attributed.get(d.get("id"))) for d in devices]
     return "".join(parts) or f"<div style='{_FONT}'>no device</div>"
+
+
+# -- a Dask cluster (the snapshot's "cluster" part) -----------------------------------------
+def worker_label(address) -> str:
+    """``tcp://10.0.0.5:40123`` -> ``10.0.0.5:40123``."""
+    text = str(address or "?")
+    return text.split("://", 1)[1] if "://" in text else text
+
+
+def _cluster_part(snap: dict) -> dict | None:
+    part = snap.get("cluster") if isinstance(snap, dict) else None
+    return part if isinstance(part, dict) and isinstance(part.get("workers"), list) else None
+
+
+def cluster_title(part: dict) -> str:
+    """``cluster tcp://...:8786 · 2 of 2 workers answered · 3 names hold 328.0 MiB``."""
+    workers = [w for w in part.get("workers") or () if isinstance(w, dict)]
+    missing = part.get("missing") or {}
+    holders = part.get("holders") or []
+    return (f"cluster {part.get('scheduler') or '(scheduler did not answer)'} · "
+            f"{len(workers)} of {len(workers) + len(missing)} workers answered · "
+            f"{len(holders)} {'name holds' if len(holders) == 1 else 'names hold'} "
+            f"{fmt_bytes(part.get('held_bytes') or 0)}")
+
+
+def cluster_bars_html(snap: dict) -> str:
+    """One bar per device of every worker of the snapshot's cluster part (empty without
+    one), with a line per worker that did not answer."""
+    part = _cluster_part(snap)
+    if part is None:
+        return ""
+    bars = []
+    for w in part["workers"]:
+        if not isinstance(w, dict):
+            continue
+        for dev in w.get("devices") or ():
+            if isinstance(dev, dict):
+                bars.append(device_bar_html(dev, worker=w.get("address")))
+    for address, why in (part.get("missing") or {}).items():
+        bars.append(f"<div data-missing-worker='{esc(address)}'><em>worker "
+                    f"{esc(worker_label(address))}: {esc(why)}</em></div>")
+    return (f"<div data-cluster='{esc(part.get('scheduler') or '')}' style='{_FONT}'>"
+            f"<div style='margin-top:4px'>{esc(cluster_title(part))}</div>{''.join(bars)}</div>")
+
+
+_CLUSTER_COLUMNS = (("holds", "6.5em", "right"), ("where", "16em", "left"),
+                    ("what", "14em", "left"), ("keys in memory", "8em", "right"))
+_UNCLAIMED_SHOWN = 5
+
+
+def _where(h: dict) -> str:
+    """``worker 10.0.0.5:40123 cuda:1`` or ``4 workers``."""
+    held = {w: per for w, per in (h.get("workers") or {}).items()
+            if isinstance(per, dict) and any(per.values())}
+    if len(held) == 1:
+        (address, per), = held.items()
+        devs = ",".join(sorted(d for d, n in per.items() if n))
+        return f"worker {worker_label(address)} {devs}".rstrip()
+    return f"{len(held)} workers" if held else "no worker"
+
+
+def cluster_holders_html(snap: dict) -> str:
+    """The names that hold keys on the cluster, largest first, and the keys in worker
+    memory that no name holds (empty without a cluster part)."""
+    part = _cluster_part(snap)
+    if part is None:
+        return ""
+    head = "".join(_cell(f"<b>{esc(c)}</b>", w, a) for c, w, a in _CLUSTER_COLUMNS)
+    rows = [f"<div style='{_FONT};line-height:24px'>{_cell('<b>name</b>', '12em', 'left')}"
+            f"{head}</div>"]
+    for h in part.get("holders") or ():
+        if not isinstance(h, dict):
+            continue
+        keys = f"{h.get('in_memory', 0)} of {h.get('keys', 0)}"
+        values = (esc(fmt_bytes(h.get("total"))), esc(_where(h)), esc(h.get("what") or ""),
+                  esc(keys))
+        cells = "".join(_cell(v, w, a) for v, (_, w, a) in zip(values, _CLUSTER_COLUMNS))
+        extra = []
+        if h.get("aliases"):
+            extra.append("also " + ", ".join(map(str, h["aliases"])))
+        if h.get("shared_with"):
+            extra.append("shares with " + ", ".join(map(str, h["shared_with"])))
+        absent = h.get("not_in_memory") or {}
+        if absent:
+            extra.append("not in memory: " + ", ".join(f"{n} {s}" for s, n in absent.items()))
+        if h.get("largest_path"):
+            extra.append(f"largest: {h['largest_path']}")
+        more = (f"<div style='opacity:.75;white-space:normal;line-height:1.4;"
+                f"padding:0 0 4px 1em'>{esc(' · '.join(extra))}</div>") if extra else ""
+        name = _cell(f"<code>{esc(h.get('name'))}</code>", "12em", "left",
+                     title=h.get("purge") and f"%gpumem purge {h['purge']} --cluster")
+        rows.append(f"<div data-cluster-holder='{esc(h.get('name'))}' "
+                    f"style='{_FONT};line-height:24px'>{name}{cells}{more}</div>")
+    if len(rows) == 1:
+        rows = [f"<div style='{_FONT}'>no name of this notebook holds a key on the cluster</div>"]
+    unclaimed = [u for u in part.get("unclaimed") or () if isinstance(u, dict)]
+    left_off = part.get("unclaimed_left_off") or {}
+    if unclaimed:
+        n = len(unclaimed) + int(left_off.get("keys") or 0)
+        nbytes = sum(u.get("bytes") or u.get("sizeof") or 0 for u in unclaimed) \
+            + int(left_off.get("bytes") or 0)
+        lines = [f"<div>in worker memory, held by no name of this notebook: {n} "
+                 f"key{'' if n == 1 else 's'}, {esc(fmt_bytes(nbytes))}</div>"]
+        for u in unclaimed[:_UNCLAIMED_SHOWN]:
+            lines.append(f"<div data-unclaimed='{esc(u.get('key'))}' style='padding-left:1em'>"
+                         f"<code>{esc(u.get('key'))}</code> "
+                         f"{esc(fmt_bytes(u.get('bytes') or u.get('sizeof')))} on worker "
+                         f"{esc(worker_label(u.get('worker')))}: held by "
+                         f"{esc('; '.join(map(str, u.get('held_by') or ())) or 'no one')}</div>")
+        if n > _UNCLAIMED_SHOWN:
+            lines.append(f"<div style='padding-left:1em'>… and {n - _UNCLAIMED_SHOWN} more</div>")
+        rows.append(f"<div style='{_FONT}'>{''.join(lines)}</div>")
+    rows += [f"<div style='{_FONT}'><em>note: {esc(m)}</em></div>"
+             for m in part.get("messages") or ()]
+    return (f"<div data-cluster-holders='1'><div style='{_FONT}'><b>On the cluster</b> "
+            f"<span style='opacity:.6'>(purge with <code>%gpumem purge NAME --cluster</code>)"
+            f"</span></div>{''.join(rows)}</div>")
 
 
 # -- timeline ------------------------------------------------------------------------------

@@ -135,6 +135,66 @@ def test_bar_segments_follow_the_protocol_for_an_accelerator():
     assert "flex:0 0 70.0%" in html  # free is 7 of 10 GiB wide
 
 
+def _cluster_part(**overrides) -> dict:
+    """A snapshot's ``cluster`` part (docs/PROTOCOL.md) for two workers' host memory."""
+    w0, w1 = "tcp://10.0.0.5:40123", "tcp://10.0.0.6:40123"
+    host = {"id": "cpu", "kind": "cpu", "name": "host memory", "total": 1000 * MiB,
+            "used_all": 400 * MiB, "used_process": 300 * MiB, "other_processes": None,
+            "free": 600 * MiB, "allocated": None, "reserved": None, "non_framework": None,
+            "attributed": 64 * MiB, "notes": []}
+    part = {"schema": "jupyter_gpumem.cluster/1", "scheduler": "tcp://10.0.0.2:8786",
+            "partial": False, "messages": [], "held_bytes": 64 * MiB,
+            "workers": [{"address": w0, "devices": [host]},
+                        {"address": w1, "devices": [dict(host, id="cuda:0", kind="cuda",
+                                                         allocated=8 * MiB, reserved=8 * MiB,
+                                                         non_framework=0)]}],
+            "missing": {}, "holders": [
+                {"name": "x", "what": "Future", "keys": 1, "in_memory": 1, "total": 64 * MiB,
+                 "workers": {w0: {"cpu": 64 * MiB}}, "aliases": ["Out[3]"], "shared_with": [],
+                 "not_in_memory": {}, "purge": "x", "largest_path": "x"}],
+            "unclaimed": [{"key": "k-1", "worker": w1, "bytes": MiB, "sizeof": MiB,
+                           "held_by": ["another client Client-2"]}]}
+    part.update(overrides)
+    return part
+
+
+def test_cluster_part_draws_worker_bars_and_the_cluster_holders():
+    snap = {"cluster": _cluster_part()}
+    bars = panel_render.cluster_bars_html(snap)
+    assert "<b>worker 10.0.0.5:40123 cpu</b>" in bars and "<b>worker 10.0.0.6:40123 cuda:0</b>" in bars
+    assert "data-worker='tcp://10.0.0.5:40123'" in bars
+    assert "title='tracked tensors: 64.0 MiB'" in bars       # the worker's host tensors
+    assert "title='allocated: 8.0 MiB'" in bars               # the worker's GPU
+    assert "2 of 2 workers answered · 1 name holds 64.0 MiB" in bars
+    table = panel_render.cluster_holders_html(snap)
+    assert "data-cluster-holder='x'" in table and "worker 10.0.0.5:40123 cpu" in table
+    assert "also Out[3]" in table and "%gpumem purge x --cluster" in table
+    assert "held by no name of this notebook: 1 key, 1.0 MiB" in table
+    assert "held by another client Client-2" in table
+    partial = panel_render.cluster_bars_html({"cluster": _cluster_part(
+        workers=[], missing={"tcp://10.0.0.5:40123": "did not answer within 1 s"})})
+    assert "0 of 1 workers answered" in partial
+    assert "worker 10.0.0.5:40123: did not answer within 1 s" in partial
+    # no cluster part (no Dask, an older kernel) or one of another shape: nothing drawn
+    for other in ({}, {"cluster": None}, {"cluster": {"schema": "x"}}):
+        assert panel_render.cluster_bars_html(other) == ""
+        assert panel_render.cluster_holders_html(other) == ""
+
+
+def test_panel_shows_the_cluster_part_only_while_there_is_one(shell):
+    panel = open_panel(shell)
+    assert panel.cluster_bars.layout.display == "none" and panel.cluster_table.value == ""
+    data = dict(panel.snapshot, cluster=_cluster_part())
+    panel.apply_snapshot(data)
+    assert panel.cluster_bars.layout.display is None and panel.cluster_table.layout.display is None
+    assert "worker 10.0.0.5:40123 cpu" in panel.cluster_bars.value
+    assert "data-cluster-holder='x'" in panel.cluster_table.value
+    assert "worker" not in panel.bars.value        # the local bars stay the local ones
+    panel.apply_snapshot({k: v for k, v in data.items() if k != "cluster"})
+    assert panel.cluster_bars.layout.display == "none" and panel.cluster_bars.value == ""
+    assert panel.cluster_table.layout.display == "none"
+
+
 def test_timeline_keeps_steps_and_marks_cells():
     now = 1_800_000_000.0
     points = [(now - 30 + i, {"cuda:0": {"allocated": (1 if 10 <= i < 20 else 0) * 512 * MiB,
