@@ -23,6 +23,8 @@ export const LOAD_EXTENSION_CODE = '%load_ext jupyter_gpumem';
 /** Schema tags of the JSON the kernel sends (docs/PROTOCOL.md). */
 export const SNAPSHOT_SCHEMA = 'jupyter_gpumem.snapshot/1';
 export const PURGE_SCHEMA = 'jupyter_gpumem.purge/1';
+/** Schema of a snapshot's optional `cluster` part (a Dask cluster's workers). */
+export const CLUSTER_SCHEMA = 'jupyter_gpumem.cluster/1';
 
 /** Device selection when the sidebar starts. */
 export const DEFAULT_DEVICE = 'auto';

@@ -3,7 +3,7 @@
  * with a checker for what arrives from the kernel and builders for what the
  * sidebar sends.
  */
-import { PURGE_SCHEMA, SNAPSHOT_SCHEMA } from './constants';
+import { CLUSTER_SCHEMA, PURGE_SCHEMA, SNAPSHOT_SCHEMA } from './constants';
 
 /** Bytes per device id, e.g. `{"cuda:0": 1048576}`. */
 export type ByteMap = { [device: string]: number };
@@ -61,6 +61,74 @@ export interface IHolder {
   purge: string | null;
 }
 
+/** One Dask worker of a cluster part: where it runs and its devices. */
+export interface IClusterWorker {
+  address: string;
+  name: string | null;
+  host: string | null;
+  pid: number | null;
+  devices: IDeviceUsage[];
+  keys: number;
+  tracked: ByteMap;
+  spilled: ByteMap;
+  visible_devices: string | null;
+  partial: boolean;
+  reasons: string[];
+  seconds: number;
+}
+
+/** A notebook name that keeps cluster keys alive, and their bytes per worker. */
+export interface IClusterHolder {
+  name: string;
+  what: string;
+  keys: number;
+  in_memory: number;
+  workers: { [worker: string]: ByteMap };
+  devices: ByteMap;
+  unique: number;
+  shared: number;
+  total: number;
+  shared_with: string[];
+  not_in_memory: { [state: string]: number };
+  hidden: boolean;
+  aliases: string[];
+  purge: string | null;
+  largest_key: string | null;
+  largest_path: string | null;
+  summary: string;
+}
+
+/** A key in worker memory that no name of the notebook holds, and who does. */
+export interface IUnclaimedKey {
+  key: string;
+  worker: string;
+  devices: ByteMap;
+  bytes: number;
+  sizeof: number;
+  held_by: string[];
+  state: string | null;
+}
+
+/** The optional `cluster` part of a snapshot: a Dask cluster the notebook drives. */
+export interface IClusterSnapshot {
+  schema: string;
+  time: number;
+  scheduler: string | null;
+  client: string;
+  device: string;
+  partial: boolean;
+  messages: string[];
+  seconds: number;
+  workers: IClusterWorker[];
+  missing: { [worker: string]: string };
+  held: { [worker: string]: ByteMap };
+  held_bytes: number;
+  holders: IClusterHolder[];
+  unclaimed: IUnclaimedKey[];
+  /** Keys held by no name beyond those listed: how many, and their bytes. */
+  unclaimed_left_off?: { keys: number; bytes: number };
+}
+
 /** What `jupyter_gpumem.snapshot()` returns, as JSON. */
 export interface ISnapshot {
   schema: string;
@@ -73,6 +141,8 @@ export interface ISnapshot {
   devices: IDeviceUsage[];
   holders: IHolder[];
   unattributed: { [device: string]: number | null } | null;
+  /** Present when a Dask client is connected (docs/PROTOCOL.md). */
+  cluster?: IClusterSnapshot | null;
 }
 
 /** What `jupyter_gpumem.purge()` returns, as JSON. */
@@ -189,6 +259,68 @@ function isSnapshot(value: unknown): value is ISnapshot {
   );
 }
 
+function isClusterWorker(value: unknown): value is IClusterWorker {
+  return (
+    isObject(value) &&
+    typeof value.address === 'string' &&
+    Array.isArray(value.devices) &&
+    value.devices.every(isDevice)
+  );
+}
+
+function isClusterHolder(value: unknown): value is IClusterHolder {
+  return (
+    isObject(value) &&
+    typeof value.name === 'string' &&
+    typeof value.total === 'number' &&
+    isObject(value.workers)
+  );
+}
+
+function isUnclaimedKey(value: unknown): value is IUnclaimedKey {
+  return (
+    isObject(value) &&
+    typeof value.key === 'string' &&
+    typeof value.worker === 'string' &&
+    Array.isArray(value.held_by ?? [])
+  );
+}
+
+/** Whether a snapshot's `cluster` part is one this sidebar can show. */
+export function isClusterSnapshot(value: unknown): value is IClusterSnapshot {
+  return (
+    isObject(value) &&
+    value.schema === CLUSTER_SCHEMA &&
+    Array.isArray(value.workers) &&
+    value.workers.every(isClusterWorker) &&
+    Array.isArray(value.holders) &&
+    value.holders.every(isClusterHolder) &&
+    (value.unclaimed === undefined ||
+      (Array.isArray(value.unclaimed) && value.unclaimed.every(isUnclaimedKey))) &&
+    (value.missing === undefined || isObject(value.missing))
+  );
+}
+
+/**
+ * The snapshot with a `cluster` part this sidebar cannot show (another schema, a
+ * malformed one) left out, and said so in its messages: the local part stands.
+ */
+function withKnownCluster(snapshot: ISnapshot): ISnapshot {
+  const cluster: unknown = snapshot.cluster;
+  if (cluster === undefined || cluster === null || isClusterSnapshot(cluster)) {
+    return snapshot;
+  }
+  const schema = isObject(cluster) && typeof cluster.schema === 'string' ? cluster.schema : '?';
+  return {
+    ...snapshot,
+    cluster: null,
+    messages: [
+      ...(snapshot.messages ?? []),
+      `cluster part not shown: not a ${CLUSTER_SCHEMA} (${schema})`
+    ]
+  };
+}
+
 function isPurgeResult(value: unknown): value is IPurgeResult {
   return (
     isObject(value) &&
@@ -221,10 +353,18 @@ export function parseKernelMessage(data: unknown): Parsed {
       return Array.isArray(data.devices) && data.devices.every(isDevice)
         ? { ok: true, message: data as unknown as IDevicesMessage }
         : bad('devices is not a list of devices');
-    case 'snapshot':
-      return isSnapshot(data.snapshot)
-        ? { ok: true, message: data as unknown as ISnapshotMessage }
-        : bad('not a snapshot/1');
+    case 'snapshot': {
+      if (!isSnapshot(data.snapshot)) {
+        return bad('not a snapshot/1');
+      }
+      const snapshot = withKnownCluster(data.snapshot);
+      return {
+        ok: true,
+        message: (snapshot === data.snapshot
+          ? data
+          : { ...data, snapshot }) as unknown as ISnapshotMessage
+      };
+    }
     case 'purge_result':
       return isPurgeResult(data.result)
         ? { ok: true, message: data as unknown as IPurgeResultMessage }

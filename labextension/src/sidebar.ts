@@ -17,6 +17,8 @@ import { SidebarModel } from './model';
 import {
   h,
   predictedBytes,
+  renderClusterDevices,
+  renderClusterHolders,
   renderDevices,
   renderHolders,
   renderPurgeResult,
@@ -145,7 +147,11 @@ export class GpuMemSidebar extends Widget {
     this._renderDeviceChoices();
     this._renderStatus();
     const ready = model.state === 'ready';
-    this._devicesBox.replaceChildren(...(ready ? [renderDevices(model.devices)] : []));
+    const cluster = model.snapshot?.cluster ?? null;
+    this._devicesBox.replaceChildren(
+      ...(ready ? [renderDevices(model.devices)] : []),
+      ...(ready && cluster ? [renderClusterDevices(cluster)] : [])
+    );
     this._timelineBox.replaceChildren(
       ...(ready ? [renderTimeline(model.timeline, TIMELINE_POINTS)] : [])
     );
@@ -155,7 +161,8 @@ export class GpuMemSidebar extends Widget {
       this._holdersBox.replaceChildren(
         renderHolders(model.snapshot, model.selected, (name, checked) =>
           model.toggle(name, checked)
-        )
+        ),
+        ...(cluster ? [renderClusterHolders(cluster)] : [])
       );
     }
     this._holdersBox.hidden = !ready;

@@ -5,7 +5,15 @@
 import { Signal } from '@lumino/signaling';
 
 import type { ISessionLike } from '../src/channel';
-import type { IDeviceUsage, IHolder, IPurgeResult, ISnapshot } from '../src/protocol';
+import type {
+  IClusterHolder,
+  IClusterSnapshot,
+  IClusterWorker,
+  IDeviceUsage,
+  IHolder,
+  IPurgeResult,
+  ISnapshot
+} from '../src/protocol';
 
 export const MiB = 1 << 20;
 
@@ -81,6 +89,108 @@ export function purgeResult(overrides: Partial<IPurgeResult> = {}): IPurgeResult
     freed: { cpu: 4 * MiB },
     still_held: [],
     messages: [],
+    ...overrides
+  };
+}
+
+export const W0 = 'tcp://127.0.0.1:40125';
+export const W1 = 'tcp://127.0.0.1:44097';
+
+/** A worker's host memory, as a worker reports it (no allocator counters). */
+export function workerDevice(overrides: Partial<IDeviceUsage> = {}): IDeviceUsage {
+  return device({
+    frameworks: [],
+    allocated: null,
+    reserved: null,
+    non_framework: null,
+    used_process: 300 * MiB,
+    total: 1000 * MiB,
+    free: 600 * MiB,
+    attributed: 64 * MiB,
+    ...overrides
+  });
+}
+
+export function clusterWorker(overrides: Partial<IClusterWorker> = {}): IClusterWorker {
+  return {
+    address: W0,
+    name: '0',
+    host: 'vm',
+    pid: 4242,
+    devices: [workerDevice()],
+    keys: 1,
+    tracked: { cpu: 64 * MiB },
+    spilled: {},
+    visible_devices: null,
+    partial: false,
+    reasons: [],
+    seconds: 0.001,
+    ...overrides
+  };
+}
+
+export function clusterHolder(overrides: Partial<IClusterHolder> = {}): IClusterHolder {
+  return {
+    name: 'x',
+    what: 'Future',
+    keys: 1,
+    in_memory: 1,
+    workers: { [W0]: { cpu: 64 * MiB } },
+    devices: { cpu: 64 * MiB },
+    unique: 64 * MiB,
+    shared: 0,
+    total: 64 * MiB,
+    shared_with: [],
+    not_in_memory: {},
+    hidden: false,
+    aliases: [],
+    purge: 'x',
+    largest_key: 'ones-1a2b',
+    largest_path: 'x',
+    summary: `x (Future) 64.0 MiB on worker ${W0} cpu`,
+    ...overrides
+  };
+}
+
+/** The `cluster` part of a snapshot: two workers, a Future and a persisted bag. */
+export function cluster(overrides: Partial<IClusterSnapshot> = {}): IClusterSnapshot {
+  return {
+    schema: 'jupyter_gpumem.cluster/1',
+    time: 1000,
+    scheduler: 'tcp://127.0.0.1:8786',
+    client: 'Client-1',
+    device: 'cpu',
+    partial: false,
+    messages: [],
+    seconds: 0.04,
+    workers: [
+      clusterWorker(),
+      clusterWorker({
+        address: W1,
+        name: '1',
+        keys: 4,
+        devices: [workerDevice({ attributed: 16 * MiB, used_process: 200 * MiB })]
+      })
+    ],
+    missing: {},
+    held: { [W0]: { cpu: 64 * MiB }, [W1]: { cpu: 16 * MiB } },
+    held_bytes: 80 * MiB,
+    holders: [
+      clusterHolder(),
+      clusterHolder({
+        name: 'emb',
+        what: 'persisted dask.bag, 4 chunks',
+        keys: 4,
+        in_memory: 4,
+        workers: { [W1]: { cpu: 16 * MiB } },
+        devices: { cpu: 16 * MiB },
+        unique: 16 * MiB,
+        total: 16 * MiB,
+        purge: 'emb',
+        summary: `emb (persisted dask.bag, 4 chunks) 16.0 MiB on worker ${W1} cpu`
+      })
+    ],
+    unclaimed: [],
     ...overrides
   };
 }
