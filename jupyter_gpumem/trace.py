@@ -1,0 +1,1645 @@
+"""``%gpumem trace on|off``: where each block of memory was allocated, by notebook cell.
+
+While trace is on, allocations are recorded with their Python stacks through the
+framework's own mechanism, and each frame is mapped to the notebook cell that ran
+it, so a storage reads ``cell [12] line 3: out = model(x)``.
+
+* **CUDA (torch)**: ``torch.cuda.memory._record_memory_history(enabled="all",
+  context="alloc", stacks="python" or "all", max_entries=N)``, read back with
+  ``torch.cuda.memory._snapshot()`` (segments and blocks with the frames of their
+  allocation, and the history of allocator events per device). Recording starts
+  only where torch is imported and CUDA is initialised: with torch not imported
+  yet, an import hook waits for it; with CUDA not initialised yet,
+  ``torch.cuda._lazy_call`` starts the recording inside torch's own lazy init, before
+  the first allocation. No framework is imported and no CUDA context is created here.
+* **Host (CPU tensors)**: torch has no allocator history for the CPU, so a
+  ``torch.overrides.TorchFunctionMode`` on the shell's thread notes, for each
+  storage that a torch function or method returns for the first time, the cell
+  frames of the Python stack that called it. It keys them by storage pointer with a
+  weak reference to the storage itself (the C++ ``StorageImpl``: a storage kept by a
+  view outlives its tensor, and a pointer reused by a new storage is told apart).
+  Only while trace is on; storages torch allocates without returning them to Python
+  (autograd's gradients, saved tensors) are not seen.
+
+Frames are mapped to cells through IPython's compiler: ``shell.compile._filename_map``
+(``<ipython-input-8-…>`` in IPython, ``/tmp/ipykernel_*/….py`` in ipykernel) and
+``linecache`` for the source lines (IPython puts each cell's source there).
+
+Allocations that no Python frame asks for (autograd's backward runs on a C++
+thread per device; cuBLAS's workspace of that thread) carry no frame: they are given
+the cell line that allocated last before them in the same cell (for a backward, the
+``loss.backward()`` line, whose ``ones_like`` starts it), and say so. Blocks allocated
+before trace was on say "allocated before trace was on".
+
+The queries (:func:`site_of`, :func:`sites_of`, :func:`unattributed_sites`,
+:func:`cell_lines`, :func:`save`) read one snapshot of the allocator, kept until its
+counters move. No IPython import at module level: the shell is passed in.
+"""
+from __future__ import annotations
+
+import linecache
+import os
+import pickle
+import re
+import sys
+import sysconfig
+import threading
+import time
+from bisect import bisect_right
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
+
+#: allocator events torch keeps (a ring buffer); each costs host memory while kept
+DEFAULT_MAX_ENTRIES = 100_000
+STACKS = ("python", "all")
+CONTEXTS = ("alloc", "all")
+BEFORE_TEXT = "allocated before trace was on"
+_INPUT_RE = re.compile(r"^<ipython-input-(\d+)-[0-9a-fA-F]+>$")
+_IN_RE = re.compile(r"^In\s*\[(\d+)\]$")
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+_HERE = os.path.abspath(__file__)
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    value = float(n)
+    for unit in _UNITS:
+        if abs(value) < 1024 or unit == _UNITS[-1]:
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _fmt_us(seconds: float) -> str:
+    us = seconds * 1e6
+    return f"{us:.2f} µs" if us < 10 else f"{us:.1f} µs" if us < 1000 else f"{us / 1000:.1f} ms"
+
+
+# -- cells ---------------------------------------------------------------------------
+def _library_roots() -> tuple[str, ...]:
+    roots = set()
+    for key in ("purelib", "platlib", "stdlib", "platstdlib"):
+        try:
+            roots.add(os.path.realpath(sysconfig.get_paths()[key]))
+        except (KeyError, OSError):
+            pass
+    for p in sys.path:
+        if p and ("site-packages" in p or "dist-packages" in p):
+            roots.add(os.path.realpath(p))
+    return tuple(sorted((r + os.sep for r in roots if r), key=len, reverse=True))
+
+
+_ROOTS = _library_roots()
+
+
+def short_path(filename: str) -> str:
+    """A library file relative to its site-packages (``torch/nn/modules/linear.py``)."""
+    if not filename or filename.startswith("<"):
+        return filename
+    for root in _ROOTS:
+        if filename.startswith(root):
+            return filename[len(root):]
+    return filename
+
+
+class CellNames:
+    """Which notebook cell a code file name is, through the shell's compiler."""
+
+    def __init__(self, shell: Any = None) -> None:
+        self.shell = shell
+        self._fallback: dict[str, int | None] = {}
+
+    def filename_map(self) -> dict:
+        compiler = getattr(self.shell, "compile", None)
+        fmap = getattr(compiler, "_filename_map", None)
+        return fmap if isinstance(fmap, dict) else {}
+
+    def number(self, filename: Any) -> int | None:
+        """The execution count of the cell whose code file this is, else ``None``."""
+        if type(filename) is not str:
+            return None
+        n = self.filename_map().get(filename)
+        if type(n) is int:
+            return n
+        try:
+            return self._fallback[filename]
+        except KeyError:
+            pass
+        m = _INPUT_RE.match(filename) or _IN_RE.match(filename)
+        out = int(m.group(1)) if m else None
+        if len(self._fallback) > 100_000:
+            self._fallback.clear()
+        self._fallback[filename] = out
+        return out
+
+    def is_cell(self, filename: str) -> bool:
+        return filename in self.filename_map() or self.number(filename) is not None
+
+    @staticmethod
+    def source(filename: str | None, line: int | None) -> str:
+        if not filename or not line:
+            return ""
+        try:
+            return linecache.getline(filename, int(line)).strip()
+        except Exception:  # noqa: BLE001 - a source we cannot read is left out
+            return ""
+
+
+# -- what the queries return ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Site:
+    """Where a block of memory was allocated.
+
+    ``cell``/``line``/``source``: the innermost frame that is in a notebook cell (for
+    :func:`cell_lines`, the outermost), else the innermost frame (``cell`` None,
+    ``line`` in ``filename``). ``inner``: the innermost frame when it is not that one
+    (``torch/nn/modules/linear.py:125 in forward``). ``how``: ``"stack"`` (from the
+    allocation's own frames), ``"nearest"`` (no Python frame: the cell line that
+    allocated last before it), ``"cell"`` (no Python frame: the cell only, from the
+    time), ``"before"`` (allocated before trace was on) or ``"unknown"``.
+    """
+
+    cell: int | None
+    line: int | None
+    source: str = ""
+    filename: str | None = None
+    function: str | None = None
+    inner: str | None = None
+    how: str = "stack"
+    note: str | None = None
+
+    @property
+    def in_cell(self) -> bool:
+        return self.cell is not None and self.line is not None
+
+    @property
+    def text(self) -> str:
+        """``cell [12] line 3: out = model(x)`` (one line)."""
+        if self.how == "before":
+            return BEFORE_TEXT
+        if self.how == "unknown":
+            return self.note or "no allocation site recorded"
+        if self.cell is not None and self.line is None:
+            head = f"cell [{self.cell}]"
+        elif self.cell is not None:
+            head = f"cell [{self.cell}] line {self.line}"
+        else:
+            where = short_path(self.filename or "?")
+            head = f"{where}:{self.line}" + (f" in {self.function}" if self.function else "")
+        text = f"{head}: {self.source}" if self.source else head
+        if self.how in ("nearest", "cell"):
+            text += " (no Python frame: a C++ thread, e.g. autograd's backward)"
+        return text
+
+    def key(self) -> tuple:
+        return (self.how, self.cell, self.line, self.filename if self.cell is None else None,
+                self.function if self.cell is None else None)
+
+    def to_json(self) -> dict:
+        return {"cell": self.cell, "line": self.line, "source": self.source,
+                "filename": self.filename, "function": self.function, "inner": self.inner,
+                "how": self.how, "note": self.note, "text": self.text}
+
+    def __str__(self) -> str:
+        return self.text
+
+
+BEFORE = Site(None, None, how="before",
+              note="the block was allocated before trace was on, so it has no frames: "
+                   "`c.GpuMemMagics.trace = True` records from the first cell")
+
+
+@dataclass
+class SiteGroup:
+    """Blocks no name reaches that share an allocation site (or an internal's label)."""
+
+    site: Site
+    nbytes: int
+    count: int
+    device: str
+    label: str | None = None     # an internal holder's label ("cuBLAS workspace")
+
+    @property
+    def text(self) -> str:
+        what = f"{self.label}, first allocated at " if self.label else ""
+        blocks = f"{self.count} block{'s' if self.count != 1 else ''}"
+        return f"{_fmt_bytes(self.nbytes)} in {blocks} · {what}{self.site.text}"
+
+    def to_json(self) -> dict:
+        return {"site": self.site.to_json(), "bytes": self.nbytes, "count": self.count,
+                "device": self.device, "label": self.label, "text": self.text}
+
+
+class LineAlloc(NamedTuple):
+    """A line of a cell and the bytes it allocated while the cell ran."""
+
+    line: int | None
+    source: str
+    bytes: int
+
+
+class CellLines(list):
+    """The lines of one cell that allocated the most, largest first, as
+    :class:`LineAlloc` ``(line, source, bytes)``; ``peak``: the line whose allocation
+    reached the cell's peak and that peak above the cell's start (``None`` where the
+    device keeps no history: the host); ``held``: line -> bytes still allocated at the
+    end; ``peaks``: device -> its peak line."""
+
+    def __init__(self, cell: int, items=(), *, peak: LineAlloc | None = None,
+                 held: dict | None = None, peaks: dict | None = None,
+                 note: str | None = None) -> None:
+        super().__init__(items)
+        self.cell = cell
+        self.peak = peak
+        self.held = dict(held or {})
+        self.peaks = dict(peaks or {})
+        self.note = note
+
+    def text(self, top: int = 3) -> str:
+        """One line for ``%%gpuwatch`` and the footer; '' when nothing was recorded."""
+        parts = []
+        if self:
+            parts.append("allocated most: " + "; ".join(
+                f"line {la.line} {_fmt_bytes(la.bytes)}" + (f" ({la.source})" if la.source else "")
+                for la in self[:top]))
+        if self.peak is not None:
+            at = f"at line {self.peak.line}" if self.peak.line is not None else "outside its lines"
+            parts.append(f"peak +{_fmt_bytes(self.peak.bytes)} {at}"
+                         + (f" ({self.peak.source})" if self.peak.source else ""))
+        return f"cell [{self.cell}] " + " · ".join(parts) if parts else ""
+
+    def to_json(self) -> dict:
+        return {"cell": self.cell, "lines": [la._asdict() for la in self],
+                "peak": self.peak._asdict() if self.peak else None,
+                "held": {str(k): v for k, v in self.held.items()},
+                "peaks": {d: p._asdict() for d, p in self.peaks.items()}, "note": self.note}
+
+
+@dataclass
+class Cost:
+    """What recording costs, measured on a fixed micro-workload with and without it."""
+
+    what: str            # "CUDA allocation" or "torch call on the host"
+    without: float       # seconds per operation
+    with_: float
+    calls: int
+
+    @property
+    def extra(self) -> float:
+        return max(self.with_ - self.without, 0.0)
+
+    @property
+    def ratio(self) -> float:
+        return self.with_ / self.without if self.without > 0 else float("nan")
+
+    @property
+    def text(self) -> str:
+        return (f"+{_fmt_us(self.extra)} per {self.what} ({_fmt_us(self.without)} -> "
+                f"{_fmt_us(self.with_)}, {self.ratio:.2f}x on {self.calls} bare calls)")
+
+
+# -- frames -> sites -------------------------------------------------------------------------
+def _frame_tuple(f: Any) -> tuple | None:
+    if isinstance(f, dict):
+        return (f.get("filename"), f.get("line"), f.get("name"))
+    if isinstance(f, tuple) and len(f) == 3:
+        return f
+    return None
+
+
+def _frame_text(fr: tuple) -> str:
+    return f"{short_path(fr[0] or '?')}:{fr[1]} in {fr[2]}"
+
+
+class _Resolver:
+    """Frames (innermost first) -> (innermost, innermost cell frame, outermost cell
+    frame), with a cache by frame dict (torch shares one dict per distinct frame)."""
+
+    def __init__(self, cells: CellNames) -> None:
+        self.cells = cells
+        self._memo: dict[int, tuple] = {}
+        self._keep: list = []   # the frame dicts whose ids the memo uses
+
+    def cell_of(self, f: Any) -> tuple | None:
+        """``(cell, filename, line, name)`` when frame ``f`` is in a cell, else None."""
+        key = id(f)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit[0]
+        fr = _frame_tuple(f)
+        out = None
+        if fr is not None:
+            n = self.cells.number(fr[0])
+            if n is not None:
+                out = (n, fr[0], fr[1], fr[2])
+        if isinstance(f, dict):
+            self._memo[key] = (out,)
+            self._keep.append(f)
+        return out
+
+    def pick(self, frames) -> tuple:
+        inner = cin = cout = None
+        for f in frames or ():
+            c = self.cell_of(f)
+            if inner is None:
+                inner = _frame_tuple(f)
+            if c is not None:
+                if cin is None:
+                    cin = c
+                cout = c
+        return inner, cin, cout
+
+    def site(self, frames, *, outer: bool = False) -> Site | None:
+        inner, cin, cout = self.pick(frames)
+        if inner is None:
+            return None
+        c = cout if outer else cin
+        if c is not None:
+            n, filename, line, name = c
+            extra = None
+            if inner[:2] != (filename, line):
+                extra = _frame_text(inner)
+            return Site(n, line, CellNames.source(filename, line), filename, name, extra)
+        return Site(None, inner[1], CellNames.source(inner[0], inner[1]), inner[0], inner[2])
+
+
+# -- the CUDA allocator's history ------------------------------------------------------------------
+class CudaFeed:
+    """torch's CUDA caching allocator: what :class:`Tracer` asks of it. A test (or an
+    allocator of another framework shaped like torch's) gives its own."""
+
+    name = "torch"
+
+    def torch(self):
+        return sys.modules.get("torch")
+
+    def state(self) -> str:
+        """``absent`` (torch not imported), ``unavailable`` (no CUDA), ``lazy`` (CUDA not
+        initialised yet) or ``ready``."""
+        torch = self.torch()
+        if torch is None or getattr(torch, "cuda", None) is None:
+            return "absent"
+        try:
+            if not torch.cuda.is_available():
+                return "unavailable"
+            return "ready" if torch.cuda.is_initialized() else "lazy"
+        except Exception:  # noqa: BLE001
+            return "unavailable"
+
+    def on_init(self, fn: Callable[[], None]) -> Callable[[], None] | None:
+        """Run ``fn`` inside torch's lazy CUDA init (before its first allocation); return
+        how to take it back."""
+        torch = self.torch()
+        torch.cuda._lazy_call(fn)
+        queued = getattr(torch.cuda, "_queued_calls", None)
+
+        def cancel():
+            if isinstance(queued, list):
+                for i, item in enumerate(list(queued)):
+                    if (item[0] if isinstance(item, tuple) else item) is fn:
+                        try:
+                            queued.pop(i)
+                        except IndexError:
+                            pass
+                        break
+        return cancel
+
+    def enable(self, *, stacks: str, context: str, max_entries: int, clear: bool = False) -> None:
+        record = self.torch().cuda.memory._record_memory_history
+        kwargs = dict(enabled="all", context=context, stacks=stacks, max_entries=max_entries)
+        if clear:
+            try:
+                record(**kwargs, clear_history=True)
+                return
+            except TypeError:
+                pass
+        record(**kwargs)
+
+    def disable(self) -> None:
+        self.torch().cuda.memory._record_memory_history(enabled=None)
+
+    def snapshot(self) -> dict:
+        return self.torch().cuda.memory._snapshot()
+
+    def devices(self) -> list[int]:
+        try:
+            return list(range(self.torch().cuda.device_count()))
+        except Exception:  # noqa: BLE001
+            return []
+
+    def _stats(self, index: int) -> dict:
+        return self.torch()._C._cuda_memoryStats(index)
+
+    def key(self) -> tuple | None:
+        """What changes whenever any device's blocks do (counts of allocations and frees
+        of blocks and segments)."""
+        out = []
+        try:
+            for i in self.devices():
+                s = self._stats(i)
+                a, g = s.get("allocation", {}).get("all", {}), s.get("segment", {}).get("all", {})
+                out.append((a.get("allocated"), a.get("freed"), g.get("allocated"), g.get("freed")))
+        except Exception:  # noqa: BLE001
+            return None
+        return tuple(out)
+
+    def allocations(self) -> int | None:
+        """Allocations made so far on every device (the allocator's counter)."""
+        try:
+            return sum(int(self._stats(i)["allocation"]["all"]["allocated"]) for i in self.devices())
+        except Exception:  # noqa: BLE001
+            return None
+
+    def measure(self, enable: Callable[[], None], calls: int = 1000) -> Cost:
+        """Time ``calls`` allocations (each freed at once) of 512 bytes on the current
+        device without recording, then ``enable()`` and with it. They reuse one cached
+        block; the events they add are cleared by the caller."""
+        torch = self.torch()
+        empty, uint8 = torch.empty, torch.uint8
+        dev = torch.device("cuda", torch.cuda.current_device())
+
+        def loop() -> float:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                empty(512, dtype=uint8, device=dev)
+            return (time.perf_counter() - t0) / calls
+
+        loop()
+        without = min(loop() for _ in range(3))
+        enable()
+        loop()
+        with_ = min(loop() for _ in range(3))
+        return Cost("CUDA allocation", without, with_, calls)
+
+
+_ALLOC, _FREE = "alloc", "free_requested"
+
+
+class _Block(NamedTuple):
+    addr: int
+    size: int
+    frames: list
+    state: str
+
+
+class _DeviceIndex:
+    """One device's part of a snapshot: active blocks by address, and its history."""
+
+    def __init__(self, index: int, blocks: list[_Block], trace: list) -> None:
+        self.index = index
+        self.blocks = sorted(blocks)
+        self.addrs = [b.addr for b in self.blocks]
+        self.by_addr = {b.addr: b for b in self.blocks}
+        self.trace = trace
+        self.last_alloc: dict[int, int] = {}
+        for i, e in enumerate(trace):
+            if e.get("action") == _ALLOC:
+                self.last_alloc[e.get("addr")] = i
+        self._times: list | None = None
+        self._nearest: dict[int, int | None] = {}
+
+    def block_at(self, ptr: int) -> _Block | None:
+        b = self.by_addr.get(ptr)
+        if b is not None:
+            return b
+        i = bisect_right(self.addrs, ptr) - 1
+        if i >= 0 and ptr < self.blocks[i].addr + self.blocks[i].size:
+            return self.blocks[i]
+        return None
+
+    def nearest_cell_alloc(self, i: int, res: "_Resolver") -> int | None:
+        """The last allocation before event ``i`` whose frames are in a cell (the
+        answers are remembered along the way, so all the blocks together cost one pass)."""
+        memo = self._nearest
+        visited = []
+        found = None
+        j = i - 1
+        while j >= 0:
+            if j in memo:
+                found = memo[j]
+                break
+            visited.append(j)
+            e = self.trace[j]
+            if e.get("action") == _ALLOC and e.get("frames") and res.pick(e["frames"])[2] is not None:
+                found = j
+                break
+            j -= 1
+        for v in visited:
+            memo[v] = found
+        return found
+
+    def times(self) -> list:
+        if self._times is None:
+            self._times = [e.get("time_us") or 0 for e in self.trace]
+        return self._times
+
+
+class _SnapshotIndex:
+    def __init__(self, data: dict) -> None:
+        self.data = data
+        by_dev: dict[int, list[_Block]] = {}
+        for seg in data.get("segments") or ():
+            dev = int(seg.get("device", 0))
+            out = by_dev.setdefault(dev, [])
+            addr = int(seg.get("address", 0))
+            for b in seg.get("blocks") or ():
+                size = int(b.get("size", 0))
+                at = int(b.get("address", addr))
+                if b.get("state") == "active_allocated":
+                    out.append(_Block(at, size, b.get("frames") or [], "active_allocated"))
+                addr = at + size
+        traces = data.get("device_traces") or []
+        self.devices: dict[int, _DeviceIndex] = {}
+        for dev in set(by_dev) | set(range(len(traces))):
+            trace = traces[dev] if dev < len(traces) else []
+            if by_dev.get(dev) or trace:
+                self.devices[dev] = _DeviceIndex(dev, by_dev.get(dev, []), trace)
+
+
+# -- the host: a TorchFunctionMode -----------------------------------------------------------------
+class _HostRecord:
+    __slots__ = ("weak", "nbytes", "inner", "cin", "cout", "time")
+
+    def __init__(self, weak, nbytes, inner, cin, cout, t):
+        self.weak, self.nbytes, self.inner, self.cin, self.cout, self.time = weak, nbytes, inner, cin, cout, t
+
+
+_MODE_CLASS: list = []
+
+
+def _mode_class(torch):
+    """The TorchFunctionMode subclass, made once torch is there (never imported here)."""
+    if _MODE_CLASS:
+        return _MODE_CLASS[0]
+    from torch.overrides import TorchFunctionMode
+
+    class _TraceMode(TorchFunctionMode):
+        """Notes the Python stack of each storage a torch function returns first."""
+
+        def __init__(self, recorder: "HostRecorder") -> None:
+            super().__init__()
+            self._recorder = recorder
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if kwargs is None:
+                kwargs = {}
+            out = func(*args, **kwargs)
+            try:
+                self._recorder.note(func, args, kwargs, out)
+            except Exception:  # noqa: BLE001 - recording never fails the user's call
+                self._recorder.errors += 1
+            return out
+
+    _MODE_CLASS.append(_TraceMode)
+    return _TraceMode
+
+
+class HostRecorder:
+    """Allocation sites of host (CPU) storages, from what torch functions return."""
+
+    def __init__(self, cells: CellNames, max_entries: int = DEFAULT_MAX_ENTRIES,
+                 stop_code: Any = None) -> None:
+        torch = sys.modules["torch"]
+        self.torch = torch
+        self.cells = cells
+        self.records: dict[int, _HostRecord] = {}
+        self.by_cell: dict[int, dict[tuple, int]] = {}   # cell -> (filename, line) -> bytes
+        self.events: deque = deque(maxlen=max(int(max_entries), 1))
+        self.errors = 0
+        self.seen = 0
+        self._tensor, self._param = torch.Tensor, torch.nn.Parameter
+        self._strided = torch.strided
+        base = torch._C.StorageBase
+        self._expired, self._free_weak = base._expired, base._free_weak_ref
+        self._stop_code = stop_code
+        self._sweep_at = 4096
+        self.mode = _mode_class(torch)(self)
+        self._thread: int | None = None
+
+    # -- the mode on the shell's thread ------------------------------------------------
+    def push(self) -> None:
+        if self.on_stack():
+            return
+        self.torch._C._push_on_torch_function_stack(self.mode)
+        self._thread = threading.get_ident()
+
+    def on_stack(self) -> bool:
+        C = self.torch._C
+        try:
+            return any(C._get_function_stack_at(i) is self.mode
+                       for i in range(C._len_torch_function_stack()))
+        except Exception:  # noqa: BLE001
+            return False
+
+    def pop(self) -> None:
+        """Take the mode off this thread's stack, wherever it is in it (modes the user
+        pushed above it stay, in their order)."""
+        C = self.torch._C
+        above = []
+        try:
+            while C._len_torch_function_stack():
+                top = C._pop_torch_function_stack()
+                if top is self.mode:
+                    break
+                above.append(top)
+        finally:
+            for m in reversed(above):
+                C._push_on_torch_function_stack(m)
+
+    # -- recording -------------------------------------------------------------------
+    def note(self, func, args, kwargs, out) -> None:
+        tp = type(out)
+        if tp is self._tensor or tp is self._param:
+            self._one(func, args, kwargs, out)
+        elif tp is tuple or tp is list:
+            for o in out:
+                if type(o) is self._tensor:
+                    self._one(func, args, kwargs, o)
+
+    def _one(self, func, args, kwargs, t) -> None:
+        if not t.is_cpu or t.layout is not self._strided or t._is_view():
+            return
+        ptr = t.data_ptr()
+        if not ptr:
+            return
+        rec = self.records.get(ptr)
+        if rec is not None and not self._expired(rec.weak):
+            return
+        if getattr(func, "__name__", "") == "__get__":
+            return   # a property (x.grad, x.data): it allocates nothing
+        for a in args:
+            if type(a) is self._tensor and a.data_ptr() == ptr:
+                return   # in place, or an alias of an input (detach, out=)
+        for a in kwargs.values():
+            if type(a) is self._tensor and a.data_ptr() == ptr:
+                return
+        storage = t.untyped_storage()
+        sptr = storage.data_ptr()
+        if sptr != ptr:
+            rec = self.records.get(sptr)
+            if rec is not None and not self._expired(rec.weak):
+                return
+        nbytes = storage.nbytes()
+        inner, cin, cout = self._capture(sys._getframe(3))
+        if rec is not None:
+            self._free_weak(rec.weak)
+        now = time.time()
+        self.records[sptr] = _HostRecord(storage._weak_ref(), nbytes, inner, cin, cout, now)
+        self.events.append((_ALLOC, sptr, nbytes, now, (inner, cin, cout)))
+        self.seen += 1
+        if cout is not None:
+            n = self.cells.number(cout[0])
+            if n is not None:
+                lines = self.by_cell.setdefault(n, {})
+                k = (cout[0], cout[1])
+                lines[k] = lines.get(k, 0) + nbytes
+        if len(self.records) >= self._sweep_at:
+            self.sweep()
+
+    def _capture(self, f) -> tuple:
+        """(innermost, innermost cell frame, outermost cell frame) as
+        (filename, line, name), walking up to IPython's ``run_code``."""
+        fmap = self.cells.filename_map()
+        stop = self._stop_code
+        inner = cin = cout = None
+        depth = 0
+        while f is not None and depth < 256:
+            code = f.f_code
+            if code is stop:
+                break
+            fn = code.co_filename
+            if fn in fmap or fn.startswith("<ipython-input-"):
+                fr = (fn, f.f_lineno, code.co_name)
+                if cin is None:
+                    cin = fr
+                cout = fr
+                if inner is None:
+                    inner = fr
+            elif inner is None and fn != _HERE and not fn.endswith(("torch/overrides.py",
+                                                                     "torch/utils/_device.py")):
+                inner = (fn, f.f_lineno, code.co_name)
+            f = f.f_back
+            depth += 1
+        return inner, cin, cout
+
+    def sweep(self) -> None:
+        """Drop the records of storages that are gone (amortised: when the table has
+        doubled since the last sweep)."""
+        now = time.time()
+        dead = [p for p, r in self.records.items() if self._expired(r.weak)]
+        for p in dead:
+            r = self.records.pop(p)
+            self._free_weak(r.weak)
+            self.events.append((_FREE, p, r.nbytes, now, None))
+        self._sweep_at = max(4096, 2 * len(self.records))
+
+    def live(self) -> dict[int, _HostRecord]:
+        return {p: r for p, r in self.records.items() if not self._expired(r.weak)}
+
+    def clear(self) -> None:
+        for r in self.records.values():
+            try:
+                self._free_weak(r.weak)
+            except Exception:  # noqa: BLE001
+                pass
+        self.records.clear()
+        self.events.clear()
+        self.by_cell.clear()
+
+    # -- reading -----------------------------------------------------------------------
+    def site(self, ptr: int) -> Site | None:
+        r = self.records.get(ptr)
+        if r is None or self._expired(r.weak):
+            return None
+        return self.site_of_record(r)
+
+    def site_of_record(self, r: _HostRecord) -> Site | None:
+        frames = [fr for fr in (r.inner, r.cin, r.cout) if fr is not None]
+        return _Resolver(self.cells).site(frames) if frames else None
+
+    def measure(self, calls: int = 1000) -> Cost:
+        """Time ``calls`` small CPU additions without the mode and with a scratch one
+        (that records into a table of its own, dropped afterwards)."""
+        torch = self.torch
+        scratch = HostRecorder(self.cells, 16, self._stop_code)
+        a = torch.ones(16)
+
+        def loop() -> float:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                a + a
+            return (time.perf_counter() - t0) / calls
+
+        loop()
+        without = min(loop() for _ in range(3))
+        scratch.push()
+        try:
+            loop()
+            with_ = min(loop() for _ in range(3))
+        finally:
+            scratch.pop()
+            scratch.clear()
+        return Cost("torch call on the host", without, with_, calls)
+
+
+# -- an import hook that waits for torch -----------------------------------------------------------
+class _AfterImport:
+    """A ``sys.meta_path`` finder that calls ``callback(module)`` once ``name`` has been
+    imported (its module executed), then takes itself out. It finds nothing itself."""
+
+    def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
+        self.name = name
+        self.callback = callback
+        self._busy = False
+
+    def install(self) -> None:
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def remove(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name or self._busy:
+            return None
+        self._busy = True
+        try:
+            spec = None
+            for finder in list(sys.meta_path):
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _PostExecLoader(spec.loader, self)
+        return spec
+
+
+class _PostExecLoader:
+    def __init__(self, loader, hook: _AfterImport) -> None:
+        self._loader, self._hook = loader, hook
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        try:
+            self._loader.exec_module(module)
+        finally:
+            # the module keeps its own loader, as if nothing had been in between
+            try:
+                module.__loader__ = self._loader
+                module.__spec__.loader = self._loader
+            except Exception:  # noqa: BLE001
+                pass
+        self._hook.remove()
+        try:
+            self._hook.callback(module)
+        except Exception as exc:  # noqa: BLE001 - the user's import stands
+            print(f"jupyter_gpumem: trace could not start after `import {self._hook.name}`: {exc}",
+                  file=sys.stderr)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+# -- the tracer ------------------------------------------------------------------------------------
+def _ipython_offset() -> int:
+    """How far ``shell.execution_count`` is past the running cell's number in
+    ``pre_run_cell`` (IPython 9 counts the cell first); learnt again after each cell."""
+    ipy = sys.modules.get("IPython")
+    major = getattr(ipy, "version_info", (0,))[0] if ipy is not None else 0
+    return 1 if major >= 9 else 0
+
+
+def _run_code_of(shell: Any) -> Any:
+    fn = getattr(type(shell), "run_code", None)
+    return getattr(fn, "__code__", None)
+
+
+class Tracer:
+    """One per process (torch's recording is process-wide)."""
+
+    def __init__(self, shell: Any, device: str = "auto", *, stacks: str = "python",
+                 context: str = "alloc", max_entries: int = DEFAULT_MAX_ENTRIES,
+                 feed: Any = None, measure: bool = True) -> None:
+        if stacks not in STACKS:
+            raise ValueError(f"stacks must be one of {', '.join(STACKS)} (got {stacks!r})")
+        if context not in CONTEXTS:
+            raise ValueError(f"context must be one of {', '.join(CONTEXTS)} (got {context!r})")
+        if int(max_entries) < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.shell = shell
+        self.device = device
+        self.stacks, self.context, self.max_entries = stacks, context, int(max_entries)
+        self.feed = feed if feed is not None else CudaFeed()
+        self.cells = CellNames(shell)
+        self.want_cuda = device in ("auto", "all") or device.startswith("cuda")
+        self.want_host = device in ("cpu", "all")   # auto: decided once torch is there
+        self.auto = device == "auto"
+        self.do_measure = measure
+        self.cuda = "off"          # off | waiting-import | waiting-init | on | unavailable
+        self.host: HostRecorder | None = None
+        self.host_state = "off"    # off | waiting-import | on
+        self.cuda_cost: Cost | None = None
+        self.host_cost: Cost | None = None
+        self.started = time.time()
+        self.cuda_since: float | None = None
+        self.allocs_at_start: int | None = None
+        self.before: dict[int, set] = {}
+        self.intervals: list[tuple[float, float, int]] = []   # (t0, t1, execution count)
+        self._pending: list[tuple] = []    # cells running: (start, count then, guess)
+        self._count_offset = _ipython_offset()
+        self._cell_seconds = 0.0
+        self._hook: _AfterImport | None = None
+        self._cancel_init: Callable[[], None] | None = None
+        self._index: tuple | None = None     # (key, _SnapshotIndex)
+        self._carry: dict[tuple, Site] = {}  # (device, addr, size) -> site of a frameless block
+        self._messages: list[str] = []
+        self.active = False
+
+    # -- on / off ------------------------------------------------------------------------
+    def start(self) -> str:
+        self.active = True
+        self._register_events()
+        torch_there = self.feed.state() != "absent" or "torch" in sys.modules
+        if not torch_there and (self.want_cuda or self.want_host):
+            self._hook = _AfterImport("torch", self._torch_imported)
+            self._hook.install()
+            if self.want_cuda:
+                self.cuda = "waiting-import"
+            if self.want_host or self.auto:
+                self.host_state = "waiting-import"
+        else:
+            self._torch_imported(None)
+        return self.status()
+
+    def _torch_imported(self, _module) -> None:
+        if not self.active:
+            return
+        state = self.feed.state()
+        if self.want_cuda:
+            if state == "ready":
+                self._enable_cuda()
+            elif state == "lazy":
+                self.cuda = "waiting-init"
+                self._cancel_init = self.feed.on_init(self._on_cuda_init)
+            else:
+                self.cuda = "unavailable"
+        if self.auto:
+            self.want_host = self.cuda == "unavailable" and "torch" in sys.modules
+        if self.want_host and "torch" in sys.modules:
+            self._start_host()
+        elif self.host_state == "waiting-import":
+            self.host_state = "off"
+
+    def _on_cuda_init(self) -> None:
+        """Inside torch's lazy CUDA init: start recording before the first allocation.
+        Never raises (torch would fail the user's first CUDA call)."""
+        try:
+            if self.active and self.cuda == "waiting-init":
+                self._enable_cuda()
+        except Exception as exc:  # noqa: BLE001
+            self.cuda = "unavailable"
+            self._messages.append(f"CUDA recording could not start: {type(exc).__name__}: {exc}")
+
+    def _enable_cuda(self) -> None:
+        feed = self.feed
+        try:
+            data = feed.snapshot()   # no history yet: cheap; what exists now has no frames
+            self.before = {}
+            for seg in data.get("segments") or ():
+                dev = int(seg.get("device", 0))
+                addr = int(seg.get("address", 0))
+                for b in seg.get("blocks") or ():
+                    size = int(b.get("size", 0))
+                    at = int(b.get("address", addr))
+                    if b.get("state") != "inactive":
+                        self.before.setdefault(dev, set()).add((at, size))
+                    addr = at + size
+        except Exception:  # noqa: BLE001
+            self.before = {}
+
+        def enable(clear: bool = False) -> None:
+            feed.enable(stacks=self.stacks, context=self.context, max_entries=self.max_entries,
+                        clear=clear)
+
+        if self.do_measure:
+            try:
+                self.cuda_cost = feed.measure(enable)
+            except Exception as exc:  # noqa: BLE001
+                self._messages.append(f"cost not measured: {type(exc).__name__}: {exc}")
+                enable()
+            enable(clear=True)   # the measurement's events go
+        else:
+            enable(clear=True)
+        self.cuda = "on"
+        self.cuda_since = time.time()
+        self.allocs_at_start = feed.allocations()
+        self._index = None
+
+    def _start_host(self) -> None:
+        if self.host is None:
+            self.host = HostRecorder(self.cells, self.max_entries, _run_code_of(self.shell))
+        if self.do_measure and self.host_cost is None:
+            try:
+                self.host_cost = self.host.measure()
+            except Exception as exc:  # noqa: BLE001
+                self._messages.append(f"host cost not measured: {type(exc).__name__}: {exc}")
+        if threading.get_ident() == self._shell_thread:
+            self.host.push()
+            self.host_state = "on"
+        else:
+            self.host_state = "waiting-thread"   # pushed by the next pre_run_cell
+
+    def stop(self) -> str:
+        was = self.active
+        self.active = False
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self._cancel_init is not None:
+            try:
+                self._cancel_init()
+            except Exception:  # noqa: BLE001
+                pass
+            self._cancel_init = None
+        if self.cuda == "on":
+            try:
+                self.feed.disable()
+            except Exception as exc:  # noqa: BLE001
+                self._messages.append(f"CUDA recording could not stop: {exc}")
+        self.cuda = "off"
+        if self.host is not None:
+            try:
+                self.host.pop()
+            finally:
+                self.host.clear()
+            self.host = None
+        self.host_state = "off"
+        self._unregister_events()
+        self._index = None
+        self._carry.clear()
+        return "trace is off" if was else "trace was off"
+
+    # -- cells --------------------------------------------------------------------------
+    def _register_events(self) -> None:
+        self._shell_thread = threading.get_ident()
+        events = getattr(self.shell, "events", None)
+        if events is None:
+            return
+        events.register("pre_run_cell", self._pre)
+        events.register("post_run_cell", self._post)
+
+    def _unregister_events(self) -> None:
+        events = getattr(self.shell, "events", None)
+        if events is None:
+            return
+        for name, fn in (("pre_run_cell", self._pre), ("post_run_cell", self._post)):
+            try:
+                events.unregister(name, fn)
+            except ValueError:
+                pass
+
+    def _pre(self, info=None) -> None:
+        count = getattr(self.shell, "execution_count", None)
+        guess = count - self._count_offset if type(count) is int and \
+            getattr(info, "store_history", False) else count
+        self._pending.append((time.time(), count, guess))
+        if self.host is not None and self.host_state == "waiting-thread" \
+                and threading.get_ident() == self._shell_thread:
+            self.host.push()
+            self.host_state = "on"
+
+    def _post(self, result=None) -> None:
+        if not self._pending:
+            return
+        t0, count, _ = self._pending.pop()
+        t1 = time.time()
+        n = getattr(result, "execution_count", None)
+        if type(n) is int and type(count) is int and getattr(
+                getattr(result, "info", None), "store_history", False):
+            # IPython 9 counts the cell before pre_run_cell, older ones after it
+            self._count_offset = count - n
+        if type(n) is int and not self._pending:
+            self.intervals.append((t0, t1, n))
+            self._cell_seconds += t1 - t0
+            if len(self.intervals) > 20_000:
+                del self.intervals[:10_000]
+
+    def cell_at(self, t: float) -> int | None:
+        """The cell that was running at time ``t`` (seconds since the epoch)."""
+        iv = self.intervals
+        i = bisect_right(iv, (t, float("inf"), 0)) - 1
+        if i >= 0 and iv[i][0] <= t <= iv[i][1]:
+            return iv[i][2]
+        if self._pending and t >= self._pending[0][0]:
+            return self._pending[0][2]
+        return None
+
+    def interval(self, n: int) -> tuple[float, float] | None:
+        for t0, t1, m in reversed(self.intervals):
+            if m == n:
+                return t0, t1
+        return None
+
+    # -- the CUDA snapshot ----------------------------------------------------------------
+    def index(self) -> _SnapshotIndex | None:
+        if self.cuda != "on":
+            return None
+        key = self.feed.key()
+        if key is not None and self._index is not None and self._index[0] == key:
+            return self._index[1]
+        idx = _SnapshotIndex(self.feed.snapshot())
+        after = self.feed.key()
+        self._index = (after, idx) if after is not None and after == key else None
+        self._carry_over(idx)
+        return idx
+
+    def segments(self) -> list | None:
+        """The allocator's segments from the snapshot trace keeps (what
+        ``torch.cuda.memory_snapshot()`` returns), so other readers need not ask torch
+        for a second one while trace is on (torch's includes the whole history)."""
+        idx = self.index()
+        return None if idx is None else idx.data.get("segments")
+
+    def _carry_over(self, idx: _SnapshotIndex) -> None:
+        """Keep the sites of live blocks that have no frames of their own (found in the
+        history) for when their events have left torch's ring buffer."""
+        res = _Resolver(self.cells)
+        keep: dict[tuple, Site] = {}
+        for dev in idx.devices.values():
+            for b in dev.blocks:
+                if b.frames:
+                    continue
+                k = (dev.index, b.addr, b.size)
+                site = self._carry.get(k)
+                if site is None:
+                    i = dev.last_alloc.get(b.addr)
+                    if i is not None:
+                        site = self._from_history(dev, i, res)
+                if site is not None and site.how != "unknown":
+                    keep[k] = site
+        self._carry = keep
+
+    def _from_history(self, dev: _DeviceIndex, i: int, res: _Resolver) -> Site | None:
+        e = dev.trace[i]
+        site = res.site(e.get("frames"))
+        if site is not None:
+            return site
+        # no Python frame: the cell line that allocated last before it, in the same cell
+        t = e.get("time_us")
+        cell = self.cell_at(t / 1e6) if t else None
+        k = dev.nearest_cell_alloc(i, res)
+        if k is not None:
+            p = dev.trace[k]
+            tk = p.get("time_us")
+            if cell is None or not tk or self.cell_at(tk / 1e6) in (cell, None):
+                n, filename, line, name = res.pick(p.get("frames"))[2]
+                return Site(n, line, CellNames.source(filename, line), filename, name, None,
+                            how="nearest",
+                            note="allocated on a thread with no Python frame (a C++ thread such "
+                                 "as autograd's backward, or a cuBLAS workspace of that thread); "
+                                 "the line is the cell's last line that allocated before it")
+        if cell is not None:
+            return Site(cell, None, how="cell",
+                        note="allocated on a thread with no Python frame while this cell ran")
+        return None
+
+    def _block_site(self, dev: _DeviceIndex, b: _Block, res: _Resolver) -> Site:
+        if b.frames:
+            site = res.site(b.frames)
+            if site is not None:
+                return site
+        i = dev.last_alloc.get(b.addr)
+        if i is not None:
+            site = self._from_history(dev, i, res)
+            if site is not None:
+                return site
+        site = self._carry.get((dev.index, b.addr, b.size))
+        if site is not None:
+            return site
+        if (b.addr, b.size) in self.before.get(dev.index, ()):
+            return BEFORE
+        if len(dev.trace) < self.max_entries:
+            # the history holds every event since trace was on, and not this block's
+            return BEFORE
+        return Site(None, None, how="unknown",
+                    note=f"no frame: allocated before trace was on, or on a thread with no Python "
+                         f"frame before the oldest of the {self.max_entries:,} events kept "
+                         f"(raise max_entries)")
+
+    # -- queries --------------------------------------------------------------------------
+    @staticmethod
+    def _split(key: Any) -> tuple[str | None, int | None]:
+        if isinstance(key, tuple) and len(key) == 2 and type(key[1]) is int:
+            return str(key[0]), key[1]
+        if type(key) is int:
+            return None, key
+        return None, None
+
+    def site_of(self, key: Any, nbytes: int | None = None) -> Site | None:
+        return self.sites_of([key]).get(key)
+
+    def sites_of(self, keys: Iterable) -> dict:
+        out: dict = {}
+        idx = None
+        res = _Resolver(self.cells)
+        for key in keys:
+            dev, ptr = self._split(key)
+            if ptr is None:
+                continue
+            if dev in (None, "cpu") and self.host is not None:
+                site = self.host.site(ptr)
+                if site is not None:
+                    out[key] = site
+                    continue
+            if dev == "cpu":
+                continue
+            if dev is not None and not dev.startswith("cuda"):
+                continue
+            if idx is None:
+                idx = self.index()
+                if idx is None:
+                    continue
+            ordinals = [int(dev[5:])] if dev and dev[5:].isdigit() else list(idx.devices)
+            for o in ordinals:
+                d = idx.devices.get(o)
+                b = d.block_at(ptr) if d is not None else None
+                if b is not None:
+                    out[key] = self._block_site(d, b, res)
+                    break
+        return out
+
+    def unattributed_sites(self, reached_ptrs: Iterable, device: str,
+                           labels: Mapping[int, str] | None = None) -> list[SiteGroup]:
+        reached = set()
+        for k in reached_ptrs or ():
+            if type(k) is int:
+                reached.add(k)
+            elif isinstance(k, tuple) and len(k) == 2 and k[0] == device and type(k[1]) is int:
+                reached.add(k[1])
+        ranges = sorted(reached)
+        labels = dict(labels or {})
+
+        def is_reached(addr: int, size: int) -> bool:
+            if addr in reached:
+                return True
+            i = bisect_right(ranges, addr + size - 1) - 1
+            return i >= 0 and ranges[i] >= addr
+
+        groups: dict[tuple, SiteGroup] = {}
+
+        def add(site: Site, size: int, label: str | None) -> None:
+            k = (label, site.key())
+            g = groups.get(k)
+            if g is None:
+                groups[k] = SiteGroup(site, size, 1, device, label)
+            else:
+                g.nbytes += size
+                g.count += 1
+
+        if device == "cpu":
+            if self.host is not None:
+                for ptr, r in self.host.live().items():
+                    if ptr not in reached:
+                        site = self.host.site_of_record(r) or Site(None, None, how="unknown")
+                        add(site, r.nbytes, labels.get(ptr))
+            return sorted(groups.values(), key=lambda g: (-g.nbytes, g.site.text))
+        if not device.startswith("cuda:") or not device[5:].isdigit():
+            return []
+        idx = self.index()
+        d = idx.devices.get(int(device[5:])) if idx is not None else None
+        if d is None:
+            return []
+        res = _Resolver(self.cells)
+        for b in d.blocks:
+            if is_reached(b.addr, b.size):
+                continue
+            add(self._block_site(d, b, res), b.size, labels.get(b.addr))
+        return sorted(groups.values(), key=lambda g: (-g.nbytes, g.site.text))
+
+    def cell_lines(self, n: int, device: str | None = None, top: int | None = None) -> CellLines:
+        totals: dict[tuple, int] = {}
+        held: dict[tuple, int] = {}
+        peaks: dict[str, LineAlloc] = {}
+        note = None
+        idx = self.index() if device in (None, "all") or str(device).startswith("cuda") else None
+        if idx is not None:
+            span = self.interval(n)
+            if span is None and self._pending:
+                span = (self._pending[0][0], time.time())
+            res = _Resolver(self.cells)
+            for o, d in idx.devices.items():
+                if device and device.startswith("cuda:") and device != f"cuda:{o}":
+                    continue
+                peak = self._device_cell(d, n, span, res, totals, held)
+                if peak is not None:
+                    peaks[f"cuda:{o}"] = peak
+        if self.host is not None and device in (None, "all", "cpu"):
+            for k, v in self.host.by_cell.get(n, {}).items():
+                totals[k] = totals.get(k, 0) + v
+            if device == "cpu":
+                note = "the host keeps no history of frees: no peak line"
+        items = sorted((LineAlloc(line, CellNames.source(fn, line), b)
+                        for (fn, line), b in totals.items() if b > 0),
+                       key=lambda la: (-la.bytes, la.line or 0))
+        if top is not None:
+            items = items[:top]
+        peak = max(peaks.values(), key=lambda p: p.bytes) if peaks else None
+        return CellLines(n, items, peak=peak, held={line: b for (fn, line), b in held.items() if b > 0},
+                         peaks=peaks, note=note)
+
+    def _device_cell(self, d: _DeviceIndex, n: int, span, res: _Resolver,
+                     totals: dict, held: dict) -> LineAlloc | None:
+        trace = d.trace
+        if not trace:
+            return None
+        if span is not None and trace[-1].get("time_us"):
+            times = d.times()
+            lo = bisect_right(times, span[0] * 1e6 - 1)
+            hi = bisect_right(times, span[1] * 1e6 + 1)
+        else:
+            lo, hi = 0, len(trace)
+        running = best = 0
+        best_at = None
+        last = None
+        owner: dict[int, tuple] = {}
+        in_cell = False
+        for i in range(lo, hi):
+            e = trace[i]
+            a = e.get("action")
+            if a == _ALLOC:
+                frames = e.get("frames")
+                at = None
+                if frames:
+                    inner, cin, cout = res.pick(frames)
+                    if cout is not None and cout[0] == n:
+                        at = last = (cout[1], cout[2])
+                elif last is not None or span is not None:
+                    at = last     # no Python frame: the line that allocated last before
+                if at is None and span is None:
+                    continue      # no time window: only this cell's own events count
+                size = int(e.get("size") or 0)
+                in_cell = True
+                running += size
+                if at is not None:
+                    totals[(at[0], at[1])] = totals.get((at[0], at[1]), 0) + size
+                    held[(at[0], at[1])] = held.get((at[0], at[1]), 0) + size
+                    owner[e.get("addr")] = (at, size)
+                if running > best:
+                    best, best_at = running, at or (None, None)
+            elif a == _FREE and in_cell:
+                size = int(e.get("size") or 0)
+                running -= size
+                o = owner.pop(e.get("addr"), None)
+                if o is not None:
+                    k = (o[0][0], o[0][1])
+                    held[k] = held.get(k, 0) - o[1]
+        if best_at is None:
+            return None
+        return LineAlloc(best_at[1], CellNames.source(best_at[0], best_at[1]), best)
+
+    # -- the visualizer's file ------------------------------------------------------------
+    def save(self, path: str, device: str | None = None) -> str:
+        if device in (None, "all") or str(device).startswith("cuda"):
+            if self.cuda == "on":
+                data = self.feed.snapshot()
+                renamed = rename_cells(data, self.cells)
+                _dump(path, data)
+                return (f"saved the CUDA allocator's snapshot to {path} ({renamed} cell frame(s) "
+                        f"named In[N]; open it at https://pytorch.org/memory_viz)")
+            if device not in (None, "all"):
+                raise RuntimeError(f"nothing recorded on {device}: trace is {self._cuda_words()}")
+        if self.host is not None:
+            data = self.host_snapshot()
+            _dump(path, data)
+            n = len(data["segments"])
+            return (f"saved {n} host storage(s) with their sites to {path}, in the format of "
+                    f"torch.cuda.memory._snapshot() (device 0 stands for the host)")
+        raise RuntimeError("nothing recorded: turn trace on first (`%gpumem trace on`)")
+
+    def host_snapshot(self) -> dict:
+        """The host's records shaped like ``torch.cuda.memory._snapshot()``: one segment
+        per live storage (its frames named ``In[N]``), the events as device 0's trace."""
+        host = self.host
+        if host is None:
+            return {"segments": [], "device_traces": [[]]}
+        host.sweep()
+
+        def frames(rec_frames) -> list:
+            out, seen = [], set()
+            for fr in rec_frames or ():
+                if fr is None or fr in seen:
+                    continue
+                seen.add(fr)
+                out.append({"filename": fr[0], "line": fr[1], "name": fr[2]})
+            return out
+
+        segments = []
+        for ptr, r in sorted(host.live().items()):
+            fr = frames((r.inner, r.cin, r.cout))
+            kind = "large" if r.nbytes > (1 << 20) else "small"
+            segments.append({
+                "device": 0, "address": ptr, "total_size": r.nbytes, "allocated_size": r.nbytes,
+                "active_size": r.nbytes, "requested_size": r.nbytes, "stream": 0,
+                "segment_type": kind, "segment_pool_id": (0, 0), "is_expandable": False,
+                "frames": fr,
+                "blocks": [{"address": ptr, "size": r.nbytes, "requested_size": r.nbytes,
+                            "state": "active_allocated", "frames": fr}]})
+        trace = []
+        for action, ptr, nbytes, t, fr in host.events:
+            entries = [action] if action == _ALLOC else [_FREE, "free_completed"]
+            for act in entries:
+                trace.append({"action": act, "addr": ptr, "size": nbytes, "stream": 0,
+                              "time_us": int(t * 1e6), "frames": frames(fr) if fr else []})
+        data = {"segments": segments, "device_traces": [trace],
+                "allocator_settings": {}}
+        rename_cells(data, self.cells)
+        return data
+
+    # -- words --------------------------------------------------------------------------
+    def _cuda_words(self) -> str:
+        return {"off": "off", "waiting-import": "waiting for `import torch`",
+                "waiting-init": "waiting for torch to initialise CUDA",
+                "on": "recording", "unavailable": "not available (no CUDA device)"}[self.cuda]
+
+    def since_text(self) -> str | None:
+        """The measured cost per allocation times the allocations since trace was on,
+        against the time cells ran meanwhile."""
+        if self.cuda != "on" or self.cuda_cost is None or self.allocs_at_start is None:
+            return None
+        now = self.feed.allocations()
+        if now is None:
+            return None
+        count = max(now - self.allocs_at_start, 0)
+        spent = count * self.cuda_cost.extra
+        cells = self._cell_seconds
+        share = f", {spent / cells:.1%} of the {cells:.1f} s cells ran" if cells > 0 else ""
+        return f"{count:,} CUDA allocations since on, about {spent:.2f} s of recording{share}"
+
+    def status(self) -> str:
+        """One line: what is recorded, and its measured cost."""
+        if not self.active:
+            return "trace is off"
+        parts = []
+        if self.want_cuda:
+            what = self._cuda_words()
+            if self.cuda == "on":
+                what = f"recording ({self.stacks} stacks, {self.max_entries:,} events kept)"
+            parts.append(f"CUDA {what}")
+            if self.cuda_cost is not None:
+                parts.append("cost " + self.cuda_cost.text)
+            elif self.cuda in ("waiting-import", "waiting-init") and self.do_measure:
+                parts.append("its cost is measured when recording starts (`%gpumem trace`)")
+        if self.host_state != "off" or self.want_host:
+            words = {"on": "recording torch calls' results", "waiting-import":
+                     "waiting for `import torch`", "waiting-thread": "starts with the next cell",
+                     "off": "off"}.get(self.host_state, self.host_state)
+            parts.append(f"host {words}")
+            if self.host_cost is not None:
+                parts.append("cost " + self.host_cost.text)
+        since = self.since_text()
+        if since:
+            parts.append(since)
+        parts += self._messages[-2:]
+        return "trace is on: " + " · ".join(parts)
+
+
+def rename_cells(data: dict, cells: CellNames) -> int:
+    """Name the frames of notebook cells ``In[N]`` in a ``_snapshot()`` dict, in place
+    (torch shares frame dicts between blocks and events: each is renamed once)."""
+    done: set[int] = set()
+    count = 0
+
+    def fix(frames) -> None:
+        nonlocal count
+        for f in frames or ():
+            if not isinstance(f, dict) or id(f) in done:
+                continue
+            done.add(id(f))
+            n = cells.number(f.get("filename"))
+            if n is not None and not _IN_RE.match(str(f.get("filename"))):
+                f["filename"] = f"In[{n}]"
+                count += 1
+
+    for seg in data.get("segments") or ():
+        fix(seg.get("frames"))
+        for b in seg.get("blocks") or ():
+            fix(b.get("frames"))
+    for trace in data.get("device_traces") or ():
+        for e in trace:
+            fix(e.get("frames"))
+    return count
+
+
+def _dump(path: str, data: dict) -> None:
+    path = os.path.expanduser(str(path))
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        pickle.dump(data, f)
+    os.replace(tmp, path)
+
+
+# -- the module's API ------------------------------------------------------------------------------
+_TRACER: Tracer | None = None
+_LOCK = threading.Lock()
+
+
+def start(shell: Any, device: str = "auto", *, stacks: str = "python", context: str = "alloc",
+          max_entries: int = DEFAULT_MAX_ENTRIES, feed: Any = None, measure: bool = True) -> str:
+    """Turn trace on for ``shell`` (see the module docstring); returns one status line
+    with the measured cost. ``device``: ``auto`` (CUDA where torch sees a GPU, else the
+    host), ``all`` (both), ``cpu`` (the host) or ``cuda``/``cuda:N`` (torch records every
+    GPU; queries read the one asked). ``feed``: the allocator to ask instead of torch's
+    CUDA one (tests)."""
+    global _TRACER
+    with _LOCK:
+        if _TRACER is not None:
+            _TRACER.stop()
+            _TRACER = None
+        tracer = Tracer(shell, device, stacks=stacks, context=context, max_entries=max_entries,
+                        feed=feed, measure=measure)
+        _TRACER = tracer
+    try:
+        return tracer.start()
+    except Exception:
+        stop()
+        raise
+
+
+def stop() -> str:
+    """Turn trace off: torch's recording stops (its history goes), the host mode leaves
+    the stack, the hooks go."""
+    global _TRACER
+    with _LOCK:
+        tracer, _TRACER = _TRACER, None
+    return tracer.stop() if tracer is not None else "trace was off"
+
+
+def is_on() -> bool:
+    return _TRACER is not None and _TRACER.active
+
+
+def tracer() -> Tracer | None:
+    """The running :class:`Tracer`, if any."""
+    return _TRACER
+
+
+def status() -> str:
+    return _TRACER.status() if _TRACER is not None else "trace is off"
+
+
+def site_of(storage_key_or_ptr: Any, nbytes: int | None = None) -> Site | None:
+    """The allocation site of a storage: ``(device, pointer)`` as the scan keys it
+    (``("cuda:0", 0x7f…)``, ``("cpu", …)``) or a bare pointer. ``None`` when trace is
+    off or the storage is not known to it."""
+    return _TRACER.site_of(storage_key_or_ptr, nbytes) if is_on() else None
+
+
+def sites_of(keys: Iterable) -> dict:
+    """:func:`site_of` for many storages at once, from one snapshot: key -> Site."""
+    return _TRACER.sites_of(keys) if is_on() else {}
+
+
+def unattributed_sites(reached_ptrs: Iterable, device: str,
+                       labels: Mapping[int, str] | None = None) -> list[SiteGroup]:
+    """The blocks on ``device`` that no name reaches (``reached_ptrs``: the storages'
+    pointers on that device, or their ``(device, pointer)`` keys), grouped by
+    allocation site, largest first. ``labels``: block address -> an internal holder's
+    label (cuBLAS workspaces, ...) to group those under."""
+    return _TRACER.unattributed_sites(reached_ptrs, device, labels) if is_on() else []
+
+
+def cell_lines(execution_count: int, device: str | None = None, top: int | None = None) -> CellLines:
+    """The lines of cell ``execution_count`` that allocated the most (largest first) and
+    the line at the cell's peak (``.peak``)."""
+    if not is_on():
+        return CellLines(execution_count, note="trace is off")
+    return _TRACER.cell_lines(execution_count, device, top)
+
+
+def segments() -> list | None:
+    """The allocator's segments from trace's own snapshot (``None`` when not recording
+    CUDA): what ``torch.cuda.memory_snapshot()`` would return, without a second one."""
+    return _TRACER.segments() if is_on() else None
+
+
+def save(path: str, device: str | None = None) -> str:
+    """Write a snapshot PyTorch's memory visualizer opens (a pickle of
+    ``torch.cuda.memory._snapshot()``, the cells' frames named ``In[N]``); returns one line."""
+    if not is_on():
+        raise RuntimeError("trace is off: `%gpumem trace on` first")
+    return _TRACER.save(path, device)
+
+
+# -- the magic and the setting (wired by the magics) ----------------------------------------------
+TRACE_USAGE = ("%gpumem trace [on|off] [--stacks python|all] [--max-entries N] [--device D] "
+               "[--save FILE]")
+
+
+def _parser():
+    from IPython.core.magic_arguments import MagicArgumentParser
+
+    p = MagicArgumentParser(prog="%gpumem trace", add_help=False,
+                            description="record where each block of memory was allocated")
+    p.add_argument("state", nargs="?", choices=("on", "off", "status"), default="status")
+    p.add_argument("--stacks", choices=STACKS, default=None,
+                   help="python: Python frames (cheaper); all: C++ frames too")
+    p.add_argument("--context", choices=CONTEXTS, default=None,
+                   help="alloc: stacks of allocations; all: of frees too")
+    p.add_argument("--max-entries", type=int, default=None, dest="max_entries",
+                   help="allocator events torch keeps")
+    p.add_argument("--device", default=None)
+    p.add_argument("--save", default=None, metavar="FILE",
+                   help="write a snapshot PyTorch's memory visualizer opens")
+    return p
+
+
+def magic_trace(magics: Any, argv: list[str]) -> None:
+    """``%gpumem trace on|off [--stacks ...] [--max-entries N] [--device D] [--save FILE]``."""
+    from IPython.core.error import UsageError
+
+    args = _parser().parse_args(argv)
+    if args.max_entries is not None and args.max_entries < 1:
+        raise UsageError("--max-entries must be at least 1")
+    if args.state == "on":
+        device = magics.device(args.device) if args.device is not None else \
+            magics.device(None)
+        print(start(magics.shell, device, stacks=args.stacks or "python",
+                    context=args.context or "alloc",
+                    max_entries=args.max_entries or DEFAULT_MAX_ENTRIES))
+        if hasattr(magics, "trace"):
+            magics.trace = True
+    elif args.state == "off":
+        print(stop())
+        if hasattr(magics, "trace"):
+            magics.trace = False
+    elif args.save is None:
+        print(status())
+    if args.save is not None:
+        if not is_on():
+            raise UsageError("trace is off: `%gpumem trace on` first, then run the cells to record")
+        try:
+            print(save(args.save, args.device))
+        except (OSError, RuntimeError) as exc:
+            raise UsageError(f"--save: {exc}") from None
+
+
+def on_load(shell: Any, magics: Any) -> None:
+    """At ``%load_ext``: with ``c.GpuMemMagics.trace = True``, trace from the first cell;
+    trace stops when the extension unloads."""
+    if hasattr(magics, "add_cleanup"):
+        magics.add_cleanup(lambda: stop() if is_on() and _TRACER.shell is shell else None)
+    if getattr(magics, "trace", False) is True and not is_on():
+        device = getattr(magics, "default_device", "auto") or "auto"
+        start(shell, device)
