@@ -315,16 +315,44 @@ def test_the_view_is_cached_until_the_allocator_moves(torch_feed):
     assert backend.usage(["cuda:0"], detail=True)["cuda:0"].largest_free_block == 20 * MiB
 
 
-def test_cuda_graph_pool_and_pending_blocks(torch_feed):
-    backend = torch_feed["backend"]
-    graph = feed([(0xA000000, 34 * MiB, "large", [(0, 32 * MiB, 32 * MiB, A), (32 * MiB, 256 * KiB, 256 * KiB, A),
-                                                  (32 * MiB + 256 * KiB, 1792 * KiB, 0, I)])], pool=(1, 0))
+class FakeGraphBase:
+    """Stands for torch._C._CUDAGraph: its ``pool()`` is the capture's pool id."""
+
+    def __init__(self, pool):
+        self._pool = pool
+
+    def pool(self):
+        return self._pool
+
+
+class FakeGraph(FakeGraphBase):
+    def pool(self):   # a subclass's own method: never run by the product
+        raise AssertionError("the product must call the base class's pool()")
+
+
+@pytest.fixture
+def graphs(torch_feed, monkeypatch):
+    """CUDA graphs as torch.cuda.CUDAGraph objects the garbage collector tracks."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch._C, "_CUDAGraph", FakeGraphBase, raising=False)
+    graph = feed([(0xA000000, 34 * MiB, "large", [(0, 32 * MiB, 32 * MiB, A),
+                                                  (32 * MiB, 256 * KiB, 256 * KiB, A),
+                                                  (32 * MiB + 256 * KiB, 1792 * KiB, 0, I)])],
+                 pool=(1, 0))
     pending = feed([(0xC000000, 2 * MiB, "small", [(0, 2 * MiB, 2 * MiB, "active_pending_free")])])
     segs = torch_feed["segments"] + graph + pending
     torch_feed["segments"] = segs
     torch_feed["stats"] = stats_of(segs, allocs=1)
-    static_out = BASE + 0xA000000 + 32 * MiB
-    found = by_label(backend.internals(["cuda:0"], keys_of(named_pointers(feed()) | {static_out})))
+    return {"static_out": BASE + 0xA000000 + 32 * MiB}
+
+
+def test_cuda_graph_pool_and_pending_blocks(torch_feed, graphs):
+    backend = torch_feed["backend"]
+    live = FakeGraph((1, 0))   # the graph that owns pool (1, 0)
+    named = keys_of(named_pointers(feed()) | {graphs["static_out"]})
+    found = by_label(backend.internals(["cuda:0"], named))
     kept = found["CUDA graph private pool (1, 0): kept blocks"]
     assert (kept.nbytes, kept.kind, kept.freed_by_purge) == (32 * MiB, "allocated", False)
     assert "graph" in kept.note and "deleted" in kept.note
@@ -333,9 +361,43 @@ def test_cuda_graph_pool_and_pending_blocks(torch_feed):
     assert (wait.nbytes, wait.freed_by_purge) == (2 * MiB, True)
     # the graph's workspace is not listed with the default pool's
     assert found["cuBLAS workspaces"].count == 2
-    # a purge frees neither the graph's pool nor what the names keep; the pending block goes
-    est = backend.purge_estimate(["cuda:0"], {}, keys_of(named_pointers(feed()) | {static_out}))
+    # a purge frees neither the live graph's pool nor what the names keep; the pending
+    # block and the cuBLASLt workspace's segment go
+    est = backend.purge_estimate(["cuda:0"], {}, named)
     assert est.returned["cuda:0"] == 38 * MiB + 64 * MiB + 2 * MiB + 2 * MiB
+    del live
+
+
+def test_a_deleted_graphs_pool_is_given_back(torch_feed, graphs):
+    import gc
+
+    backend = torch_feed["backend"]
+    live = FakeGraph((1, 0))
+    named = keys_of(named_pointers(feed()) | {graphs["static_out"]})
+    backend.internals(["cuda:0"], named)          # the graph is found, and watched
+    assert (1, 0) not in backend.dead_graph_pools(backend.allocator_view(0))
+    del live
+    gc.collect()
+    found = by_label(backend.internals(["cuda:0"], named))
+    assert not any("private pool" in label for label in found)
+    # its workspace is a workspace like the others now, and its free block is cache
+    assert found["cuBLAS workspaces"].count == 3
+    assert "deleted CUDA graphs (1, 0)" in found["allocator cache: free space in segments in use"].note
+    # with static_out purged too, the whole segment comes back
+    out = ("cuda:0", graphs["static_out"])
+    info = StorageInfo(out, 256 * KiB, "cuda:0", "torch")
+    est = backend.purge_estimate(["cuda:0"], {out: info}, named)
+    assert est.returned["cuda:0"] == 38 * MiB + 64 * MiB + 2 * MiB + 2 * MiB + 34 * MiB
+    # a pool seen dead stays dead, without asking the collector again
+    backend._find_graphs = lambda: pytest.fail("dead pools are not looked for again")
+    assert backend.dead_graph_pools(backend.allocator_view(0)) == {(1, 0)}
+
+
+def test_a_graph_deleted_before_it_was_seen(torch_feed, graphs):
+    backend = torch_feed["backend"]
+    named = keys_of(named_pointers(feed()) | {graphs["static_out"]})
+    assert backend.dead_graph_pools(backend.allocator_view(0)) == {(1, 0)}
+    assert by_label(backend.internals(["cuda:0"], named))["cuBLAS workspaces"].count == 3
 
 
 def test_purge_estimate_counts_whole_segments(torch_feed):
@@ -574,3 +636,4 @@ def test_tensorflow_pool_is_an_internal_purge_cannot_free(monkeypatch):
     assert pool.nbytes is None and "does not say" in pool.note
     info = StorageInfo(("cuda:0", 1), 1024, "cuda:0", "tensorflow")
     assert backend.purge_estimate(["cuda:0"], {info.key: info}).returned == {"cuda:0": 0}
+

@@ -42,6 +42,10 @@ def _allocator_key(stats: dict) -> tuple:
             segments.get("allocated"), segments.get("freed"))
 
 
+def _alive() -> bool:
+    return True
+
+
 def device_id(dev: Any) -> str:
     """``cuda:0``, ``cpu``, ``mps:0`` from a ``torch.device``."""
     text = str(dev)
@@ -146,6 +150,8 @@ class TorchBackend(Backend):
         self._known: dict[int, tuple] = {}   # id -> (weak ref, data pointer, storages)
         self._views: dict[int, tuple] = {}   # GPU -> (allocator counters, AllocatorView)
         self._sizes: dict[int, tuple] = {}   # GPU -> (workspace sizes, where they come from)
+        self._graphs: dict[tuple, list] = {}   # graph pool id -> weak refs to its CUDA graphs
+        self._dead_pools: set = set()          # pools whose graphs are all gone (ids are unique)
         self.ledger = GraphLedger()
 
     def start_scan(self, deadline: float) -> None:
@@ -532,6 +538,55 @@ class TorchBackend(Backend):
     def _memory_snapshot(self) -> list:
         return self.torch.cuda.memory_snapshot()
 
+    def dead_graph_pools(self, view) -> set:
+        """The CUDA graph pools of ``view`` whose graphs are all deleted: ``empty_cache()``
+        gives their free segments back. A pool's graphs are found once among the objects
+        the garbage collector tracks (a ``torch.cuda.CUDAGraph`` is one), and kept as weak
+        references: the collector is asked again only for a pool not seen before or one
+        whose known graphs have all gone (another graph may share it). Pool ids are never
+        reused, so a dead pool stays dead."""
+        pools = view.graph_pools - self._dead_pools
+        if not pools:
+            return view.graph_pools & self._dead_pools
+
+        def alive(pool):
+            return any(ref() is not None for ref in self._graphs.get(pool, ()))
+
+        if any(pool not in self._graphs or not alive(pool) for pool in pools):
+            self._graphs = self._find_graphs()
+        for pool in pools:
+            if not alive(pool):
+                self._dead_pools.add(pool)
+                self._graphs.pop(pool, None)
+        return view.graph_pools & self._dead_pools
+
+    def _find_graphs(self) -> dict[tuple, list]:
+        torch = self.torch
+        base = getattr(torch.cuda, "CUDAGraph", None)
+        pool_of = getattr(getattr(torch._C, "_CUDAGraph", None), "pool", None)
+        if base is None or pool_of is None:
+            return {}
+        kinds, todo = set(), [base]
+        while todo:   # the graph class and its subclasses, by type identity (no user code)
+            kind = todo.pop()
+            kinds.add(kind)
+            todo += type.__subclasses__(kind)
+        out: dict[tuple, list] = {}
+        import gc
+
+        for obj in gc.get_objects():
+            if type(obj) in kinds:
+                try:
+                    pool = tuple(pool_of(obj))   # the base method: a subclass's is not run
+                except Exception:
+                    continue   # not captured yet: no pool
+                try:
+                    ref = weakref.ref(obj)
+                except TypeError:
+                    ref = _alive   # cannot be watched: its pool counts as alive
+                out.setdefault(pool, []).append(ref)
+        return out
+
     def _gpu_indices(self, device_ids) -> list[int]:
         if not self._cuda_ready():
             return []
@@ -553,7 +608,8 @@ class TorchBackend(Backend):
                 continue
             out += view.internals(dev, _alloc.Reached.of(reached_keys, dev),
                                   clears_workspaces=clears,
-                                  sizes_note=self.workspace_sizes(index)[1])
+                                  sizes_note=self.workspace_sizes(index)[1],
+                                  released=self.dead_graph_pools(view))
         out += self._nccl(device_ids)
         return out
 
@@ -595,7 +651,8 @@ class TorchBackend(Backend):
                     and view.segment_of(k[1]) is not None]
             covered.update(mine)
             returned[dev] = view.returned(_alloc.Reached(k[1] for k in mine),
-                                          _alloc.Reached.of(reached_keys, dev), clears)
+                                          _alloc.Reached.of(reached_keys, dev), clears,
+                                          released=self.dead_graph_pools(view))
         return PurgeEstimate(returned, covered)
 
     def release(self) -> list[str]:

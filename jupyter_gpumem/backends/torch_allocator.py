@@ -113,12 +113,31 @@ class Segment:
         return self.base + self.total
 
 
+class PoolFigures:
+    """What one pool's segments hold, before the names are known."""
+
+    __slots__ = ("segments", "free_segments", "free_segments_bytes", "free_pages",
+                 "free_in_use", "free_in_use_blocks", "pending", "pending_blocks",
+                 "candidates", "active", "free")
+
+    def __init__(self) -> None:
+        self.segments = self.free_segments = self.free_segments_bytes = self.free_pages = 0
+        self.free_in_use = self.free_in_use_blocks = self.pending = self.pending_blocks = 0
+        self.free = 0
+        self.candidates: list[tuple[int, int, str]] = []   # blocks of a workspace's size
+        self.active: list[tuple[int, int]] = []            # every active block
+
+
 class AllocatorView:
     """The segments of one device, read once from a ``memory_snapshot()`` list.
 
     Kept by :class:`~jupyter_gpumem.backends.pytorch.TorchBackend` until the
     allocator's counters move; classifying against the names' storages is a
     cheap second step (:meth:`internals`), done for every snapshot.
+
+    ``empty_cache()`` gives back the wholly free segments of the default pool and
+    of private pools whose CUDA graph is gone (``released``: pools the caller
+    knows to be so); a live graph's pool keeps its blocks.
     """
 
     def __init__(self, segments: Iterable[dict], index: int, sizes: dict[int, str]) -> None:
@@ -145,47 +164,44 @@ class AllocatorView:
                                          seg.get("segment_type") == "small", tuple(blocks)))
         self.segments.sort(key=lambda s: s.base)
         self._bases = [s.base for s in self.segments]
-        # what does not depend on the names: the cache, the blocks waiting for a stream,
-        # the blocks of a workspace's size
-        self.free_segments = self.free_segments_bytes = 0
-        self.free_pages = 0            # of expandable segments in use: pages empty_cache unmaps
-        self.free_in_use = self.free_in_use_blocks = 0
-        self.pending = self.pending_blocks = 0
         self.largest_free = 0
-        self.candidates: list[tuple[int, int, str]] = []   # (address, size, label)
-        self.private: dict[tuple, list] = {}   # pool -> [active blocks (addr, size)], free bytes
+        self.pools: dict[tuple, PoolFigures] = {}
         for seg in self.segments:
-            default = seg.pool == DEFAULT_POOL
+            fig = self.pools.get(seg.pool)
+            if fig is None:
+                fig = self.pools[seg.pool] = PoolFigures()
+            fig.segments += 1
             states = [b[3] for b in seg.blocks]
             free = sum(b[1] for b in seg.blocks if b[3] == INACTIVE)
+            fig.free += free
             for b in seg.blocks:
                 if b[3] == INACTIVE:
                     self.largest_free = max(self.largest_free, b[1])
-            if not default:
-                entry = self.private.setdefault(seg.pool, [[], 0, 0])
-                entry[0].extend((b[0], b[1]) for b in seg.blocks if b[3] != INACTIVE)
-                entry[1] += free
-                entry[2] += 1
-                continue
-            for b in seg.blocks:
+                    continue
+                fig.active.append((b[0], b[1]))
                 if b[3] == PENDING:
-                    self.pending += b[1]
-                    self.pending_blocks += 1
-                elif b[3] == ACTIVE:
+                    fig.pending += b[1]
+                    fig.pending_blocks += 1
+                else:
                     label = self.sizes.get(b[1]) or self.sizes.get(b[2])
                     if label:
-                        self.candidates.append((b[0], b[1], label))
-            if all(s == INACTIVE for s in states):
-                self.free_segments += 1
-                self.free_segments_bytes += seg.total
+                        fig.candidates.append((b[0], b[1], label))
+            if all(st == INACTIVE for st in states):
+                fig.free_segments += 1
+                fig.free_segments_bytes += seg.total
             elif seg.expandable:
                 pages = _free_pages(seg, lambda b: b[3] == INACTIVE)
-                self.free_pages += pages
-                self.free_in_use += free - pages
-                self.free_in_use_blocks += sum(1 for s in states if s == INACTIVE)
+                fig.free_pages += pages
+                fig.free_in_use += free - pages
+                fig.free_in_use_blocks += states.count(INACTIVE)
             else:
-                self.free_in_use += free
-                self.free_in_use_blocks += sum(1 for s in states if s == INACTIVE)
+                fig.free_in_use += free
+                fig.free_in_use_blocks += states.count(INACTIVE)
+
+    @property
+    def graph_pools(self) -> set:
+        """The private pools of CUDA graphs (``(N, 0)``) on this device."""
+        return {p for p in self.pools if p != DEFAULT_POOL and p[0] != 0}
 
     # -- who owns a block -----------------------------------------------------------------
     def segment_of(self, ptr: int) -> Segment | None:
@@ -194,80 +210,96 @@ class AllocatorView:
             return self.segments[i]
         return None
 
-    def workspaces(self, reached: "Reached") -> dict[str, list[tuple[int, int]]]:
+    def _released(self, released) -> set:
+        return {DEFAULT_POOL} | (set(released) & set(self.pools))
+
+    def workspaces(self, reached: "Reached", released=()) -> dict[str, list[tuple[int, int]]]:
         """Label -> the workspace blocks ``(address, size)``: blocks of a workspace's size
-        that no name's storage lies in."""
+        that no name's storage lies in, in the pools ``empty_cache()`` gives back."""
         out: dict[str, list] = {}
-        for addr, size, label in self.candidates:
-            if not reached.inside(addr, size):
-                out.setdefault(label, []).append((addr, size))
+        for pool in self._released(released):
+            for addr, size, label in self.pools[pool].candidates if pool in self.pools else ():
+                if not reached.inside(addr, size):
+                    out.setdefault(label, []).append((addr, size))
         return out
 
     def internals(self, dev: str, reached: "Reached", *, clears_workspaces: bool = True,
-                  sizes_note: dict | None = None) -> list[Internal]:
+                  sizes_note: dict | None = None, released=()) -> list[Internal]:
         """The allocator's internals on this device (see the module docstring)."""
         out: list[Internal] = []
-        for label, blocks in sorted(self.workspaces(reached).items()):
+        for label, blocks in sorted(self.workspaces(reached, released).items()):
             n = len(blocks)
             each = {size for _, size in blocks}
             size_text = _fmt(blocks[0][1]) + " each" if len(each) == 1 else "sizes vary"
             out.append(Internal(
                 label + ("s" if n > 1 else ""), dev, sum(s for _, s in blocks), "torch", count=n,
                 freed_by_purge=clears_workspaces, kind="allocated",
-                note=(f"one per cuBLAS handle and stream (each thread that ran a matmul has "
-                      f"its own handle, the autograd engine's too), {size_text}"
-                      f"{(sizes_note or {}).get(label, '')}; "
-                      f"found as the unnamed blocks of that size")
+                note=(f"one per cuBLAS handle and stream (the autograd engine's thread has "
+                      f"its own), {size_text}{(sizes_note or {}).get(label, '')}; found as "
+                      f"the unnamed blocks of that size; purge clears them")
                 + ("" if clears_workspaces else "; this torch cannot clear them")))
-        if self.pending:
+        pools = self._released(released)
+        figs = [self.pools[p] for p in pools if p in self.pools]
+        pending = sum(f.pending for f in figs)
+        if pending:
             out.append(Internal(
-                "freed blocks waiting for their streams", dev, self.pending, "torch",
-                count=self.pending_blocks, freed_by_purge=True, kind="allocated",
+                "freed blocks waiting for their streams", dev, pending, "torch",
+                count=sum(f.pending_blocks for f in figs), freed_by_purge=True, kind="allocated",
                 note="freed tensors that another stream may still use (record_stream): "
                      "free once that stream's work is done"))
-        for pool, (active, free, nseg) in sorted(self.private.items()):
+        for pool, fig in sorted(self.pools.items()):
+            if pool in pools:
+                continue
             graph = pool[0] != 0
             what = "CUDA graph private pool" if graph else "torch.cuda.MemPool"
-            kept = sum(size for addr, size in active if not reached.inside(addr, size))
-            why = ("freed when the CUDA graph that owns it is deleted (and no name holds "
-                   "its outputs)" if graph else "freed when the MemPool is deleted")
+            kept = sum(size for addr, size in fig.active if not reached.inside(addr, size))
+            why = ("freed once the CUDA graph that owns it is deleted (then a purge gives "
+                   "it back)" if graph else "freed when the MemPool is deleted")
             if kept:
                 out.append(Internal(
-                    f"{what} {pool}: kept blocks", dev, kept, "torch", count=nseg,
+                    f"{what} {pool}: kept blocks", dev, kept, "torch", count=fig.segments,
                     freed_by_purge=False, kind="allocated",
                     note=f"intermediate and workspace blocks the pool keeps for replay; {why}"
                     if graph else f"blocks allocated in the pool that no name reaches; {why}"))
-            if free:
+            if fig.free:
                 out.append(Internal(
-                    f"{what} {pool}: cached free blocks", dev, free, "torch", count=nseg,
-                    freed_by_purge=False, kind="cached", note=why))
-        if self.free_segments_bytes or self.free_pages:
+                    f"{what} {pool}: cached free blocks", dev, fig.free, "torch",
+                    count=fig.segments, freed_by_purge=False, kind="cached", note=why))
+        dead = sorted(pools - {DEFAULT_POOL})
+        tail = (f"; with the pools of deleted CUDA graphs {', '.join(map(str, dead))}"
+                if dead else "")
+        free_segments = sum(f.free_segments_bytes + f.free_pages for f in figs)
+        if free_segments:
             out.append(Internal(
-                "allocator cache: free segments", dev, self.free_segments_bytes + self.free_pages,
-                "torch", count=self.free_segments, freed_by_purge=True, kind="cached",
+                "allocator cache: free segments", dev, free_segments, "torch",
+                count=sum(f.free_segments for f in figs), freed_by_purge=True, kind="cached",
                 note="cached by torch for reuse; `%gpumem purge` empties the cache "
-                     "(torch.cuda.empty_cache)"))
-        if self.free_in_use:
+                     "(torch.cuda.empty_cache)" + tail))
+        in_use = sum(f.free_in_use for f in figs)
+        if in_use:
             out.append(Internal(
-                "allocator cache: free space in segments in use", dev, self.free_in_use, "torch",
-                count=self.free_in_use_blocks, freed_by_purge=False, kind="cached",
+                "allocator cache: free space in segments in use", dev, in_use, "torch",
+                count=sum(f.free_in_use_blocks for f in figs), freed_by_purge=False,
+                kind="cached",
                 note="free blocks inside segments that also hold live tensors: the device gets "
-                     "them back only once every tensor of the segment is freed"))
+                     "them back only once every tensor of the segment is freed" + tail))
         return out
 
-    def returned(self, freed: "Reached", reached: "Reached",
-                 clears_workspaces: bool = True) -> int:
+    def returned(self, freed: "Reached", reached: "Reached", clears_workspaces: bool = True,
+                 released=()) -> int:
         """Bytes ``empty_cache()`` gives back to the device once the storages in ``freed``
-        and (when ``clears_workspaces``) the workspace blocks are freed: the default
-        pool's segments that are then wholly free, and the whole pages inside free ranges
-        of expandable segments. Private pools keep theirs while their graph lives."""
+        and (when ``clears_workspaces``) the workspace blocks are freed: the segments
+        then wholly free, of the default pool and of the ``released`` pools (their graph
+        is gone), and the whole pages inside free ranges of expandable segments. A live
+        graph's pool keeps its blocks."""
+        pools = self._released(released)
         going: set[int] = set()
         if clears_workspaces:
-            for blocks in self.workspaces(reached).values():
+            for blocks in self.workspaces(reached, released).values():
                 going.update(addr for addr, _ in blocks)
         total = 0
         for seg in self.segments:
-            if seg.pool != DEFAULT_POOL:
+            if seg.pool not in pools:
                 continue
 
             def is_free(b, _going=going):
