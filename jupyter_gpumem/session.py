@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import sys
+import threading
 import time
 from typing import Any, Callable, Protocol
 
@@ -111,6 +112,7 @@ class Session:
         self._task: asyncio.Task | None = None
         self.last: dict[str, dict] = {}   # device -> the JSON snapshot after the last cell
         self._cluster_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._cluster_threads: list[threading.Thread] = []
         #: what refreshing costs: how many, their wall seconds, how many were dropped
         self.stats = {"refreshes": 0, "seconds": 0.0, "dropped": 0, "deferred": 0}
         shell.events.register("pre_run_cell", self._pre_run_cell)
@@ -294,7 +296,8 @@ class Session:
         """The session's one thread that asks the cluster (made on first use)."""
         if self._cluster_pool is None:
             self._cluster_pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="jupyter_gpumem-cluster")
+                max_workers=1, thread_name_prefix="jupyter_gpumem-cluster",
+                initializer=lambda: self._cluster_threads.append(threading.current_thread()))
         return self._cluster_pool
 
     def _tell(self, device: str, text: str) -> None:
@@ -310,8 +313,13 @@ class Session:
         self._cancel()
         self._views.clear()
         if self._cluster_pool is not None:
+            # a question under way ends within the time limit: wait for it, no longer
             self._cluster_pool.shutdown(wait=False, cancel_futures=True)
             self._cluster_pool = None
+            for thread in self._cluster_threads:
+                if thread is not threading.current_thread():
+                    thread.join(self.time_limit + 1.0)
+            self._cluster_threads.clear()
         for event, fn in (("pre_run_cell", self._pre_run_cell),
                           ("post_run_cell", self._post_run_cell)):
             try:

@@ -408,6 +408,11 @@ def test_in_a_kernel_the_cluster_is_asked_off_the_event_loop(sh, workers, monkey
         close_sidebar(c)
         monkeypatch.undo()
         run(sh, "%config GpuMemMagics.scan_time_limit = 3.0")
+    # unloading the extension ends the thread that asked the cluster
+    assert any(t.name.startswith("jupyter_gpumem-cluster") for t in threading.enumerate())
+    run(sh, "%unload_ext jupyter_gpumem")
+    assert not any(t.name.startswith("jupyter_gpumem-cluster") for t in threading.enumerate())
+    run(sh, "%load_ext jupyter_gpumem")
 
 
 # -- Dask stays out unless the user brought it in ------------------------------------------------
