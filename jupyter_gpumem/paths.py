@@ -1,22 +1,38 @@
 """Names and paths a user can type (``model``, ``m.cache``, ``cfg['runs']``, ``Out[12]``).
 
 A path is parsed, never evaluated: only a name followed by ``.attr`` and
-``[literal]`` steps is accepted, and each step is looked up in instance
-dictionaries and containers directly, so no property or ``__getattr__`` runs.
+``[literal]`` steps is accepted (``.0`` too, as the report shows a
+``Sequential``'s children: ``seq.0.weight``), and each step is looked up in
+instance dictionaries, ``__slots__`` fields and containers directly, through
+the base types' own methods, so no property, ``__getattr__``, ``__class__``
+or other code of the user's runs.
 """
 from __future__ import annotations
 
 import ast
+import re
 import sys
 import types
 from dataclasses import dataclass
 from typing import Any
 
 _MODULE_DICTS = ("_parameters", "_buffers", "_modules")  # nn.Module keeps these apart
+_TYPE_DICT = type.__dict__["__dict__"].__get__      # a class's own namespace, C-level
+_TYPE_MRO = type.__dict__["__mro__"].__get__
+_TYPE_FLAGS = type.__dict__["__flags__"].__get__
+_TYPE_NAME = type.__dict__["__name__"].__get__     # no metaclass of the user's asked
+_MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
+_HEAPTYPE = 1 << 9      # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
+_EXC_LINKS = ("__traceback__", "__context__", "__cause__")   # purged by setting None
+_ATTR = re.compile(r"\s*(\d+|[^\W\d]\w*)\s*")
 
 
 class PathError(ValueError):
     """A name or path that is malformed or does not exist."""
+
+
+class Changed(LookupError):
+    """What a binding describes is no longer there: it went or changed on its own."""
 
 
 @dataclass
@@ -25,121 +41,239 @@ class Binding:
 
     text: str
     obj: Any
-    container: Any          # dict or list holding the reference
-    key: Any                # key or index in ``container``
+    container: Any          # dict or list holding the reference, or the object with the slot
+    key: Any                # key in a dict, position (>= 0) in a list, slot name
     root_name: str
+    slot: Any = None        # the descriptor of a ``__slots__`` field or an exception's link
+    owner: Any = None       # the object whose step holds the reference (None: the namespace)
+    owner_text: str = ""    # the path of ``owner``: ``m.layers[3]`` for ``m.layers[3].cache``
 
     @property
     def is_name(self) -> bool:
         return self.text == self.root_name
 
+    @property
+    def in_list(self) -> bool:
+        """Purging it leaves ``None`` at its position: the list keeps its length."""
+        return self.slot is None and issubclass(type(self.container), list)
 
+
+# -- parsing -----------------------------------------------------------------------
 def parse(text: str) -> tuple[str, list[tuple[str, Any]]]:
     """``"m.layers[0]"`` -> ``("m", [("attr", "layers"), ("item", 0)])``."""
-    if not isinstance(text, str) or not text.strip():
+    if type(text) is not str or not text.strip():
         raise PathError(f"malformed path {text!r}: expected a name such as model or m.cache")
-    try:
-        tree = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
-        raise PathError(f"malformed path {text!r}: expected name, .attr and [key] steps") from None
+    s = text.strip()
+    m = _ATTR.match(s)
+    if m is None or m.group(1)[0].isdigit():
+        raise PathError(f"malformed path {text!r}: expected name, .attr and [key] steps")
+    name, pos = m.group(1), m.end()
     steps: list[tuple[str, Any]] = []
-    while True:
-        if isinstance(tree, ast.Name):
-            steps.reverse()
-            return tree.id, steps
-        if isinstance(tree, ast.Attribute):
-            steps.append(("attr", tree.attr))
-            tree = tree.value
-        elif isinstance(tree, ast.Subscript):
-            steps.append(("item", _literal(tree.slice, text)))
-            tree = tree.value
+    while pos < len(s):
+        c = s[pos]
+        if c == ".":
+            m = _ATTR.match(s, pos + 1)
+            if m is None:
+                raise PathError(f"malformed path {text!r}: expected name, .attr and [key] steps")
+            steps.append(("attr", m.group(1)))
+            pos = m.end()
+        elif c == "[":
+            key, pos = _bracket(s, pos, text)
+            steps.append(("item", key))
+            while pos < len(s) and s[pos].isspace():
+                pos += 1
         else:
             raise PathError(f"malformed path {text!r}: only name, .attr and [literal] steps")
+    return name, steps
 
 
-def _literal(node: ast.AST, text: str) -> Any:
-    try:
-        value = ast.literal_eval(node)
-    except (ValueError, SyntaxError, TypeError):
-        raise PathError(f"malformed path {text!r}: a [key] must be a number or a string") from None
-    if type(value) not in (int, str):
-        raise PathError(f"malformed path {text!r}: a [key] must be a number or a string")
-    return value
+def _bracket(s: str, start: int, text: str) -> tuple[Any, int]:
+    """The literal inside ``[...]`` at ``start`` and the position after it."""
+    end = s.find("]", start + 1)
+    while end != -1:   # a string key may hold "]": the first closing bracket that parses
+        try:
+            value = ast.literal_eval(s[start + 1:end].strip())
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            end = s.find("]", end + 1)
+            continue
+        if type(value) not in (int, str):
+            break
+        return value, end + 1
+    raise PathError(f"malformed path {text!r}: a [key] must be a number or a string")
 
 
+# -- looking up, C-level only -------------------------------------------------------
 def _instance_dict(obj: Any) -> dict | None:
-    if isinstance(obj, types.ModuleType):
-        return obj.__dict__
-    if isinstance(obj, type):
+    """``obj``'s own ``__dict__`` through the C descriptor, or ``None``."""
+    tp = type(obj)
+    if issubclass(tp, types.ModuleType):
+        return _MODULE_DICT(obj)
+    if issubclass(tp, type):
         return None
-    from .scan import _dict_of
+    for klass in _TYPE_MRO(tp):
+        descr = _TYPE_DICT(klass).get("__dict__")
+        if descr is not None:
+            if type(descr) is not types.GetSetDescriptorType:
+                return None   # something of the user's stands in for the dict
+            d = descr.__get__(obj)
+            return d if type(d) is dict else None
+    return None
 
-    descr = _dict_of(type(obj))
-    return descr.__get__(obj) if descr is not None else None
+
+instance_dict = _instance_dict
 
 
-def _step(obj: Any, kind: str, key: Any, text: str) -> tuple[Any, Any, Any]:
-    """One step: returns (child, container, key in container)."""
+def slot_items(obj: Any) -> list[tuple[str, Any]]:
+    """``(name, value)`` of every ``__slots__`` field of ``obj`` that holds something."""
+    out, names = [], set()
+    for klass in _TYPE_MRO(type(obj)):
+        for name, descr in _TYPE_DICT(klass).items():
+            if type(descr) is types.MemberDescriptorType and type(name) is str \
+                    and name not in names and _TYPE_FLAGS(descr.__objclass__) & _HEAPTYPE:
+                names.add(name)
+                try:
+                    out.append((name, descr.__get__(obj, type(obj))))
+                except (AttributeError, TypeError):
+                    pass
+    return out
+
+
+def _slot(tp: type, name: str) -> Any:
+    """The member descriptor of a ``__slots__`` field ``name`` of ``tp``, or ``None``.
+
+    Looked for through the whole MRO, as the scan reads slots: a property of a
+    subclass under the same name is never called, the field itself is found."""
+    for klass in _TYPE_MRO(tp):
+        descr = _TYPE_DICT(klass).get(name)
+        if type(descr) is types.MemberDescriptorType:
+            return descr
+    return None
+
+
+def _base_method(tp: type, base: type, name: str) -> Any:
+    """``name`` of the nearest class in ``tp``'s MRO that is built in (not a class
+    statement's) and a subclass of ``base``: ``OrderedDict.__delitem__`` for an
+    ``OrderedDict`` (``dict``'s would break its order), ``dict``'s for a user's dict."""
+    for klass in _TYPE_MRO(tp):
+        if not _TYPE_FLAGS(klass) & _HEAPTYPE and issubclass(klass, base):
+            method = _TYPE_DICT(klass).get(name)
+            if method is not None:
+                return method
+    return _TYPE_DICT(base)[name]
+
+
+def _step(obj: Any, kind: str, key: Any, text: str) -> tuple[Any, Any, Any, Any]:
+    """One step: returns (child, container, key in container, slot descriptor)."""
+    tp = type(obj)
     if kind == "attr":
         d = _instance_dict(obj)
         if d is not None:
-            if key in d:
-                return d[key], d, key
+            if dict.__contains__(d, key):
+                return dict.__getitem__(d, key), d, key, None
             for group in _MODULE_DICTS:
-                sub = d.get(group)
-                if isinstance(sub, dict) and key in sub and sub[key] is not None:
-                    return sub[key], sub, key
-        elif isinstance(obj, type):
-            d = type.__dict__["__dict__"].__get__(obj)
-            if key in d:
+                sub = dict.get(d, group)
+                if issubclass(type(sub), dict) and dict.__contains__(sub, key) \
+                        and dict.__getitem__(sub, key) is not None:
+                    return dict.__getitem__(sub, key), sub, key, None
+        if not issubclass(tp, type):
+            descr = _slot(tp, key)
+            if descr is not None:
+                try:
+                    return descr.__get__(obj, tp), obj, key, descr
+                except AttributeError:
+                    raise PathError(f"{text}: the slot {key!r} holds nothing") from None
+                except TypeError:
+                    pass
+        else:
+            if key in _TYPE_DICT(obj):
                 raise PathError(f"{text}: class attributes are purged through the class; "
                                 f"purge the class name instead")
+        if key in _EXC_LINKS and issubclass(tp, BaseException):
+            descr = _TYPE_DICT(BaseException)[key]
+            value = descr.__get__(obj, tp)
+            if value is None:
+                raise PathError(f"{text}: holds nothing")
+            return value, obj, key, descr
         raise PathError(f"{text}: no attribute {key!r} (only stored attributes are looked up)")
-    if isinstance(obj, dict):
+    if issubclass(tp, dict):
         if dict.__contains__(obj, key):
-            return dict.__getitem__(obj, key), obj, key
+            return dict.__getitem__(obj, key), obj, key, None
         raise PathError(f"{text}: no key {key!r}")
-    if isinstance(obj, (list, tuple)) and isinstance(key, int):
-        seq = list.__getitem__ if isinstance(obj, list) else tuple.__getitem__
-        try:
-            return seq(obj, key), obj, key
-        except IndexError:
-            raise PathError(f"{text}: index {key} out of range") from None
-    raise PathError(f"{text}: cannot look up [{key!r}] in a {type(obj).__name__}")
+    if issubclass(tp, (list, tuple)) and type(key) is int:
+        base = list if issubclass(tp, list) else tuple
+        n = base.__len__(obj)
+        i = key + n if key < 0 else key
+        if not 0 <= i < n:
+            raise PathError(f"{text}: index {key} out of range")
+        return base.__getitem__(obj, i), obj, i, None
+    raise PathError(f"{text}: cannot look up [{key!r}] in a {_TYPE_NAME(tp)}")
 
 
 def resolve(text: str, *, shell: Any = None, namespace: dict | None = None) -> Binding:
     """Find the object a path names, and the container that holds it."""
     name, steps = parse(text)
     ns = shell.user_ns if shell is not None else (namespace if namespace is not None else {})
-    if name not in ns:
+    if not dict.__contains__(ns, name):
         raise PathError(f"name {name!r} is not defined")
-    obj, container, key = ns[name], ns, name
+    obj, container, key, slot = dict.__getitem__(ns, name), ns, name, None
+    owner, owner_text = None, ""
     for kind, k in steps:
-        obj, container, key = _step(obj, kind, k, text)
-    return Binding(text, obj, container, key, name)
+        owner = obj
+        obj, container, key, slot = _step(obj, kind, k, text)
+    if steps:
+        owner_text = name + "".join(f".{k}" if kind == "attr" else f"[{k!r}]"
+                                    for kind, k in steps[:-1])
+    return Binding(text, obj, container, key, name, slot, owner, owner_text)
 
 
+# -- deleting -------------------------------------------------------------------------
 def delete(binding: Binding) -> None:
-    """Remove the reference a binding describes (no user code runs)."""
-    c = binding.container
-    if isinstance(c, dict):
-        if dict.__contains__(c, binding.key) and dict.__getitem__(c, binding.key) is binding.obj:
-            dict.__delitem__(c, binding.key)
-    elif isinstance(c, list):
-        for i, v in enumerate(c):
-            if v is binding.obj:
-                list.__delitem__(c, i)
-                break
+    """Remove the reference a binding describes, by identity (no user code runs).
+
+    A dict loses the key, a slot its value (an exception's ``__traceback__``,
+    ``__context__`` and ``__cause__`` become ``None``); a list keeps its length and gets
+    ``None`` at that position, so its other positions stay as they were.
+    Raises :class:`Changed`, changing nothing, when the reference is no longer
+    the one planned (gone or rebound meanwhile, by another thread say)."""
+    c, key, obj = binding.container, binding.key, binding.obj
+    tp = type(c)
+    if binding.slot is not None:
+        try:
+            current = binding.slot.__get__(c, tp)
+        except AttributeError:
+            raise Changed(binding.text) from None
+        if current is not obj:
+            raise Changed(binding.text)
+        if type(binding.slot) is types.MemberDescriptorType:
+            binding.slot.__delete__(c)
+        else:   # an exception's __traceback__, __context__ or __cause__
+            binding.slot.__set__(c, None)
+    elif issubclass(tp, dict):
+        if not (dict.__contains__(c, key) and dict.__getitem__(c, key) is obj):
+            raise Changed(binding.text)
+        try:
+            _base_method(tp, dict, "__delitem__")(c, key)
+        except KeyError:
+            raise Changed(binding.text) from None
+    elif issubclass(tp, list):
+        if not (key < list.__len__(c) and list.__getitem__(c, key) is obj):
+            raise Changed(binding.text)
+        _base_method(tp, list, "__setitem__")(c, key, None)
     else:
-        raise PathError(f"{binding.text}: lives in a {type(c).__name__}, which cannot be changed; "
+        raise PathError(f"{binding.text}: lives in a {_TYPE_NAME(tp)}, which cannot be changed; "
                         f"purge the name that holds it")
 
 
 def check_deletable(binding: Binding) -> None:
     """Raise :class:`PathError` now if :func:`delete` would fail later."""
-    if not isinstance(binding.container, (dict, list)):
-        delete(binding)  # raises without changing anything
+    if type(binding.slot) is types.MemberDescriptorType:
+        owner = binding.slot.__objclass__
+        if not _TYPE_FLAGS(owner) & _HEAPTYPE:
+            raise PathError(f"{binding.text}: a built-in field of {_TYPE_NAME(owner)}, which "
+                            f"cannot be changed; purge the name that holds it")
+    elif binding.slot is None and not issubclass(type(binding.container), (dict, list)):
+        raise PathError(f"{binding.text}: lives in a {_TYPE_NAME(type(binding.container))}, which "
+                        f"cannot be changed; purge the name that holds it")
     if binding.root_name in ("__builtins__", "__builtin__"):
         raise PathError(f"refusing to delete {binding.text}")
     if binding.obj is sys.modules:
