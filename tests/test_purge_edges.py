@@ -153,6 +153,17 @@ def test_sequential_child_path_shown_is_purgeable(ip, unrelated):
     assert not alive(last) and list(ip.user_ns["seq"]._modules) == ["0", "1"]
 
 
+def test_exception_traceback_path_shown_is_purgeable(ip, unrelated):
+    run(ip, f"def f():\n    t = torch.ones({N})\n    1/0\n"
+            f"try:\n    f()\nexcept ZeroDivisionError as e:\n    err = e")
+    assert any(p.startswith("err.__traceback__") for p in paths_shown(ip, "err"))
+    ref = weak(ip, "err.__traceback__.tb_next.tb_frame.f_locals['t']")
+    purge(ip, "err.__traceback__")
+    assert not alive(ref)
+    err = ip.user_ns["err"]
+    assert type(err) is ZeroDivisionError and err.__traceback__ is None
+
+
 def test_paths_never_ask_an_object_for_its_class():
     from jupyter_gpumem import paths
 
@@ -216,6 +227,18 @@ def test_library_holder_found_inside_a_container_and_through_a_view(ip, unrelate
     assert alive(ref_t) and not alive(ref_u)
     assert [(s.by, s.path) for s in result.still_held] == [("json._cache", "json._cache['k'][0]")]
     assert result.freed["cpu"] == 4 * N
+
+
+def test_memory_alive_outside_every_name_is_not_counted_as_freed(ip, unrelated):
+    run(ip, f"t = torch.ones({N})")
+    ref = weak(ip, "t")
+    held_here = ip.user_ns["t"]   # a reference no notebook name nor module global reaches
+    result = purge(ip, "t")
+    assert alive(ref) and result.freed["cpu"] == 0
+    assert [(s.kind, s.nbytes) for s in result.still_held] == [("unnamed", 4 * N)]
+    assert any("not freed" in m for m in result.messages), result.messages
+    del held_here
+    assert not alive(ref)
 
 
 # -- 4. names that change on their own while a purge runs ----------------------------------
