@@ -1,6 +1,7 @@
 """Shared fixtures: one real IPython shell, reset before each test."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 
@@ -38,3 +39,18 @@ def run(shell, code: str, *, expect_error: bool = False):
     elif not result.success:
         raise AssertionError(f"cell failed: {code!r}: {result.error_before_exec or result.error_in_exec!r}")
     return result
+
+
+@contextlib.contextmanager
+def spawnable_main():
+    """Starting worker processes (a Dask LocalCluster) reads ``__main__.__spec__``; an
+    IPython shell made earlier in this process stands in for ``__main__`` without one."""
+    main = sys.modules["__main__"]
+    lent = "__spec__" not in vars(main)
+    if lent:
+        main.__spec__ = None
+    try:
+        yield
+    finally:
+        if lent:
+            del main.__spec__

@@ -28,6 +28,7 @@ from distributed import Client, LocalCluster, wait  # noqa: E402
 from conftest import run  # noqa: E402
 from jupyter_gpumem import cluster as jc  # noqa: E402
 from jupyter_gpumem.cluster import remote  # noqa: E402
+from conftest import spawnable_main  # noqa: E402
 
 MiB = 1 << 20
 LIMIT = 3.0
@@ -35,8 +36,10 @@ LIMIT = 3.0
 
 @pytest.fixture(scope="module")
 def cluster():
-    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                      dashboard_address=None, silence_logs=50) as c:
+    with spawnable_main():
+        c = LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
+                         dashboard_address=None, silence_logs=50)
+    with c:
         yield c
 
 

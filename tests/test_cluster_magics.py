@@ -33,6 +33,7 @@ from IPython.core.error import UsageError  # noqa: E402
 import jupyter_gpumem  # noqa: E402
 from conftest import run  # noqa: E402
 from jupyter_gpumem import cluster as jc  # noqa: E402
+from conftest import spawnable_main  # noqa: E402
 from test_comm import open_sidebar, send  # noqa: E402 - the recording comm of test_comm.py
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,18 +42,9 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def cluster():
-    # an IPython shell made earlier in this process (another test module's) stands in
-    # for ``__main__``, without the ``__spec__`` that spawning worker processes reads
-    main = sys.modules["__main__"]
-    lent = "__spec__" not in vars(main)
-    if lent:
-        main.__spec__ = None
-    try:
+    with spawnable_main():
         c = LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
                          dashboard_address=None, silence_logs=50)
-    finally:
-        if lent:
-            del main.__spec__
     with c:
         yield c
 
