@@ -22,6 +22,7 @@ from typing import Any
 from . import devices as _devices
 from . import paths as _paths
 from . import scan as _scan
+from . import backends as _backends
 from .backends import active_backends
 
 PURGE_SCHEMA = "jupyter_gpumem.purge/1"
@@ -221,6 +222,22 @@ def _bytes_by_device(scan_result, keys) -> dict[str, int]:
     for i in info.values():
         out[i.device] = out.get(i.device, 0) + i.nbytes
     return out
+
+
+def _predicted(scan_result, own: set, ids) -> tuple[dict[str, int], set]:
+    """Bytes each device gets back, and every storage key the scan reached. The
+    frameworks estimate what freeing these storages and releasing their caches returns
+    (torch: the segments left wholly free, with the workspaces and the cache; CuPy: its
+    pool; JAX and TensorFlow keep theirs); a storage no framework accounts for counts
+    its size (see backends.purge_estimate)."""
+    infos: dict = {}
+    reached: set = set()
+    for reach in scan_result.reach:
+        found = reach.storages
+        reached.update(found.keys())
+        for k in own & found.keys():
+            infos.setdefault(k, found[k][0])
+    return _backends.purge_estimate(sorted(ids), infos, reached), reached
 
 
 def _tracked(scan_result) -> dict[str, int]:
@@ -706,15 +723,17 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
         not names or id(r.obj) in named_objs or own & reach_of[id(r)].storages.keys())]
     # parameters an autograd graph points to belong to their model, not to the loss
     reportable = {k for k, node in target_paths.items() if not _through_graph(node)}
-    predicted = _bytes_by_device(scan1, own)
-    for dev in ids:
-        predicted.setdefault(dev, 0)
+    predicted, reached = _predicted(scan1, own, ids)
     removed = [t.text for t in targets] + [n for r in hidden_clear for n in [r.name] + r.aliases
                                            if n not in names]
     result = PurgeResult(names, removed, predicted, dry_run=dry_run,
                          still_held=_still_held(stay_roots, scan2, reportable, by_of))
     if scan1.partial or scan2.partial:
         result.messages.append("partial scan: " + ", ".join(scan1.reasons + scan2.reasons))
+    if dry_run:
+        from .snapshot import released_by_purge
+
+        result.messages += released_by_purge(sorted(ids), reached)
     handles, infos = {}, {}
     if not dry_run:
         for reach in scan1.reach:

@@ -396,6 +396,21 @@ def build_steps(*, shell: Any = None, namespace: dict | None = None, device: str
 _KIND_ORDER = {"allocated": 0, "cached": 1, "outside": 2}
 
 
+def released_by_purge(device_ids, reached_keys) -> list[str]:
+    """For a dry run: one line per device naming the internals that every purge gives
+    back (workspaces, caches, pools), which its prediction includes."""
+    from .render import fmt_bytes
+
+    found, _ = _backends.internals(device_ids, reached_keys)
+    per: dict[str, list[Internal]] = {}
+    for i in found:
+        if i.freed_by_purge and i.nbytes and i.device != "cpu":
+            per.setdefault(i.device, []).append(i)
+    return [f"{dev}: the purge also gives back " + ", ".join(
+                f"{i.label} {fmt_bytes(i.nbytes)}" for i in sorted(items, key=_internal_order))
+            + " (included above)" for dev, items in per.items()]
+
+
 def _internal_order(i: Internal):
     return (_KIND_ORDER.get(i.kind, 3), i.device, -(i.nbytes or 0), i.label)
 

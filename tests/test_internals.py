@@ -637,3 +637,35 @@ def test_tensorflow_pool_is_an_internal_purge_cannot_free(monkeypatch):
     info = StorageInfo(("cuda:0", 1), 1024, "cuda:0", "tensorflow")
     assert backend.purge_estimate(["cuda:0"], {info.key: info}).returned == {"cuda:0": 0}
 
+
+
+# -- the dry run predicts what the purge gives back -------------------------------------------
+def test_dry_run_includes_the_internals_purge_frees(fake_gpu):
+    import jupyter_gpumem
+
+    ns = fake_gpu["ns"]
+    # a bare purge: no name goes, the workspaces and the cache do (the issue's case: the
+    # dry run said 1.3 MiB of the 66 MiB the purge freed)
+    dry = jupyter_gpumem.purge(namespace=ns, dry_run=True, device="cuda:0")
+    lt_segment = 2 * MiB   # the cuBLASLt workspace's segment is free once it is cleared
+    assert dry.predicted == {"cuda:0": 38 * MiB + 64 * MiB + lt_segment}
+    note = next(m for m in dry.messages if m.startswith("cuda:0: the purge also gives back"))
+    assert "cuBLAS workspaces 64.0 MiB" in note and "allocator cache: free segments 38.0 MiB" in note
+    # every name goes: every segment is given back
+    dry = jupyter_gpumem.purge(namespace=ns, all=True, dry_run=True, device="cuda:0")
+    assert dry.predicted == {"cuda:0": fake_gpu["reserved"]}
+    assert set(ns) == {"model", "opt"}, "a dry run changes nothing"
+    # one name goes: only the segments it alone fills come back, with the internals
+    dry = jupyter_gpumem.purge(["model"], namespace=ns, dry_run=True, device="cuda:0")
+    assert dry.predicted["cuda:0"] == 38 * MiB + 64 * MiB + lt_segment + _whole_segments(
+        fake_gpu, [t.ptr for t in ns["model"]])
+
+
+def _whole_segments(fake_gpu, ptrs) -> int:
+    """Bytes of the feed's segments whose every active block is one of ``ptrs``."""
+    total = 0
+    for seg in feed():
+        active = [b["address"] for b in seg["blocks"] if b["state"] != I]
+        if active and all(a in ptrs for a in active):
+            total += seg["total_size"]
+    return total
