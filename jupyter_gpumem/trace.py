@@ -223,9 +223,14 @@ class SiteGroup:
 
     @property
     def text(self) -> str:
-        what = f"{self.label}, first allocated at " if self.label else ""
         blocks = f"{self.count} block{'s' if self.count != 1 else ''}"
-        return f"{_fmt_bytes(self.nbytes)} in {blocks} · {what}{self.site.text}"
+        if not self.label:
+            where = self.site.text
+        elif self.site.how in ("unknown", "before"):
+            where = f"{self.label} ({self.site.text})"
+        else:
+            where = f"{self.label}, first allocated at {self.site.text}"
+        return f"{_fmt_bytes(self.nbytes)} in {blocks} · {where}"
 
     def to_json(self) -> dict:
         return {"site": self.site.to_json(), "bytes": self.nbytes, "count": self.count,
@@ -262,7 +267,9 @@ class CellLines(list):
         parts = []
         if self:
             parts.append("allocated most: " + "; ".join(
-                f"line {la.line} {_fmt_bytes(la.bytes)}" + (f" ({la.source})" if la.source else "")
+                f"line {la.line} {_fmt_bytes(la.bytes)}"
+                + (f", {_fmt_bytes(self.held[la.line])} kept" if self.held.get(la.line) else "")
+                + (f" ({la.source})" if la.source else "")
                 for la in self[:top]))
         if self.peak is not None:
             at = f"at line {self.peak.line}" if self.peak.line is not None else "outside its lines"
@@ -297,7 +304,7 @@ class Cost:
     @property
     def text(self) -> str:
         return (f"+{_fmt_us(self.extra)} per {self.what} ({_fmt_us(self.without)} -> "
-                f"{_fmt_us(self.with_)}, {self.ratio:.2f}x on {self.calls} bare calls)")
+                f"{_fmt_us(self.with_)}, {self.ratio:.2f}x, measured on {self.calls} calls)")
 
 
 # -- frames -> sites -------------------------------------------------------------------------
@@ -307,6 +314,11 @@ def _frame_tuple(f: Any) -> tuple | None:
     if isinstance(f, tuple) and len(f) == 3:
         return f
     return None
+
+
+def _is_python(f: Any) -> bool:
+    fn = f.get("filename") if isinstance(f, dict) else f[0] if isinstance(f, tuple) else None
+    return type(fn) is str and (fn.endswith(".py") or fn.startswith("<"))
 
 
 def _frame_text(fr: tuple) -> str:
@@ -340,10 +352,12 @@ class _Resolver:
         return out
 
     def pick(self, frames) -> tuple:
+        """Python frames only: with ``stacks="all"`` torch adds C++ frames, and an
+        allocation with C++ frames alone (autograd's thread) has no Python frame."""
         inner = cin = cout = None
         for f in frames or ():
             c = self.cell_of(f)
-            if inner is None:
+            if inner is None and (c is not None or _is_python(f)):
                 inner = _frame_tuple(f)
             if c is not None:
                 if cin is None:
@@ -460,10 +474,15 @@ class CudaFeed:
         empty, uint8 = torch.empty, torch.uint8
         dev = torch.device("cuda", torch.cuda.current_device())
 
+        def deep(n: int):
+            # each allocation 8 fresh Python calls deep, as inside a model's forward (torch
+            # gathers every frame of the stack for each allocation)
+            return deep(n - 1) if n else empty(512, dtype=uint8, device=dev)
+
         def loop() -> float:
             t0 = time.perf_counter()
             for _ in range(calls):
-                empty(512, dtype=uint8, device=dev)
+                deep(_DEPTH)
             return (time.perf_counter() - t0) / calls
 
         loop()
@@ -475,6 +494,7 @@ class CudaFeed:
 
 
 _ALLOC, _FREE = "alloc", "free_requested"
+_DEPTH = 8
 
 
 class _Block(NamedTuple):
@@ -766,10 +786,13 @@ class HostRecorder:
         scratch = HostRecorder(self.cells, 16, self._stop_code)
         a = torch.ones(16)
 
+        def deep(n: int):
+            return deep(n - 1) if n else a + a
+
         def loop() -> float:
             t0 = time.perf_counter()
             for _ in range(calls):
-                a + a
+                deep(_DEPTH)
             return (time.perf_counter() - t0) / calls
 
         loop()
@@ -1119,8 +1142,8 @@ class Tracer:
         keep: dict[tuple, Site] = {}
         for dev in idx.devices.values():
             for b in dev.blocks:
-                if b.frames:
-                    continue
+                if b.frames and res.pick(b.frames)[0] is not None:
+                    continue      # its own Python frames tell
                 k = (dev.index, b.addr, b.size)
                 site = self._carry.get(k)
                 if site is None:
@@ -1174,9 +1197,8 @@ class Tracer:
             # the history holds every event since trace was on, and not this block's
             return BEFORE
         return Site(None, None, how="unknown",
-                    note=f"no frame: allocated before trace was on, or on a thread with no Python "
-                         f"frame before the oldest of the {self.max_entries:,} events kept "
-                         f"(raise max_entries)")
+                    note=f"no frame: allocated on a thread with no Python frame before the oldest "
+                         f"of the {self.max_entries:,} events kept (raise max_entries)")
 
     # -- queries --------------------------------------------------------------------------
     @staticmethod
@@ -1319,10 +1341,9 @@ class Tracer:
             e = trace[i]
             a = e.get("action")
             if a == _ALLOC:
-                frames = e.get("frames")
+                inner, cin, cout = res.pick(e.get("frames"))
                 at = None
-                if frames:
-                    inner, cin, cout = res.pick(frames)
+                if inner is not None:
                     if cout is not None and cout[0] == n:
                         at = last = (cout[1], cout[2])
                 elif last is not None or span is not None:
@@ -1432,7 +1453,12 @@ class Tracer:
         if not self.active:
             return "trace is off"
         parts = []
-        if self.want_cuda:
+        if self.auto and self.cuda == "waiting-import":
+            parts.append("waiting for `import torch` (then CUDA's allocator where torch sees a "
+                         "GPU, else the host)")
+            if self.do_measure:
+                parts.append("its cost is measured when recording starts (`%gpumem trace`)")
+        elif self.want_cuda:
             what = self._cuda_words()
             if self.cuda == "on":
                 what = f"recording ({self.stacks} stacks, {self.max_entries:,} events kept)"
@@ -1441,7 +1467,8 @@ class Tracer:
                 parts.append("cost " + self.cuda_cost.text)
             elif self.cuda in ("waiting-import", "waiting-init") and self.do_measure:
                 parts.append("its cost is measured when recording starts (`%gpumem trace`)")
-        if self.host_state != "off" or self.want_host:
+        if (self.host_state != "off" or self.want_host) and not (
+                self.auto and self.cuda == "waiting-import"):
             words = {"on": "recording torch calls' results", "waiting-import":
                      "waiting for `import torch`", "waiting-thread": "starts with the next cell",
                      "off": "off"}.get(self.host_state, self.host_state)

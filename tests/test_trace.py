@@ -37,6 +37,16 @@ MiB = 1 << 20
 
 
 # -- a fake CUDA allocator, shaped like torch's --------------------------------------------
+#: C++ frames as torch gives them with stacks="all" (innermost first)
+CPP_FRAMES = [
+    {"filename": "/pytorch/c10/cuda/CUDACachingAllocator.cpp", "line": 1300,
+     "name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"},
+    {"filename": "/pytorch/aten/src/ATen/native/cuda/Blas.cpp", "line": 400, "name": "at::native::addmm_out_cuda_impl"},
+    {"filename": "??", "line": 0, "name": "torch::autograd::Engine::thread_main"},
+    {"filename": "??", "line": 0, "name": "start_thread"},
+]
+
+
 class FakeAllocator:
     """Blocks and history as torch's caching allocator reports them in ``_snapshot()``.
 
@@ -138,12 +148,14 @@ class FakeAllocator:
         if len(t) > self.max_entries:
             del t[0]
 
-    def alloc(self, size: int, *, frames: bool = True, device: int = 0) -> int:
+    def alloc(self, size: int, *, frames: bool = True, device: int = 0, cpp: bool = False) -> int:
         block = (size + 511) // 512 * 512
         total = max(block, 2 * MiB if block <= MiB else block)
         addr = self.next_addr
         self.next_addr += total + 0x100000
         fr = self._frames(1) if (self.recording and frames) else []   # this frame first
+        if self.recording and cpp:
+            fr = CPP_FRAMES + fr
         blocks = [{"address": addr, "size": block, "requested_size": size,
                    "state": "active_allocated", "frames": fr}]
         if total > block:
@@ -173,10 +185,11 @@ class FakeAllocator:
                 return
         raise KeyError(addr)
 
-    def in_thread(self, size: int) -> int:
-        """An allocation made by a C++ thread (no Python frame), as autograd's backward."""
+    def in_thread(self, size: int, cpp: bool = False) -> int:
+        """An allocation made by a C++ thread (no Python frame), as autograd's backward;
+        ``cpp``: with the C++ frames ``stacks="all"`` gives it."""
         out = []
-        th = threading.Thread(target=lambda: out.append(self.alloc(size, frames=False)))
+        th = threading.Thread(target=lambda: out.append(self.alloc(size, frames=False, cpp=cpp)))
         th.start()
         th.join()
         return out[0]
@@ -453,6 +466,23 @@ def test_cuda_before_trace_and_frameless_blocks(tip):
     s = trace.site_of(("cuda:0", tip.user_ns["lone"]))
     assert (s.cell, s.line, s.how) == (r2.execution_count, None, "cell")
     assert s.text.startswith(f"cell [{r2.execution_count}] (no Python frame")
+
+
+def test_cuda_cpp_stacks_are_no_python_frame(tip):
+    """With stacks="all" torch adds C++ frames: those of autograd's thread alone are not a
+    site; Python frames below C++ ones still are."""
+    feed = FakeAllocator()
+    line = _cuda(tip, feed, stacks="all")
+    assert "all stacks" in line and feed.enables[-1]["stacks"] == "all"
+    r = run(tip, "seed = fake.alloc(512, cpp=True)\ngrad = fake.in_thread(1 << 20, cpp=True)")
+    n = r.execution_count
+    s = trace.site_of(("cuda:0", tip.user_ns["seed"]))
+    assert (s.cell, s.line, s.how) == (n, 1, "stack")
+    assert "CUDACachingAllocator" not in (s.inner or "")
+    s = trace.site_of(("cuda:0", tip.user_ns["grad"]))
+    assert (s.cell, s.line, s.how) == (n, 1, "nearest")
+    # the frameless grad counts for the line that allocated last before it
+    assert [(la.line, la.bytes) for la in trace.cell_lines(n)] == [(1, MiB + 512)]
 
 
 def test_cuda_frameless_sites_outlive_torchs_ring_buffer(tip):
