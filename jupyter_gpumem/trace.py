@@ -47,7 +47,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 #: allocator events torch keeps (a ring buffer); each costs host memory while kept
@@ -912,7 +912,7 @@ class Tracer:
         self.do_measure = measure
         self.cuda = "off"          # off | waiting-import | waiting-init | on | unavailable
         self.host: HostRecorder | None = None
-        self.host_state = "off"    # off | waiting-import | on
+        self.host_state = "off"    # off | waiting-import | waiting-thread | on
         self.cuda_cost: Cost | None = None
         self.host_cost: Cost | None = None
         self.started = time.time()

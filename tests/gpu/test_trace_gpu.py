@@ -22,11 +22,9 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import pickle
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
