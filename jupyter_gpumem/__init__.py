@@ -116,7 +116,8 @@ def load_ipython_extension(ip) -> None:
     open_session(ip, magics)
     for module, register in (("jupyter_gpumem.comm", "register_comm"),
                              ("jupyter_gpumem.watch", "on_load"),
-                             ("jupyter_gpumem.backends.tame", "on_load")):
+                             ("jupyter_gpumem.backends.tame", "on_load"),
+                             ("jupyter_gpumem.trace", "on_load")):
         _call_optional(module, register, ip, magics)
 
 

@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("jupyter_gpumem.watch", "magic_plot"),
     "panel": ("jupyter_gpumem.panel", "magic_panel"),
     "tame": ("jupyter_gpumem.backends.tame", "magic_tame"),
+    "trace": ("jupyter_gpumem.trace", "magic_trace"),
 }
 
 USAGE = """\
@@ -33,6 +34,7 @@ USAGE = """\
 %gpumem plot [--save FILE]
 %gpumem panel [--device ...] [--interval S] [--window S] [--close]
 %gpumem tame [--give-back] | off | status
+%gpumem trace on|off [--stacks python|all] [--device ...] [--save FILE]
 %%gpuwatch [-o NAME] [--interval S] [--plot] [--device ...]"""
 
 
@@ -108,6 +110,8 @@ class GpuMemMagics(Magics):
                             "watched cell runs").tag(config=True)
     tame = Bool(False, help="on load, make JAX and TensorFlow allocate on demand "
                 "instead of grabbing the card").tag(config=True)
+    trace = Bool(False, help="record where each block was allocated (cell and line) "
+                 "from the first cell: %gpumem trace on at load").tag(config=True)
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)

@@ -148,11 +148,19 @@ def snapshot_text(s) -> str:
     for h in s.details:
         lines.append("")
         lines.append(f"{h.name}: {fmt_bytes(h.total)} in {h.tensors} storage(s)")
-        lines += ["  " + x for x in _table(
-            ["path", "bytes", "device", "what", "shared with"],
-            [[r.path, fmt_bytes(r.nbytes), r.device, r.what or "", ", ".join(r.shared_with)]
-             for r in h.rows], {1})]
+        lines += ["  " + x for x in _table(*_detail_table(h), {1})]
     return "\n".join(lines).rstrip()
+
+
+def _detail_table(h) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of ``%gpumem NAME``: its storages (and, while trace is on,
+    where each was allocated)."""
+    sited = any(r.allocated_at for r in h.rows)
+    headers = ["path", "bytes", "device", "what", "shared with"] + (["allocated at"] if sited else [])
+    rows = [[r.path, fmt_bytes(r.nbytes), r.device, r.what or "", ", ".join(r.shared_with)]
+            + ([r.allocated_at or "allocated before trace was on"] if sited else [])
+            for r in h.rows]
+    return headers, rows
 
 
 def _esc(x) -> str:
@@ -198,9 +206,7 @@ def snapshot_html(s) -> str:
             parts.append(f"<div>💡 <b>{_esc(h.label)}</b>: {_esc(h.hint)}</div>")
     for h in s.details:
         parts.append(f"<h4>{_esc(h.name)}: {_esc(fmt_bytes(h.total))}</h4>")
-        parts.append(_html_table(["path", "bytes", "device", "what", "shared with"],
-                                 [[r.path, fmt_bytes(r.nbytes), r.device, r.what or "",
-                                   ", ".join(r.shared_with)] for r in h.rows], {1}))
+        parts.append(_html_table(*_detail_table(h), {1}))
     parts.append("</div>")
     return "".join(parts)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from . import devices as _devices
 from . import scan as _scan
+from . import trace as _trace
 from . import backends as _backends
 from .backends import Internal, active_backends
 from .backends import cuda_context as _cuda_context
@@ -37,11 +38,14 @@ class TensorRow:
     framework: str
     what: str | None = None
     shared_with: list[str] = field(default_factory=list)
+    key: tuple | None = None
+    #: where it was allocated (``cell [12] line 3: out = model(x)``) while trace is on
+    allocated_at: str | None = None
 
     def to_json(self) -> dict:
         return {"path": self.path, "bytes": self.nbytes, "device": self.device,
                 "framework": self.framework, "what": self.what,
-                "shared_with": list(self.shared_with)}
+                "shared_with": list(self.shared_with), "allocated_at": self.allocated_at}
 
 
 @dataclass
@@ -301,7 +305,7 @@ def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), bac
                 rows.append(TensorRow(
                     _scan.format_path(node), info.nbytes, info.device, info.framework, what,
                     [names[j] for j in sharing.owners(key) if j != i] if common and key in common
-                    else []))
+                    else [], key=key))
         path = _scan.format_path(largest_entry[1])
         label = root.name
         if root.kind == "traceback" and "→" in path:
@@ -376,6 +380,7 @@ def build_steps(*, shell: Any = None, namespace: dict | None = None, device: str
     detail_names = set(names or ())
     all_holders = attribute(result, rows_for=detail_names, sharing=sharing)
     details = [h for h in all_holders if h.name in detail_names]
+    _allocation_sites(details)
     extra_names = {r.name for r in extra}
     holders = [h for h in all_holders if h.name not in extra_names]
     messages = list(_messages(result, usages, accs, device))
@@ -413,6 +418,19 @@ def released_by_purge(device_ids, reached_keys) -> list[str]:
 
 def _internal_order(i: Internal):
     return (_KIND_ORDER.get(i.kind, 3), i.device, -(i.nbytes or 0), i.label)
+
+
+def _allocation_sites(details: list[Holder]) -> None:
+    """While ``%gpumem trace`` is on, each row of ``%gpumem NAME`` says where its
+    storage was allocated."""
+    if not details or not _trace.is_on():
+        return
+    rows = [r for h in details for r in h.rows]
+    sites = _trace.sites_of([r.key for r in rows])
+    for r in rows:
+        site = sites.get(r.key)
+        if site is not None:
+            r.allocated_at = site.text
 
 
 def _unattributed(usages, reached: dict[str, dict[str, int]],

@@ -63,6 +63,7 @@ from IPython.core.error import UsageError
 from . import devices as _devices
 from . import monitor as _monitor
 from . import scan as _scan
+from . import trace as _trace
 from .render import fmt_bytes
 from .watch_holders import HolderTracker, RootInfo
 from .watch_peaks import LEDGER, PeakScope, uninstall_all
@@ -850,6 +851,9 @@ class _Footer:
                     r.label = f"In [{count}]"
                 self._thresholds(w, r)
                 print(("\n" if newline else "") + r.footer())
+                lines = _traced_lines(count)
+                if lines:
+                    print(lines)
         except Exception as exc:  # noqa: BLE001
             _complain("watch footer failed", exc)
         self.state.costs.append(self._pre_cost + time.perf_counter() - t)
@@ -1221,6 +1225,9 @@ def _finish(magics, w: Watch | None, args, number: int, error: BaseException | N
         result = w.stop(error=error, execution_count=number)
         if result is None:
             return
+        lines = _traced_lines(number)
+        if lines:
+            result.messages.append(lines)
         magics.show(result, False)
         if args.output:
             magics.shell.user_ns[args.output] = result
@@ -1230,6 +1237,17 @@ def _finish(magics, w: Watch | None, args, number: int, error: BaseException | N
             show_figure([result], _state_for_shell(magics.shell).series.points(result.start - 0.5))
     except Exception as exc:  # noqa: BLE001
         _complain("%%gpuwatch report failed", exc)
+
+
+def _traced_lines(count: int | None) -> str | None:
+    """While ``%gpumem trace`` is on: the lines of cell ``count`` that allocated the most,
+    and the line at its peak, in one line."""
+    if count is None or not _trace.is_on():
+        return None
+    try:
+        return _trace.cell_lines(count).text() or None
+    except Exception as exc:  # noqa: BLE001 - the footer stands without it
+        return f"allocation sites unknown: {type(exc).__name__}: {exc}"
 
 
 def _history_parser():

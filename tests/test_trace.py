@@ -706,3 +706,40 @@ def test_trace_on_before_import_torch(tmp_path):
     assert got["site"]["cell"] == got["count"] and got["site"]["line"] == 2
     assert got["site"]["source"] == "first = torch.arange(10.)"
     assert "host recording" in got["status"]
+
+
+def test_name_rows_say_where_each_storage_was_allocated(ip):
+    """``%gpumem NAME`` while trace is on: each row names its cell and line."""
+    from conftest import run
+
+    run(ip, "import torch")
+    run(ip, "%gpumem trace on --device cpu")
+    try:
+        run(ip, "x = torch.ones(1000)\ny = [torch.zeros(2000), x]")
+        snap = ip.run_line_magic("gpumem", "y --device cpu -o")
+    finally:
+        run(ip, "%gpumem trace off")
+    (detail,) = snap.details
+    where = {r.path: r.allocated_at for r in detail.rows}
+    assert where["y[0]"].endswith("line 2: y = [torch.zeros(2000), x]"), where
+    assert where["y[1]"].endswith("line 1: x = torch.ones(1000)"), where
+    assert "allocated at" in repr(snap)
+
+
+def test_the_footer_and_gpuwatch_name_the_lines_that_allocated(ip, capsys):
+    from conftest import run
+
+    run(ip, "import torch")
+    run(ip, "%gpumem trace on --device cpu")
+    try:
+        run(ip, "%gpumem watch on --device cpu")
+        capsys.readouterr()
+        run(ip, "a = torch.ones(100)\nb = torch.zeros(300_000)")
+        footer = capsys.readouterr().out
+        run(ip, "%gpumem watch off")
+        ip.run_cell_magic("gpuwatch", "--device cpu -o w", "c = torch.ones(200_000)")
+        report = repr(ip.user_ns["w"])
+    finally:
+        run(ip, "%gpumem trace off")
+    assert "b = torch.zeros(300_000)" in footer, footer
+    assert "c = torch.ones(200_000)" in report, report
