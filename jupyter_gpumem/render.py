@@ -141,6 +141,8 @@ def snapshot_text(s) -> str:
     if un:
         lines.append("unattributed (allocated, reached by no name): " +
                      ", ".join(f"{fmt_bytes(v)} on {k}" for k, v in un.items()))
+        for dev, groups in s.unattributed_sites.items():
+            lines += [f"  {dev}: {g['text']}" for g in groups]
     hints = [h for h in s.holders if h.hint]
     if hints:
         lines.append("")
@@ -201,6 +203,9 @@ def snapshot_html(s) -> str:
     if un:
         parts.append("<div>unattributed (allocated, reached by no name): " + _esc(
             ", ".join(f"{fmt_bytes(v)} on {k}" for k, v in un.items())) + "</div>")
+        for dev, groups in s.unattributed_sites.items():
+            parts += [f"<div style='margin-left:1em'>{_esc(dev)}: {_esc(g['text'])}</div>"
+                      for g in groups]
     for h in s.holders:
         if h.hint:
             parts.append(f"<div>💡 <b>{_esc(h.label)}</b>: {_esc(h.hint)}</div>")

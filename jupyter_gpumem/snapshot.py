@@ -102,6 +102,9 @@ class Snapshot:
     time: float = field(default_factory=time.time)
     details: list[Holder] = field(default_factory=list)
     internals: list[Internal] = field(default_factory=list)
+    #: while trace is on: device -> what no name reaches, by allocation site, largest first
+    #: (``{"text", "bytes", "count", ...}`` of :class:`jupyter_gpumem.trace.SiteGroup`)
+    unattributed_sites: dict[str, list[dict]] = field(default_factory=dict)
 
     def internals_of(self, device: str, kinds: tuple = ("allocated", "cached")) -> list[Internal]:
         """The internals on ``device`` of these kinds (``"outside"``: the rest's parts)."""
@@ -125,6 +128,8 @@ class Snapshot:
             "unattributed": dict(self.unattributed),
             "internals": [i.to_json() for i in self.internals],
         }
+        if self.unattributed_sites:
+            out["unattributed_sites"] = {k: list(v) for k, v in self.unattributed_sites.items()}
         if self.details:
             out["details"] = [h.to_json(with_rows=True) for h in self.details]
         return out
@@ -394,8 +399,10 @@ def build_steps(*, shell: Any = None, namespace: dict | None = None, device: str
     unattributed = _unattributed(usages, reached, internals)
     for du in usages:
         du.attributed = sum(reached.get(du.id, {}).values())
+    sites = _sites_of_unattributed(unattributed, sharing.keys)
     return Snapshot(device, usages, holders, unattributed, bool(accs), result.partial,
-                    messages, result.seconds, details=details, internals=internals)
+                    messages, result.seconds, details=details, internals=internals,
+                    unattributed_sites=sites)
 
 
 _KIND_ORDER = {"allocated": 0, "cached": 1, "outside": 2}
@@ -431,6 +438,22 @@ def _allocation_sites(details: list[Holder]) -> None:
         site = sites.get(r.key)
         if site is not None:
             r.allocated_at = site.text
+
+
+SITE_GROUPS = 5   # allocation sites shown for what no name reaches, per device
+
+
+def _sites_of_unattributed(unattributed: dict, reached_keys) -> dict[str, list[dict]]:
+    """While trace is on: what no name reaches on each device, by allocation site."""
+    if not _trace.is_on():
+        return {}
+    out = {}
+    for dev, nbytes in unattributed.items():
+        if nbytes:
+            groups = _trace.unattributed_sites(reached_keys, dev)[:SITE_GROUPS]
+            if groups:
+                out[dev] = [dict(g.to_json(), text=g.text) for g in groups]
+    return out
 
 
 def _unattributed(usages, reached: dict[str, dict[str, int]],

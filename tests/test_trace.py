@@ -743,3 +743,26 @@ def test_the_footer_and_gpuwatch_name_the_lines_that_allocated(ip, capsys):
         run(ip, "%gpumem trace off")
     assert "b = torch.zeros(300_000)" in footer, footer
     assert "c = torch.ones(200_000)" in report, report
+
+
+def test_what_no_name_reaches_is_grouped_by_site_in_the_snapshot(ip):
+    """The snapshot's unattributed part, by allocation site (the host keeps no allocator
+    figure to be unattributed, so the device's unattributed bytes are given here)."""
+    import importlib
+
+    from conftest import run
+
+    snap_mod = importlib.import_module("jupyter_gpumem.snapshot")
+    run(ip, "import torch")
+    run(ip, "%gpumem trace on --device cpu")
+    try:
+        run(ip, "kept = torch.ones(1000)\nhidden_away = [torch.zeros(50_000)]")
+        lost = ip.user_ns.pop("hidden_away")   # held by the test only: no name reaches it
+        reached = [("cpu", ip.user_ns["kept"].untyped_storage().data_ptr())]
+        sites = snap_mod._sites_of_unattributed({"cpu": 200_000}, reached)
+    finally:
+        run(ip, "%gpumem trace off")
+    del lost
+    (first, *_) = sites["cpu"]
+    assert "hidden_away = [torch.zeros(50_000)]" in first["text"], sites
+    assert first["bytes"] == 200_000
