@@ -97,6 +97,10 @@ def test_a_mock_shaped_like_a_tensor_gets_no_tensor_hint(ip):
     ip.user_ns["t"] = torch.ones(N)
     snap = ip.run_line_magic("gpumem", "--device cpu -o")
     assert snap.holder("m") is None
+    from jupyter_gpumem.backends import active_backends
+
+    torch_backend = next(b for b in active_backends() if b.name == "torch")
+    assert torch_backend.hint("m", ip.user_ns["m"], 1 << 20) is None   # no tensor: no hint
     assert not object.__getattribute__(ip.user_ns["m"], "_mock_children")
 
 
