@@ -42,6 +42,19 @@ def run(shell, code: str, *, expect_error: bool = False):
 
 
 @contextlib.contextmanager
+def two_worker_cluster():
+    """A real Dask LocalCluster of two worker processes, one thread each (for a
+    module-scoped fixture)."""
+    from distributed import LocalCluster
+
+    with spawnable_main():
+        cluster = LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
+                               dashboard_address=None, silence_logs=50)
+    with cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
 def spawnable_main():
     """Starting worker processes (a Dask LocalCluster) reads ``__main__.__spec__``; an
     IPython shell made earlier in this process stands in for ``__main__`` without one."""

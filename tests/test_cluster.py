@@ -23,12 +23,12 @@ distributed = pytest.importorskip("distributed")
 
 import dask.array as da  # noqa: E402
 import dask.bag as db  # noqa: E402
-from distributed import Client, LocalCluster, wait  # noqa: E402
+from distributed import Client, wait  # noqa: E402
 
 from conftest import run  # noqa: E402
 from jupyter_gpumem import cluster as jc  # noqa: E402
 from jupyter_gpumem.cluster import remote  # noqa: E402
-from conftest import spawnable_main  # noqa: E402
+from conftest import two_worker_cluster  # noqa: E402
 
 MiB = 1 << 20
 LIMIT = 3.0
@@ -36,10 +36,7 @@ LIMIT = 3.0
 
 @pytest.fixture(scope="module")
 def cluster():
-    with spawnable_main():
-        c = LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                         dashboard_address=None, silence_logs=50)
-    with c:
+    with two_worker_cluster() as c:
         yield c
 
 

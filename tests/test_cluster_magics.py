@@ -27,13 +27,13 @@ import pytest
 torch = pytest.importorskip("torch")
 distributed = pytest.importorskip("distributed")
 
-from distributed import Client, LocalCluster, wait  # noqa: E402
+from distributed import Client, wait  # noqa: E402
 from IPython.core.error import UsageError  # noqa: E402
 
 import jupyter_gpumem  # noqa: E402
 from conftest import run  # noqa: E402
 from jupyter_gpumem import cluster as jc  # noqa: E402
-from conftest import spawnable_main  # noqa: E402
+from conftest import two_worker_cluster  # noqa: E402
 from test_comm import open_sidebar, send  # noqa: E402 - the recording comm of test_comm.py
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,10 +42,7 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def cluster():
-    with spawnable_main():
-        c = LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                         dashboard_address=None, silence_logs=50)
-    with c:
+    with two_worker_cluster() as c:
         yield c
 
 
