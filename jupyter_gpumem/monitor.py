@@ -201,6 +201,26 @@ def _running_cell_frames() -> list[int]:
     return ids
 
 
+def hook_cells(shell: object, pre: Callable, post: Callable) -> None:
+    """Register ``pre`` and ``post`` for IPython's ``pre_run_cell`` / ``post_run_cell``."""
+    events = getattr(shell, "events", None)
+    if events is not None:
+        events.register("pre_run_cell", pre)
+        events.register("post_run_cell", post)
+
+
+def unhook_cells(shell: object, pre: Callable, post: Callable) -> None:
+    """Undo :func:`hook_cells` (what is not registered is left alone)."""
+    events = getattr(shell, "events", None)
+    if events is None:
+        return
+    for name, fn in (("pre_run_cell", pre), ("post_run_cell", post)):
+        try:
+            events.unregister(name, fn)
+        except ValueError:
+            pass
+
+
 class CellEvents:
     """Pairs ``pre_run_cell`` with ``post_run_cell``, which IPython does not do.
 

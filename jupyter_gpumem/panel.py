@@ -21,7 +21,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from . import panel_render as _render
-from .monitor import MAX_INTERVAL, CellEvents, Sampler, Series, check_interval, device_point
+from .monitor import (MAX_INTERVAL, CellEvents, Sampler, Series, check_interval, device_point,
+                      hook_cells, unhook_cells)
 from .session import session_of
 
 INTERVAL = 1.0  # seconds between two readings of the device bars
@@ -280,9 +281,7 @@ class Panel:
     # -- lifetime --------------------------------------------------------------------------
     def start(self) -> None:
         """Hook the cell events, scan once, and start the device thread."""
-        events = self.shell.events
-        events.register("pre_run_cell", self._pre_run_cell)
-        events.register("post_run_cell", self._post_run_cell)
+        hook_cells(self.shell, self._pre_run_cell, self._post_run_cell)
         if self.session is not None:
             self.session.add_view(self)
         self.refresh()
@@ -331,12 +330,7 @@ class Panel:
             self.sampler.stop()
         if self.session is not None:
             self.session.remove_view(self)
-        for event, fn in (("pre_run_cell", self._pre_run_cell),
-                          ("post_run_cell", self._post_run_cell)):
-            try:
-                self.shell.events.unregister(event, fn)
-            except ValueError:
-                pass
+        unhook_cells(self.shell, self._pre_run_cell, self._post_run_cell)
         if _panels.get(id(self.shell)) is self:
             _panels.pop(id(self.shell), None)
         _close_tree(self.widget)

@@ -33,7 +33,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from .snapshot import build, build_steps
-from .monitor import CellEvents
+from .monitor import CellEvents, hook_cells, unhook_cells
 
 
 #: seconds the kernel must have been idle after a cell before the views refresh
@@ -115,8 +115,7 @@ class Session:
         self._cluster_threads: list[threading.Thread] = []
         #: what refreshing costs: how many, their wall seconds, how many were dropped
         self.stats = {"refreshes": 0, "seconds": 0.0, "dropped": 0, "deferred": 0}
-        shell.events.register("pre_run_cell", self._pre_run_cell)
-        shell.events.register("post_run_cell", self._post_run_cell)
+        hook_cells(shell, self._pre_run_cell, self._post_run_cell)
 
     # -- settings ----------------------------------------------------------------
     @property
@@ -320,12 +319,7 @@ class Session:
                 if thread is not threading.current_thread():
                     thread.join(self.time_limit + 1.0)
             self._cluster_threads.clear()
-        for event, fn in (("pre_run_cell", self._pre_run_cell),
-                          ("post_run_cell", self._post_run_cell)):
-            try:
-                self.shell.events.unregister(event, fn)
-            except ValueError:
-                pass
+        unhook_cells(self.shell, self._pre_run_cell, self._post_run_cell)
 
 
 def _add_cluster(data: dict, part: dict | str | None) -> None:

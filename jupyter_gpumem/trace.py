@@ -50,6 +50,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
+from .monitor import hook_cells, unhook_cells
+from .render import fmt_bytes as _fmt_bytes
+
 #: allocator events torch keeps (a ring buffer); each costs host memory while kept
 DEFAULT_MAX_ENTRIES = 100_000
 STACKS = ("python", "all")
@@ -57,19 +60,7 @@ CONTEXTS = ("alloc", "all")
 BEFORE_TEXT = "allocated before trace was on"
 _INPUT_RE = re.compile(r"^<ipython-input-(\d+)-[0-9a-fA-F]+>$")
 _IN_RE = re.compile(r"^In\s*\[(\d+)\]$")
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 _HERE = os.path.abspath(__file__)
-
-
-def _fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    value = float(n)
-    for unit in _UNITS:
-        if abs(value) < 1024 or unit == _UNITS[-1]:
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
 
 
 def _fmt_us(seconds: float) -> str:
@@ -1057,21 +1048,10 @@ class Tracer:
     # -- cells --------------------------------------------------------------------------
     def _register_events(self) -> None:
         self._shell_thread = threading.get_ident()
-        events = getattr(self.shell, "events", None)
-        if events is None:
-            return
-        events.register("pre_run_cell", self._pre)
-        events.register("post_run_cell", self._post)
+        hook_cells(self.shell, self._pre, self._post)
 
     def _unregister_events(self) -> None:
-        events = getattr(self.shell, "events", None)
-        if events is None:
-            return
-        for name, fn in (("pre_run_cell", self._pre), ("post_run_cell", self._post)):
-            try:
-                events.unregister(name, fn)
-            except ValueError:
-                pass
+        unhook_cells(self.shell, self._pre, self._post)
 
     def _pre(self, info=None) -> None:
         count = getattr(self.shell, "execution_count", None)

@@ -902,9 +902,7 @@ def _start_footer(state: _State) -> None:
     if state.footer is not None:
         return
     footer = _Footer(state)
-    events = state.shell.events
-    events.register("pre_run_cell", footer.pre)
-    events.register("post_run_cell", footer.post)
+    _monitor.hook_cells(state.shell, footer.pre, footer.post)
     state.footer = footer
     HUB.hold()
     if state.magics is not None:
@@ -915,12 +913,7 @@ def _stop_footer(state: _State) -> None:
     footer, state.footer = state.footer, None
     if footer is None:
         return
-    events = state.shell.events
-    for name, fn in (("pre_run_cell", footer.pre), ("post_run_cell", footer.post)):
-        try:
-            events.unregister(name, fn)
-        except ValueError:
-            pass
+    _monitor.unhook_cells(state.shell, footer.pre, footer.post)
     footer.abandon()
     HUB.release()
 
