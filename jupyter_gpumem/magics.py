@@ -7,7 +7,7 @@ import sys
 from typing import Any, Callable
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, output_can_be_silenced
 from IPython.core.magic_arguments import MagicArgumentParser
 from traitlets import Bool, Float, TraitError, Unicode, Union, validate
 
@@ -255,6 +255,7 @@ class GpuMemMagics(Magics):
         return self.show(result, args.output)
 
     @cell_magic
+    @output_can_be_silenced
     def gpuwatch(self, line: str, cell: str) -> Any:
         """Run the cell and report what it did to memory, peaks included.
 

@@ -362,3 +362,15 @@ def test_in_a_real_kernel_await_footer_and_newlines(monkeypatch):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_gpuwatch_honours_a_trailing_semicolon_like_time(ip):
+    """``%%gpuwatch`` whose last line ends with ``;`` shows no value and keeps none in Out."""
+    from conftest import run
+
+    run(ip, "import torch")
+    result = run(ip, "%%gpuwatch --device cpu\nt = torch.ones(10)\nt;")
+    assert result.result is None
+    assert result.execution_count not in ip.user_ns["Out"]
+    result = run(ip, "%%gpuwatch --device cpu\nt")
+    assert result.result is ip.user_ns["t"]   # without ';' the value stays the cell's result
