@@ -1227,7 +1227,8 @@ def _finish(magics, w: Watch | None, args, number: int, error: BaseException | N
         if args.plot:
             from .watch_plot import show_figure
 
-            show_figure([result], _state_for_shell(magics.shell).series.points(result.start - 0.5))
+            show_figure([result], _state_for_shell(magics.shell).series.points(result.start - 0.5),
+                        rich=_shows_images(magics.shell))
     except Exception as exc:  # noqa: BLE001
         _complain("%%gpuwatch report failed", exc)
 
@@ -1326,10 +1327,16 @@ def magic_plot(magics, argv: list[str]) -> Any:
         devices = _devices.selected_ids(magics.device(args.device))
     points = state.series.points(records[0].start - 0.5)
     try:
-        fig = show_figure(records, points, devices=devices, save=args.save)
+        fig = show_figure(records, points, devices=devices, save=args.save,
+                          rich=_shows_images(magics.shell))
     except ImportError as exc:
         raise UsageError(f"plotting needs matplotlib: {exc}") from None
     return fig if args.output else None
+
+
+def _shows_images(shell: Any) -> bool:
+    """Whether the frontend displays images: a kernel's does, a terminal's does not."""
+    return getattr(shell, "kernel", None) is not None or type(shell).__name__ != "TerminalInteractiveShell"
 
 
 # -- loading -----------------------------------------------------------------------------

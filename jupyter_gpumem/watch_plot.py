@@ -125,13 +125,23 @@ def png(fig) -> bytes:
     return buf.getvalue()
 
 
-def show_figure(records, points, devices=None, save: str | None = None) -> Any:
-    """Build the figure, display it as PNG (and save it); return the Figure."""
+def show_figure(records, points, devices=None, save: str | None = None,
+                rich: bool = True) -> Any:
+    """Build the figure, display it as PNG where the frontend shows images (``rich``)
+    and save it; return the Figure. A terminal gets the file's path instead."""
     fig = figure(records, points, devices=devices)
+    if not rich and not save:
+        import tempfile
+
+        save = tempfile.NamedTemporaryFile(prefix="gpumem-", suffix=".png", delete=False).name
+        print(f"a terminal shows no figure: saved it to {save} (--save FILE to choose where)")
+        fig.savefig(save)
+        return fig
     if save:
         fig.savefig(save)
         print(f"saved the figure to {save}")
-    from IPython.display import Image, display
+    if rich:
+        from IPython.display import Image, display
 
-    display(Image(data=png(fig), format="png"))
+        display(Image(data=png(fig), format="png"))
     return fig

@@ -374,3 +374,25 @@ def test_gpuwatch_honours_a_trailing_semicolon_like_time(ip):
     assert result.execution_count not in ip.user_ns["Out"]
     result = run(ip, "%%gpuwatch --device cpu\nt")
     assert result.result is ip.user_ns["t"]   # without ';' the value stays the cell's result
+
+
+def test_plot_in_a_terminal_says_where_the_png_went(tmp_path):
+    """A terminal IPython shows no image: ``%gpumem plot`` names the file instead of
+    printing ``<IPython.core.display.Image object>``."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("matplotlib")
+    cells = ("%load_ext jupyter_gpumem\nimport torch\n%gpumem watch on --device cpu\n"
+             "t = torch.ones(1000)\n%gpumem plot\nexit\n")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "IPython", "--no-banner", "--simple-prompt"],
+                         input=cells, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(root), "MPLBACKEND": "Agg"})
+    assert "display.Image object" not in out.stdout, out.stdout
+    line = next(ln for ln in out.stdout.splitlines() if "saved it to" in ln)
+    path = line.split("saved it to ", 1)[1].split(" ", 1)[0]
+    assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    os.unlink(path)
