@@ -1,0 +1,572 @@
+"""The second pass of a scan: the path a user would type to each storage shown.
+
+Paths are looked for only inside the roots that reach storages, and only when
+they are asked for: each holder's largest storage during the scan, every other
+one (the rows of ``%gpumem NAME``, a purge's checks) when its path is read.
+
+The path to a storage is the first one met in this order:
+
+1. paths through attributes, items and a module's or optimizer's registered
+   children only, before any path that also goes through a closure, a default
+   argument, a frame's locals, an autograd graph or a reference only the
+   garbage collector sees (each of those counts once);
+2. then the shortest, in the accessors it shows (``.param_groups[0]['params'][3]``
+   is four, an attribute or an item one);
+3. then the first in registration order: a dict's insertion order, a list's
+   index, a module's parameters, buffers and submodules as registered
+   (``model.0`` before ``model.11``).
+
+It is a best-first search from the root over labelled edges, keyed by
+``(hidden steps, steps)``; within a key, entries keep the order they were met
+in. A level's entries are all looked at before any of them is expanded, so a
+storage held next to a long list is found without reading the list.
+"""
+from __future__ import annotations
+
+import gc
+import heapq
+import sys
+import time
+from collections import deque
+from itertools import chain, compress
+from operator import itemgetter
+from typing import Any
+
+from .backends.base import dict_descriptor
+from .scan_reach import function_parts, frame_locals, generator_frame, ndarray_items
+from .scan_types import (
+    ATOMIC, BUILTIN, CELL, CLASS, CONTAINER, DICT, DICT_SUB, EXCEPTION, FRAME, FUNCTION,
+    GENERATOR, INSTANCE, LRU, METHOD, MODULE, MODULE_DICT, NDARRAY, PANDAS, PARTIAL, SEQ,
+    SEQ_SUB, SET, SET_SUB, TENSOR, TRACEBACK, TYPE_DICT, has_native_base, is_a,
+    is_library_module_name, slots_of,
+)
+
+#: labels that go through what a user would not type first
+HIDDEN = frozenset({"closure", "default", "local", "graph", "ref", "lru"})
+#: how many accessors a label shows (``.param_groups[0]['params'][3]`` is four); others one
+_STEPS = {"key": 2, "flat": 2, "attr_index": 2, "attr_item": 2, "opt_param": 4,
+          "opt_group": 3, "opt_state": 3, "opt_state_key": 2, "graph": 2}
+_ONE_STEP = frozenset({"root", "attr", "item", "index", "elem"})
+UNKNOWN = ("unknown",)
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_CLASS_SKIP_KEYS = frozenset({"__dict__", "__weakref__", "__module__", "__doc__", "__slots__"})
+_EXC_LINKS = ("__traceback__", "__context__", "__cause__")
+is_tracked = gc.is_tracked
+
+
+class OutOfBudget(Exception):
+    """The time given to the path search is spent."""
+
+
+class LazyNode(tuple):
+    """A path node found when it is first read (``parent, label = node``): made as
+    ``LazyNode((finder, root index, storage key))``, in C-level passes."""
+
+    __slots__ = ()
+
+    def __iter__(self):
+        finder, root, key = tuple.__iter__(self)
+        return iter(finder.node(root, key))
+
+
+class _Search:
+    """Where the search inside one root stands: it goes on from there when asked for
+    a storage it has not met yet.
+
+    A bucket holds, for one key, blocks ``(parent node, [(label, child), ...])``: the
+    children of one expanded object, in its order (a child's node is ``(parent node,
+    label)``, or the parent's where the label is None: a step the path does not show).
+    """
+
+    __slots__ = ("root_node", "want", "nodes", "buckets", "heap", "key", "blocks",
+                 "checked", "look_from", "expanded_blocks", "child", "early", "expanded", "done",
+                 "graph")
+
+    def __init__(self, name: str, obj: Any, want: set, graph: dict) -> None:
+        self.root_node = (None, ("root", name))
+        self.want = want           # storage keys not met yet
+        self.nodes: dict = {}      # storage key -> path node
+        self.graph = graph         # id(tensor) -> its autograd edges, as the first pass saw them
+        self.key = (0, 0)
+        self.blocks: list = [(None, [(("root", name), obj)])]
+        self.buckets = {self.key: self.blocks}
+        self.heap: list = []
+        self.checked = 0           # blocks of this key looked at for storages
+        self.look_from = 0         # in the next block to look at, the child to go on from
+        self.expanded_blocks = 0   # blocks of this key expanded, and in the next one
+        self.child = 0             # the next child to expand
+        self.early = False
+        self.expanded: dict[int, Any] = {}   # id -> object: its path is final
+        self.done = False
+
+
+class PathFinder:
+    """Canonical paths inside the roots of one scan (see the module docstring).
+
+    It holds the roots and the first pass's record of each tensor (never a
+    reference cycle: it goes when the scan's result goes)."""
+
+    def __init__(self, reacher: Any, budget: float, max_depth: int) -> None:
+        self.reacher = reacher
+        self.kinds = reacher.kinds
+        self.tensor_types = reacher.tensor_backend
+        self.stop = reacher.stop
+        self.untracked_is_empty = reacher.untracked_is_empty
+        self.max_depth = max_depth
+        self.budget = budget          # seconds of searching left, over every root
+        self.exhausted = False
+        self.result: Any = None       # a weak reference to the ScanResult, to say it is partial
+        self._roots: dict[int, tuple] = {}
+        self._searches: dict[int, _Search] = {}
+        self._until = 0.0
+        self._ticks = 0
+        self.errors = 0
+        self.layouts: dict[type, tuple] = {}
+
+    def add_root(self, i: int, name: str, obj: Any, keys: Any, graph: dict) -> None:
+        """Root ``i`` reaches the storages ``keys`` (``graph``: its autograd edges)."""
+        self._roots[i] = (name, obj, set(keys), graph)
+
+    def root_is_met(self, i: int, obj: Any) -> None:
+        """A root that is a tensor: its own storages' path is the root's name."""
+        if type(obj) in self.tensor_types:
+            search = self._search(i)
+            self._tensor_met(search, obj, search.root_node, None)
+            if not search.want:
+                self._finish(search)
+
+    # -- asking ---------------------------------------------------------------------------
+    def node(self, i: int, key: tuple) -> tuple:
+        """The path node of storage ``key`` inside root ``i``."""
+        search = self._search(i)
+        got = search.nodes.get(key)
+        if got is None and not search.done and key in search.want:
+            self._run(search, lambda: key in search.nodes)
+            got = search.nodes.get(key)
+        return got if got is not None else (search.root_node, UNKNOWN)
+
+    def first_of(self, i: int, wanted) -> tuple | None:
+        """The first storage of root ``i`` in canonical order for which ``wanted(key)``
+        is true (None when the search could not tell in its time)."""
+        search = self._search(i)
+        for key in search.nodes:
+            if wanted(key):
+                return key
+        hit: list = []
+        self._run(search, hit.__len__, lambda key: wanted(key) and hit.append(key))
+        return hit[0] if hit else None
+
+    def _search(self, i: int) -> _Search:
+        search = self._searches.get(i)
+        if search is None:
+            name, obj, keys, graph = self._roots[i]
+            search = self._searches[i] = _Search(name, obj, set(keys), graph)
+        return search
+
+    # -- searching -------------------------------------------------------------------------
+    def _run(self, search: _Search, enough, on_found=None) -> None:
+        if self.exhausted or search.done:
+            return
+        start = time.perf_counter()
+        self._until = start + self.budget
+        try:
+            self._advance(search, enough, on_found)
+        except OutOfBudget:
+            self.exhausted = True
+            self._say_partial()
+        finally:
+            self.budget = max(self.budget - (time.perf_counter() - start), 0.0)
+
+    def _say_partial(self) -> None:
+        result = self.result() if self.result is not None else None
+        if result is not None:
+            result.partial = True
+            text = "time limit reached while looking for paths (some shown as →…)"
+            if text not in result.reasons:
+                result.reasons.append(text)
+
+    def _tick(self) -> None:
+        self._ticks += 1
+        if not self._ticks & 255 and time.perf_counter() > self._until:
+            raise OutOfBudget
+
+    def _advance(self, s: _Search, enough, on_found) -> None:
+        """Go on until ``enough()`` or every storage is met (then the search is done)."""
+        while True:
+            key, blocks = s.key, s.blocks
+            # every child at this key is looked at before any is expanded
+            while s.checked < len(blocks):
+                parent, pairs = blocks[s.checked]
+                self._tick()
+                stopped = self._look(s, parent, pairs, on_found, enough, s.look_from)
+                if stopped is None:
+                    s.checked += 1
+                    s.look_from = 0
+                    continue
+                s.look_from = stopped
+                if not s.want:
+                    return self._finish(s)
+                return
+            if s.expanded_blocks == 0 and s.child == 0:
+                # a storage met among the children of this key's objects comes first at
+                # the next key if nothing was waiting there already: it is looked at at once
+                s.early = (key[0], key[1] + 1) not in s.buckets
+            while s.expanded_blocks < len(blocks):
+                parent, pairs = blocks[s.expanded_blocks]
+                n = len(pairs)
+                while s.child < n:
+                    label, child = pairs[s.child]
+                    s.child += 1
+                    if self._expand(s, parent, label, child, key,
+                                    on_found if s.early else False, enough):
+                        if not s.want:
+                            return self._finish(s)
+                        return
+                s.expanded_blocks += 1
+                s.child = 0
+            del s.buckets[key]
+            if not s.heap:
+                return self._finish(s)
+            s.key = heapq.heappop(s.heap)
+            s.blocks = s.buckets[s.key]
+            s.checked = s.look_from = s.expanded_blocks = s.child = 0
+
+    def _finish(self, s: _Search) -> None:
+        s.done = True
+        s.buckets = {}
+        s.heap = []
+        s.blocks = []
+        s.expanded = {}
+
+    def _look(self, s: _Search, parent: tuple | None, pairs: list, on_found, enough,
+              start: int = 0) -> int | None:
+        """Meet the tensors among ``pairs`` from ``start`` on: their storages' paths are
+        final. Where one met makes ``enough()`` (or all are met), the index to go on
+        from; None when every one was looked at."""
+        tensor_types = self.tensor_types
+        mask = list(map(tensor_types.__contains__, map(type, map(_SECOND, pairs))))
+        if not any(mask):
+            return None
+        for j in compress(range(len(pairs)), mask):
+            if j < start:
+                continue
+            label, child = pairs[j]
+            if self._tensor_met(s, child, (parent, label) if label is not None else parent,
+                                on_found) and (not s.want or enough()):
+                return j + 1
+        return None
+
+    def _tensor_met(self, s: _Search, obj: Any, node: tuple, on_found) -> bool:
+        memo = self.reacher.tensor_record(obj)
+        if memo is None:
+            return False
+        hit = False
+        for info in memo[1]:
+            k = info[0]
+            if k in s.want:
+                s.want.discard(k)
+                s.nodes[k] = node
+                hit = True
+                if on_found is not None:
+                    on_found(k)
+        return hit
+
+    def _expand(self, s: _Search, parent: tuple | None, label: Any, obj: Any, key: tuple,
+                early, enough) -> bool:
+        """Put what ``obj`` holds in the buckets after ``key``; with ``early`` (not False:
+        the ``on_found`` to call), look at once at the storages met at the next key.
+        True when one met was ``enough()``."""
+        self._tick()
+        tp = type(obj)
+        if tp in ATOMIC or (self.untracked_is_empty and (tp is dict or tp is tuple)
+                            and not is_tracked(obj)):
+            return False
+        kind = self.kinds.get(tp)
+        if kind is None:
+            self.reacher.learn({tp})
+            kind = self.kinds.get(tp)
+        oid = id(obj)
+        if oid in s.expanded or (oid in self.stop and kind != TENSOR):
+            return False
+        s.expanded[oid] = obj
+        if key[1] >= self.max_depth:
+            return False
+        node = (parent, label) if label is not None else parent
+        try:
+            if kind == TENSOR:
+                memo = self.reacher.tensor_record(obj)
+                pairs = list(chain(memo[2] or () if memo is not None else (),
+                                   s.graph.get(oid, ())))
+            else:
+                handler = _LABELLED.get(kind)
+                if handler is None:
+                    return False
+                pairs = list(handler(self, obj))
+        except OutOfBudget:
+            raise
+        except Exception:
+            self.errors += 1
+            return False
+        if not pairs:
+            return False
+        labels = list(map(_FIRST, pairs))
+        if None not in labels and _ONE_STEP.issuperset(map(_FIRST, labels)):
+            groups = (((0, 1), pairs),)   # the common case: plain steps of one accessor
+        else:
+            groups = _split(pairs)
+        met = False
+        for (hidden, steps), block in groups:
+            self._add(s, (key[0] + hidden, key[1] + steps), (node, block))
+            if early is not False and not hidden and steps == 1:
+                met = self._look(s, node, block, early, enough) is not None
+        return met
+
+    @staticmethod
+    def _add(s: _Search, key: tuple, block: tuple) -> None:
+        bucket = s.buckets.get(key)
+        if bucket is None:
+            bucket = s.buckets[key] = []
+            heapq.heappush(s.heap, key)
+        bucket.append(block)
+
+
+def _split(pairs: list) -> list:
+    """``pairs`` in groups by the cost of their step: ``((hidden steps, steps), pairs)``,
+    in the order of the first of each group."""
+    groups: dict[tuple, list] = {}
+    for pair in pairs:
+        label = pair[0]
+        if label is None:      # a step the path does not show (a cell, a frame)
+            cost = (0, 1)
+        else:
+            cost = (int(label[0] in HIDDEN), _STEPS.get(label[0], 1))
+        group = groups.get(cost)
+        if group is None:
+            group = groups[cost] = []
+        group.append(pair)
+    return list(groups.items())
+
+
+# -- what each kind of object holds, labelled ------------------------------------------------
+def _dict_items(obj: Any):
+    atomic = ATOMIC
+    for k, v in dict.items(obj):
+        if type(v) not in atomic:
+            yield (("item", k) if type(k) in atomic else ("item", ...)), v
+    keys = dict.keys(obj)
+    if not atomic.issuperset(map(type, keys)):
+        for k in keys:
+            if type(k) not in atomic:
+                yield ("key",), k
+
+
+def _l_dict(f: PathFinder, obj: Any):
+    if f.untracked_is_empty and not is_tracked(obj):
+        return ()   # only atoms inside
+    return _dict_items(obj)
+
+
+def _seq_items(obj: Any, base: type):
+    atomic = ATOMIC
+    for i, v in enumerate(base.__iter__(obj)):
+        if type(v) not in atomic:
+            yield ("index", i), v
+
+
+def _l_seq(f: PathFinder, obj: Any):
+    if f.untracked_is_empty and not is_tracked(obj):
+        return ()
+    return _seq_items(obj, list if type(obj) is list else tuple)
+
+
+def _set_items(obj: Any, base: type):
+    atomic = ATOMIC
+    for v in base.__iter__(obj):
+        if type(v) not in atomic:
+            yield ("elem",), v
+
+
+def _l_set(f: PathFinder, obj: Any):
+    return _set_items(obj, set if is_a(obj, set) else frozenset)
+
+
+def _l_dict_sub(f: PathFinder, obj: Any):
+    return chain(_dict_items(obj), _l_instance(f, obj, covered=True))
+
+
+def _l_seq_sub(f: PathFinder, obj: Any):
+    return chain(_seq_items(obj, list if is_a(obj, list) else tuple),
+                 _l_instance(f, obj, covered=True))
+
+
+def _l_set_sub(f: PathFinder, obj: Any):
+    return chain(_set_items(obj, set if is_a(obj, set) else frozenset),
+                 _l_instance(f, obj, covered=True))
+
+
+def _l_container(f: PathFinder, obj: Any):
+    known = f.reacher.children_of.get(id(obj))
+    if known is not None and known[0] is obj:
+        return known[1]
+    return f.reacher.backend_of[type(obj)].children(obj)
+
+
+def _l_module(f: PathFinder, obj: Any):
+    d = MODULE_DICT(obj)
+    main = sys.modules.get("__main__")
+    if is_library_module_name(d.get("__name__")) or (main is not None and main is obj):
+        return ()
+    return ((("attr", k), v) for k, v in dict.items(d)
+            if type(k) is str and not (k.startswith("__") and k.endswith("__")))
+
+
+def _l_class(f: PathFinder, obj: Any):
+    d = TYPE_DICT(obj)
+    if is_library_module_name(d.get("__module__")):
+        return ()
+    return ((("attr", k), v) for k, v in d.items() if k not in _CLASS_SKIP_KEYS)
+
+
+def _l_function(f: PathFinder, obj: Any):
+    closure, defaults, kwdefaults, attrs = function_parts(obj)
+    out = [(("closure", name), v) for name, v in closure]
+    out += [(("default", i), v) for i, v in enumerate(defaults)]
+    out += [(("default", k), v) for k, v in dict.items(kwdefaults)]
+    out += [(("attr", k), v) for k, v in dict.items(attrs)]
+    return out
+
+
+def _l_method(f: PathFinder, obj: Any):
+    return [(("attr", "__self__"), obj.__self__), (("attr", "__func__"), obj.__func__)]
+
+
+def _l_builtin(f: PathFinder, obj: Any):
+    owner = obj.__self__
+    if owner is None or is_a(owner, type(gc)):
+        return ()
+    return [(("attr", "__self__"), owner)]
+
+
+def _l_partial(f: PathFinder, obj: Any):
+    import functools
+
+    def get(name):
+        return functools.partial.__dict__[name].__get__(obj)
+
+    out = [(("attr", "func"), get("func"))]
+    out += [(("attr_index", "args", i), v) for i, v in enumerate(get("args"))]
+    out += [(("attr_item", "keywords", k), v) for k, v in dict.items(get("keywords") or {})]
+    return chain(out, _l_instance(f, obj, covered=True))
+
+
+def _own_dict(obj: Any) -> Any:
+    descr = dict_descriptor(type(obj))
+    return descr.__get__(obj) if descr is not None else None
+
+
+def _l_lru(f: PathFinder, obj: Any):
+    import types
+
+    own = _own_dict(obj)
+    refs = [(("lru",), v) for v in gc.get_referents(obj)
+            if v is not own and type(v) is not types.FunctionType]
+    return chain(refs, _l_instance(f, obj, covered=True))
+
+
+def _l_cell(f: PathFinder, obj: Any):
+    try:
+        return [(None, obj.cell_contents)]
+    except ValueError:
+        return ()
+
+
+def _l_generator(f: PathFinder, obj: Any):
+    frame = generator_frame(obj)
+    return [(None, frame)] if frame is not None else ()
+
+
+def _l_frame(f: PathFinder, obj: Any):
+    func = obj.f_code.co_name
+    return [(("local", func, k), v) for k, v in dict.items(frame_locals(obj)) if v is not obj]
+
+
+def _l_traceback(f: PathFinder, obj: Any):
+    out = [(None, obj.tb_frame)]
+    if obj.tb_next is not None:
+        out.append((None, obj.tb_next))
+    return out
+
+
+def _l_exception(f: PathFinder, obj: Any):
+    base = BaseException.__dict__
+    out = []
+    for name in _EXC_LINKS:
+        v = base[name].__get__(obj)
+        if v is not None:
+            out.append((("attr", name), v))
+    out += [(("attr_index", "args", i), v) for i, v in enumerate(base["args"].__get__(obj))]
+    return chain(out, _l_instance(f, obj, covered=True))
+
+
+def _l_ndarray(f: PathFinder, obj: Any):
+    return ((("flat", i), v) for i, v in enumerate(ndarray_items(obj)))
+
+
+def _layout(f: PathFinder, tp: type) -> tuple:
+    """``(dict descriptor, slots, a class of the user's, a native base)`` of a type."""
+    layout = f.layouts.get(tp)
+    if layout is None:
+        layout = f.layouts[tp] = (
+            dict_descriptor(tp), slots_of(tp),
+            not is_library_module_name(TYPE_DICT(tp).get("__module__")), has_native_base(tp))
+    return layout
+
+
+def _l_instance(f: PathFinder, obj: Any, covered: bool = False):
+    """An instance's attributes (its dict, its slots), its class where it is the
+    user's, and what only the collector sees of a native base (unless ``covered``:
+    the caller lists that base's references itself)."""
+    tp = type(obj)
+    dict_descr, slots, user_class, native = _layout(f, tp)
+    out: list = []
+    own = None
+    if dict_descr is not None:
+        own = dict_descr.__get__(obj)
+        if type(own) is dict and dict.__len__(own):
+            out += [(("attr", k), v) for k, v in dict.items(own)]
+    for name, descr in slots:
+        try:
+            out.append((("attr", name), descr.__get__(obj)))
+        except AttributeError:
+            continue
+    if not covered and issubclass(tp, deque):
+        out += _seq_items(obj, deque)
+        covered = True
+    if not covered and ((dict_descr is None and not slots) or native):
+        # what only the garbage collector sees (a native base's references)
+        listed = {id(v) for _, v in out}
+        out += [(("ref",), v) for v in gc.get_referents(obj)
+                if v is not tp and v is not own and id(v) not in listed]
+    if user_class:
+        out.append((("attr", "__class__"), tp))
+    return out
+
+
+def _l_pandas(f: PathFinder, obj: Any):
+    tp = type(obj)
+    out = _l_instance(f, obj, covered=True)
+    listed = {id(v) for _, v in out}
+    own = _own_dict(obj)
+    out += [(("ref",), v) for v in gc.get_referents(obj)
+            if v is not tp and v is not own and id(v) not in listed]
+    return out
+
+
+_LABELLED = {
+    DICT: _l_dict, SEQ: _l_seq, SET: _l_set, DICT_SUB: _l_dict_sub, SEQ_SUB: _l_seq_sub,
+    SET_SUB: _l_set_sub, CONTAINER: _l_container, MODULE: _l_module, CLASS: _l_class,
+    FUNCTION: _l_function, METHOD: _l_method, BUILTIN: _l_builtin, PARTIAL: _l_partial,
+    LRU: _l_lru, CELL: _l_cell, GENERATOR: _l_generator, FRAME: _l_frame,
+    TRACEBACK: _l_traceback, EXCEPTION: _l_exception, NDARRAY: _l_ndarray,
+    INSTANCE: _l_instance, PANDAS: _l_pandas,
+}

@@ -1,0 +1,225 @@
+"""What the scan knows about types: atoms, library code, and what kind of object each
+type's instances are (read through C-level slots only: no user code runs).
+
+Shared by the reachability walk (:mod:`jupyter_gpumem.scan_reach`) and the search
+for canonical paths (:mod:`jupyter_gpumem.scan_paths`).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import sysconfig
+import types
+import weakref
+from typing import Any
+
+from .backends import Backend
+from .backends.base import dict_descriptor
+
+ATOMIC = frozenset({
+    int, float, complex, bool, str, bytes, bytearray, type(None), range, slice,
+    type(Ellipsis), type(NotImplemented), memoryview,
+})
+SKIP_TYPES = frozenset({
+    weakref.ref, weakref.ProxyType, weakref.CallableProxyType, types.CodeType,
+    types.GetSetDescriptorType, types.MemberDescriptorType, types.WrapperDescriptorType,
+    types.MethodWrapperType, types.MethodDescriptorType, types.ClassMethodDescriptorType,
+    types.MappingProxyType,
+})
+LRU_WRAPPER = type(functools.lru_cache(lambda: None))
+HAVE_GC = 1 << 14      # Py_TPFLAGS_HAVE_GC
+HEAPTYPE = 1 << 9      # Py_TPFLAGS_HEAPTYPE
+
+TYPE_DICT = type.__dict__["__dict__"].__get__
+TYPE_MRO = type.__dict__["__mro__"].__get__
+TYPE_NAME = type.__dict__["__name__"].__get__
+TYPE_MODULE = type.__dict__["__module__"].__get__
+TYPE_FLAGS = type.__dict__["__flags__"].__get__
+MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
+
+
+# -- what counts as library code ------------------------------------------
+def _library_dirs() -> tuple[str, ...]:
+    dirs = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        try:
+            dirs.add(os.path.realpath(sysconfig.get_paths()[key]))
+        except (KeyError, OSError):
+            pass
+    for p in sys.path:
+        if p and ("site-packages" in p or "dist-packages" in p):
+            dirs.add(os.path.realpath(p))
+    return tuple(d + os.sep for d in dirs if d)
+
+
+_LIB_DIRS = _library_dirs()
+_module_is_library: dict[str, bool] = {}
+
+
+def is_library_module_name(name: str | None) -> bool:
+    """True for modules that belong to Python or an installed package."""
+    if type(name) is not str or not name:
+        return False
+    cached = _module_is_library.get(name)
+    if cached is not None:
+        return cached
+    top = name.partition(".")[0]
+    if name == "__main__":
+        result = False
+    elif top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
+        result = True
+    else:
+        mod = sys.modules.get(name)
+        path = MODULE_DICT(mod).get("__file__") if is_a(mod, types.ModuleType) else None
+        if type(path) is not str:
+            # a module made at run time (types.ModuleType) is the user's;
+            # an unknown module name with no file is taken as a library's
+            result = mod is None and top in sys.modules and top != name
+        else:
+            result = os.path.realpath(path).startswith(_LIB_DIRS)
+    _module_is_library[name] = result
+    return result
+
+
+def type_module(tp: type) -> str | None:
+    """``tp.__module__`` read without the metaclass's ``__getattribute__``."""
+    try:
+        name = TYPE_MODULE(tp)
+    except Exception:
+        return None
+    return name if type(name) is str else None
+
+
+def type_name_of(tp: type) -> str:
+    """``tp.__name__`` read without the metaclass's ``__getattribute__``."""
+    return TYPE_NAME(tp)
+
+
+def is_a(obj: Any, cls: "type | tuple[type, ...]") -> bool:
+    """``isinstance`` by the object's real type: never asks ``obj.__class__`` (a
+    property of the user's, a mock's spec, a dead weak proxy)."""
+    return issubclass(type(obj), cls)
+
+
+def slots_of(tp: type) -> tuple:
+    """``(name, member descriptor)`` of every ``__slots__`` entry along the MRO."""
+    out = []
+    for klass in TYPE_MRO(tp):
+        d = TYPE_DICT(klass)
+        slots = d.get("__slots__", ())
+        if type(slots) is str:
+            slots = (slots,)
+        elif type(slots) not in (tuple, list):
+            slots = ()   # what Python made the slots from is gone; their descriptors stay
+        for name in slots:
+            if type(name) is not str:
+                continue
+            descr = d.get(name)
+            if type(descr) is types.MemberDescriptorType:
+                out.append((name, descr))
+    return tuple(out)
+
+
+def has_native_base(tp: type) -> bool:
+    """Whether a class made in Python derives from a native type (other than
+    ``object``) whose references the instance dict and slots do not show."""
+    for klass in TYPE_MRO(tp):
+        if klass is object:
+            return False
+        if not TYPE_FLAGS(klass) & HEAPTYPE:
+            return True
+    return False
+
+
+def untracked_holds_nothing(backends: list[Backend]) -> bool:
+    """Whether a dict or tuple the garbage collector does not track holds nothing the
+    walk could follow: true when every tensor type of these backends is collectable.
+
+    CPython tracks a dict from the moment a collectable object goes into it (and a
+    tuple unless all it holds is untracked), so an untracked one holds atoms (and
+    objects of types that are not collectable: numpy arrays) only.
+    """
+    try:
+        return all(TYPE_FLAGS(t) & HAVE_GC for b in backends for t in b.tensor_types())
+    except Exception:
+        return False
+
+
+# -- kinds of objects ------------------------------------------------------------
+SKIP, TENSOR, CONTAINER = "skip", "tensor", "container"
+DICT, SEQ, SET = "dict", "seq", "set"                 # exact builtin containers
+DICT_SUB, SEQ_SUB, SET_SUB = "dict+", "seq+", "set+"  # their subclasses (and the instance)
+MODULE, CLASS, FUNCTION, METHOD, BUILTIN = "module", "class", "function", "method", "builtin"
+PARTIAL, LRU, CELL, GENERATOR, FRAME = "partial", "lru", "cell", "generator", "frame"
+TRACEBACK, EXCEPTION, NDARRAY = "traceback", "exception", "ndarray"
+PANDAS, INSTANCE = "pandas", "instance"
+
+
+def _by_layout(tp: type) -> str:
+    """The kind of a type found by its C-level layout alone."""
+    if issubclass(tp, dict):
+        return DICT_SUB
+    if issubclass(tp, (list, tuple)):
+        return SEQ_SUB
+    if issubclass(tp, (set, frozenset)):
+        return SET_SUB
+    if issubclass(tp, BaseException):
+        return EXCEPTION
+    top = (type_module(tp) or "").partition(".")[0]
+    if top == "numpy" and not dict_descriptor(tp):
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and issubclass(tp, numpy.ndarray):
+            return NDARRAY
+        return SKIP   # scalars, dtypes: no references inside
+    if top == "pandas":
+        # block managers and blocks keep their arrays in Cython slots: what the gc sees
+        return PANDAS
+    return INSTANCE
+
+
+def classify(tp: type, backends: list[Backend]) -> "tuple[str, Backend | None]":
+    """The kind of ``tp``'s instances, and the backend for tensors and containers."""
+    if tp in SKIP_TYPES or issubclass(tp, weakref.ref):
+        return SKIP, None
+    if type(tp) is not type and not is_library_module_name(type_module(type(tp))):
+        # a metaclass of the user's may run code on any look at the class (an
+        # abstract base's subclass check asks for ``__mro__``): only the C-level
+        # layout is read
+        return _by_layout(tp), None
+    for backend in backends:
+        types_ = backend.tensor_types()
+        if types_ and issubclass(tp, types_):
+            return TENSOR, backend
+        containers = backend.container_types()
+        if containers and issubclass(tp, containers):
+            return CONTAINER, backend
+    if issubclass(tp, types.ModuleType):
+        return MODULE, None
+    if issubclass(tp, type):
+        return CLASS, None
+    if tp is dict:
+        return DICT, None
+    if tp is list or tp is tuple:
+        return SEQ, None
+    if tp is set or tp is frozenset:
+        return SET, None
+    if tp is types.FunctionType:
+        return FUNCTION, None
+    if tp is types.MethodType:
+        return METHOD, None
+    if tp is types.BuiltinFunctionType:
+        return BUILTIN, None
+    if issubclass(tp, functools.partial):
+        return PARTIAL, None
+    if tp is LRU_WRAPPER:
+        return LRU, None
+    if tp is types.CellType:
+        return CELL, None
+    if tp in (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType):
+        return GENERATOR, None
+    if tp is types.FrameType:
+        return FRAME, None
+    if tp is types.TracebackType:
+        return TRACEBACK, None
+    return _by_layout(tp), None

@@ -1,0 +1,167 @@
+"""Canonical paths: the path shown for a storage is the one a user would type.
+
+The rules, in order: paths through attributes, items and a module's or
+optimizer's registered children come before any path through a closure, a
+default argument, an autograd graph or a frame; then the shortest (in the
+accessors it shows); then the first in registration order (``model.0`` before
+``model.11``, a dict's insertion order). Real torch modules, on the CPU.
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import run  # noqa: E402
+
+
+def rows(ip, name: str) -> dict[str, int]:
+    """``path -> bytes`` of the rows of ``%gpumem NAME``."""
+    snap = ip.run_line_magic("gpumem", f"{name} --device cpu -o")
+    assert snap.details, f"{name} holds nothing"
+    return {r.path: r.nbytes for r in snap.details[0].rows}
+
+
+def largest(ip, name: str) -> str:
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    holder = snap.holder(name)
+    assert holder is not None, [h.name for h in snap.holders]
+    return holder.largest_path
+
+
+MIN_GPT = """
+import torch
+from torch import nn
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(8)
+        self.mlp = nn.ModuleDict(dict(c_fc=nn.Linear(8, 32), c_proj=nn.Linear(32, 8),
+                                      act=nn.GELU()))
+        m = self.mlp
+        self.mlpf = lambda x: m.c_proj(m.act(m.c_fc(x)))   # closes over its submodules
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(h=nn.ModuleList([Block() for _ in range(4)])))
+
+model = GPT()
+"""
+
+
+def test_a_module_is_shown_through_its_submodules_not_a_lambda_closing_over_them(ip):
+    run(ip, MIN_GPT)
+    paths = rows(ip, "model")
+    assert "model.transformer.h.2.mlp.c_proj.weight" in paths
+    assert not [p for p in paths if "closure" in p], paths
+    assert len(paths) == 4 * 6   # per block: the norm's two, two linears' two each
+    # ties in registration order: the first block, its first linear
+    assert largest(ip, "model") == "model.transformer.h.0.mlp.c_fc.weight"
+
+
+TRAINER = """
+import torch
+from torch import nn
+
+class Trainer:
+    pass
+
+torch.manual_seed(0)
+trainer = Trainer()
+trainer.model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+trainer.optimizer = torch.optim.Adam(trainer.model.parameters())
+trainer.loss = trainer.model(torch.randn(16, 64)).square().mean()
+trainer.loss.backward()          # finished: the graph still points at the weights
+trainer.optimizer.step()
+"""
+
+
+def test_an_object_holding_a_finished_loss_is_shown_through_its_model_and_optimizer(ip):
+    run(ip, TRAINER)
+    paths = rows(ip, "trainer")
+    assert not [p for p in paths if "grad_fn" in p], paths
+    assert "trainer.model.0.weight" in paths
+    assert "trainer.model.0.weight.grad" in paths
+    assert "trainer.optimizer.state[...]['exp_avg']" in paths
+    assert "trainer.loss" in paths
+
+
+def test_a_loss_alone_is_still_shown_through_its_graph(ip):
+    run(ip, TRAINER + "loss = trainer.loss\n")
+    assert any(p.startswith("loss.grad_fn→") for p in rows(ip, "loss"))
+
+
+def test_ties_go_in_registration_order(ip):
+    run(ip, "import torch\n"
+            "model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(12)])\n"
+            "model[11].weight = model[0].weight   # one storage, two registered places\n"
+            "d = {'b': torch.ones(64), 'a': torch.ones(64)}\n"
+            "d['a'] = d['b']")
+    paths = rows(ip, "model")
+    assert "model.0.weight" in paths and "model.11.weight" not in paths
+    assert largest(ip, "model") == "model.0.weight"
+    assert list(rows(ip, "d")) == ["d['b']"]
+
+
+def test_the_shortest_path_is_shown(ip):
+    run(ip, "import torch\nclass Box: pass\n"
+            "t = torch.ones(256)\nb = Box()\nb.inner = Box()\nb.inner.deeper = Box()\n"
+            "b.inner.deeper.t = t\nb.short = t\n"
+            "lst = [[[t]], t]")
+    assert list(rows(ip, "b")) == ["b.short"]
+    assert list(rows(ip, "lst")) == ["lst[1]"]
+
+
+def test_an_attribute_chain_comes_before_a_closure_or_a_default_even_when_longer(ip):
+    run(ip, "import torch\nclass Box: pass\n"
+            "t = torch.ones(256)\nb = Box()\n"
+            "b.f = lambda: t.sum()\n"
+            "def g(x, cache=t):\n    return x\n"
+            "b.g = g\n"
+            "b.x = Box(); b.x.y = Box(); b.x.y.z = Box(); b.x.y.z.w = t")
+    assert list(rows(ip, "b")) == ["b.x.y.z.w"]
+
+
+def test_a_frame_comes_after_attributes(ip):
+    run(ip, "import torch\nclass Box: pass\n"
+            "t = torch.ones(256)\n"
+            "def gen(x):\n    yield 1\n    yield x\n"
+            "b = Box()\nb.it = gen(t)\nnext(b.it)\nb.a = Box(); b.a.b = Box(); b.a.b.t = t")
+    assert list(rows(ip, "b")) == ["b.a.b.t"]
+    run(ip, "del b.a")
+    assert list(rows(ip, "b")) == ["b.it→gen(): x"]
+
+
+def test_a_modules_registered_children_come_before_its_plain_attributes(ip):
+    run(ip, "import torch\nm = torch.nn.Module()\nt = torch.ones(256)\n"
+            "m.__dict__['alias'] = t            # a plain attribute, set first\n"
+            "m.register_buffer('buf', t)")
+    assert list(rows(ip, "m")) == ["m.buf"]
+
+
+def test_an_optimizer_is_shown_through_its_state_and_its_parameters(ip):
+    run(ip, "import torch\nlin = torch.nn.Linear(32, 32)\n"
+            "opt = torch.optim.Adam(lin.parameters())\n"
+            "lin(torch.ones(2, 32)).sum().backward()\nopt.step()\ndel lin")
+    paths = rows(ip, "opt")
+    assert "opt.param_groups[0]['params'][0]" in paths
+    assert "opt.param_groups[0]['params'][0].grad" in paths
+    assert "opt.state[...]['exp_avg']" in paths and "opt.state[...]['exp_avg_sq']" in paths
+    # the state's path has fewer accessors than a parameter's
+    assert largest(ip, "opt") == "opt.state[...]['exp_avg']"
+
+
+def test_a_storage_next_to_a_long_list_is_found_without_reading_the_list(ip):
+    run(ip, "import torch\nclass Box: pass\n"
+            "b = Box()\nb.records = [{'id': i, 'tags': [i]} for i in range(200_000)]\n"
+            "b.t = torch.ones(256)")
+    assert largest(ip, "b") == "b.t"
+
+
+def test_paths_are_the_same_from_the_report_and_from_the_names_rows(ip):
+    run(ip, TRAINER)
+    snap = ip.run_line_magic("gpumem", "trainer --device cpu -o")
+    holder = snap.holder("trainer")
+    assert holder.largest_path in rows(ip, "trainer")
