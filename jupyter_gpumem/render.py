@@ -128,6 +128,12 @@ def snapshot_text(s) -> str:
             lines.append(frag)
     for m in s.messages:
         lines.append(f"note: {m}")
+    if s.details:   # %gpumem NAME: that name's storages, not the holders table again
+        for h in s.details:
+            lines.append("")
+            lines.append(f"{h.name}: {fmt_bytes(h.total)} in {h.tensors} storage(s)")
+            lines += ["  " + x for x in _table(*_detail_table(h), {1})]
+        return "\n".join(lines).rstrip()
     lines.append("")
     if s.holders:
         lines += _table(_HEADERS, _holder_rows(s.holders), {1, 2})
@@ -147,10 +153,6 @@ def snapshot_text(s) -> str:
     if hints:
         lines.append("")
         lines += [f"hint: {h.label}: {h.hint}" for h in hints]
-    for h in s.details:
-        lines.append("")
-        lines.append(f"{h.name}: {fmt_bytes(h.total)} in {h.tensors} storage(s)")
-        lines += ["  " + x for x in _table(*_detail_table(h), {1})]
     return "\n".join(lines).rstrip()
 
 
@@ -192,6 +194,12 @@ def snapshot_html(s) -> str:
             parts.append(f"<div><code>{_esc(frag.strip())}</code></div>")
     for m in s.messages:
         parts.append(f"<div><em>note: {_esc(m)}</em></div>")
+    if s.details:   # %gpumem NAME: that name's storages, not the holders table again
+        for h in s.details:
+            parts.append(f"<h4>{_esc(h.name)}: {_esc(fmt_bytes(h.total))}</h4>")
+            parts.append(_html_table(*_detail_table(h), {1}))
+        parts.append("</div>")
+        return "".join(parts)
     if s.holders:
         parts.append(_html_table(_HEADERS, _holder_rows(s.holders), {1, 2}))
     else:
@@ -209,9 +217,6 @@ def snapshot_html(s) -> str:
     for h in s.holders:
         if h.hint:
             parts.append(f"<div>💡 <b>{_esc(h.label)}</b>: {_esc(h.hint)}</div>")
-    for h in s.details:
-        parts.append(f"<h4>{_esc(h.name)}: {_esc(fmt_bytes(h.total))}</h4>")
-        parts.append(_html_table(*_detail_table(h), {1}))
     parts.append("</div>")
     return "".join(parts)
 

@@ -145,3 +145,12 @@ def test_python_api_from_a_plain_script():
     assert "HOLDERS [('weights', 1048576), ('cfg', 262144)]" in out
     assert "ERROR name 'nosuch' is not defined (nothing was deleted)" in out
     assert "GONE True ['cfg'] ['lr'] {'cpu': 1310720}" in out
+
+
+def test_gpumem_name_shows_that_names_storages_not_the_holders_table(ip):
+    import torch
+
+    ip.user_ns.update(model=torch.nn.Linear(64, 64), other=torch.ones(1000))
+    text = repr(ip.run_line_magic("gpumem", "model --device cpu -o"))
+    assert "model: 16.2 KiB in 2 storage(s)" in text and "model.weight" in text, text
+    assert "only it" not in text and "other" not in text, text
