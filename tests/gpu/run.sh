@@ -11,7 +11,7 @@ summary="$OUT/summary.txt"
 { date -u; nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,driver_version --format=csv
   python3 -c "import torch, IPython; print('torch', torch.__version__, 'IPython', IPython.__version__, 'cuda devices', torch.cuda.device_count())"
 } > "$summary" 2>&1
-for t in ${GPU_TESTS:-test_table_gpu test_batches_gpu test_comm_gpu test_watch_gpu test_panel_gpu test_frameworks_gpu test_multi_gpu}; do
+for t in ${GPU_TESTS:-test_table_gpu test_batches_gpu test_comm_gpu test_watch_gpu test_panel_gpu test_frameworks_gpu test_multi_gpu test_nvml_gpu test_internals_gpu test_trace_gpu test_cluster_gpu}; do
   start=$(date +%s)
   timeout "${GPU_TEST_TIMEOUT:-240}" python3 -m pytest -q -s -p no:cacheprovider "tests/gpu/$t.py" > "$OUT/$t.log" 2>&1
   rc=$?
