@@ -49,6 +49,9 @@ _STEPS = {"key": 2, "flat": 2, "attr_index": 2, "attr_item": 2, "opt_param": 4,
 _ONE_STEP = frozenset({"root", "attr", "item", "index", "elem"})
 UNKNOWN = ("unknown",)
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_PROBE = 1024      # a container this long is first asked whether it leads anywhere
+_BASES = {DICT: (dict,), SEQ: (list, tuple), SET: (set, frozenset), DICT_SUB: (dict,),
+          SEQ_SUB: (list, tuple), SET_SUB: (set, frozenset)}
 _CLASS_SKIP_KEYS = frozenset({"__dict__", "__weakref__", "__module__", "__doc__", "__slots__"})
 _EXC_LINKS = ("__traceback__", "__context__", "__cause__")
 is_tracked = gc.is_tracked
@@ -238,6 +241,26 @@ class PathFinder:
         s.blocks = []
         s.expanded = {}
 
+    def _leads_on(self, s: _Search, obj: Any, kind: str) -> bool:
+        """Whether ``obj``, a container, leads to a storage not met yet: asked at C speed
+        of a long one (a list of a million records is not read at the speed of paths)."""
+        base = _BASES.get(kind)
+        if base is None:
+            return True
+        if kind in (DICT, SEQ, SET):
+            n = len(obj)   # an exact builtin type: its C length
+        else:
+            base = next((b for b in base if is_a(obj, b)), None)
+            if base is None:
+                return True
+            n = base.__len__(obj)
+        if n < _PROBE:
+            return True
+        got = self.reacher.leads_to([obj], s.want, s.graph, self._until)
+        if got is None:
+            raise OutOfBudget
+        return got
+
     def _look(self, s: _Search, parent: tuple | None, pairs: list, on_found, enough,
               start: int = 0) -> int | None:
         """Meet the tensors among ``pairs`` from ``start`` on: their storages' paths are
@@ -289,7 +312,7 @@ class PathFinder:
         if oid in s.expanded or (oid in self.stop and kind != TENSOR):
             return False
         s.expanded[oid] = obj
-        if key[1] >= self.max_depth:
+        if key[1] >= self.max_depth or not self._leads_on(s, obj, kind):
             return False
         node = (parent, label) if label is not None else parent
         try:

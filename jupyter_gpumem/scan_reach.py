@@ -58,6 +58,10 @@ class OutOfTime(Exception):
     """The scan's time limit passed inside one level, container or graph."""
 
 
+class _Hit(Exception):
+    """In :meth:`Reacher.leads_to`: a storage looked for is reached."""
+
+
 def _refcount_base() -> int | None:
     """What ``sys.getrefcount`` says, in :meth:`Reacher._admit_tracked`, of an object
     that only its parent holds (None where counts are not exact: free threading)."""
@@ -126,6 +130,7 @@ class Reacher:
         # id(tensor) -> [tensor, storages, edges the same for every root (a tuple) or None]
         self.memo: dict[int, list] = {}
         self._batched: set[int] = set()   # ids of the tensors taken in batches (no graph)
+        self._probe: tuple | None = None    # (storages looked for, graph) in leads_to
         self._batch_types: dict[int, frozenset] = {}
         self._seen: dict[int, Any] = {}
         self._next: list = []
@@ -221,6 +226,43 @@ class Reacher:
             self._found = {}
             self._node = _no_nodes   # it refers to the path finder, which refers back here
         return found, count
+
+    def leads_to(self, objs: list, wanted: set, graph: dict, deadline: float) -> bool | None:
+        """Whether ``objs`` reach one of the storages ``wanted`` (None: the deadline came
+        first). A walk like :meth:`walk` that takes no tensor: it looks each one up in
+        what this scan already knows (``graph``: the root's autograd edges), so no
+        backend runs and no graph node is read again."""
+        saved = (self.deadline, self.out_of_time, self.partial, list(self.reasons))
+        self._probe = (wanted, graph)
+        self.deadline = deadline
+        self.out_of_time = False
+        try:
+            for obj in objs:
+                self.walk(obj)
+                if self.out_of_time:
+                    return None
+            return False
+        except _Hit:
+            return True
+        finally:
+            self._probe = None
+            self.deadline, self.out_of_time, self.partial, self.reasons[:] = saved
+
+    def _look_up(self, tensors: list) -> None:
+        """In :meth:`leads_to`: tensors met are looked up, not taken."""
+        wanted, graph = self._probe
+        children: list = []
+        for t in tensors:
+            rec = self.tensor_record(t)
+            if rec is None:
+                continue
+            for info in rec[1]:
+                if info[0] in wanted:
+                    raise _Hit
+            children += map(_SECOND, rec[2] or ())
+            children += map(_SECOND, graph.get(id(t), ()))
+        if children:
+            self._admit(children)
 
     # -- a chunk of one level ------------------------------------------------------------
     def _expand(self, part: list) -> None:
@@ -401,6 +443,9 @@ class Reacher:
 
     # -- tensors -------------------------------------------------------------------------------
     def _take_tensors(self, tensors: list, kinds_: list) -> None:
+        if self._probe is not None:
+            self._look_up(tensors)
+            return
         backend_of = self.backend_of
         backends = set(map(id, map(backend_of.__getitem__, set(kinds_))))
         if len(backends) == 1:

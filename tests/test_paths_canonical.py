@@ -165,3 +165,19 @@ def test_paths_are_the_same_from_the_report_and_from_the_names_rows(ip):
     snap = ip.run_line_magic("gpumem", "trainer --device cpu -o")
     holder = snap.holder("trainer")
     assert holder.largest_path in rows(ip, "trainer")
+
+
+def test_a_model_beside_a_long_list_is_found_in_time(ip):
+    """The path search does not read a long container at its own speed: it first asks,
+    at C speed, whether the container leads to a storage not met yet."""
+    run(ip, "import torch\nclass Data: pass\n"
+            "d = Data()\nd.records = [{'id': i, 'tags': [i]} for i in range(300_000)]\n"
+            "d.model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))")
+    ip.run_line_magic("config", "GpuMemMagics.scan_time_limit = 1.0")
+    try:
+        snap = ip.run_line_magic("gpumem", "d --device cpu -o")
+    finally:
+        ip.run_line_magic("config", "GpuMemMagics.scan_time_limit = 3.0")
+    assert not snap.partial, snap.messages
+    assert {r.path for r in snap.details[0].rows} == {
+        "d.model.0.weight", "d.model.0.bias", "d.model.1.weight", "d.model.1.bias"}
