@@ -301,10 +301,11 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
               namespace: dict | None = None, time_limit: float = 3.0,
               extra_stop: set[int] | None = None, describe: bool = False,
               backends: list[Backend] | None = None):
-    """:func:`scan` in steps: a generator that yields between roots (the garbage
-    collector runs again meanwhile) and returns the :class:`ScanResult`. A caller on
-    an event loop lets other work run at each step; it must not let the user's code
-    run and then go on (the namespace may have changed): it starts a new scan."""
+    """:func:`scan` in steps: a generator that yields every few milliseconds, between
+    roots or between two C-level batches of one root (the garbage collector runs
+    again meanwhile), and returns the :class:`ScanResult`. A caller on an event loop
+    lets other work run at each step; it must not let the user's code run and then go
+    on (the namespace may have changed): it starts a new scan."""
     start = time.perf_counter()
     stop = stop_ids_for(shell, namespace)
     backends = active_backends() if backends is None else backends
@@ -326,7 +327,14 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         def nodes(keys, i=i):   # each storage's path, found when it is read
             return map(LazyNode, zip(repeat(finder), repeat(i), keys))
 
-        found, count = reacher.walk(root.obj, nodes)
+        walking = reacher.walk_steps(root.obj, nodes, steps.due)
+        while True:
+            try:
+                next(walking)
+            except StopIteration as done:
+                found, count = done.value
+                break
+            yield from steps.step()   # a long root: a step between two C-level batches
         graph = reacher.graph_edges
         reacher.graph_edges = {}
         for backend in backends:
@@ -346,14 +354,14 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 walked.append(({}, 0, {}))
                 continue
             now = time.perf_counter()
-            walked.append(walk(i, now + max(deadline - now, 0.0) / (len(roots) - i)))
+            walked.append((yield from walk(i, now + max(deadline - now, 0.0) / (len(roots) - i))))
             if reacher.out_of_time:
                 cut.append(i)
             if steps.due():
                 yield from steps.step()
         for i in cut:
             if time.perf_counter() < deadline:
-                walked[i] = walk(i, deadline)
+                walked[i] = yield from walk(i, deadline)
                 yield from steps.step()
                 if not reacher.out_of_time:
                     continue

@@ -188,6 +188,16 @@ class Reacher:
         many objects the walk expanded. Stops at the deadline (``out_of_time``).
 
         ``node(keys)``: the path nodes of those storages (by default ``None`` each)."""
+        steps = self.walk_steps(obj, node)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def walk_steps(self, obj: Any, node: Any = None, due: Any = None):
+        """:meth:`walk` as a generator that yields between two chunks once ``due()``
+        says so, and returns what :meth:`walk` returns."""
         found: dict = {}
         self._found = found
         self._node = node if node is not None else _no_nodes
@@ -213,6 +223,8 @@ class Reacher:
                 n = len(level)
                 for start in range(0, n, CHUNK):
                     self._check_time()
+                    if due is not None and due():
+                        yield   # between two chunks: what the walk holds stays as it is
                     self._expand(level[start:start + CHUNK] if n > CHUNK else level)
                 count += n
                 level = self._next
