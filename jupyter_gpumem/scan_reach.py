@@ -278,13 +278,13 @@ class Reacher:
 
     # -- a chunk of one level ------------------------------------------------------------
     def _expand(self, part: list) -> None:
-        kinds_ = list(map(type, part))
-        kset = set(kinds_)
+        kset = set(map(type, part))
         if not kset <= self._learned:
             self.learn(kset)
         if kset <= self._by_referents:
-            self._by_gc(part, kinds_, kset)
+            self._by_gc(part, None, kset)
             return
+        kinds_ = list(map(type, part))
         mask = list(map(self._by_referents.__contains__, kinds_))
         if any(mask):
             gen = list(compress(part, mask))
@@ -294,14 +294,18 @@ class Reacher:
         rest_kinds = list(compress(kinds_, map(not_, mask)))
         self._one_by_one(rest, rest_kinds)
 
-    def _by_gc(self, objs: list, kinds_: list, kset: set) -> None:
+    def _by_gc(self, objs: list, kinds_: list | None, kset: set) -> None:
         """What the garbage collector sees in ``objs``; a long dict, list, tuple or set
         is read in slices (the time limit is looked at between them)."""
         if not kset.isdisjoint(_SIZED):
-            plain = objs if kset <= _SIZED else \
-                list(compress(objs, map(_SIZED.__contains__, kinds_)))
-            lens = list(map(len, plain))    # exact builtin types: their C length
-            if max(lens) > BIG:
+            if kset <= _SIZED:
+                plain = objs
+            else:
+                if kinds_ is None:
+                    kinds_ = list(map(type, objs))
+                plain = list(compress(objs, map(_SIZED.__contains__, kinds_)))
+            if max(map(len, plain)) > BIG:   # exact builtin types: their C length
+                lens = list(map(len, plain))
                 big = set(map(id, compress(plain, map(BIG.__lt__, lens))))
                 for o in plain:
                     if id(o) in big:
