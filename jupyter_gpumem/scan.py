@@ -40,7 +40,7 @@ from .scan_types import (  # noqa: F401 - the scan's public helpers live on here
 _DEFAULT_MAX_DEPTH = 4000   # levels of the walk (an attribute is one or two)
 _PATH_SHARE = 0.1           # of the time limit: what the paths get at least, after the walk
 _FIRST, _NBYTES = itemgetter(0), itemgetter(1)
-_STEP = 0.005               # seconds of finding paths between two steps of iter_scan
+_STEP = 0.005               # seconds of work between two steps of iter_scan
 
 # -- hidden names IPython keeps in user_ns --------------------------------
 _HIDDEN_NAME = re.compile(r"^(_|__|___|_\d+|_i|_ii|_iii|_i\d+|_ih|_oh|_dh|In|Out|_exit_code)$")
@@ -62,7 +62,10 @@ class Root:
 
 @dataclass
 class Reach:
-    """What one root reaches: storage key -> (storage, path node, description)."""
+    """What one root reaches: storage key -> (storage, path node, description).
+
+    A path node reads as ``parent, label = node`` (:func:`format_path`); it is found
+    when it is first read (see :mod:`jupyter_gpumem.scan_paths`)."""
 
     storages: dict = field(default_factory=dict)
     objects: int = 0
