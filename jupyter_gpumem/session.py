@@ -38,6 +38,10 @@ from .monitor import CellEvents, hook_cells, unhook_cells
 
 #: seconds the kernel must have been idle after a cell before the views refresh
 IDLE_GRACE = 0.02
+#: seconds the refresh leaves the event loop between two of its steps, so a request
+#: that arrives meanwhile (the next cell) is received and dispatched through the
+#: kernel's hops before the next step
+STEP_PAUSE = 0.001
 #: share of ``scan_time_limit`` the walk of the names for cluster keys may take
 CLUSTER_WALK_SHARE = 0.3
 #: the least the cluster is given to answer (seconds)
@@ -208,7 +212,7 @@ class Session:
                     value = await asyncio.wrap_future(self._pool().submit(step.fn))
                 else:
                     value = None
-                    await asyncio.sleep(0)
+                    await asyncio.sleep(STEP_PAUSE)
                 if generation != self._generation:
                     steps.close()
                     self.stats["dropped"] += 1
