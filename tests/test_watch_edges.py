@@ -32,29 +32,9 @@ MB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
 BAD_INTERVALS = ("inf", "-inf", "nan", "1e-9", "7200", "1e400")
 
-
-def _magics(shell):
-    return shell.magics_manager.registry["GpuMemMagics"]
+from test_watch import _magics, wip  # noqa: E402,F401 - the shared shell, watch state fresh
 
 
-@pytest.fixture
-def wip(ip):
-    """The shared shell, with the watch state fresh before and after."""
-    def fresh():
-        state = watch_mod._state_for_shell(ip)
-        watch_mod._stop_footer(state)
-        state.history.clear()
-        state.tracker = HolderTracker()
-        state.footer_device = None
-        m = _magics(ip)
-        m.watch = False
-        m.warn_at = None
-        m.auto_purge_hidden = False
-        m.sample_interval = 0.05
-    fresh()
-    yield ip
-    fresh()
-    gc.collect()
 
 
 @pytest.fixture
