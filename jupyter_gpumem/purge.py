@@ -134,7 +134,7 @@ def _device_words(device: str) -> str:
         else "accelerator memory"
 
 
-def _targets(names, roots, by_name, scan1, ids, shell, namespace, time_limit, device,
+def _targets(names, roots, by_name, scan1, ids, shell, namespace, budget, device,
              backends, all_names: bool) -> tuple[list[_Target], list[str]]:
     """The targets of ``names``, checked whole; and, with ``--all``, the names that went
     or were rebound on their own since the roots were collected (skipped)."""
@@ -168,7 +168,7 @@ def _targets(names, roots, by_name, scan1, ids, shell, namespace, time_limit, de
         else:
             root = None
             extra = _scan.scan([_scan.Root(text, binding.obj)], devices=ids, shell=shell,
-                               namespace=namespace, time_limit=time_limit, backends=backends)
+                               namespace=namespace, time_limit=budget.limit(), backends=backends)
             keys = _paths_of(extra.reach[0])
         if not keys:
             errors.append(f"{text!r} holds no {_device_words(device)}")
@@ -677,24 +677,45 @@ class _Plan:
     in_list: list[str]
 
 
+class _Budget:
+    """One deadline for all the scans of a purge: each scan gets the scan limit, or what
+    is left of the whole command's time, whichever is less (at least a sliver, so that a
+    late scan still answers, partial). The command then answers within its bound
+    whatever the heap, however many scans it needed."""
+
+    RESERVE = 0.05   # of the whole: the work after the last scan
+
+    def __init__(self, time_limit: float, scans: int):
+        self.time_limit = time_limit
+        self.deadline = time.perf_counter() + scans * time_limit * (1 - self.RESERVE)
+
+    def limit(self) -> float:
+        left = self.deadline - time.perf_counter()
+        return min(self.time_limit, max(left, 0.05 * self.time_limit))
+
+    def extend(self, seconds: float) -> None:
+        """Time spent on work that is not a scan (a garbage collection) is not the scans'."""
+        self.deadline += seconds
+
+
 def _plan(names: list[str], shell: Any, namespace: dict | None, all_names: bool, dry_run: bool,
-          device: str, ids: set[str], time_limit: float) -> _Plan:
+          device: str, ids: set[str], budget: _Budget) -> _Plan:
     """Check every name and work out what goes, what is freed and what still holds it."""
     refs: dict = {}   # storage key -> a tensor using it (not for a dry run)
     try:
         return _plan_with(refs, names, shell, namespace, all_names, dry_run, device, ids,
-                          time_limit)
+                          budget)
     finally:
         refs.clear()   # the tensors noted: no reference to them may outlive the plan
 
 
 def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
                all_names: bool, dry_run: bool, device: str, ids: set[str],
-               time_limit: float) -> _Plan:
+               budget: _Budget) -> _Plan:
     backends = None if dry_run else [_Recorder(b, refs) for b in active_backends()]
     roots = _scan.collect_roots(namespace, shell)
-    scan1 = _scan.scan(roots, devices=ids, shell=shell, namespace=namespace, time_limit=time_limit,
-                       backends=backends)
+    scan1 = _scan.scan(roots, devices=ids, shell=shell, namespace=namespace,
+                       time_limit=budget.limit(), backends=backends)
     reach_of = {id(r): reach for r, reach in zip(roots, scan1.reach)}
     if all_names:
         names = [r.name for r in roots if not r.hidden and reach_of[id(r)].storages]
@@ -703,7 +724,7 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
     for hidden_root in (r for r in roots if r.hidden):
         for n in [hidden_root.name] + hidden_root.aliases:
             by_name.setdefault(n, hidden_root)
-    targets, skipped = _targets(names, roots, by_name, scan1, ids, shell, namespace, time_limit,
+    targets, skipped = _targets(names, roots, by_name, scan1, ids, shell, namespace, budget,
                                 device, backends, all_names)
     if names:
         target_paths = {k: node for t in targets for k, node in t.keys.items()}
@@ -714,7 +735,7 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
     user_remaining = [r for r in roots if not r.hidden and id(r) not in named_roots]
     stay_roots, cut, by_of = _what_stays(targets, user_remaining)
     scan2 = _scan.scan(stay_roots, devices=ids, shell=shell, namespace=namespace,
-                       time_limit=time_limit, extra_stop=cut)
+                       time_limit=budget.limit(), extra_stop=cut)
     user_held = set().union(*(reach.storages.keys() for reach in scan2.reach)) if scan2.reach else set()
     own = target_paths.keys() - user_held
     named_objs = {id(t.binding.obj) for t in targets if t.binding is not None} | \
@@ -767,7 +788,9 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bo
     if names and all:
         raise PurgeError("give names or --all, not both (nothing was deleted)")
     ids = set(_devices.selected_ids(device))
-    plan = _plan(list(names or ()), shell, namespace, all, dry_run, device, ids, time_limit)
+    # a dry run scans twice (what is held, what stays); a purge once more afterwards
+    budget = _Budget(time_limit, 2 if dry_run else 3)
+    plan = _plan(list(names or ()), shell, namespace, all, dry_run, device, ids, budget)
     result = plan.result
     if dry_run:
         if plan.in_list:
@@ -787,14 +810,16 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bo
         if in_list:
             result.messages.append(_list_message(in_list, dry_run))
         result.messages += _skipped_messages(plan.skipped + skipped, dry_run)
+        collected = time.perf_counter()
         result.messages += release_caches()
+        budget.extend(time.perf_counter() - collected)
         after = _read(device)
         roots = _scan.collect_roots(namespace, shell)
         scan3 = _scan.scan(roots, devices=ids, shell=shell, namespace=namespace,
-                           time_limit=time_limit)
+                           time_limit=budget.limit())
         result.still_held = _still_held(roots, scan3, plan.reportable)
         elsewhere, kept, notes = _held_elsewhere(plan.handles, plan.infos, scan3, shell,
-                                                 namespace, ids, time_limit)
+                                                 namespace, ids, budget.limit())
     finally:
         _release(plan.handles)
     result.still_held += elsewhere
