@@ -18,6 +18,8 @@ python -m pip install -q "torch==2.13.0" "tensorflow-cpu==2.21.0" "keras==3.15.1
 
 # The package with its test extras; this builds the sidebar (needs Node.js 20+, not needed by users).
 python -m pip install -q -e ".[test]"
+# Jupyter Notebook 7, for the browser test of the sidebar in its right panel.
+python -m pip install -q "notebook>=7.4,<8"
 
 # A real browser for the sidebar's end-to-end test (Debian's Chromium; tools never download browsers here).
 if ! command -v chromium >/dev/null 2>&1; then

@@ -4,10 +4,12 @@
 import type { ILabShell, JupyterFrontEnd } from '@jupyterlab/application';
 import type { ICommandPalette } from '@jupyterlab/apputils';
 import type { INotebookTracker } from '@jupyterlab/notebook';
+import type { ISettingRegistry } from '@jupyterlab/settingregistry';
 
 import { KernelChannel } from './channel';
 import {
   OPEN_COMMAND,
+  PLUGIN_ID,
   SIDEBAR_ID,
   SIDEBAR_RANK,
   SIDEBAR_TITLE
@@ -15,6 +17,7 @@ import {
 import { confirmPurge } from './dialog';
 import { gpuMemIcon } from './icon';
 import { SidebarModel } from './model';
+import { applySettings, readSettings } from './settings';
 import { GpuMemSidebar } from './sidebar';
 import { IWidgetWithSession, KernelWidgetTracker } from './tracker';
 
@@ -23,7 +26,8 @@ export function activateSidebar(
   app: JupyterFrontEnd,
   notebookTracker: INotebookTracker,
   labShell: ILabShell | null,
-  palette: ICommandPalette | null
+  palette: ICommandPalette | null,
+  settingRegistry: ISettingRegistry | null = null
 ): void {
   const model = new SidebarModel();
   const channel = new KernelChannel(model);
@@ -45,4 +49,17 @@ export function activateSidebar(
     execute: () => app.shell.activateById(SIDEBAR_ID)
   });
   palette?.addItem({ command: OPEN_COMMAND, category: 'Kernel' });
+
+  if (settingRegistry) {
+    settingRegistry
+      .load(PLUGIN_ID)
+      .then(settings => {
+        const apply = (): void => applySettings(readSettings(settings.composite), sidebar, channel);
+        settings.changed.connect(apply);
+        apply();
+      })
+      .catch(reason => {
+        console.warn(`${PLUGIN_ID}: settings not read, defaults stand:`, reason);
+      });
+  }
 }

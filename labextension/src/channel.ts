@@ -267,6 +267,7 @@ export class KernelChannel implements IDisposable {
         this.model.setState('dead');
         break;
       case 'idle':
+        this.model.cellEnded(Date.now() / 1000);
         if (this._reconnectOnIdle) {
           this._reconnectOnIdle = false;
           this._connect();
@@ -288,6 +289,7 @@ export class KernelChannel implements IDisposable {
   private _onIopub(_: unknown, msg: KernelMessage.IMessage): void {
     if (msg.header.msg_type === 'execute_input') {
       this._executedSinceCheck = true;
+      this.model.cellStarted(Date.now() / 1000);
     }
   }
 

@@ -5,6 +5,7 @@ import {
 } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
 
 import { activateSidebar } from './activate';
 import { PLUGIN_ID } from './constants';
@@ -18,13 +19,15 @@ const plugin: JupyterFrontEndPlugin<void> = {
     'A sidebar that shows which notebook names hold GPU memory in the kernel in focus, and purges them.',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [ILabShell, ICommandPalette],
+  // optional: Jupyter Notebook 7 has no lab shell (its right panel holds the sidebar)
+  optional: [ILabShell, ICommandPalette, ISettingRegistry],
   activate: (
     app: JupyterFrontEnd,
     notebookTracker: INotebookTracker,
     labShell: ILabShell | null,
-    palette: ICommandPalette | null
-  ) => activateSidebar(app, notebookTracker, labShell, palette)
+    palette: ICommandPalette | null,
+    settingRegistry: ISettingRegistry | null
+  ) => activateSidebar(app, notebookTracker, labShell, palette, settingRegistry)
 };
 
 export default plugin;

@@ -37,6 +37,14 @@ export interface ITimelinePoint {
   allocated: number | null;
   reserved: number | null;
   used: number | null;
+  /** Bytes of the tensors the scan found on it (host memory), when known. */
+  tracked?: number | null;
+}
+
+/** One cell's run, in seconds since the epoch (`end` null while it runs). */
+export interface ICellBand {
+  start: number;
+  end: number | null;
 }
 
 /**
@@ -78,9 +86,36 @@ export class SidebarModel {
     return this._snapshot;
   }
 
-  /** Readings per device id, oldest first. */
+  /**
+   * Readings per device id, oldest first. Kept per device across device
+   * selections (the same device reads the same under `auto` and `all`).
+   */
   get timeline(): ReadonlyMap<string, ReadonlyArray<ITimelinePoint>> {
     return this._timeline;
+  }
+
+  /** The cells run in this kernel while the sidebar followed it, oldest first. */
+  get cells(): ReadonlyArray<ICellBand> {
+    return this._cells;
+  }
+
+  /** Record that a cell started (`execute_input` seen), at `time` (epoch seconds). */
+  cellStarted(time: number): void {
+    const last = this._cells[this._cells.length - 1];
+    if (last && last.end === null) {
+      last.end = time;
+    }
+    this._cells = [...this._cells, { start: time, end: null }].slice(-TIMELINE_POINTS);
+    this._changed.emit();
+  }
+
+  /** Record that the running cell ended (the kernel went idle). */
+  cellEnded(time: number): void {
+    const last = this._cells[this._cells.length - 1];
+    if (last && last.end === null) {
+      this._cells = [...this._cells.slice(0, -1), { start: last.start, end: time }];
+      this._changed.emit();
+    }
   }
 
   /** Purge arguments of the checked holders. */
@@ -126,8 +161,10 @@ export class SidebarModel {
     this._devicesReceived = false;
     this._snapshot = null;
     this._timeline = new Map();
+    this._cells = [];
     this._selected = new Set();
     this._lastPurge = null;
+    this._snapshotsSincePurge = 0;
     this._error = null;
     this._changed.emit();
   }
@@ -151,8 +188,15 @@ export class SidebarModel {
     this._devices = [];
     this._devicesReceived = false;
     this._selected = new Set();
-    this._timeline = new Map();
     this._changed.emit();
+  }
+
+  /** Forget the last purge result (the user dismissed it). */
+  dismissPurge(): void {
+    if (this._lastPurge) {
+      this._lastPurge = null;
+      this._changed.emit();
+    }
   }
 
   /** Record an error line to show. */
@@ -193,16 +237,32 @@ export class SidebarModel {
         }
         this._setDevices(message.devices, message.time);
         break;
-      case 'snapshot':
+      case 'snapshot': {
         this._state = 'ready';
         this._snapshot = message.snapshot;
-        this._setDevices(message.snapshot.devices, message.snapshot.time);
+        this._setDevices(message.snapshot.devices, message.snapshot.time, message.snapshot);
         this._pruneSelection();
+        const cell = message.snapshot.cell;
+        if (cell && typeof cell.start === 'number' && typeof cell.end === 'number') {
+          this._addCell(cell.start, cell.end);
+        }
+        // the snapshot that follows a purge shows its effect; the next one
+        // (a cell, a refresh) is newer than the purge: its result goes
+        if (this._lastPurge) {
+          this._snapshotsSincePurge += 1;
+          if (this._snapshotsSincePurge > (this._lastPurge.dry_run ? 0 : 1)) {
+            this._lastPurge = null;
+          }
+        }
         break;
+      }
       case 'purge_result':
         this._lastPurge = message.result;
+        this._snapshotsSincePurge = 0;
         this._error = null;
-        this._selected = new Set();
+        if (!message.result.dry_run) {
+          this._selected = new Set();
+        }
         break;
       case 'error':
         this._error = message.message;
@@ -211,7 +271,27 @@ export class SidebarModel {
     this._changed.emit();
   }
 
-  private _setDevices(devices: IDeviceUsage[], time: number): void {
+  /** A cell known from the kernel's snapshot (start and end), if not yet seen. */
+  private _addCell(start: number, end: number): void {
+    if (this._cells.some(c => Math.abs(c.start - start) < 0.05)) {
+      return;
+    }
+    this._cells = [...this._cells, { start, end }]
+      .sort((a, b) => a.start - b.start)
+      .slice(-TIMELINE_POINTS);
+  }
+
+  private _setDevices(devices: IDeviceUsage[], time: number, snapshot?: ISnapshot): void {
+    if (!snapshot && this._snapshot) {
+      // a `devices` reading has no scan behind it: the tensors found on a
+      // host device are the last snapshot's
+      const scanned = new Map(this._snapshot.devices.map(d => [d.id, d]));
+      devices = devices.map(d =>
+        d.kind === 'cpu' && scanned.has(d.id)
+          ? { ...d, attributed: scanned.get(d.id)!.attributed }
+          : d
+      );
+    }
     this._devices = devices;
     this._devicesReceived = true;
     for (const device of devices) {
@@ -225,7 +305,8 @@ export class SidebarModel {
         time,
         allocated: device.allocated ?? null,
         reserved: device.reserved ?? null,
-        used: device.used_process ?? null
+        used: device.used_process ?? null,
+        tracked: tracked(device, snapshot) ?? last?.tracked ?? null
       });
       this._timeline.set(device.id, points.slice(-TIMELINE_POINTS));
     }
@@ -249,8 +330,27 @@ export class SidebarModel {
   private _devicesReceived = false;
   private _snapshot: ISnapshot | null = null;
   private _timeline = new Map<string, ITimelinePoint[]>();
+  private _cells: ICellBand[] = [];
+  private _snapshotsSincePurge = 0;
   private _selected = new Set<string>();
   private _lastPurge: IPurgeResult | null = null;
   private _error: string | null = null;
   private _seen = new Set<string>();
+}
+
+/**
+ * Bytes of the tensors found on a host device: its `attributed` figure, or the
+ * snapshot's holders on it (a `devices` reading carries no scan).
+ */
+function tracked(device: IDeviceUsage, snapshot?: ISnapshot): number | null {
+  if (device.kind !== 'cpu') {
+    return null;
+  }
+  if (!snapshot) {
+    return null; // a `devices` reading: no scan behind its figures
+  }
+  if (typeof device.attributed === 'number') {
+    return device.attributed;
+  }
+  return snapshot.holders.reduce((acc, h) => acc + (h.devices[device.id] ?? 0), 0);
 }

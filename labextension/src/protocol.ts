@@ -143,6 +143,11 @@ export interface ISnapshot {
   unattributed: { [device: string]: number | null } | null;
   /** Present when a Dask client is connected (docs/PROTOCOL.md). */
   cluster?: IClusterSnapshot | null;
+  /**
+   * The cell this snapshot follows, in epoch seconds, when the kernel tells
+   * (optional; the sidebar also times cells from the kernel's messages).
+   */
+  cell?: { start: number; end: number } | null;
 }
 
 /** What `jupyter_gpumem.purge()` returns, as JSON. */

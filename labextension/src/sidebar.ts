@@ -7,13 +7,10 @@ import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
 import { KernelChannel } from './channel';
-import {
-  DEVICE_CHOICES,
-  REFRESH_INTERVAL_MS,
-  SIDEBAR_TITLE,
-  TIMELINE_POINTS
-} from './constants';
+import { DEVICE_CHOICES, REFRESH_INTERVAL_MS } from './constants';
 import { SidebarModel } from './model';
+import { IDeviceUsage } from './protocol';
+import { TimelineView } from './timeline';
 import {
   h,
   predictedBytes,
@@ -21,9 +18,27 @@ import {
   renderClusterHolders,
   renderDevices,
   renderHolders,
-  renderPurgeResult,
-  renderTimeline
+  renderPurgeResult
 } from './view';
+
+/** Snapshot messages that say what the no-accelerator line says already. */
+const NO_ACCELERATOR_MESSAGE = /^no accelerator\b/i;
+
+/**
+ * What the sidebar shows, as its title: `GPU memory`, `Host memory` or
+ * `GPU and host memory`, from the kinds of the devices shown.
+ */
+export function titleFor(devices: ReadonlyArray<IDeviceUsage>): string {
+  const host = devices.some(d => d.kind === 'cpu');
+  const accelerator = devices.some(d => d.kind !== 'cpu');
+  if (host && accelerator) {
+    return 'GPU and host memory';
+  }
+  if (host) {
+    return 'Host memory';
+  }
+  return 'GPU memory';
+}
 
 /** Asks the user to confirm a purge; resolves true to go ahead. */
 export type ConfirmPurge = (
@@ -65,10 +80,28 @@ export class GpuMemSidebar extends Widget {
     return this._poll;
   }
 
+  /** The timeline charts. */
+  get timeline(): TimelineView {
+    return this._timeline;
+  }
+
+  /** Refresh interval of the holders while the kernel is idle, in ms (a setting). */
+  get refreshInterval(): number {
+    return this._poll.frequency.interval;
+  }
+
+  set refreshInterval(ms: number) {
+    if (!Number.isFinite(ms) || ms <= 0 || ms === this._poll.frequency.interval) {
+      return;
+    }
+    this._poll.frequency = { ...this._poll.frequency, interval: ms };
+  }
+
   dispose(): void {
     if (this.isDisposed) {
       return;
     }
+    this._timeline.dispose();
     this._poll.dispose();
     this.model.changed.disconnect(this._render, this);
     super.dispose();
@@ -105,16 +138,11 @@ export class GpuMemSidebar extends Widget {
     refresh.addEventListener('click', () => this.channel.refresh());
     this._purgeButton.addEventListener('click', () => void this.purgeSelected());
     this.node.append(
-      h(
-        'div',
-        { class: 'jp-GpuMem-header' },
-        h('div', { class: 'jp-GpuMem-title' }, SIDEBAR_TITLE),
-        this._kernelLine
-      ),
+      h('div', { class: 'jp-GpuMem-header' }, this._title, this._kernelLine),
       h(
         'div',
         { class: 'jp-GpuMem-toolbar' },
-        h('label', {}, 'Device ', this._deviceSelect),
+        h('label', { class: 'jp-GpuMem-deviceLabel' }, 'Device ', this._deviceSelect),
         refresh
       ),
       this._status,
@@ -123,6 +151,29 @@ export class GpuMemSidebar extends Widget {
       this._holdersBox,
       h('div', { class: 'jp-GpuMem-actions' }, this._purgeButton),
       this._resultBox
+    );
+    this._timelineBox.append(this._timeline.node);
+  }
+
+  protected onResize(msg: Widget.ResizeMessage): void {
+    super.onResize(msg);
+    this._renderTimeline();
+  }
+
+  /** Width the charts are drawn at: the sidebar's content width. */
+  private _chartWidth(): number {
+    const width = this._timelineBox.clientWidth || this.node.clientWidth - 16;
+    return Math.max(Math.floor(width), 0);
+  }
+
+  private _renderTimeline(): void {
+    const model = this.model;
+    const ready = model.state === 'ready';
+    this._timeline.update(
+      model.timeline,
+      ready ? model.devices.map(d => d.id) : [],
+      model.cells,
+      this._chartWidth()
     );
   }
 
@@ -142,8 +193,12 @@ export class GpuMemSidebar extends Widget {
     this._stale = false;
     const model = this.model;
     this._kernelLine.textContent = model.kernelLabel
-      ? `Kernel of ${model.kernelLabel}${model.version ? ` (jupyter_gpumem ${model.version})` : ''}`
+      ? `${model.kernelLabel}${model.version ? ` · jupyter_gpumem ${model.version}` : ''}`
       : 'No notebook in focus';
+    this._kernelLine.title = model.kernelLabel
+      ? `Kernel of ${model.kernelLabel}${model.version ? ` (jupyter_gpumem ${model.version})` : ''}`
+      : '';
+    this._title.textContent = titleFor(model.devices);
     this._renderDeviceChoices();
     this._renderStatus();
     const ready = model.state === 'ready';
@@ -152,15 +207,16 @@ export class GpuMemSidebar extends Widget {
       ...(ready ? [renderDevices(model.devices)] : []),
       ...(ready && cluster ? [renderClusterDevices(cluster)] : [])
     );
-    this._timelineBox.replaceChildren(
-      ...(ready ? [renderTimeline(model.timeline, TIMELINE_POINTS)] : [])
-    );
+    this._renderTimeline();
     if (model.snapshot !== this._shownSnapshot || model.selected !== this._shownSelection) {
       this._shownSnapshot = model.snapshot;
       this._shownSelection = model.selected;
       this._holdersBox.replaceChildren(
-        renderHolders(model.snapshot, model.selected, (name, checked) =>
-          model.toggle(name, checked)
+        renderHolders(
+          model.snapshot,
+          model.selected,
+          (name, checked) => model.toggle(name, checked),
+          message => this._noAcceleratorShown() && NO_ACCELERATOR_MESSAGE.test(message)
         ),
         ...(cluster ? [renderClusterHolders(cluster)] : [])
       );
@@ -170,9 +226,23 @@ export class GpuMemSidebar extends Widget {
     this._purgeButton.textContent = count ? `Purge selected (${count})` : 'Purge selected';
     this._purgeButton.disabled = !ready || count === 0;
     this._purgeButton.hidden = !ready;
-    this._resultBox.replaceChildren(
-      ...(model.lastPurge ? [renderPurgeResult(model.lastPurge)] : [])
-    );
+    if (model.lastPurge !== this._shownPurge) {
+      this._shownPurge = model.lastPurge;
+      this._resultBox.replaceChildren(
+        ...(model.lastPurge
+          ? [renderPurgeResult(model.lastPurge, () => model.dismissPurge())]
+          : [])
+      );
+    }
+  }
+
+  /**
+   * Whether the status says "no GPU" in words (device `auto` or `all` with no
+   * accelerator: the host is what is shown).
+   */
+  private _noAcceleratorShown(): boolean {
+    const model = this.model;
+    return model.state === 'ready' && model.noAccelerator && model.device !== 'cpu';
   }
 
   private _renderDeviceChoices(): void {
@@ -244,11 +314,23 @@ export class GpuMemSidebar extends Widget {
         break;
       }
       case 'ready':
-        if (model.noAccelerator && model.device !== 'cpu') {
-          const useCpu = h('button', { class: 'jp-GpuMem-button jp-GpuMem-useCpu' }, 'Track host (cpu) tensors');
+        if (model.noAccelerator && (model.device === 'auto' || model.device === 'all')) {
+          parts.push(
+            h(
+              'div',
+              { class: 'jp-GpuMem-notice jp-GpuMem-noAccelerator' },
+              'No GPU in this kernel: showing host memory and the tensors on it.'
+            )
+          );
+        } else if (model.noAccelerator && model.device !== 'cpu') {
+          const useCpu = h('button', { class: 'jp-GpuMem-button jp-GpuMem-useCpu' }, 'Show host memory');
           useCpu.addEventListener('click', () => this.channel.setDevice('cpu'));
           parts.push(
-            h('div', { class: 'jp-GpuMem-notice jp-GpuMem-noAccelerator' }, 'No accelerator in this kernel.'),
+            h(
+              'div',
+              { class: 'jp-GpuMem-notice jp-GpuMem-noAccelerator' },
+              `This kernel has no ${model.device}.`
+            ),
             useCpu
           );
         }
@@ -268,6 +350,9 @@ export class GpuMemSidebar extends Widget {
   private _stale = false;
   private _shownSnapshot: unknown = undefined;
   private _shownSelection: unknown = undefined;
+  private _shownPurge: unknown = undefined;
+  private _timeline = new TimelineView();
+  private _title = h('div', { class: 'jp-GpuMem-title' });
   private _kernelLine = h('div', { class: 'jp-GpuMem-kernel' });
   private _deviceSelect = h('select', { class: 'jp-GpuMem-device-select' }) as HTMLSelectElement;
   private _status = h('div', { class: 'jp-GpuMem-status' });

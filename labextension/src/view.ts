@@ -2,7 +2,6 @@
  * DOM rendering of the sidebar's parts, as plain functions of the data.
  */
 import { formatByteMap, formatBytes, sumBytes } from './format';
-import { ITimelinePoint } from './model';
 import {
   IClusterHolder,
   IClusterSnapshot,
@@ -11,8 +10,6 @@ import {
   IPurgeResult,
   ISnapshot
 } from './protocol';
-
-const SVG_NS = 'http://www.w3.org/2000/svg';
 
 /** Element factory: `h('div', {class: 'x'}, 'text', child)`. */
 export function h(
@@ -41,28 +38,35 @@ export interface IBarSegment {
   bytes: number;
 }
 
+/** Whether a device is host memory without allocator counters (tensors are found by the scan). */
+export function isHostTracked(device: IDeviceUsage): boolean {
+  return device.kind === 'cpu' && (device.allocated === null || device.allocated === undefined);
+}
+
 /**
  * Split a device into the five bar segments of PROTOCOL.md: allocated,
  * reserved but free, non-framework, other processes, free. Missing figures
  * count as zero.
  *
- * With `tracked`, host memory without allocator counters (a worker's `cpu`)
+ * Host memory without allocator counters (`cpu`, locally or on a worker)
  * shows the tensors the scan found (`attributed`) in the first segment and the
- * rest of the process in the third, as the live panel does.
+ * rest of this process in the third, as the live panel does. (`tracked` is
+ * kept for callers that ask for it; the host is always drawn that way.)
  */
 export function barSegments(device: IDeviceUsage, tracked = false): IBarSegment[] {
-  if (tracked && device.kind === 'cpu' && device.allocated === null) {
+  if ((tracked || isHostTracked(device)) && device.kind === 'cpu' && isHostTracked(device)) {
     const tensors = Math.max(device.attributed ?? 0, 0);
     const process = Math.max(device.used_process ?? 0, 0);
+    const other =
+      device.other_processes ??
+      (device.used_all !== null && device.used_process !== null
+        ? device.used_all - device.used_process
+        : 0);
     return [
       { key: 'allocated', label: 'tracked tensors', bytes: process ? Math.min(tensors, process) : tensors },
       { key: 'reserved-free', label: 'reserved, free', bytes: 0 },
       { key: 'non-framework', label: 'rest of the process', bytes: Math.max(process - tensors, 0) },
-      {
-        key: 'other',
-        label: 'other processes',
-        bytes: Math.max(device.other_processes ?? 0, 0)
-      },
+      { key: 'other', label: 'other processes', bytes: Math.max(other, 0) },
       { key: 'free', label: 'free', bytes: Math.max(device.free ?? 0, 0) }
     ];
   }
@@ -89,6 +93,27 @@ export function barSegments(device: IDeviceUsage, tracked = false): IBarSegment[
   ];
 }
 
+/**
+ * The segments a device's bar draws and the bytes its full width stands for.
+ * An accelerator's bar spans the device. A host's bar spans this process
+ * (scaled to all host memory its tensors would be under a pixel): the tensors
+ * found and the rest of the process; the host's total and free are in words.
+ */
+export function barScale(device: IDeviceUsage): { segments: IBarSegment[]; whole: number } {
+  const segments = barSegments(device);
+  if (isHostTracked(device)) {
+    const drawn = segments.filter(s => s.key === 'allocated' || s.key === 'non-framework');
+    return { segments: drawn, whole: drawn.reduce((acc, s) => acc + s.bytes, 0) };
+  }
+  return {
+    segments,
+    whole: device.total ?? segments.reduce((acc, s) => acc + s.bytes, 0)
+  };
+}
+
+/** Narrowest a non-empty segment is drawn, in px (so a small one is still seen). */
+const MIN_SEGMENT_PX = 3;
+
 /** `tcp://10.0.0.5:40123` -> `10.0.0.5:40123`. */
 export function workerLabel(address: string): string {
   const at = address.indexOf('://');
@@ -96,13 +121,12 @@ export function workerLabel(address: string): string {
 }
 
 /**
- * One device: a title line and its stacked bar. With `worker` (a Dask worker's
- * address) the title reads `worker host:port cuda:N`.
+ * One device: a title line, a line of figures and its stacked bar. With
+ * `worker` (a Dask worker's address) the title reads `worker host:port cuda:N`.
  */
 export function renderDevice(device: IDeviceUsage, worker?: string): HTMLElement {
-  const segments = barSegments(device, worker !== undefined);
-  const whole =
-    device.total ?? segments.reduce((acc, s) => acc + s.bytes, 0);
+  const { segments, whole } = barScale(device);
+  const host = isHostTracked(device);
   const bar = h('div', { class: 'jp-GpuMem-bar', role: 'img' });
   const described: string[] = [];
   for (const segment of segments) {
@@ -114,32 +138,39 @@ export function renderDevice(device: IDeviceUsage, worker?: string): HTMLElement
     bar.append(
       h('span', {
         class: `jp-GpuMem-seg jp-GpuMem-seg-${segment.key}`,
-        style: `width: ${share.toFixed(2)}%`,
+        style: `width: ${share.toFixed(2)}%; min-width: ${MIN_SEGMENT_PX}px`,
         title: `${segment.label}: ${formatBytes(segment.bytes)}`
       })
     );
   }
   bar.setAttribute('aria-label', described.join(', '));
   const used = device.used_process ?? device.used_all;
-  const hostTracked = worker !== undefined && device.kind === 'cpu' && device.allocated === null;
+  const figures: string[] = [];
+  if (host) {
+    figures.push(`tracked tensors ${formatBytes(device.attributed ?? 0)}`);
+    if (device.used_process !== null) {
+      figures.push(`process ${formatBytes(device.used_process)}`);
+    }
+  } else {
+    figures.push(`allocated ${formatBytes(device.allocated)}`);
+    if (used !== null) {
+      figures.push(`process ${formatBytes(used)}`);
+    }
+  }
+  const of =
+    device.total !== null
+      ? host
+        ? `host ${formatBytes(device.total)}${device.free !== null ? `, ${formatBytes(device.free)} free` : ''}`
+        : `of ${formatBytes(device.total)}`
+      : '';
+  const label = worker !== undefined ? `worker ${workerLabel(worker)} ${device.id}` : device.id;
   const title = h(
     'div',
-    { class: 'jp-GpuMem-deviceTitle' },
-    h('b', {}, worker !== undefined ? `worker ${workerLabel(worker)} ${device.id}` : device.id),
-    device.name ? ` ${device.name}` : '',
-    h(
-      'span',
-      { class: 'jp-GpuMem-deviceFigures' },
-      (hostTracked
-        ? ` tracked tensors ${formatBytes(device.attributed)}`
-        : ` allocated ${formatBytes(device.allocated)}`) +
-        (used !== null ? `, process ${formatBytes(used)}` : '') +
-        (device.total !== null ? ` of ${formatBytes(device.total)}` : '')
-    )
+    { class: 'jp-GpuMem-deviceTitle', title: [label, device.name].filter(Boolean).join(' ') },
+    h('b', {}, label),
+    device.name ? h('span', { class: 'jp-GpuMem-deviceName' }, ` ${device.name}`) : null
   );
-  const notes = (device.notes ?? []).map(note =>
-    h('div', { class: 'jp-GpuMem-note' }, note)
-  );
+  const notes = (device.notes ?? []).map(note => h('div', { class: 'jp-GpuMem-note' }, note));
   return h(
     'div',
     {
@@ -148,6 +179,11 @@ export function renderDevice(device: IDeviceUsage, worker?: string): HTMLElement
       'data-worker': worker ?? null
     },
     title,
+    h(
+      'div',
+      { class: 'jp-GpuMem-deviceFigures' },
+      figures.join(', ') + (of ? (host ? ` · ${of}` : ` ${of}`) : '')
+    ),
     bar,
     ...notes
   );
@@ -314,7 +350,7 @@ export function renderClusterHolders(cluster: IClusterSnapshot): HTMLElement {
   return section;
 }
 
-/** All device bars with one legend. */
+/** All device bars with one legend per kind of bar (accelerator, host). */
 export function renderDevices(devices: ReadonlyArray<IDeviceUsage>): HTMLElement {
   const section = h('div', { class: 'jp-GpuMem-devices' });
   if (devices.length === 0) {
@@ -325,105 +361,66 @@ export function renderDevices(devices: ReadonlyArray<IDeviceUsage>): HTMLElement
     section.append(renderDevice(device));
   }
   const legend = h('div', { class: 'jp-GpuMem-legend' });
-  for (const segment of barSegments(devices[0])) {
-    legend.append(
-      h(
-        'span',
-        { class: 'jp-GpuMem-legendItem' },
-        h('span', { class: `jp-GpuMem-swatch jp-GpuMem-seg-${segment.key}` }),
-        segment.label
-      )
-    );
+  const seen = new Set<string>();
+  for (const device of devices) {
+    for (const segment of barScale(device).segments) {
+      const key = `${segment.key}|${segment.label}`;
+      if (seen.has(key)) {
+        continue;
+      }
+      seen.add(key);
+      legend.append(
+        h(
+          'span',
+          { class: 'jp-GpuMem-legendItem' },
+          h('span', { class: `jp-GpuMem-swatch jp-GpuMem-seg-${segment.key}` }),
+          segment.label
+        )
+      );
+    }
   }
   section.append(legend);
   return section;
 }
 
-/**
- * Points of one series as an SVG polyline `points` string: the newest value
- * at the right edge, zero at the bottom, `max` at the top.
- */
-export function polylinePoints(
-  values: ReadonlyArray<number | null>,
-  capacity: number,
-  max: number,
-  height: number
-): string {
-  const offset = capacity - values.length;
-  const points: string[] = [];
-  values.forEach((value, i) => {
-    if (value === null) {
-      return;
-    }
-    const y = height - (max > 0 ? (value / max) * height : 0);
-    points.push(`${offset + i},${y.toFixed(2)}`);
-  });
-  return points.join(' ');
+/** `0.0004` -> `<1 ms`, `0.042` -> `42 ms`, `1.5` -> `1.5 s`. */
+export function formatSeconds(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds) || seconds < 0) {
+    return 'n/a';
+  }
+  if (seconds < 0.001) {
+    return '<1 ms';
+  }
+  if (seconds < 1) {
+    return `${Math.round(seconds * 1000)} ms`;
+  }
+  return `${seconds.toFixed(seconds < 10 ? 1 : 0)} s`;
 }
 
-/** Headroom above the largest value of a chart. */
-const CHART_HEADROOM = 1.1;
+/** `12:03:05` in the browser's time zone, from epoch seconds. */
+export function clockTime(epochSeconds: number): string {
+  const d = new Date(epochSeconds * 1000);
+  const two = (n: number) => String(n).padStart(2, '0');
+  return `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
+}
 
 /**
- * A small chart per device of allocated, reserved and process memory; a
- * series with no value at all (e.g. allocated on the host) is left out.
+ * A line of kernel text with its backticked parts as `<code>`: DOM nodes
+ * only, the text is never parsed as HTML.
  */
-export function renderTimeline(
-  timeline: ReadonlyMap<string, ReadonlyArray<ITimelinePoint>>,
-  capacity: number
-): HTMLElement {
-  const section = h('div', { class: 'jp-GpuMem-timeline' });
-  const height = 40;
-  for (const [deviceId, points] of timeline) {
-    if (points.length === 0) {
-      continue;
+export function renderCodeText(text: string): DocumentFragment {
+  const fragment = document.createDocumentFragment();
+  const parts = text.split('`');
+  // an odd number of backticks leaves the last one as text
+  const closed = parts.length % 2 === 1 ? parts.length : parts.length - 1;
+  parts.forEach((part, i) => {
+    if (i % 2 === 1 && i < closed) {
+      fragment.append(h('code', {}, part));
+    } else {
+      fragment.append((i % 2 === 1 ? '`' : '') + part);
     }
-    const series = (
-      [
-        ['allocated', points.map(p => p.allocated)],
-        ['reserved', points.map(p => p.reserved)],
-        ['process', points.map(p => p.used)]
-      ] as [string, (number | null)[]][]
-    ).filter(([, values]) => values.some(v => v !== null));
-    const peak = Math.max(
-      1,
-      ...series.flatMap(([, values]) => values.map(v => v ?? 0))
-    );
-    const max = peak * CHART_HEADROOM;
-    const svg = document.createElementNS(SVG_NS, 'svg');
-    svg.setAttribute('class', 'jp-GpuMem-chart');
-    svg.setAttribute('viewBox', `0 0 ${capacity} ${height}`);
-    svg.setAttribute('preserveAspectRatio', 'none');
-    svg.setAttribute('role', 'img');
-    svg.setAttribute(
-      'aria-label',
-      `${deviceId} over the last ${points.length} readings, up to ${formatBytes(peak)}`
-    );
-    for (const [name, values] of series) {
-      const line = document.createElementNS(SVG_NS, 'polyline');
-      line.setAttribute('class', `jp-GpuMem-line jp-GpuMem-line-${name}`);
-      line.setAttribute('points', polylinePoints(values, capacity, max, height));
-      line.setAttribute('vector-effect', 'non-scaling-stroke');
-      svg.appendChild(line);
-    }
-    const last = points[points.length - 1];
-    const figures = series
-      .map(([name, values]) => `${name} ${formatBytes(values[values.length - 1])}`)
-      .join(', ');
-    section.append(
-      h(
-        'div',
-        { class: 'jp-GpuMem-chartBox', 'data-device': deviceId },
-        h(
-          'div',
-          { class: 'jp-GpuMem-chartTitle' },
-          `${deviceId}, last ${Math.round(last.time - points[0].time)} s: ${figures}`
-        ),
-        svg as unknown as Node
-      )
-    );
-  }
-  return section;
+  });
+  return fragment;
 }
 
 /** Total of the bytes only these holders keep alive. */
@@ -437,13 +434,16 @@ export function predictedBytes(
 }
 
 /**
- * The holders table: a checkbox per purgeable holder, the name, what it is,
- * bytes only it keeps, bytes it shares, and its devices.
+ * The holders table: a checkbox per purgeable holder, the name (its other
+ * names under it), what it is, and the bytes it keeps alive (those it shares
+ * with other names under them); its devices when there are several. A hint
+ * has its own row under its holder.
  */
 export function renderHolders(
   snapshot: ISnapshot | null,
   selected: ReadonlySet<string>,
-  onToggle: (purgeName: string, checked: boolean) => void
+  onToggle: (purgeName: string, checked: boolean) => void,
+  hideMessage: (message: string) => boolean = () => false
 ): HTMLElement {
   const section = h('div', { class: 'jp-GpuMem-holdersBox' });
   if (!snapshot) {
@@ -461,9 +461,10 @@ export function renderHolders(
   } else {
     const devices = new Set(snapshot.holders.flatMap(h => Object.keys(h.devices)));
     const showDevices = devices.size > 1;
+    const columns = showDevices ? 5 : 4;
     const body = h('tbody');
     for (const holder of snapshot.holders) {
-      for (const row of holderRows(holder, selected, onToggle, showDevices)) {
+      for (const row of holderRows(holder, selected, onToggle, showDevices, columns)) {
         body.append(row);
       }
     }
@@ -477,12 +478,15 @@ export function renderHolders(
           h(
             'tr',
             {},
-            h('th', {}, ''),
+            h('th', { class: 'jp-GpuMem-checkCol', title: 'check to purge' }),
             h('th', {}, 'Name'),
             h('th', {}, 'Type'),
-            h('th', { title: 'bytes only this name keeps alive' }, 'Only it'),
-            h('th', { title: 'bytes other names reach too' }, 'Shared'),
-            showDevices ? h('th', {}, 'Devices') : null
+            h(
+              'th',
+              { class: 'jp-GpuMem-bytes', title: 'bytes this name keeps alive (shared: other names reach them too)' },
+              'Holds'
+            ),
+            showDevices ? h('th', {}, 'On') : null
           )
         ),
         body
@@ -507,8 +511,20 @@ export function renderHolders(
     );
   }
   for (const message of snapshot.messages ?? []) {
-    section.append(h('div', { class: 'jp-GpuMem-note' }, message));
+    if (!hideMessage(message)) {
+      section.append(h('div', { class: 'jp-GpuMem-note' }, message));
+    }
   }
+  const count = snapshot.holders.length;
+  section.append(
+    h(
+      'div',
+      { class: 'jp-GpuMem-scanned' },
+      `${count} holder${count === 1 ? '' : 's'} · scanned at ${clockTime(snapshot.time)} in ${formatSeconds(
+        snapshot.scan_seconds
+      )}`
+    )
+  );
   return section;
 }
 
@@ -516,12 +532,14 @@ function holderRows(
   holder: IHolder,
   selected: ReadonlySet<string>,
   onToggle: (purgeName: string, checked: boolean) => void,
-  showDevices: boolean
+  showDevices: boolean,
+  columns: number
 ): HTMLElement[] {
+  const label = holder.label || holder.name;
   const box = h('input', {
     type: 'checkbox',
     class: 'jp-GpuMem-check',
-    'aria-label': `select ${holder.label || holder.name}`
+    'aria-label': `select ${label}`
   }) as HTMLInputElement;
   if (holder.purge === null) {
     box.disabled = true;
@@ -531,7 +549,10 @@ function holderRows(
     box.checked = selected.has(purgeName);
     box.addEventListener('change', () => onToggle(purgeName, box.checked));
   }
+  const total = holder.total ?? holder.unique + holder.shared;
   const details = [
+    label,
+    `holds ${formatBytes(total)}: only it ${formatBytes(holder.unique)}, shared ${formatBytes(holder.shared)}`,
     holder.largest_path
       ? `largest: ${holder.largest_path} (${formatBytes(holder.largest_bytes)})`
       : '',
@@ -539,6 +560,29 @@ function holderRows(
     holder.shared_with.length ? `shared with: ${holder.shared_with.join(', ')}` : '',
     `${holder.tensors} storage${holder.tensors === 1 ? '' : 's'} on ${formatByteMap(holder.devices)}`
   ].filter(Boolean);
+  const nameCell = h(
+    'td',
+    { class: 'jp-GpuMem-nameCell' },
+    h('div', { class: 'jp-GpuMem-name' }, label),
+    holder.aliases.length
+      ? h('div', { class: 'jp-GpuMem-sub' }, `also ${holder.aliases.join(', ')}`)
+      : null
+  );
+  const bytesCell = h(
+    'td',
+    { class: 'jp-GpuMem-bytesCell' },
+    h('div', { class: 'jp-GpuMem-bytes' }, formatBytes(total)),
+    holder.shared > 0
+      ? h(
+          'div',
+          {
+            class: 'jp-GpuMem-sub jp-GpuMem-shared',
+            title: `${formatBytes(holder.shared)} of it other names reach too`
+          },
+          'shared'
+        )
+      : null
+  );
   const row = h(
     'tr',
     {
@@ -546,11 +590,10 @@ function holderRows(
       'data-name': holder.name,
       title: details.join('\n')
     },
-    h('td', {}, box),
-    h('td', { class: 'jp-GpuMem-name' }, holder.label || holder.name),
+    h('td', { class: 'jp-GpuMem-checkCell' }, box),
+    nameCell,
     h('td', { class: 'jp-GpuMem-type' }, holder.type),
-    h('td', { class: 'jp-GpuMem-bytes' }, formatBytes(holder.unique)),
-    h('td', { class: 'jp-GpuMem-bytes' }, holder.shared ? formatBytes(holder.shared) : ''),
+    bytesCell,
     showDevices
       ? h('td', { class: 'jp-GpuMem-where' }, Object.keys(holder.devices).join(', '))
       : null
@@ -560,21 +603,31 @@ function holderRows(
     rows.push(
       h(
         'tr',
-        { class: 'jp-GpuMem-hintRow' },
-        h('td', {}, ''),
-        h('td', { colspan: showDevices ? '5' : '4', class: 'jp-GpuMem-hint' }, holder.hint)
+        { class: 'jp-GpuMem-hintRow', 'data-name': holder.name },
+        h(
+          'td',
+          { colspan: String(columns), class: 'jp-GpuMem-hint' },
+          h('span', { class: 'jp-GpuMem-hintLabel' }, 'Hint'),
+          ' ',
+          renderCodeText(holder.hint)
+        )
       )
     );
   }
   return rows;
 }
 
-/** One purge result: what was removed, freed, and what still holds memory. */
-export function renderPurgeResult(result: IPurgeResult): HTMLElement {
+/**
+ * One purge result: what was removed, freed, and what still holds memory;
+ * `onDismiss` adds a close button.
+ */
+export function renderPurgeResult(result: IPurgeResult, onDismiss?: () => void): HTMLElement {
   const freed = sumBytes(result.freed);
-  const lines: HTMLElement[] = [
+  const headline = h(
+    'div',
+    { class: 'jp-GpuMem-purgeHeadline' },
     h(
-      'div',
+      'span',
       {},
       result.dry_run
         ? `Dry run: would free ${formatByteMap(result.predicted)}.`
@@ -582,7 +635,17 @@ export function renderPurgeResult(result: IPurgeResult): HTMLElement {
             Object.keys(result.freed).length ? formatByteMap(result.freed) : formatBytes(freed)
           }.`
     )
-  ];
+  );
+  if (onDismiss) {
+    const close = h(
+      'button',
+      { class: 'jp-GpuMem-dismiss', title: 'Dismiss', 'aria-label': 'Dismiss the purge result' },
+      '×'
+    );
+    close.addEventListener('click', () => onDismiss());
+    headline.append(close);
+  }
+  const lines: HTMLElement[] = [headline];
   if (result.removed.length) {
     lines.push(h('div', {}, `Removed: ${result.removed.join(', ')}`));
   }
@@ -596,7 +659,7 @@ export function renderPurgeResult(result: IPurgeResult): HTMLElement {
     );
   }
   for (const message of result.messages ?? []) {
-    lines.push(h('div', { class: 'jp-GpuMem-note' }, message));
+    lines.push(h('div', { class: 'jp-GpuMem-note' }, renderCodeText(message)));
   }
   return h('div', { class: 'jp-GpuMem-purgeResult' }, ...lines);
 }

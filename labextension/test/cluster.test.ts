@@ -113,14 +113,14 @@ describe('worker device bars', () => {
       ['other processes', 0],
       ['free', 600 * MiB]
     ]);
-    // a local device is drawn as before
-    expect(barSegments(dev)[0]).toEqual({ key: 'allocated', label: 'allocated', bytes: 0 });
+    // the local host is drawn the same way
+    expect(barSegments(dev)[0]).toEqual({ key: 'allocated', label: 'tracked tensors', bytes: 64 * MiB });
+    // at the scale of the worker's process (its tensors are not lost in the host's total)
     const node = renderDevice(dev, W0);
     const widths = $$(node, '.jp-GpuMem-seg').map(s => [s.className.split('seg-')[1], s.style.width]);
     expect(widths).toEqual([
-      ['allocated', '6.40%'],
-      ['non-framework', '23.60%'],
-      ['free', '60.00%']
+      ['allocated', '21.33%'],
+      ['non-framework', '78.67%']
     ]);
     expect(node.textContent).toContain('tracked tensors 64.0 MiB, process 300.0 MiB');
   });

@@ -2,9 +2,17 @@ import { Widget } from '@lumino/widgets';
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { KernelChannel } from '../src/channel';
-import { SidebarModel } from '../src/model';
+import { ITimelinePoint, SidebarModel } from '../src/model';
 import { GpuMemSidebar } from '../src/sidebar';
-import { barSegments, renderDevice, renderTimeline } from '../src/view';
+import { axisBytes, timelineData, TimelineView, timeRange, visibleBands } from '../src/timeline';
+import {
+  barScale,
+  barSegments,
+  formatSeconds,
+  renderCodeText,
+  renderDevice,
+  renderHolders
+} from '../src/view';
 import {
   device,
   flush,
@@ -92,43 +100,156 @@ describe('device bars', () => {
     expect($(node, '.jp-GpuMem-bar').getAttribute('aria-label')).toContain('other processes 0 B');
   });
 
-  it('draws one chart per device from the timeline', () => {
-    const node = renderTimeline(
-      new Map([
+  it("draws a host's bar at the scale of this process: tracked tensors and the rest", () => {
+    const host = device({
+      name: 'host memory',
+      allocated: null,
+      reserved: null,
+      non_framework: null,
+      frameworks: [],
+      total: 24000 * MiB,
+      used_all: 2000 * MiB,
+      used_process: 400 * MiB,
+      other_processes: null,
+      free: 22000 * MiB,
+      attributed: 100 * MiB
+    });
+    const { segments, whole } = barScale(host);
+    expect(whole).toBe(400 * MiB);
+    expect(segments.map(s => [s.label, s.bytes])).toEqual([
+      ['tracked tensors', 100 * MiB],
+      ['rest of the process', 300 * MiB]
+    ]);
+    const node = renderDevice(host);
+    const widths = $$(node, '.jp-GpuMem-seg').map(s => [s.className.split('seg-')[1], s.style.width]);
+    expect(widths).toEqual([
+      ['allocated', '25.00%'],
+      ['non-framework', '75.00%']
+    ]);
+    expect(node.textContent).toContain('tracked tensors 100.0 MiB, process 400.0 MiB');
+    expect(node.textContent).toContain('host 23.4 GiB, 21.5 GiB free');
+    // the other processes are what all use beyond this one
+    expect(barSegments(host).find(s => s.key === 'other')?.bytes).toBe(1600 * MiB);
+  });
+});
+
+describe('timelines', () => {
+  const gpu: ITimelinePoint[] = [
+    { time: 1, allocated: 0, reserved: 0, used: 10 * MiB },
+    { time: 2, allocated: 4 * MiB, reserved: 8 * MiB, used: 20 * MiB },
+    { time: 30, allocated: 2 * MiB, reserved: 8 * MiB, used: 20 * MiB }
+  ];
+
+  it('aligns the series with a value, and breaks the line where readings stopped', () => {
+    const { specs, data } = timelineData(gpu);
+    expect(specs.map(s => s.key)).toEqual(['allocated', 'reserved', 'process']);
+    // a null reading between 2 and 30 s: the device was not shown then
+    expect(data[0]).toEqual([1, 2, 16, 30]);
+    expect(data[1]).toEqual([0, 4 * MiB, null, 2 * MiB]);
+    const host = timelineData([
+      { time: 1, allocated: null, reserved: null, used: 5 * MiB, tracked: MiB },
+      { time: 2, allocated: null, reserved: null, used: 6 * MiB, tracked: null }
+    ]);
+    expect(host.specs.map(s => s.key)).toEqual(['process', 'tracked']);
+  });
+
+  it('clips cell bands to the time shown; a running cell reaches the right edge', () => {
+    expect(
+      visibleBands(
         [
-          'cuda:0',
-          [
-            { time: 1, allocated: 0, reserved: 0, used: 10 * MiB },
-            { time: 2, allocated: 4 * MiB, reserved: 8 * MiB, used: 20 * MiB }
-          ]
+          { start: 0, end: 1 },
+          { start: 5, end: 7 },
+          { start: 9, end: null }
         ],
-        [
-          'cpu',
-          [
-            { time: 1, allocated: null, reserved: null, used: 5 * MiB },
-            { time: 3, allocated: null, reserved: null, used: 10 * MiB }
-          ]
-        ]
-      ]),
-      10
+        2,
+        10
+      )
+    ).toEqual([
+      [5, 7],
+      [9, 10]
+    ]);
+  });
+
+  it('spans at least a minute, up to the newest reading', () => {
+    expect(timeRange(100, 100)).toEqual([40, 100]);
+    expect(timeRange(0, 300)).toEqual([0, 300]);
+  });
+
+  it('labels the byte axis short', () => {
+    expect(axisBytes(0)).toBe('0');
+    expect(axisBytes(4 * 1024 * MiB)).toBe('4 GiB');
+    expect(axisBytes(1.5 * MiB)).toBe('1.5 MiB');
+  });
+
+  it('keeps one chart per device shown, in order', () => {
+    const view = new TimelineView();
+    const timeline = new Map<string, ITimelinePoint[]>([
+      ['cuda:0', gpu],
+      ['cpu', [{ time: 1, allocated: null, reserved: null, used: 5 * MiB }]]
+    ]);
+    view.update(timeline, ['cuda:0', 'cpu'], [], 0);
+    const first = view.charts.get('cuda:0')!;
+    expect($$(view.node, '.jp-GpuMem-chartBox').map(b => b.dataset.device)).toEqual(['cuda:0', 'cpu']);
+    expect(first.node.dataset.points).toBe('3');
+    expect(first.node.getAttribute('aria-label')).toBe(
+      'cuda:0: allocated 2.0 MiB, reserved 8.0 MiB, process 20.0 MiB'
     );
-    const boxes = $$(node, '.jp-GpuMem-chartBox');
-    expect(boxes.map(b => b.dataset.device)).toEqual(['cuda:0', 'cpu']);
-    const lines = $$(boxes[0], 'polyline');
-    expect(lines.map(l => l.getAttribute('class'))).toEqual([
-      'jp-GpuMem-line jp-GpuMem-line-allocated',
-      'jp-GpuMem-line jp-GpuMem-line-reserved',
-      'jp-GpuMem-line jp-GpuMem-line-process'
-    ]);
-    // newest reading at the right edge; zero at the bottom; the peak below the top
-    expect(lines[0].getAttribute('points')).toBe('8,40.00 9,32.73');
-    expect(lines[2].getAttribute('points')).toBe('8,21.82 9,3.64');
-    expect(boxes[0].textContent).toContain('allocated 4.0 MiB, reserved 8.0 MiB, process 20.0 MiB');
-    // a series without any value is left out
-    expect($$(boxes[1], 'polyline').map(l => l.getAttribute('class'))).toEqual([
-      'jp-GpuMem-line jp-GpuMem-line-process'
-    ]);
-    expect(boxes[1].textContent).toContain('cpu, last 2 s: process 10.0 MiB');
+    view.update(timeline, ['cuda:0'], [], 0);
+    expect(view.charts.get('cuda:0')).toBe(first);
+    expect(view.charts.has('cpu')).toBe(false);
+  });
+});
+
+describe('holders and hints', () => {
+  it('renders backticked code as <code>, and kernel text never as HTML', () => {
+    const box = document.createElement('div');
+    box.append(renderCodeText('store `loss.item()` or end with `;` <img src=x onerror=alert(1)>'));
+    expect($$(box, 'code').map(c => c.textContent)).toEqual(['loss.item()', ';']);
+    expect(box.querySelector('img')).toBeNull();
+    expect(box.textContent).toContain('<img src=x onerror=alert(1)>');
+    const odd = document.createElement('div');
+    odd.append(renderCodeText('a `b` c `d'));
+    expect($$(odd, 'code').map(c => c.textContent)).toEqual(['b']);
+    expect(odd.textContent).toBe('a b c `d');
+  });
+
+  it('has no empty column: every column has a header and a value in each row', () => {
+    const node = renderHolders(
+      snapshot({
+        holders: [
+          holder({ hint: 'end the line with `;`' }),
+          holder({ name: 'Out[5]', label: 'Out[5]', aliases: ['_5', '_'], unique: 0, shared: 4 * MiB })
+        ]
+      }),
+      new Set(),
+      () => undefined
+    );
+    const headers = $$(node, 'th');
+    expect(headers.map(th => th.textContent)).toEqual(['', 'Name', 'Type', 'Holds']);
+    for (const row of $$(node, 'tr.jp-GpuMem-holder')) {
+      expect($$(row, 'td').length).toBe(headers.length);
+      $$(row, 'td')
+        .slice(1)
+        .forEach(td => expect(td.textContent).not.toBe(''));
+    }
+    // the hint has a row of its own, across the whole table
+    const hint = $(node, 'tr.jp-GpuMem-hintRow td');
+    expect(hint.getAttribute('colspan')).toBe(String(headers.length));
+    expect($(hint, 'code').textContent).toBe(';');
+    // a name that shares its storage shows what it holds, and says it is shared
+    const out = $(node, 'tr[data-name="Out[5]"]');
+    expect($(out, '.jp-GpuMem-bytes').textContent).toBe('4.0 MiB');
+    expect($(out, '.jp-GpuMem-shared').textContent).toBe('shared');
+    expect($(out, '.jp-GpuMem-sub').textContent).toBe('also _5, _');
+  });
+
+  it('says how long the scan took in words a reader expects', () => {
+    expect(formatSeconds(0)).toBe('<1 ms');
+    expect(formatSeconds(0.0004)).toBe('<1 ms');
+    expect(formatSeconds(0.042)).toBe('42 ms');
+    expect(formatSeconds(2.345)).toBe('2.3 s');
+    const node = renderHolders(snapshot({ scan_seconds: 0.0001 }), new Set(), () => undefined);
+    expect($(node, '.jp-GpuMem-scanned').textContent).toMatch(/^1 holder · scanned at \d\d:\d\d:\d\d in <1 ms$/);
   });
 });
 
@@ -169,10 +290,17 @@ describe('GpuMemSidebar', () => {
             label: 'Out[3]',
             hidden: true,
             unique: MiB,
+            total: MiB,
             purge: 'Out[3]',
             hint: 'end the line with ;'
           }),
-          holder({ name: 'last traceback', label: 'last traceback (f(): t)', purge: null, unique: 512 })
+          holder({
+            name: 'last traceback',
+            label: 'last traceback (f(): t)',
+            purge: null,
+            unique: 512,
+            total: 512
+          })
         ]
       })
     );
@@ -221,19 +349,93 @@ describe('GpuMemSidebar', () => {
     expect(ctx.model.selected.has('big')).toBe(true);
   });
 
-  it('says when there is no accelerator and switches to cpu on request', () => {
+  it('on auto with no GPU says plainly that it shows the host, with no button', () => {
     const ctx = setUp();
     ctx.comm().receive({ type: 'hello', version: '0.1.0', device: 'auto' });
     ctx.comm().receive({
       type: 'snapshot',
-      snapshot: snapshot({ device: 'auto', devices: [], holders: [], accelerator: false })
+      snapshot: snapshot({
+        device: 'auto',
+        accelerator: false,
+        messages: ['no accelerator: showing host tensors (device cpu)'],
+        devices: [device({ name: 'host memory', allocated: null, reserved: null })]
+      })
+    });
+    const text = ctx.sidebar.node.textContent!;
+    expect(text).toContain('No GPU in this kernel: showing host memory and the tensors on it.');
+    expect(text).not.toContain('No accelerator in this kernel');
+    expect(text).not.toContain('no accelerator:');
+    expect($(ctx.sidebar.node, '.jp-GpuMem-useCpu')).toBeNull();
+    expect($(ctx.sidebar.node, '.jp-GpuMem-title').textContent).toBe('Host memory');
+    expect($$(ctx.sidebar.node, 'tr.jp-GpuMem-holder').length).toBe(1);
+  });
+
+  it('offers the host when the device chosen is not in this kernel', () => {
+    const ctx = setUp();
+    ctx.channel.setDevice('cuda:0');
+    ctx.comm().receive({ type: 'hello', version: '0.1.0', device: 'cuda:0' });
+    ctx.comm().receive({
+      type: 'snapshot',
+      snapshot: snapshot({ device: 'cuda:0', devices: [], holders: [], accelerator: false })
     });
     ctx.comm().sent = [];
-    expect(ctx.sidebar.node.textContent).toContain('No accelerator in this kernel.');
+    expect(ctx.sidebar.node.textContent).toContain('This kernel has no cuda:0.');
     ($(ctx.sidebar.node, '.jp-GpuMem-useCpu') as HTMLButtonElement).click();
     expect(ctx.comm().sent).toEqual([{ type: 'set_device', id: 2, device: 'cpu' }]);
     const select = $(ctx.sidebar.node, 'select') as HTMLSelectElement;
     expect(select.value).toBe('cpu');
+  });
+
+  it('keeps each device timeline when the device selection changes', () => {
+    const ctx = setUp();
+    ready(ctx);
+    ctx.comm().receive({ type: 'devices', time: 1001, devices: [device()] });
+    ctx.comm().receive({ type: 'devices', time: 1002, devices: [device()] });
+    expect(ctx.model.timeline.get('cpu')!.length).toBe(3);
+    ctx.channel.setDevice('all');
+    ctx.comm().receive({ type: 'devices', time: 1003, devices: [device(), device({ id: 'cuda:0', kind: 'cuda' })] });
+    expect(ctx.model.timeline.get('cpu')!.length).toBe(4);
+    ctx.channel.setDevice('cpu');
+    expect(ctx.model.timeline.get('cpu')!.length).toBe(4);
+    expect(ctx.model.timeline.get('cuda:0')!.length).toBe(1);
+  });
+
+  it('times cells from the kernel messages, for the bands of the timeline', () => {
+    const ctx = setUp();
+    ready(ctx);
+    ctx.session.iopubMessage.emit({ header: { msg_type: 'execute_input' } } as any);
+    expect(ctx.model.cells.length).toBe(1);
+    expect(ctx.model.cells[0].end).toBeNull();
+    ctx.session.statusChanged.emit('idle');
+    expect(ctx.model.cells[0].end).not.toBeNull();
+    // a snapshot may tell its cell too
+    ctx.comm().receive({ type: 'snapshot', snapshot: { ...snapshot(), cell: { start: 5, end: 6 } } });
+    expect(ctx.model.cells.map(c => c.start)).toContain(5);
+  });
+
+  it('clears an old purge result when a newer snapshot arrives, or on dismiss', () => {
+    const ctx = setUp();
+    ready(ctx);
+    ctx.comm().receive({ type: 'purge_result', result: purgeResult(), reply_to: 2 });
+    // the snapshot that follows the purge shows its effect, with the result
+    ctx.comm().receive({ type: 'snapshot', snapshot: snapshot({ holders: [] }) });
+    expect($(ctx.sidebar.node, '.jp-GpuMem-purgeResult')).not.toBeNull();
+    // the next one (a cell ran, a refresh) is newer than the purge
+    ctx.comm().receive({ type: 'snapshot', snapshot: snapshot({ holders: [] }) });
+    expect($(ctx.sidebar.node, '.jp-GpuMem-purgeResult')).toBeNull();
+
+    ctx.comm().receive({ type: 'purge_result', result: purgeResult(), reply_to: 3 });
+    ($(ctx.sidebar.node, '.jp-GpuMem-dismiss') as HTMLButtonElement).click();
+    expect($(ctx.sidebar.node, '.jp-GpuMem-purgeResult')).toBeNull();
+    expect(ctx.model.lastPurge).toBeNull();
+  });
+
+  it('applies a new refresh interval to its poll', () => {
+    const ctx = setUp();
+    ctx.sidebar.refreshInterval = 2000;
+    expect(ctx.sidebar.poll.frequency.interval).toBe(2000);
+    ctx.sidebar.refreshInterval = -1;
+    expect(ctx.sidebar.poll.frequency.interval).toBe(2000);
   });
 
   it('changes device from the menu, which lists devices seen', () => {
@@ -277,10 +479,11 @@ describe('GpuMemSidebar', () => {
 
   it('keeps its buttons across device readings (a click is not lost)', () => {
     const ctx = setUp();
-    ctx.comm().receive({ type: 'hello', version: '0.1.0', device: 'auto' });
+    ctx.channel.setDevice('cuda:0');
+    ctx.comm().receive({ type: 'hello', version: '0.1.0', device: 'cuda:0' });
     ctx.comm().receive({
       type: 'snapshot',
-      snapshot: snapshot({ device: 'auto', devices: [], holders: [], accelerator: false })
+      snapshot: snapshot({ device: 'cuda:0', devices: [], holders: [], accelerator: false })
     });
     const button = $(ctx.sidebar.node, '.jp-GpuMem-useCpu');
     ctx.comm().receive({ type: 'devices', time: 2000, devices: [device()] });

@@ -1,23 +1,41 @@
-"""The "GPU Memory" sidebar in a real browser against a real JupyterLab.
+"""The "GPU Memory" sidebar in a real browser against a real JupyterLab, and
+in Jupyter Notebook 7's right panel.
 
-The test starts JupyterLab on loopback (token, free port, stopped by pid),
+The tests start the server on loopback (token, free port, stopped by pid),
 serving the sidebar built from this working tree and running kernels that
 import jupyter_gpumem from it. In Chromium (driven by Playwright, never a
-downloaded browser) it opens a notebook, runs a cell that makes a 4 MiB host
-tensor, loads the extension from the sidebar's button, picks ``cpu``, checks
-the tensor, purges it through the confirmation dialog, and proves with
-another cell that the name is gone from the kernel. It saves a screenshot of
-the sidebar to test-artifacts/sidebar.png (ignored by git; GPUMEM_TEST_ARTIFACTS
-names another folder), for a reviewer to look at; it never writes into the
-working tree's tracked files (docs/sidebar.png, the README's picture, is
-updated by hand from that screenshot).
+downloaded browser):
 
-The browser test is skipped only when Chromium is absent.
+- JupyterLab: open a notebook, run a cell that makes a 4 MiB host tensor,
+  load the extension from the sidebar's button, check what the sidebar says
+  on ``auto`` with no GPU, the host bar's segments, the timeline (uPlot: its
+  canvas, the values under the cursor), that at the sidebar's default width
+  names do not wrap, hints have their own row with code as code, and no
+  header is cut; switch to ``cpu`` (the timeline keeps its history), purge
+  through the confirmation dialog, prove with another cell that the name is
+  gone from the kernel and that the old purge result goes with the next
+  snapshot; restart the kernel.
+- Notebook 7: the same sidebar opened in the right panel shows a running
+  kernel's snapshot, with its default device from the JupyterLab settings.
+- Replay: a recorded stream of the comm's messages (docs/sidebar-stream.json,
+  made on a GPU by scripts/record_stream.py; else a CPU recording made here)
+  is replayed from a real kernel into the sidebar for the README's picture.
+
+Screenshots go to test-artifacts/ (ignored by git; GPUMEM_TEST_ARTIFACTS
+names another folder), for a reviewer to look at; the tests never write into
+the working tree's tracked files (docs/sidebar.png, the README's picture, is
+updated by hand from test-artifacts/sidebar-replay.png, with the caption
+that test writes beside it).
+
+The browser tests are skipped only when Chromium is absent (the Notebook 7
+one also when the ``notebook`` package is).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -63,6 +81,8 @@ NOTEBOOK = {
          "source": "'big' in dir(), 'small' in dir()"},
         {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
          "source": "small = torch.zeros(256, 1024)"},
+        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+         "source": "small2 = torch.zeros(512, 1024)\nsmall2[:2]"},
     ],
     "metadata": {
         "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
@@ -75,7 +95,7 @@ NOTEBOOK = {
 
 
 def _newest_source_mtime() -> float:
-    files = [p for d in ("src", "style") for p in (LABEXT_SRC / d).rglob("*") if p.is_file()]
+    files = [p for d in ("src", "style", "schema") for p in (LABEXT_SRC / d).rglob("*") if p.is_file()]
     files.append(LABEXT_SRC / "package.json")
     return max(p.stat().st_mtime for p in files)
 
@@ -115,20 +135,25 @@ def _wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 90
     raise RuntimeError(f"JupyterLab did not answer in {timeout} s: {log.read_text()[-3000:]}")
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """A JupyterLab server on loopback serving this tree's sidebar; stopped by pid."""
+def _serve(tmp_path: Path, app: str, notebooks: dict[str, dict], user_settings: dict | None = None):
+    """Start ``python -m <app>`` (jupyterlab or notebook) on loopback; yield its base URL."""
     _ensure_frontend_built()
     data = tmp_path / "data"
     (data / "labextensions").mkdir(parents=True)
     (data / "labextensions" / "jupyter-gpumem").symlink_to(LABEXT_BUILD)
-    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings_dir = tmp_path / "settings"
+    settings = settings_dir / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     # no "official Jupyter news?" question (and no request for news)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    if user_settings is not None:
+        mine = settings_dir / "jupyter-gpumem"
+        mine.mkdir(parents=True)
+        (mine / "sidebar.jupyterlab-settings").write_text(json.dumps(user_settings))
     root = tmp_path / "notebooks"
     root.mkdir()
-    (root / "demo.ipynb").write_text(json.dumps(NOTEBOOK))
+    for name, nb in notebooks.items():
+        (root / name).write_text(json.dumps(nb))
     port = _free_port()
     bindir = str(Path(sys.executable).parent)
     env = dict(
@@ -140,22 +165,29 @@ def lab(tmp_path):
         PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         PATH=bindir + os.pathsep + os.environ.get("PATH", ""),
     )
-    log = tmp_path / "lab.log"
+    klass = "LabApp" if app == "jupyterlab" else "JupyterNotebookApp"
+    log = tmp_path / f"{app}.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser",
+            [sys.executable, "-m", app, "--allow-root", "--no-browser",
              "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
              "--ServerApp.port_retries=0", f"--IdentityProvider.token={TOKEN}",
-             f"--ServerApp.root_dir={root}", "--LabApp.news_url=None",
-             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-             f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
-             f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}"],
+             f"--ServerApp.root_dir={root}",
+             # the settings API is the jupyterlab server extension's, in Notebook 7 too
+             f"--LabApp.user_settings_dir={settings_dir}",
+             f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}"]
+            + ([f"--{klass}.user_settings_dir={settings_dir}",
+                f"--{klass}.workspaces_dir={tmp_path / 'workspaces'}"]
+               if klass != "LabApp" else [])
+            + (["--LabApp.news_url=None",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+               if app == "jupyterlab" else []),
             cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
         )
     try:
         base = f"http://127.0.0.1:{port}"
         _wait_ready(f"{base}/api/status?token={TOKEN}", proc, log)
-        yield {"base": base, "log": log}
+        yield {"base": base, "log": log, "root": root}
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         try:
@@ -163,6 +195,12 @@ def lab(tmp_path):
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A JupyterLab server on loopback serving this tree's sidebar; stopped by pid."""
+    yield from _serve(tmp_path, "jupyterlab", {"demo.ipynb": NOTEBOOK})
 
 
 @pytest.fixture
@@ -253,6 +291,55 @@ def test_sidebar_lists_and_purges_a_host_tensor(lab, page):
         raise
 
 
+# What is wrong with the sidebar's layout at its width, as a list of lines.
+LAYOUT_PROBLEMS = r"""
+() => {
+  const root = document.querySelector('#jupyter-gpumem-sidebar');
+  const out = [];
+  const cut = el => el.scrollWidth > el.clientWidth + 1;
+  if (cut(root)) out.push(`sidebar overflows: ${root.scrollWidth} > ${root.clientWidth} px`);
+  const kernel = root.querySelector('.jp-GpuMem-kernel');
+  if (!kernel.title) out.push('kernel line has no title');
+  if (getComputedStyle(kernel).textOverflow !== 'ellipsis') out.push('kernel line not ellipsized');
+  for (const el of root.querySelectorAll('.jp-GpuMem-name')) {
+    const lh = parseFloat(getComputedStyle(el).lineHeight) || 18;
+    if (el.getBoundingClientRect().height > 1.5 * lh) out.push(`name wraps: ${el.textContent}`);
+    if (getComputedStyle(el).whiteSpace !== 'nowrap') out.push(`name may wrap: ${el.textContent}`);
+  }
+  for (const th of root.querySelectorAll('.jp-GpuMem-holders th')) {
+    if (cut(th)) out.push(`header cut: ${th.textContent}`);
+  }
+  const heads = [...root.querySelectorAll('.jp-GpuMem-holders thead th')].filter(t => t.textContent);
+  for (let i = 1; i < heads.length; i++) {
+    const gap = heads[i].getBoundingClientRect().left - heads[i - 1].getBoundingClientRect().right;
+    const a = heads[i - 1], ra = document.createRange(); ra.selectNodeContents(a);
+    const b = heads[i], rb = document.createRange(); rb.selectNodeContents(b);
+    const between = rb.getBoundingClientRect().left - ra.getBoundingClientRect().right;
+    if (between < 8) out.push(`headers run together: ${a.textContent}|${b.textContent} (${between.toFixed(1)} px)`);
+  }
+  for (const code of root.querySelectorAll('.jp-GpuMem-hint code')) {
+    // alone on a line: at a line's start with nothing after it
+    const td = code.closest('td');
+    const left = td.getBoundingClientRect().left + parseFloat(getComputedStyle(td).paddingLeft);
+    let rest = '';
+    for (let n = code.nextSibling; n; n = n.nextSibling) rest += n.textContent;
+    if (code.getBoundingClientRect().left - left < 2 && !/\w/.test(rest)) {
+      out.push(`hint code alone on a line: ${code.textContent}`);
+    }
+  }
+  for (const row of root.querySelectorAll('tr.jp-GpuMem-hintRow')) {
+    const cols = root.querySelectorAll('.jp-GpuMem-holders thead th').length;
+    if (row.cells.length !== 1 || row.cells[0].colSpan !== cols) out.push('hint row does not span the table');
+  }
+  if (/[\u{1F300}-\u{1FAFF}\u{2600}-\u{27BF}]/u.test(root.textContent)) out.push('an emoji in the sidebar');
+  const sizes = new Set([...root.querySelectorAll('*')].filter(e => e.childNodes.length &&
+    [...e.childNodes].some(n => n.nodeType === 3 && n.textContent.trim())).map(e => getComputedStyle(e).fontSize));
+  if (sizes.size > 2) out.push(`type sizes: ${[...sizes].join(', ')}`);
+  return out;
+}
+"""
+
+
 def _scenario(lab, page) -> None:
     timings = {}
     start = time.monotonic()
@@ -282,35 +369,87 @@ def _scenario(lab, page) -> None:
     )
     timings["load button to ready"] = time.monotonic() - t
 
-    # No accelerator on this machine: the sidebar says so; track host tensors.
-    sidebar.locator(".jp-GpuMem-noAccelerator").wait_for(timeout=30000)
-    assert "No accelerator in this kernel." in sidebar.inner_text()
-    sidebar.locator("select").select_option("cpu")
+    # No accelerator on this machine, device auto: the sidebar says plainly that
+    # it shows the host, and shows it (no button to ask for what is there).
+    notice = sidebar.locator(".jp-GpuMem-noAccelerator")
+    notice.wait_for(timeout=30000)
+    assert notice.inner_text() == "No GPU in this kernel: showing host memory and the tensors on it."
+    assert sidebar.locator(".jp-GpuMem-useCpu").count() == 0
+    assert "No accelerator in this kernel" not in sidebar.inner_text()
+    assert sidebar.locator(".jp-GpuMem-title").inner_text().lower() == "host memory"
     row = sidebar.locator('tr.jp-GpuMem-holder[data-name="big"]')
     row.wait_for(timeout=30000)
     assert row.locator(".jp-GpuMem-bytes").first.inner_text() == "4.0 MiB"
-    assert row.locator(".jp-GpuMem-type").inner_text().lower() == "tensor"
-    sidebar.locator('.jp-GpuMem-device[data-device="cpu"] .jp-GpuMem-bar').wait_for()
 
-    # Device readings keep coming (about once a second): the timeline grows.
+    # The host bar draws its segments: the tensors found and the rest of the process.
+    bar = sidebar.locator('.jp-GpuMem-device[data-device="cpu"] .jp-GpuMem-bar')
+    bar.wait_for()
+    segs = bar.locator(".jp-GpuMem-seg")
     page.wait_for_function(
-        "() => { const l = document.querySelector('#jupyter-gpumem-sidebar "
-        ".jp-GpuMem-line-process'); return l && l.getAttribute('points').split(' ').length >= 3; }",
+        "() => document.querySelectorAll('#jupyter-gpumem-sidebar .jp-GpuMem-device[data-device=cpu]"
+        " .jp-GpuMem-seg').length === 2", timeout=20000,
+    )
+    classes = [segs.nth(i).get_attribute("class") for i in range(segs.count())]
+    assert classes == ["jp-GpuMem-seg jp-GpuMem-seg-allocated", "jp-GpuMem-seg jp-GpuMem-seg-non-framework"]
+    widths = [segs.nth(i).bounding_box()["width"] for i in range(2)]
+    assert all(w >= 3 for w in widths), widths
+
+    # Device readings keep coming (about once a second): the timeline grows, drawn by uPlot.
+    chart = sidebar.locator('.jp-GpuMem-chartBox[data-device="cpu"]')
+    page.wait_for_function(
+        "() => { const c = document.querySelector('#jupyter-gpumem-sidebar "
+        ".jp-GpuMem-chartBox[data-device=cpu]'); return c && +c.dataset.points >= 4 "
+        "&& c.querySelector('.uplot canvas'); }",
         timeout=20000,
     )
+    legend = chart.locator(".u-legend")
+    latest = legend.inner_text()
+    assert "process" in latest and "MiB" in latest, latest
+    over = chart.locator(".u-over")
+    box = over.bounding_box()
+    assert box["height"] >= 40 and box["width"] >= 100, box
+    page.mouse.move(box["x"] + 2, box["y"] + box["height"] / 2)
+    page.wait_for_function(
+        "t => document.querySelector('#jupyter-gpumem-sidebar .jp-GpuMem-chartBox[data-device=cpu] "
+        ".u-legend').innerText !== t", arg=latest, timeout=5000,
+    )
+    hovered = legend.inner_text()
+    assert re.search(r"\d\d:\d\d:\d\d", hovered) and "MiB" in hovered, hovered
+    page.mouse.move(10, 10)
 
-    # A cell that runs pushes a fresh snapshot: no refresh needed.
+    # A cell that runs pushes a fresh snapshot: no refresh needed; its band is on the timeline.
     assert _run_cell(page, 2).strip() == ""
     small = sidebar.locator('tr.jp-GpuMem-holder[data-name="small"]')
     small.wait_for(timeout=30000)
     assert small.locator(".jp-GpuMem-bytes").first.inner_text() == "1.0 MiB"
+    assert int(chart.get_attribute("data-cells")) >= 1
+    out = _run_cell(page, 3)
+    assert "tensor" in out
+    hint = sidebar.locator('tr.jp-GpuMem-hintRow[data-name^="Out["]')
+    hint.wait_for(timeout=30000)
+    assert hint.locator("code").last.inner_text() == ";"
+
+    # At the sidebar's default width: it fits, names on one line, hints in their own row.
+    width = page.evaluate("() => document.querySelector('#jupyter-gpumem-sidebar').clientWidth")
+    problems = page.evaluate(LAYOUT_PROBLEMS)
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT))
+    sidebar.screenshot(path=str(ARTIFACTS / "sidebar-panel.png"))
+    assert problems == [], f"at {width} px: {problems}"
+    assert 200 <= width <= 320, width
+    scanned = sidebar.locator(".jp-GpuMem-scanned").inner_text()
+    assert re.fullmatch(r"\d+ holders? · scanned at \d\d:\d\d:\d\d in (<1|\d+) ms|.* in \d+\.\d s", scanned), scanned
+
+    # Another device selection keeps the timeline of the device (it does not restart).
+    before = int(chart.get_attribute("data-points"))
+    sidebar.locator("select").select_option("cpu")
+    sidebar.locator('tr.jp-GpuMem-holder[data-name="big"]').wait_for(timeout=30000)
+    assert int(chart.get_attribute("data-points")) >= before
+    assert sidebar.locator(".jp-GpuMem-noAccelerator").count() == 0
 
     row.locator("input[type=checkbox]").check()
     purge = sidebar.locator("button.jp-GpuMem-purge")
     assert purge.inner_text() == "Purge selected (1)"
-    _widen_right_area(page)
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT))
 
     t = time.monotonic()
     purge.click()
@@ -322,12 +461,17 @@ def _scenario(lab, page) -> None:
     result = sidebar.locator(".jp-GpuMem-purgeResult")
     result.wait_for(timeout=30000)
     assert "Removed: big" in result.inner_text()
+    # the sidebar shows the snapshot after the purge
     row.wait_for(state="detached", timeout=30000)
     timings["purge click to row gone"] = time.monotonic() - t
+    _widen_right_area(page)
+    page.screenshot(path=str(ARTIFACTS / "sidebar-after-purge.png"))
 
-    # The name is gone from the kernel; the other one is intact.
+    # The name is gone from the kernel; the other one is intact. The cell's
+    # snapshot is newer than the purge: the old result goes.
     assert _run_cell(page, 1).strip() == "(False, True)"
     assert small.is_visible()
+    result.wait_for(state="detached", timeout=30000)
 
     # After a kernel restart the extension is gone: the sidebar offers to load it.
     t = time.monotonic()
@@ -340,3 +484,120 @@ def _scenario(lab, page) -> None:
     timings["restart to load button"] = time.monotonic() - t
     timings["total"] = time.monotonic() - start
     print("e2e timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+
+
+def _notebook(*sources: str) -> dict:
+    nb = json.loads(json.dumps(NOTEBOOK))
+    nb["cells"] = [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                    "source": src} for src in sources]
+    return nb
+
+
+def _notebook7() -> bool:
+    try:
+        import notebook
+    except ImportError:
+        return False
+    return int(notebook.__version__.split(".")[0]) >= 7
+
+
+@needs_chromium
+@pytest.mark.skipif(not _notebook7(), reason="Jupyter Notebook 7 (pip package notebook) is not installed")
+def test_sidebar_in_notebook7_right_panel(tmp_path, page):
+    """Notebook 7 has no lab shell: the sidebar sits in its right panel and follows the notebook."""
+    nb = _notebook("%load_ext jupyter_gpumem\nimport torch\nbig = torch.ones(1024, 1024)")
+    serve = contextlib.contextmanager(_serve)
+    with serve(tmp_path / "server", "notebook", {"demo.ipynb": nb},
+               user_settings={"defaultDevice": "cpu", "refreshInterval": 5}) as server:
+        try:
+            page.goto(f"{server['base']}/notebooks/demo.ipynb?token={TOKEN}")
+            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
+            assert _run_cell(page, 0).strip() == ""
+            # as a user opens it: View > Right Sidebar > Show GPU Memory
+            page.locator(".lm-MenuBar-item", has_text=re.compile(r"^View$")).click()
+            page.locator(".lm-Menu-item", has_text="Right Sidebar").hover()
+            page.locator(".lm-Menu-item", has_text="Show GPU Memory").click()
+            sidebar = page.locator(SIDEBAR)
+            sidebar.wait_for(timeout=30000)
+            row = sidebar.locator('tr.jp-GpuMem-holder[data-name="big"]')
+            row.wait_for(timeout=60000)
+            assert row.locator(".jp-GpuMem-bytes").first.inner_text() == "4.0 MiB"
+            # the default device comes from the JupyterLab settings
+            assert sidebar.locator("select").input_value() == "cpu"
+            assert "demo.ipynb" in sidebar.locator(".jp-GpuMem-kernel").inner_text()
+            # in the right panel, beside the notebook
+            box = sidebar.bounding_box()
+            assert box["x"] > page.viewport_size["width"] / 2, box
+            assert page.evaluate(LAYOUT_PROBLEMS) == []
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "sidebar-notebook7.png"))
+        except BaseException:
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "sidebar-notebook7-failure.png"))
+            raise
+
+
+RECORDED_STREAM = ROOT / "docs" / "sidebar-stream.json"
+REPLAY_KERNEL = Path(__file__).with_name("replay_kernel.py")
+
+
+def _stream_for_replay(tmp_path: Path) -> tuple[Path, str]:
+    """The recorded GPU stream if there is one, else a CPU recording made now."""
+    if RECORDED_STREAM.exists():
+        stream = json.loads(RECORDED_STREAM.read_text())
+        where = ", ".join(stream.get("gpus") or []) or stream.get("device")
+        return RECORDED_STREAM, (
+            f"The GPU Memory sidebar replaying a stream recorded on {where} "
+            f"({stream.get('recorded_at')}, torch {stream['versions'].get('torch')}) "
+            "by scripts/record_stream.py: a small model trained in a few cells."
+        )
+    out = tmp_path / "cpu-stream.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "record_stream.py"), "--device", "cpu",
+                    "--pause", "0.4", "--out", str(out)],
+                   cwd=tmp_path, env=env, check=True, timeout=300, capture_output=True)
+    return out, (
+        "The GPU Memory sidebar replaying a CPU recording made by the test "
+        "(docs/sidebar-stream.json, the GPU recording, is absent): host memory, not a GPU."
+    )
+
+
+@needs_chromium
+def test_replay_of_a_recorded_stream_for_the_readme_picture(tmp_path, page):
+    stream_path, caption = _stream_for_replay(tmp_path)
+    stream = json.loads(stream_path.read_text())
+    last = [m["data"]["snapshot"] for m in stream["messages"] if m["data"]["type"] == "snapshot"][-1]
+    nb = _notebook(f"import runpy\nrunpy.run_path({str(REPLAY_KERNEL)!r})['start']({str(stream_path)!r})")
+    serve = contextlib.contextmanager(_serve)
+    with serve(tmp_path / "server", "jupyterlab", {"replay.ipynb": nb}) as server:
+        try:
+            page.goto(f"{server['base']}/lab/tree/replay.ipynb?token={TOKEN}")
+            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
+            page.wait_for_selector(
+                '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]',
+                timeout=90000,
+            )
+            page.click(SIDEBAR_TAB)
+            sidebar = page.locator(SIDEBAR)
+            sidebar.locator("button.jp-GpuMem-load").wait_for(timeout=30000)
+            assert "replaying" in _run_cell(page, 0)
+            for holder in last["holders"][:3]:
+                sidebar.locator(f'tr.jp-GpuMem-holder[data-name="{holder["name"]}"]').wait_for(
+                    timeout=30000)
+            device = last["devices"][0]["id"]
+            page.wait_for_function(
+                "id => { const c = document.querySelector(`#jupyter-gpumem-sidebar "
+                ".jp-GpuMem-chartBox[data-device='${id}']`); return c && +c.dataset.points >= 5 "
+                "&& +c.dataset.cells >= 3 && c.querySelector('.uplot canvas'); }",
+                arg=device, timeout=30000,
+            )
+            assert page.evaluate(LAYOUT_PROBLEMS) == []
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "sidebar-replay.png"))
+            sidebar.screenshot(path=str(ARTIFACTS / "sidebar-replay-panel.png"))
+            (ARTIFACTS / "sidebar-replay.txt").write_text(caption + "\n")
+            print("replay caption: " + caption)
+        except BaseException:
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "sidebar-replay-failure.png"))
+            raise
