@@ -59,7 +59,7 @@ CELLS = [
 ]
 
 SIZES = {
-    # about 0.3 GiB of weights and Adam state, 1 GiB in big
+    # about 0.5 GiB of weights (1.5 GiB with Adam's state), 1 GiB in big
     "cuda": {"width": 4096, "batch": 512, "steps": 60, "big_rows": 256, "small_rows": 16384},
     # a few MiB: quick on any CPU
     "cpu": {"width": 256, "batch": 64, "steps": 20, "big_rows": 4, "small_rows": 512},

@@ -32,7 +32,7 @@ export const GAP_SECONDS = 5;
 export const CHART_HEIGHT = 96;
 
 /** Shortest time a chart spans, in seconds (a few readings are not stretched over it). */
-export const MIN_SPAN_SECONDS = 60;
+export const MIN_SPAN_SECONDS = 30;
 
 /** The time range a chart shows: its readings, or the last `MIN_SPAN_SECONDS` up to the newest. */
 export function timeRange(min: number | null, max: number | null): [number, number] {

@@ -170,8 +170,8 @@ describe('timelines', () => {
     ]);
   });
 
-  it('spans at least a minute, up to the newest reading', () => {
-    expect(timeRange(100, 100)).toEqual([40, 100]);
+  it('spans at least 30 s, up to the newest reading', () => {
+    expect(timeRange(100, 100)).toEqual([70, 100]);
     expect(timeRange(0, 300)).toEqual([0, 300]);
   });
 

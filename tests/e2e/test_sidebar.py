@@ -569,9 +569,11 @@ def test_replay_of_a_recorded_stream_for_the_readme_picture(tmp_path, page):
     last = [m["data"]["snapshot"] for m in stream["messages"] if m["data"]["type"] == "snapshot"][-1]
     nb = _notebook(f"import runpy\nrunpy.run_path({str(REPLAY_KERNEL)!r})['start']({str(stream_path)!r})")
     serve = contextlib.contextmanager(_serve)
-    with serve(tmp_path / "server", "jupyterlab", {"replay.ipynb": nb}) as server:
+    # a long name: the kernel line is cut with an ellipsis, its title has it all
+    name = "replay-of-a-small-training-run-with-a-long-notebook-name.ipynb"
+    with serve(tmp_path / "server", "jupyterlab", {name: nb}) as server:
         try:
-            page.goto(f"{server['base']}/lab/tree/replay.ipynb?token={TOKEN}")
+            page.goto(f"{server['base']}/lab/tree/{name}?token={TOKEN}")
             page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
             page.wait_for_selector(
                 '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]',
@@ -592,6 +594,11 @@ def test_replay_of_a_recorded_stream_for_the_readme_picture(tmp_path, page):
                 arg=device, timeout=30000,
             )
             assert page.evaluate(LAYOUT_PROBLEMS) == []
+            kernel = sidebar.locator(".jp-GpuMem-kernel")
+            assert name in kernel.get_attribute("title")
+            assert page.evaluate("() => { const k = document.querySelector("
+                                 "'#jupyter-gpumem-sidebar .jp-GpuMem-kernel');"
+                                 " return k.scrollWidth > k.clientWidth; }"), "the name fits: no cut shown"
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "sidebar-replay.png"))
             sidebar.screenshot(path=str(ARTIFACTS / "sidebar-replay-panel.png"))
