@@ -52,7 +52,8 @@ def measure(n: int, scenario: str, reads: int) -> dict:
     import pytest
 
     import test_nvml_calls as fakes
-    from jupyter_gpumem import devices, nvml
+    from jupyter_gpumem.core import devices
+    from jupyter_gpumem.backends import nvml
 
     with pytest.MonkeyPatch.context() as mp:
         clock = Clock()

@@ -43,8 +43,8 @@ def work(n):
     return s
 
 def _panel_stats():
-    import jupyter_gpumem.panel
-    panel = jupyter_gpumem.panel.current(get_ipython())
+    import jupyter_gpumem.views.panel
+    panel = jupyter_gpumem.views.panel.current(get_ipython())
     return None if panel is None else dict(panel.stats)
 """
 

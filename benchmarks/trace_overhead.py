@@ -151,7 +151,7 @@ def main() -> int:
 
     import torch
 
-    from jupyter_gpumem import trace
+    from jupyter_gpumem.core import trace
 
     device = "cuda:0" if args.device.startswith("cuda") else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():

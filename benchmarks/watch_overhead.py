@@ -128,7 +128,7 @@ def stand_in_namespace() -> dict:
 
 
 def footer_cost(ip, cells: int) -> dict:
-    watch = importlib.import_module("jupyter_gpumem.watch")
+    watch = importlib.import_module("jupyter_gpumem.watch.scope")
     bench = load_scan_benchmark()
     if bench is not None and hasattr(bench, "install"):
         bench.install(ip)

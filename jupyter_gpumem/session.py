@@ -32,8 +32,8 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
-from .snapshot import build, build_steps
-from .monitor import CellEvents, hook_cells, unhook_cells
+from .core.snapshot import build, build_steps
+from .core.monitor import CellEvents, hook_cells, unhook_cells
 
 
 #: seconds the kernel must have been idle after a cell before the views refresh

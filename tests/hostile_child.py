@@ -234,7 +234,7 @@ def main() -> None:
     ip.run_line_magic("gpumem", "watch off")
 
     from tests.test_comm import open_sidebar, send   # the sidebar's own path
-    from jupyter_gpumem import comm as gpucomm
+    from jupyter_gpumem.views import comm as gpucomm
     gpucomm.register_comm(ip)
     c = open_sidebar()
     send(c, {"type": "set_device", "device": "cpu"})
@@ -244,7 +244,7 @@ def main() -> None:
     out["comm_named"] = any(h["name"] == "named" for h in (snap_json or {}).get("holders", []))
     gpucomm.unregister_comm(ip)
 
-    from jupyter_gpumem import comm as gpucomm_limit
+    from jupyter_gpumem.views import comm as gpucomm_limit
     out["comm_limit"] = getattr(gpucomm_limit, "SCAN_TIME_LIMIT", 3.0)
     out["user_code_calls"] = list(CALLS)
     out["mock_children"] = sorted(object.__getattribute__(ip.user_ns["mock_tensor"],

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 from conftest import run  # noqa: E402
 from test_cases import holder, report, weak  # noqa: E402
 
-_scan = importlib.import_module("jupyter_gpumem.scan")
+_scan = importlib.import_module("jupyter_gpumem.core.scan")
 
 W = 64 * 64 * 4       # bytes of one Linear(64, 64) weight
 B = 64 * 4            # and of its bias

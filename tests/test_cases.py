@@ -347,7 +347,7 @@ def test_purging_hidden_holders_names_the_user_name_that_also_holds_it(ip):
 ])
 def test_memory_is_dead_when_caches_are_released(ip, monkeypatch, setup, names):
     """The caches are emptied only after purge dropped its own references (else nothing is given back)."""
-    import jupyter_gpumem.purge as purge_module
+    import jupyter_gpumem.core.purge as purge_module
 
     run(ip, setup)
     first = names if names != "C" else "C.cache"

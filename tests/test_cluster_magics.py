@@ -68,7 +68,7 @@ def sh(ip, client):
     ip.user_ns.update(client=client, torch=torch, wait=wait)
     run(ip, "import dask.bag as db")
     yield ip
-    from jupyter_gpumem import panel as panel_mod
+    from jupyter_gpumem.views import panel as panel_mod
 
     panel_mod.close(ip)
     ip.reset(new_session=False)
@@ -205,8 +205,8 @@ def test_python_api_takes_a_cluster(sh, workers):
     w0, _ = workers
     x_key, _ = hold(sh, workers)
     client = sh.user_ns["client"]
-    import jupyter_gpumem.purge  # noqa: F401 - the submodules shadow the package's functions
-    import jupyter_gpumem.snapshot  # noqa: F401
+    import jupyter_gpumem.core.purge  # noqa: F401 - the submodules shadow the package's functions
+    import jupyter_gpumem.core.snapshot  # noqa: F401
 
     snap = jupyter_gpumem.snapshot(shell=sh, cluster=client, device="cpu")
     assert isinstance(snap, jc.ClusterSnapshot) and snap.holder("x").workers == {
@@ -283,7 +283,7 @@ def test_comm_snapshot_after_each_cell_carries_the_cluster_part(sh, workers, tmp
 
 def test_panel_shows_worker_bars_and_the_cluster_holders(sh, workers):
     pytest.importorskip("ipywidgets")
-    from jupyter_gpumem import panel as panel_mod
+    from jupyter_gpumem.views import panel as panel_mod
 
     w0, w1 = workers
     run(sh, "%gpumem panel --device cpu")

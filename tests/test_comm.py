@@ -19,7 +19,7 @@ from comm.base_comm import BaseComm  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
-from jupyter_gpumem import comm as gpucomm  # noqa: E402
+from jupyter_gpumem.views import comm as gpucomm  # noqa: E402
 
 MiB = 1 << 20
 

@@ -25,9 +25,9 @@ from jupyter_gpumem.backends import (AcceleratorInfo, Backend, FrameworkUsage, I
                                      StorageInfo)
 from jupyter_gpumem.backends import cuda_context as _cuda_context
 from jupyter_gpumem.backends import torch_allocator as alloc
-from jupyter_gpumem.devices import DeviceUsage
+from jupyter_gpumem.core.devices import DeviceUsage
 
-_snapshot = importlib.import_module("jupyter_gpumem.snapshot")   # the package's name is a function
+_snapshot = importlib.import_module("jupyter_gpumem.core.snapshot")   # the package's name is a function
 MiB = 1 << 20
 KiB = 1 << 10
 BASE = 0x7F5000000000
@@ -503,7 +503,7 @@ class FakeTensors(Backend):
 def fake_gpu(torch_feed, monkeypatch):
     """snapshot.build sees one H200 whose torch allocator is the feed, and a namespace
     whose names reach every block but the workspaces."""
-    from jupyter_gpumem import devices
+    from jupyter_gpumem.core import devices
 
     segs = torch_feed["segments"]
     backend = torch_feed["backend"]
@@ -568,7 +568,7 @@ def test_the_rest_is_itemised_and_says_what_no_purge_returns(fake_gpu):
 
 
 def test_json_schema_and_panel(fake_gpu):
-    from jupyter_gpumem import panel_render
+    from jupyter_gpumem.views import panel_render
 
     snap = _snapshot.build(namespace=fake_gpu["ns"], device="cuda:0")
     data = json.loads(json.dumps(snap.to_json()))

@@ -33,7 +33,7 @@ def _kernel_messages(path: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from test_comm import open_sidebar, send  # the recording comm of test_comm.py
 
-    from jupyter_gpumem import comm as gpucomm
+    from jupyter_gpumem.views import comm as gpucomm
 
     ip = InteractiveShell.instance()
     if "jupyter_gpumem" in ip.extension_manager.loaded:

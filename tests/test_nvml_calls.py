@@ -25,7 +25,8 @@ import types
 
 import pytest
 
-from jupyter_gpumem import devices, nvml
+from jupyter_gpumem.core import devices
+from jupyter_gpumem.backends import nvml
 from jupyter_gpumem.backends import AcceleratorInfo
 
 GiB = 1 << 30

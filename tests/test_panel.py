@@ -21,8 +21,8 @@ pytest.importorskip("ipywidgets")
 
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
-from jupyter_gpumem import panel as panel_mod  # noqa: E402
-from jupyter_gpumem import panel_render  # noqa: E402
+from jupyter_gpumem.views import panel as panel_mod  # noqa: E402
+from jupyter_gpumem.views import panel_render  # noqa: E402
 
 MiB = 1 << 20
 
@@ -290,7 +290,7 @@ def test_widget_updates_are_batched(shell, recorder):
 
 # -- threads, refresh and the namespace --------------------------------------------------------------
 def test_bars_move_while_a_cell_runs_and_holders_wait_for_its_end(shell, recorder, monkeypatch):
-    from jupyter_gpumem import scan
+    from jupyter_gpumem.core import scan
 
     scans: list[str] = []
     real = scan.collect_roots
@@ -387,16 +387,15 @@ def test_a_device_thread_that_stops_says_so_in_the_panel(shell, monkeypatch):
 def test_timeline_adds_cells_from_gpuwatch_history_when_there_is_one(shell, monkeypatch):
     panel = open_panel(shell)
     now = time.time()
-    fake_watch = types.SimpleNamespace(history_for=lambda sh: [
+    monkeypatch.setattr(panel_mod, "history_for", lambda sh: [
         types.SimpleNamespace(start=now - 500, end=now - 499),  # before the panel existed
         {"start": now - 5, "end": now - 4}])
-    monkeypatch.setitem(sys.modules, "jupyter_gpumem.watch", fake_watch)
     run(shell, "pass")
     starts = [c[0] for c in panel._cells]
     assert starts[:2] == [now - 500, now - 5] and len(starts) >= 3  # ours: the last cell too
     assert starts == sorted(starts) and panel._cells[-1][1] is not None
     count = len(panel._cells)
-    monkeypatch.setitem(sys.modules, "jupyter_gpumem.watch", types.SimpleNamespace())
+    monkeypatch.setattr(panel_mod, "history_for", lambda sh: [])
     run(shell, "pass")  # without that history the panel keeps its own marks
     assert len(panel._cells) == count + 1 and panel._cells[-1][0] > now
 
@@ -472,7 +471,7 @@ def test_without_ipywidgets_prints_the_text_report(shell, monkeypatch, capsys):
 def test_ipywidgets_is_imported_only_when_a_panel_is_made():
     code = ("import sys\nfrom IPython.core.interactiveshell import InteractiveShell\n"
             "sh = InteractiveShell.instance()\nsh.run_cell('%load_ext jupyter_gpumem')\n"
-            "import jupyter_gpumem.panel\nassert 'ipywidgets' not in sys.modules, 'imported early'\n"
+            "import jupyter_gpumem.views.panel\nassert 'ipywidgets' not in sys.modules, 'imported early'\n"
             "sh.run_cell('%gpumem panel --device cpu')\nassert 'ipywidgets' in sys.modules\n"
             "sh.run_cell('%unload_ext jupyter_gpumem')\nprint('ok')\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}

@@ -165,7 +165,7 @@ def test_exception_traceback_path_shown_is_purgeable(ip, unrelated):
 
 
 def test_paths_never_ask_an_object_for_its_class():
-    from jupyter_gpumem import paths
+    from jupyter_gpumem.core import paths
 
     calls = []
 
@@ -243,14 +243,14 @@ def test_memory_alive_outside_every_name_is_not_counted_as_freed(ip, unrelated):
 
 # -- 4. names that change on their own while a purge runs ----------------------------------
 def _module(name):
-    import jupyter_gpumem.purge  # noqa: F401
-    import jupyter_gpumem.scan  # noqa: F401
+    import jupyter_gpumem.core.purge  # noqa: F401
+    import jupyter_gpumem.core.scan  # noqa: F401
 
     return sys.modules[name]
 
 
 def test_purge_all_skips_a_name_that_vanishes_while_it_plans(ip, monkeypatch):
-    scan_mod = _module("jupyter_gpumem.scan")
+    scan_mod = _module("jupyter_gpumem.core.scan")
     real = scan_mod.scan
 
     def scan_then_vanish(*args, **kwargs):
@@ -269,7 +269,7 @@ def test_purge_all_skips_a_name_that_vanishes_while_it_plans(ip, monkeypatch):
 
 
 def test_purge_skips_a_name_rebound_between_planning_and_deletion(ip, unrelated, monkeypatch):
-    purge_mod = _module("jupyter_gpumem.purge")
+    purge_mod = _module("jupyter_gpumem.core.purge")
     real = purge_mod._read
     other = torch.zeros(8)
 

@@ -150,7 +150,7 @@ def test_objects_that_raise_on_introspection_are_skipped(ip):
 
 
 def test_internal_failure_is_one_line_and_never_raises_into_the_cell(ip, capsys, monkeypatch):
-    import jupyter_gpumem.snapshot as snapshot
+    import jupyter_gpumem.core.snapshot as snapshot
 
     def explode(**kwargs):
         raise RuntimeError("simulated failure")

@@ -31,7 +31,8 @@ torch = pytest.importorskip("torch")
 
 from conftest import run  # noqa: E402
 
-from jupyter_gpumem import trace  # noqa: E402
+from jupyter_gpumem.core import trace  # noqa: E402
+from jupyter_gpumem.magics import trace as trace_magics  # noqa: E402
 
 MiB = 1 << 20
 
@@ -638,24 +639,24 @@ def test_cuda_snapshot_is_read_once_while_counters_stay(tip):
 def test_magic_trace_on_status_save_off(tip, tmp_path, capsys):
     run(tip, "import torch")
     magics = _magics(tip)
-    trace.magic_trace(magics, ["on", "--device", "cpu"])
+    trace_magics.magic_trace(magics, ["on", "--device", "cpu"])
     out = capsys.readouterr().out
     assert out.startswith("trace is on: host recording") and out.count("\n") == 1
     r = run(tip, "mt = torch.zeros(100)")
-    trace.magic_trace(magics, [])
+    trace_magics.magic_trace(magics, [])
     assert capsys.readouterr().out.startswith("trace is on")
     path = tmp_path / "m.pickle"
-    trace.magic_trace(magics, ["--save", str(path)])
+    trace_magics.magic_trace(magics, ["--save", str(path)])
     assert "saved" in capsys.readouterr().out and path.exists()
     assert f"In[{r.execution_count}]" in {f["filename"] for s in pickle.loads(path.read_bytes())[
         "segments"] for f in s["frames"]}
-    trace.magic_trace(magics, ["off"])
+    trace_magics.magic_trace(magics, ["off"])
     assert capsys.readouterr().out.strip() == "trace is off"
     from IPython.core.error import UsageError
     with pytest.raises(UsageError):
-        trace.magic_trace(magics, ["--save", str(path)])
+        trace_magics.magic_trace(magics, ["--save", str(path)])
     with pytest.raises(UsageError):
-        trace.magic_trace(magics, ["on", "--max-entries", "0"])
+        trace_magics.magic_trace(magics, ["on", "--max-entries", "0"])
 
 
 def test_setting_starts_trace_at_load_and_unload_stops_it(tip):
@@ -663,14 +664,14 @@ def test_setting_starts_trace_at_load_and_unload_stops_it(tip):
     cleanups = []
     fake_magics = types.SimpleNamespace(trace=True, default_device="cpu",
                                         add_cleanup=cleanups.append)
-    trace.on_load(tip, fake_magics)
+    trace_magics.on_load(tip, fake_magics)
     assert trace.is_on() and trace.tracer().host_state == "on"
     r = run(tip, "first = torch.ones(7)")
     assert trace.site_of(("cpu", _ptr(tip, "first"))).cell == r.execution_count
     for fn in cleanups:
         fn()
     assert not trace.is_on()
-    trace.on_load(tip, types.SimpleNamespace(trace=False, add_cleanup=cleanups.append))
+    trace_magics.on_load(tip, types.SimpleNamespace(trace=False, add_cleanup=cleanups.append))
     assert not trace.is_on()
 
 
@@ -679,7 +680,7 @@ CHILD = textwrap.dedent("""
     import json, sys
     from IPython.core.interactiveshell import InteractiveShell
     sh = InteractiveShell.instance()
-    from jupyter_gpumem import trace
+    from jupyter_gpumem.core import trace
     assert "torch" not in sys.modules
     line = trace.start(sh, "auto")
     hooks = [type(f).__name__ for f in sys.meta_path]
@@ -752,7 +753,7 @@ def test_what_no_name_reaches_is_grouped_by_site_in_the_snapshot(ip):
 
     from conftest import run
 
-    snap_mod = importlib.import_module("jupyter_gpumem.snapshot")
+    snap_mod = importlib.import_module("jupyter_gpumem.core.snapshot")
     run(ip, "import torch")
     run(ip, "%gpumem trace on --device cpu")
     try:

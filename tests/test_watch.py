@@ -21,9 +21,10 @@ from conftest import run  # noqa: E402
 
 import importlib  # noqa: E402
 
-watch_mod = importlib.import_module("jupyter_gpumem.watch")
-from jupyter_gpumem.watch_holders import HolderTracker  # noqa: E402
-from jupyter_gpumem.watch_peaks import LEDGER, RssCounter, _PATCHES, _TRACEMALLOC_ORIG  # noqa: E402
+watch_mod = importlib.import_module("jupyter_gpumem.watch.scope")
+from jupyter_gpumem.watch import footer as watch_footer  # noqa: E402
+from jupyter_gpumem.watch.holders import HolderTracker  # noqa: E402
+from jupyter_gpumem.watch.peaks import LEDGER, RssCounter, _PATCHES, _TRACEMALLOC_ORIG  # noqa: E402
 
 MB = 1 << 20
 needs_rss = pytest.mark.skipif(not RssCounter.available(),
@@ -39,7 +40,7 @@ def wip(ip):
     """The shared shell, with this module's watch state fresh before and after."""
     def fresh():
         state = watch_mod._state_for_shell(ip)
-        watch_mod._stop_footer(state)
+        watch_footer._stop_footer(state)
         state.history.clear()
         state.tracker = HolderTracker()
         state.footer_device = None
@@ -237,7 +238,7 @@ def _transient(mb: int) -> None:
 @needs_rss
 def test_nested_scopes_keep_each_peak_right_with_the_real_rss_counter(wip):
     wip.user_ns["_transient"] = _transient
-    run(wip, "import jupyter_gpumem, resource\nfrom jupyter_gpumem.watch_peaks import read_rss")
+    run(wip, "import jupyter_gpumem, resource\nfrom jupyter_gpumem.watch.peaks import read_rss")
     run(wip, "%gpumem watch on --device cpu")
     run(wip, "base = read_rss()['rss'][0]\n_transient(400)\n"
              "user_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024")
@@ -346,7 +347,7 @@ def test_plot_renders_under_agg_with_one_marker_per_cell(wip):
     assert len(markers) == 1 and len(markers[0].get_xdata()) == 3   # the "off" cell is not kept
     sampled = [ln for ln in fig.axes[0].lines if "sampled" in ln.get_label()]
     assert sampled and len(sampled[0].get_xdata()) >= 6
-    from jupyter_gpumem.watch_plot import png
+    from jupyter_gpumem.views.plot import png
 
     assert png(fig).startswith(b"\x89PNG")
     run(wip, "%%gpuwatch --plot --device cpu\nu = torch.ones(1000)")
@@ -385,7 +386,7 @@ def test_history_table_and_save_as_csv_and_json(wip, tmp_path, capsys):
 
 def test_history_to_tensorboard(wip, tmp_path):
     from IPython.core.error import UsageError
-    from jupyter_gpumem.watch_export import summary_writer
+    from jupyter_gpumem.watch.export import summary_writer
 
     run(wip, "import torch")
     run(wip, "%%gpuwatch --device cpu\nk = torch.ones(1000)")
@@ -438,7 +439,7 @@ def test_watch_in_a_function_reports_its_locals(capsys):
 
 
 def test_watch_at_module_level_of_a_script_and_when_the_block_raises(capsys):
-    import jupyter_gpumem.watch  # noqa: F401 - the submodule shadows the function; still callable
+    import jupyter_gpumem.watch.scope  # noqa: F401 - the submodule shadows the function; still callable
 
     ns = {"__name__": "__main__"}
     code = ("import jupyter_gpumem, torch\n"

@@ -23,10 +23,10 @@ torch = pytest.importorskip("torch")
 from conftest import run  # noqa: E402
 from IPython.core.error import UsageError  # noqa: E402
 
-watch_mod = importlib.import_module("jupyter_gpumem.watch")
-from jupyter_gpumem import monitor  # noqa: E402
-from jupyter_gpumem.watch_holders import HolderTracker  # noqa: E402
-from jupyter_gpumem.watch_peaks import LEDGER, RssCounter  # noqa: E402
+watch_mod = importlib.import_module("jupyter_gpumem.watch.scope")
+from jupyter_gpumem.core import monitor  # noqa: E402
+from jupyter_gpumem.watch.holders import HolderTracker  # noqa: E402
+from jupyter_gpumem.watch.peaks import LEDGER, RssCounter  # noqa: E402
 
 MB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def _run_async(coro):
 # -- 1. intervals ------------------------------------------------------------------------------
 def test_intervals_out_of_range_are_usage_errors_everywhere(wip, thread_tracebacks):
     pytest.importorskip("ipywidgets")
-    from jupyter_gpumem import panel as panel_mod
+    from jupyter_gpumem.views import panel as panel_mod
 
     ran = []
     wip.user_ns["ran"] = ran
@@ -172,7 +172,7 @@ def test_gpuwatch_runs_a_cell_with_top_level_await(wip, capsys):
 
 @pytest.mark.skipif(not RssCounter.available(), reason="no resettable peak RSS here")
 def test_an_async_gpuwatch_cell_keeps_its_exact_peak(wip):
-    run(wip, "import asyncio, torch\nfrom jupyter_gpumem.watch_peaks import read_rss")
+    run(wip, "import asyncio, torch\nfrom jupyter_gpumem.watch.peaks import read_rss")
     run(wip, "%%gpuwatch -o r --device cpu\n"
              "base = read_rss()['rss'][0]\n"
              "await asyncio.sleep(0)\n"

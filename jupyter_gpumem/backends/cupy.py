@@ -62,7 +62,7 @@ class CupyBackend(Backend):
     # -- pools ----------------------------------------------------------------
     def _devices_in_use(self) -> list[int]:
         """The current device, and every device where this process has a context (NVML)."""
-        from .. import nvml
+        from . import nvml
 
         try:
             current = int(self.cupy.cuda.runtime.getDevice())

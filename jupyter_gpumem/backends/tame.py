@@ -22,8 +22,6 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from IPython.core.error import UsageError
-
 SETTINGS = {
     "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
     "TF_FORCE_GPU_ALLOW_GROWTH": "true",
@@ -122,38 +120,3 @@ def untame() -> TameResult:
     return result
 
 
-def _print(result: TameResult) -> None:
-    for line in result.lines():
-        print(line)
-    for text in result.warnings:
-        print(f"jupyter_gpumem: warning: {text}", file=sys.stderr)
-
-
-def magic_tame(magics, argv: list[str]) -> TameResult | None:
-    """``%gpumem tame [--give-back] | off | status``."""
-    args = [a for a in argv if a != "-o"]
-    output = len(args) != len(argv)
-    if args == ["status"]:
-        result = TameResult(frameworks=status())
-        result.changed = {k: os.environ.get(k) for k in list(SETTINGS) + list(GIVE_BACK)}
-    elif args == ["off"]:
-        result = untame()
-    elif args in ([], ["--give-back"]):
-        result = tame(give_back=bool(args))
-    else:
-        raise UsageError(f"unknown arguments {' '.join(args)!r}: {USAGE}")
-    _print(result)
-    return result if output else None
-
-
-def on_load(ip, magics) -> None:
-    """On ``%load_ext``: tame when ``GpuMemMagics.tame`` is set; follow later changes."""
-    def apply(change=None) -> None:
-        if magics.tame:
-            result = tame()
-            for text in result.warnings:
-                print(f"jupyter_gpumem: warning: {text}", file=sys.stderr)
-
-    apply()
-    magics.observe(apply, names="tame")
-    magics.add_cleanup(lambda: magics.unobserve(apply, names="tame"))

@@ -72,7 +72,7 @@ def _running(client: Any) -> bool:
 
 
 def _resolve(client: Any, namespace: dict | None, shell: Any, device: str) -> tuple[Any, str]:
-    from ..devices import parse_device
+    from ..core.devices import parse_device
 
     try:
         device = parse_device(device)

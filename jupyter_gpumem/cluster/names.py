@@ -17,7 +17,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import scan as _scan
+from ..core import scan as _scan
 from ..backends import Backend, StorageInfo
 
 FUTURE = "Future"
@@ -193,7 +193,7 @@ def _what(obj: Any, n_keys: int, kinds: set, backend: DaskKeyBackend) -> str:
         if info.persisted:
             return f"persisted {info.label}, {info.chunks} chunk{'s' if info.chunks != 1 else ''}"
         return f"{info.label} holding {info.chunks} key{'s' if info.chunks != 1 else ''}"
-    from ..snapshot import type_name
+    from ..core.snapshot import type_name
 
     base = type_name(obj) if tp is not tuple or n_keys else "tuple"
     if kinds == {FUTURE}:

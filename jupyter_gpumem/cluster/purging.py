@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import paths as _paths
-from .. import scan as _scan
-from ..purge import PurgeError, clear_hidden
-from ..render import fmt_bytes
+from ..core import paths as _paths
+from ..core import scan as _scan
+from ..core.purge import PurgeError, clear_hidden
+from ..core.render import fmt_bytes
 from . import remote
 from .build import (Deadline, HeldNames, _bytes_on, build, describe_wanters, run_on_workers,
                     walk_messages)

@@ -168,9 +168,9 @@ def report_values(values: dict, sizeof: dict, *, device: str = "auto",
     ``{"devices": {device: bytes}, "frameworks": [...], "type", "sizeof",
     "shared": [sid, ...]}`` and ``sid`` numbers a storage that several keys share.
     """
-    from .. import devices as _devices
-    from .. import scan as _scan
-    from ..snapshot import Sharing
+    from ..core import devices as _devices
+    from ..core import scan as _scan
+    from ..core.snapshot import Sharing
 
     start = time.perf_counter()
     ids = set(_devices.selected_ids(device))
@@ -265,7 +265,7 @@ def worker_report(dask_worker: Any = None, device: str = "auto",
                   time_limit: float = 1.0) -> dict:
     """One worker: where it is, its devices (NVML of this process, the frameworks'
     counters, host memory of this process) and the keys it stores with their bytes."""
-    from .. import devices as _devices
+    from ..core import devices as _devices
 
     start = time.perf_counter()
     memory, spilled, note = _stored(dask_worker)
@@ -315,7 +315,7 @@ def trim_host_memory() -> bool:
 def worker_release(dask_worker: Any = None) -> dict:
     """Collect garbage and release every framework's cached memory on this worker
     (the product's own release), then trim the host heap."""
-    from ..purge import release_caches
+    from ..core.purge import release_caches
 
     notes = release_caches()   # collects garbage first
     trim_host_memory()

@@ -2,7 +2,7 @@
 (the same device line per worker device, the same tables)."""
 from __future__ import annotations
 
-from ..render import _esc, _html_table, _table, device_line, fmt_bytes
+from ..core.render import _esc, _html_table, _table, device_line, fmt_bytes
 from .result import key_text
 
 _HOLDER_HEADERS = ["holder", "what", "bytes", "where", "keys in memory"]

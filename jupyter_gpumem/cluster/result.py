@@ -112,7 +112,7 @@ class ClusterHolder:
 
     def summary(self) -> str:
         """``x (Future) 1.0 GiB on worker tcp://...:40123 cuda:1``."""
-        from ..render import fmt_bytes
+        from ..core.render import fmt_bytes
 
         return f"{self.name} ({self.what}) {fmt_bytes(self.total)} on {self.where()}"
 

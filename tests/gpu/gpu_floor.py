@@ -46,7 +46,7 @@ def _torch_empty() -> None:
 
 def _cupy_devices(cupy) -> list[int]:
     """CuPy's current device and every device where this process has a context."""
-    from jupyter_gpumem import nvml
+    from jupyter_gpumem.backends import nvml
 
     found = {int(cupy.cuda.runtime.getDevice())}
     if nvml.available():
@@ -85,7 +85,7 @@ def empty_caches() -> None:
 
 def process_bytes(ordinal: int = 0) -> int:
     """This process's memory on visible device ``ordinal``, by NVML, after a sync."""
-    from jupyter_gpumem import nvml
+    from jupyter_gpumem.backends import nvml
 
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -48,7 +48,7 @@ def section(title: str) -> None:
 
 def nvml_process() -> int | None:
     try:
-        from jupyter_gpumem import nvml
+        from jupyter_gpumem.backends import nvml
         return nvml.process_used(nvml.visible_indices()[0])
     except Exception as exc:  # noqa: BLE001
         print("nvml:", exc)
@@ -220,7 +220,8 @@ def estimate_then_purge(ns: dict, title: str) -> None:
     """The product's estimate for ``purge --all``, then the purge and NVML around it."""
     section(title)
     import jupyter_gpumem
-    from jupyter_gpumem import backends, scan
+    from jupyter_gpumem import backends
+    from jupyter_gpumem.core import scan
 
     roots = scan.collect_roots(ns, None)
     res = scan.scan(roots, devices={"cuda:0"}, namespace=ns)
@@ -272,7 +273,7 @@ def context_checks() -> None:
         "rc = lib.cuCtxSetLimit(code, ctypes.c_size_t(512 << 20)) if code is not None else None\n"
         "import torch\n"
         "torch.zeros(1, device='cuda').add_(1); torch.cuda.synchronize(); time.sleep(0.3)\n"
-        "from jupyter_gpumem import nvml\n"
+        "from jupyter_gpumem.backends import nvml\n"
         "from jupyter_gpumem.backends.cuda_context import context_limits\n"
         "print(mode, 'rc', rc, 'NVML', nvml.process_used(nvml.visible_indices()[0]) / 2**20, 'MiB',"
         " context_limits(0))\n")

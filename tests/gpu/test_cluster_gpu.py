@@ -27,7 +27,7 @@ if torch.cuda.device_count() < 2:   # counts devices without creating a CUDA con
 from distributed import Client, wait  # noqa: E402
 
 from jupyter_gpumem import cluster as jc  # noqa: E402
-from jupyter_gpumem import nvml  # noqa: E402
+from jupyter_gpumem.backends import nvml  # noqa: E402
 from jupyter_gpumem.cluster import remote  # noqa: E402
 
 MiB = 1 << 20

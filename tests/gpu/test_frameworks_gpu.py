@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpumem import nvml
+from jupyter_gpumem.backends import nvml
 
 from gpu_floor import assert_at_most_floor, empty_caches_after_each_test, floor  # noqa: F401
 
@@ -113,7 +113,7 @@ def jax_child(body: str, *, tame: bool = False, timeout: int = 300) -> dict:
     code = textwrap.dedent("""
         import gc, json, os, sys
         from IPython.core.interactiveshell import InteractiveShell
-        from jupyter_gpumem import nvml
+        from jupyter_gpumem.backends import nvml
         ip = InteractiveShell.instance()
         ip.run_line_magic('load_ext', 'jupyter_gpumem')
         def used():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpumem import nvml
+from jupyter_gpumem.backends import nvml
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
@@ -51,7 +51,8 @@ def test_tensors_on_cuda_1_are_attributed_to_device_1(ip):
 def test_cuda_visible_devices_reads_the_right_physical_gpu():
     code = textwrap.dedent("""
         import json, torch
-        from jupyter_gpumem import devices, nvml
+        from jupyter_gpumem.backends import nvml
+        from jupyter_gpumem.core import devices
         x = torch.ones(1 << 28, device='cuda')            # 1 GiB on cuda:0 = physical 1
         torch.cuda.synchronize()
         du = devices.read_devices('cuda')[0]

@@ -43,7 +43,8 @@ pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py (pynvml) is not inst
 if not torch.cuda.is_available():   # asks the driver without creating a CUDA context
     pytest.skip("no CUDA device: runs on the GPU machine", allow_module_level=True)
 
-from jupyter_gpumem import devices, nvml  # noqa: E402
+from jupyter_gpumem.core import devices
+from jupyter_gpumem.backends import nvml  # noqa: E402
 
 if not nvml.available():
     pytest.skip(f"NVML is not available: {nvml.status()}", allow_module_level=True)
@@ -254,7 +255,8 @@ CHILD = textwrap.dedent("""
             return value
 
     wrapper = sys.modules["pynvml"] = Counting()
-    from jupyter_gpumem import devices, nvml
+    from jupyter_gpumem.backends import nvml
+    from jupyter_gpumem.core import devices
 
     def read():
         before = collections.Counter(wrapper.calls)

@@ -54,7 +54,7 @@ def run(sh, code: str):
 
 @pytest.fixture
 def gpu_shell(ip):
-    from jupyter_gpumem import panel as panel_mod
+    from jupyter_gpumem.views import panel as panel_mod
 
     run(ip, "import time, torch\n_warm = torch.ones(1, device='cuda:0') @ torch.ones(1, device='cuda:0')\n"
             "torch.cuda.synchronize()")
@@ -78,7 +78,7 @@ def _collapse(levels: list[int]) -> list[int]:
 
 
 def test_panel_series_shows_the_steps_of_a_running_cell(gpu_shell, capsys):
-    from jupyter_gpumem import panel as panel_mod
+    from jupyter_gpumem.views import panel as panel_mod
 
     ip = gpu_shell
     run(ip, "%gpumem panel --device cuda:0")
@@ -123,7 +123,7 @@ def test_panel_series_shows_the_steps_of_a_running_cell(gpu_shell, capsys):
 
 
 def test_purging_a_checked_name_frees_the_device(gpu_shell, capsys):
-    from jupyter_gpumem import panel as panel_mod
+    from jupyter_gpumem.views import panel as panel_mod
 
     ip = gpu_shell
     baseline = torch.cuda.memory_allocated(0)   # what lives before big and small (caches emptied)

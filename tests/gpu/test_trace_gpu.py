@@ -37,7 +37,8 @@ from conftest import run  # noqa: E402
 
 from gpu_floor import empty_caches_after_each_test  # noqa: E402,F401
 
-from jupyter_gpumem import trace  # noqa: E402
+from jupyter_gpumem.core import trace  # noqa: E402
+from jupyter_gpumem.magics import trace as trace_magics  # noqa: E402
 
 MiB = 1 << 20
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -81,10 +82,10 @@ CHILD = textwrap.dedent("""
     from IPython.core.interactiveshell import InteractiveShell
     sh = InteractiveShell.instance()
     sh.run_cell("%load_ext jupyter_gpumem", store_history=False)
-    from jupyter_gpumem import trace
+    from jupyter_gpumem.core import trace
     assert "torch" not in sys.modules
     # what the magics do at load with c.GpuMemMagics.trace = True
-    trace.on_load(sh, types.SimpleNamespace(trace=True, default_device="auto",
+    trace_magics.on_load(sh, types.SimpleNamespace(trace=True, default_device="auto",
                                             add_cleanup=lambda fn: None))
     out = {"status_at_load": trace.status()}
     cells = json.loads(os.environ["TRACE_CELLS"])
@@ -100,7 +101,7 @@ CHILD = textwrap.dedent("""
     out["status"] = trace.status()
     import torch
     torch.cuda.synchronize()
-    from jupyter_gpumem import scan
+    from jupyter_gpumem.core import scan
     tr = trace.tracer()
     t = time.perf_counter(); raw = tr.feed.snapshot(); out["snapshot_s"] = time.perf_counter() - t
     out["entries"] = len(raw["device_traces"][0])

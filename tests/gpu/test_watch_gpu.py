@@ -51,7 +51,7 @@ def run(sh, code: str):
 
 
 def watch_mod():
-    return importlib.import_module("jupyter_gpumem.watch")
+    return importlib.import_module("jupyter_gpumem.watch.scope")
 
 
 def raw_peak(index: int = 0) -> int:
@@ -143,7 +143,7 @@ def test_the_users_peak_reading_is_not_lowered_by_watching(gpu):
 
 
 def test_sampler_sees_a_200_ms_transient(gpu):
-    from jupyter_gpumem import nvml
+    from jupyter_gpumem.backends import nvml
 
     if not nvml.available():
         pytest.skip(f"NVML is not available: {nvml.status()}")
@@ -163,7 +163,7 @@ def test_sampler_sees_a_200_ms_transient(gpu):
 
 
 def test_out_of_memory_report_names_holders_and_its_purge_returns_to_the_floor(gpu):
-    from jupyter_gpumem import nvml
+    from jupyter_gpumem.backends import nvml
 
     if not nvml.available():
         pytest.skip(f"NVML is not available: {nvml.status()}")

@@ -12,8 +12,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from . import nvml
-from .backends import AcceleratorInfo, FrameworkUsage, active_backends
+from ..backends import nvml
+from ..backends import AcceleratorInfo, FrameworkUsage, active_backends
 
 _DEVICE_RE = re.compile(r"^(auto|all|cpu|cuda|gpu|cuda:\d+|mps|mps:\d+)$")
 DEVICE_CHOICES = "auto, all, cpu, cuda or cuda:N"

@@ -24,8 +24,8 @@ from itertools import compress, filterfalse, islice, repeat
 from operator import is_not, itemgetter, not_
 from typing import Any
 
-from .backends import Backend
-from .backends.base import dict_descriptor
+from ..backends import Backend
+from ..backends.base import dict_descriptor
 from .scan_types import (
     ATOMIC, CELL, CLASS, CONTAINER, DICT, DICT_SUB, EXCEPTION, FRAME, FUNCTION, GENERATOR,
     INSTANCE, LRU, METHOD, BUILTIN, MODULE, MODULE_DICT, NDARRAY, PANDAS, PARTIAL, SEQ,

@@ -15,9 +15,9 @@ from typing import Any
 from . import devices as _devices
 from . import scan as _scan
 from . import trace as _trace
-from . import backends as _backends
-from .backends import Internal, active_backends
-from .backends import cuda_context as _cuda_context
+from .. import backends as _backends
+from ..backends import Internal, active_backends
+from ..backends import cuda_context as _cuda_context
 
 SNAPSHOT_SCHEMA = "jupyter_gpumem.snapshot/1"
 _HIDDEN_HINTS = {
@@ -512,13 +512,3 @@ def _messages(result, usages, accs, device):
         for fw in du.frameworks:
             if fw.note:
                 yield f"{du.id}: {fw.note}"
-
-
-def _public_snapshot(namespace=None, *, shell=None, names=None, device="auto", time_limit=3.0):
-    """Who holds memory now (``jupyter_gpumem.snapshot(globals())``): a :class:`Snapshot`."""
-    return build(shell=shell, namespace=namespace, device=device, names=names, time_limit=time_limit)
-
-
-from ._callable import make_module_callable  # noqa: E402
-
-make_module_callable(__name__, _public_snapshot)

@@ -29,7 +29,7 @@ from itertools import islice, repeat
 from operator import itemgetter
 from typing import Any
 
-from .backends import Backend, active_backends
+from ..backends import Backend, active_backends
 from .scan_paths import LazyNode, PathFinder
 from .scan_reach import Reacher
 from .scan_types import (  # noqa: F401 - the scan's public helpers live on here

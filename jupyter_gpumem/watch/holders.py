@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import scan as _scan
-from .backends import active_backends
+from ..core import scan as _scan
+from ..backends import active_backends
 
 ACC_TOLERANCE = 2 << 20      # allocator bytes a cell may move without a full rescan
 CPU_TOLERANCE = 64 << 20     # host resident-set growth that prompts a full rescan
@@ -269,7 +269,7 @@ class HolderTracker:
 
     @staticmethod
     def _info(root: _scan.Root, reach: _scan.Reach, fingerprint) -> RootInfo:
-        from .snapshot import type_name
+        from ..core.snapshot import type_name
 
         keys = {k: (info.nbytes, info.device) for k, (info, _, _) in reach.storages.items()}
         label = root.name

@@ -7,8 +7,8 @@ import json
 import os
 import sys
 
-from .render import fmt_bytes
-from .watch_result import changes_short, device_short, fmt_seconds
+from ..core.render import fmt_bytes
+from .result import changes_short, device_short, fmt_seconds
 
 CSV_FIELDS = [
     "execution_count", "label", "source", "start", "wall", "device",

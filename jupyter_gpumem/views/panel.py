@@ -17,13 +17,9 @@ import weakref
 from collections import deque
 from typing import Any
 
-from IPython.core.error import UsageError
-from IPython.core.magic_arguments import MagicArgumentParser
-
+from ..core.monitor import CellEvents, Sampler, Series, device_point, hook_cells, unhook_cells
+from ..watch.scope import history_for
 from . import panel_render as _render
-from .monitor import (MAX_INTERVAL, CellEvents, Sampler, Series, check_interval, device_point,
-                      hook_cells, unhook_cells)
-from .session import session_of
 
 INTERVAL = 1.0  # seconds between two readings of the device bars
 WINDOW = 300.0  # seconds of history the timeline shows
@@ -45,67 +41,6 @@ def _widgets():
     except ImportError as exc:
         raise ImportError(MISSING) from exc
     return ipywidgets
-
-
-def _parser() -> MagicArgumentParser:
-    p = MagicArgumentParser(prog="%gpumem panel", add_help=False,
-                            description="a live panel: device bars, timeline, holders, purge")
-    p.add_argument("--device", default=None,
-                   help="which devices count: auto (accelerators, else cpu), all, cpu, cuda:N")
-    p.add_argument("--interval", type=float, default=None,
-                   help=f"seconds between device readings (default {INTERVAL:g})")
-    p.add_argument("--window", type=float, default=None,
-                   help=f"seconds of history in the timeline (default {WINDOW:g})")
-    p.add_argument("--close", action="store_true", help="close the running panel")
-    return p
-
-
-def magic_panel(magics: Any, argv: list[str]) -> None:
-    """``%gpumem panel [--device D] [--interval S] [--window S] [--close]``."""
-    args = _parser().parse_args(argv)
-    shell = magics.shell
-    if args.close:
-        print("jupyter_gpumem: live panel closed" if close(shell)
-              else "jupyter_gpumem: no live panel is open")
-        return None
-    for option, value, low, high in (("--interval", args.interval, MIN_INTERVAL, MAX_INTERVAL),
-                                     ("--window", args.window, MIN_WINDOW, MAX_WINDOW)):
-        if value is not None:
-            try:
-                check_interval(value, option, minimum=low, maximum=high)
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-    device = magics.device(args.device) if args.device is not None else None
-    try:
-        _widgets()
-    except ImportError as exc:
-        _text_report(magics, device or magics.device(None), str(exc))
-        return None
-    panel = current(shell)
-    if panel is None:
-        panel = Panel(shell, device=device or magics.device(None),
-                      interval=args.interval or INTERVAL, window=args.window or WINDOW,
-                      time_limit=magics.scan_time_limit, session=session_of(shell))
-        _panels[id(shell)] = panel
-        if magics not in _cleanup_registered:
-            magics.add_cleanup(lambda: close(shell))
-            _cleanup_registered.add(magics)
-        panel.start()
-    else:
-        panel.configure(device=device, interval=args.interval, window=args.window)
-    from IPython.display import display
-
-    display(panel.widget)
-    return None
-
-
-def _text_report(magics: Any, device: str, reason: str) -> None:
-    from .snapshot import build
-
-    snap = build(shell=magics.shell, device=device, time_limit=magics.scan_time_limit)
-    print(repr(snap))
-    print()
-    print(reason)
 
 
 def current(shell: Any) -> "Panel | None":
@@ -341,7 +276,7 @@ class Panel:
 
     # -- background thread: device counters only -----------------------------------------
     def _tick(self) -> None:
-        from .devices import read_devices
+        from ..core.devices import read_devices
 
         if self.closed:
             return
@@ -449,7 +384,7 @@ class Panel:
     def refresh(self) -> None:
         """Scan the holders now (main thread only) and redraw table and bars; with a
         session, every other view of the shell (the sidebar) gets the new snapshot too."""
-        from .snapshot import build
+        from ..core.snapshot import build
 
         if self.closed:
             return
@@ -546,7 +481,7 @@ class Panel:
         raise KeyError(f"no holder {name!r} in the panel")
 
     def _on_purge(self, _button: Any = None) -> None:
-        from .purge import PurgeError, purge
+        from ..core.purge import PurgeError, purge
 
         names = self.checked()
         if not names:
@@ -575,7 +510,7 @@ class Panel:
         self._say("purge cancelled: nothing changed")
 
     def _on_confirm(self, _button: Any = None) -> None:
-        from .purge import PurgeError, purge
+        from ..core.purge import PurgeError, purge
 
         names = self._pending
         self._hide_confirm()
@@ -631,12 +566,6 @@ def _merge_cells(own: list[list], watched: list[list]) -> list[list]:
 
 def _watch_cells(shell: Any) -> list[list] | None:
     """Cell spans from %%gpuwatch's history (``start``, ``end`` in unix seconds)."""
-    import sys
-
-    watch = sys.modules.get("jupyter_gpumem.watch")
-    history_for = getattr(watch, "history_for", None)
-    if history_for is None:
-        return None
     try:
         entries = list(history_for(shell) or ())[-500:]
     except Exception:  # noqa: BLE001 - optional, never in the way

@@ -10,7 +10,7 @@ import html
 import time
 from typing import Iterable
 
-from .render import fmt_bytes
+from ..core.render import fmt_bytes
 
 #: stacked-bar segments of an accelerator (PROTOCOL.md), in order: key, label, colour
 GPU_SEGMENTS = (

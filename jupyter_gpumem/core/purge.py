@@ -22,8 +22,8 @@ from typing import Any
 from . import devices as _devices
 from . import paths as _paths
 from . import scan as _scan
-from . import backends as _backends
-from .backends import active_backends
+from .. import backends as _backends
+from ..backends import active_backends
 
 PURGE_SCHEMA = "jupyter_gpumem.purge/1"
 _SPECIAL = {"last traceback": "traceback", "last result": "result"}
@@ -863,9 +863,3 @@ def _still_messages(still: list[StillHeld]) -> list[str]:
         else:
             out.append(f"{s.by} still holds {size} of it ({s.path}): purge {s.by} too")
     return out
-
-
-
-from ._callable import make_module_callable  # noqa: E402
-
-make_module_callable(__name__, purge)

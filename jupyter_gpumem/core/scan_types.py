@@ -14,8 +14,8 @@ import types
 import weakref
 from typing import Any
 
-from .backends import Backend
-from .backends.base import dict_descriptor
+from ..backends import Backend
+from ..backends.base import dict_descriptor
 
 ATOMIC = frozenset({
     int, float, complex, bool, str, bytes, bytearray, type(None), range, slice,

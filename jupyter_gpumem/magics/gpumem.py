@@ -1,27 +1,34 @@
 """``%gpumem`` and ``%%gpuwatch``: argument parsing over the Python API, nothing clever."""
 from __future__ import annotations
 
-import importlib
-import shlex
 import sys
 from typing import Any, Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, output_can_be_silenced
-from IPython.core.magic_arguments import MagicArgumentParser
+from IPython.display import display
 from traitlets import Bool, Float, TraitError, Unicode, Union, validate
 
-from . import devices as _devices
-from .monitor import check_interval
+from .. import cluster
+from ..core import devices as _devices
+from ..core.monitor import check_interval
+from ..core.paths import PathError
+from ..core import purge as _purge
+from ..core import snapshot as _snapshot
+from . import panel as _panel
+from . import tame as _tame
+from . import trace as _trace
+from . import watch as _watch
+from .args import parser, report_errors, split_line
 
-#: subcommands served by other modules: name -> (module, function(magics, argv))
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "watch": ("jupyter_gpumem.watch", "magic_watch"),
-    "history": ("jupyter_gpumem.watch", "magic_history"),
-    "plot": ("jupyter_gpumem.watch", "magic_plot"),
-    "panel": ("jupyter_gpumem.panel", "magic_panel"),
-    "tame": ("jupyter_gpumem.backends.tame", "magic_tame"),
-    "trace": ("jupyter_gpumem.trace", "magic_trace"),
+#: subcommands served by the other magics modules: name -> function(magics, argv)
+SUBCOMMANDS: dict[str, Callable[[Any, list[str]], Any]] = {
+    "watch": _watch.magic_watch,
+    "history": _watch.magic_history,
+    "plot": _watch.magic_plot,
+    "panel": _panel.magic_panel,
+    "tame": _tame.magic_tame,
+    "trace": _trace.magic_trace,
 }
 
 USAGE = """\
@@ -38,16 +45,8 @@ USAGE = """\
 %%gpuwatch [-o NAME] [--interval S] [--plot] [--device ...]"""
 
 
-def _parser(prog: str, description: str) -> MagicArgumentParser:
-    p = MagicArgumentParser(prog=prog, description=description, add_help=False)
-    p.add_argument("--device", default=None,
-                   help="which devices count: auto (accelerators, else cpu), all, cpu, cuda:N")
-    p.add_argument("-o", dest="output", action="store_true", help="return the result object")
-    return p
-
-
-def _report_parser() -> MagicArgumentParser:
-    p = _parser("%gpumem", "who holds accelerator memory")
+def _report_parser():
+    p = parser("%gpumem", "who holds accelerator memory")
     p.add_argument("names", nargs="*", help="names or paths to detail")
     p.add_argument("--cluster", action="store_true",
                    help="the Dask cluster this notebook drives: its workers' devices and the "
@@ -55,41 +54,14 @@ def _report_parser() -> MagicArgumentParser:
     return p
 
 
-def _purge_parser() -> MagicArgumentParser:
-    p = _parser("%gpumem purge", "delete names and free their memory")
+def _purge_parser():
+    p = parser("%gpumem purge", "delete names and free their memory")
     p.add_argument("names", nargs="*", help="names or paths to purge")
     p.add_argument("--all", action="store_true", help="every user name that holds memory")
     p.add_argument("--dry-run", action="store_true", help="show what would go; change nothing")
     p.add_argument("--cluster", action="store_true",
                    help="release what the names hold on the Dask cluster and free it there")
     return p
-
-
-def split_line(line: str) -> list[str]:
-    """Split a magic line on spaces, keeping quotes inside paths (``cfg['runs']``).
-
-    A token that is quoted as a whole (``"my file.csv"``) loses its quotes.
-    """
-    try:
-        tokens = shlex.split(line, posix=False)
-    except ValueError as exc:
-        raise UsageError(f"cannot parse {line!r}: {exc}") from None
-    return [t[1:-1] if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"" else t for t in tokens]
-
-
-def report_errors(fn: Callable) -> Callable:
-    """Never raise into the user's cell: UsageError stays, anything else is one line."""
-    def wrapper(self, *args, **kwargs):
-        try:
-            return fn(self, *args, **kwargs)
-        except UsageError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
-            print(f"jupyter_gpumem: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return None
-    wrapper.__name__ = fn.__name__
-    wrapper.__doc__ = fn.__doc__
-    return wrapper
 
 
 @magics_class
@@ -154,8 +126,6 @@ class GpuMemMagics(Magics):
 
     def show(self, result: Any, output: bool) -> Any:
         """Display a result (HTML in a notebook, text in a terminal); return it with -o."""
-        from IPython.display import display
-
         display(result)
         return result if output else None
 
@@ -177,22 +147,17 @@ class GpuMemMagics(Magics):
         if argv and argv[0] == "purge":
             return self._purge(argv[1:])
         if argv and argv[0] in SUBCOMMANDS:
-            module, func = SUBCOMMANDS[argv[0]]
-            handler = getattr(importlib.import_module(module), func)
-            return handler(self, argv[1:])
+            return SUBCOMMANDS[argv[0]](self, argv[1:])
         return self._report(argv)
 
     def _report(self, argv: list[str]) -> Any:
-        from .snapshot import build
-        from .paths import PathError
-
         args = _report_parser().parse_args(argv)
         device = self.device(args.device)
         if args.cluster:
             return self._cluster_report(args, device)
         error = None
         try:
-            snap = build(shell=self.shell, device=device,
+            snap = _snapshot.build(shell=self.shell, device=device,
                          names=args.names or None, time_limit=self.scan_time_limit)
         except PathError as exc:
             error = str(exc)
@@ -205,17 +170,15 @@ class GpuMemMagics(Magics):
         return self.show(snap, args.output)
 
     def _purge(self, argv: list[str]) -> Any:
-        from .purge import PurgeError, purge
-
         args = _purge_parser().parse_args(argv)
         device = self.device(args.device)
         if args.cluster:
             return self._cluster_purge(args, device)
         error = None
         try:
-            result = purge(args.names, shell=self.shell, all=args.all, dry_run=args.dry_run,
+            result = _purge.purge(args.names, shell=self.shell, all=args.all, dry_run=args.dry_run,
                            device=device, time_limit=self.scan_time_limit)
-        except PurgeError as exc:
+        except _purge.PurgeError as exc:
             error = str(exc)
         if error is not None:  # raised here so no frame of the plan stays in a traceback
             raise UsageError(error)
@@ -223,8 +186,6 @@ class GpuMemMagics(Magics):
 
     def _cluster_report(self, args: Any, device: str) -> Any:
         """``%gpumem --cluster``: the Dask cluster's workers and the names holding keys."""
-        from . import cluster
-
         if args.names:
             raise UsageError("--cluster reports every name that holds keys: give no names "
                              f"(got {' '.join(args.names)})")
@@ -240,15 +201,12 @@ class GpuMemMagics(Magics):
 
     def _cluster_purge(self, args: Any, device: str) -> Any:
         """``%gpumem purge NAME ... --cluster``: release the names' keys on the cluster."""
-        from . import cluster
-        from .purge import PurgeError
-
         error = None
         try:
             result = cluster.purge(args.names, shell=self.shell, all=args.all,
                                    dry_run=args.dry_run, device=device,
                                    time_limit=self.scan_time_limit)
-        except (cluster.ClusterError, PurgeError) as exc:
+        except (cluster.ClusterError, _purge.PurgeError) as exc:
             error = f"--cluster: {exc}"
         if error is not None:  # raised here so no frame of the plan stays in a traceback
             raise UsageError(error)
@@ -265,9 +223,7 @@ class GpuMemMagics(Magics):
         the user as usual; the watch reports its own failures in one line.
         """
         __tracebackhide__ = True  # noqa: F841
-        from .watch import cell_magic_gpuwatch
-
-        return cell_magic_gpuwatch(self, line, cell)
+        return _watch.cell_magic_gpuwatch(self, line, cell)
 
     async def gpuwatch_async(self, line: str, cell: str) -> Any:
         """``%%gpuwatch`` over a cell with top-level ``await``: what IPython awaits.
@@ -277,6 +233,4 @@ class GpuMemMagics(Magics):
         so IPython (and ipykernel, in its own event loop) runs it as an async cell.
         """
         __tracebackhide__ = True  # noqa: F841
-        from .watch import cell_magic_gpuwatch_async
-
-        return await cell_magic_gpuwatch_async(self, line, cell)
+        return await _watch.cell_magic_gpuwatch_async(self, line, cell)

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from .session import close_session, open_session, session_of
+from ..session import close_session, open_session, session_of
 
 TARGET = "jupyter_gpumem"
 INTERVAL = 1.0  # seconds between two ``devices`` messages
@@ -179,7 +179,7 @@ class _Channel:
             self.error(f"{kind} failed: {type(exc).__name__}: {exc}", rid)
 
     def set_device(self, device: str, rid: Any) -> None:
-        from .devices import parse_device
+        from ..core.devices import parse_device
 
         try:
             self.device = parse_device(device)
@@ -191,7 +191,7 @@ class _Channel:
     def purge(self, names: list[str], dry_run: bool, rid: Any) -> None:
         # the module's function, not ``jupyter_gpumem.purge``: importing the
         # submodule ``jupyter_gpumem.purge`` rebinds that package attribute
-        from .purge import PurgeError, purge
+        from ..core.purge import PurgeError, purge
 
         try:
             result = purge(names, shell=self.hub.shell, dry_run=dry_run, device=self.device,
@@ -299,7 +299,7 @@ class _Hub:
         if stopped:
             comm.close()
             return
-        from . import __version__
+        from .. import __version__
 
         channel.send({"type": "hello", "version": __version__, "device": channel.device})
 
@@ -312,7 +312,7 @@ class _Hub:
 
     # -- sampling thread: counters only, never the namespace ---------------
     def _sample(self) -> None:
-        from .devices import read_devices
+        from ..core.devices import read_devices
 
         while not self._stopped.wait(self.interval):
             with self._lock:

@@ -32,7 +32,7 @@ from itertools import chain, compress
 from operator import itemgetter
 from typing import Any
 
-from .backends.base import dict_descriptor
+from ..backends.base import dict_descriptor
 from .scan_reach import function_parts, frame_locals, generator_frame, ndarray_items
 from .scan_types import (
     ATOMIC, BUILTIN, CELL, CLASS, CONTAINER, DICT, DICT_SUB, EXCEPTION, FRAME, FUNCTION,

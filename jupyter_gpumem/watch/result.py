@@ -12,7 +12,7 @@ import html
 import shlex
 from dataclasses import dataclass, field
 
-from .render import fmt_bytes
+from ..core.render import fmt_bytes
 
 WATCH_SCHEMA = "jupyter_gpumem.watch/1"
 _KIND_WORDS = {"created": "new", "grew": "grew", "shrank": "shrank", "deleted": "deleted"}

@@ -1,0 +1,59 @@
+"""The Python API: :func:`snapshot`, :func:`purge` and :func:`watch`, what the magics wrap.
+
+Each returns the same result objects as the magics' ``-o``. Nothing here imports
+IPython: a script passes ``namespace=globals()``, a notebook ``shell=get_ipython()``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from . import cluster as _cluster
+from .core.purge import PurgeError, PurgeResult
+from .core.purge import purge as _purge
+from .core.snapshot import Snapshot, build
+from .watch.scope import Watch, watch
+
+__all__ = ["snapshot", "purge", "watch", "PurgeError", "PurgeResult", "Snapshot", "Watch"]
+
+
+def snapshot(namespace: dict | None = None, *, shell: Any = None, names=None,
+             device: str = "auto", time_limit: float = 3.0, cluster: Any = None):
+    """Who holds memory now: a :class:`~jupyter_gpumem.core.snapshot.Snapshot`.
+
+    Give a ``shell`` (IPython) to include its hidden holders, or a plain
+    ``namespace`` dict such as ``globals()`` from a script.
+
+    ``cluster``: a ``distributed.Client`` (or ``True`` for the one in the namespace,
+    else ``Client.current()``): the Dask cluster it drives instead, as a
+    :class:`~jupyter_gpumem.cluster.ClusterSnapshot` of its workers' devices and the
+    names that hold their keys (what ``%gpumem --cluster`` shows). Raises
+    :class:`~jupyter_gpumem.cluster.ClusterError` without a client.
+    """
+    if cluster is not None and cluster is not False:
+        if names:
+            raise _cluster.ClusterError("a cluster snapshot covers every name: give no names")
+        return _cluster.snapshot(None if cluster is True else cluster, namespace=namespace,
+                                 shell=shell, device=device, time_limit=time_limit)
+    return build(shell=shell, namespace=namespace, device=device, names=names,
+                 time_limit=time_limit)
+
+
+def purge(names=(), *, namespace: dict | None = None, shell: Any = None, all: bool = False,
+          dry_run: bool = False, device: str = "auto", time_limit: float = 3.0,
+          cluster: Any = None):
+    """Delete ``names`` and every hidden reference to their memory; see :mod:`.core.purge`.
+
+    ``cluster``: a ``distributed.Client`` (or ``True``, as for :func:`snapshot`):
+    release what the names hold on that Dask cluster (their Futures, persisted
+    collections), wait until the workers dropped the keys, free the workers'
+    caches, and return a :class:`~jupyter_gpumem.cluster.ClusterPurgeResult`
+    (what ``%gpumem purge NAME --cluster`` does). Bad input raises
+    :class:`~jupyter_gpumem.cluster.ClusterPurgeError` (a ``PurgeError``) having
+    deleted nothing.
+    """
+    if cluster is not None and cluster is not False:
+        return _cluster.purge(names, client=None if cluster is True else cluster,
+                              namespace=namespace, shell=shell, all=all, dry_run=dry_run,
+                              device=device, time_limit=time_limit)
+    return _purge(names, shell=shell, namespace=namespace, all=all, dry_run=dry_run,
+                  device=device, time_limit=time_limit)

@@ -1,0 +1,51 @@
+"""``%load_ext jupyter_gpumem`` / ``%unload_ext jupyter_gpumem``: what the extension adds
+to a shell and takes away again (magics, event hooks, threads, the comm target)."""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from . import session as _session
+from .magics import tame as _tame
+from .magics import trace as _trace
+from .magics import GpuMemMagics
+from .views import comm as _comm
+from .magics import watch as _watch
+
+_loaded: dict[int, Any] = {}
+
+
+def load(ip) -> None:
+    """Register the magics, the session and the sidebar's comm target on the shell ``ip``."""
+    if id(ip) in _loaded:
+        return
+    magics = GpuMemMagics(shell=ip)
+    ip.register_magics(magics)
+    _loaded[id(ip)] = magics
+    _session.open_session(ip, magics)
+    _guarded("comm", lambda: _comm.register_comm(ip))
+    for name, on_load in (("watch", _watch.on_load), ("tame", _tame.on_load),
+                          ("trace", _trace.on_load)):
+        _guarded(name, lambda on_load=on_load: on_load(ip, magics))
+
+
+def unload(ip) -> None:
+    """Remove every magic, hook, thread and comm target :func:`load` added."""
+    magics = _loaded.pop(id(ip), None)
+    if magics is None:
+        return
+    _guarded("comm", lambda: _comm.unregister_comm(ip))
+    magics.run_cleanups()
+    _session.close_session(ip)
+    mm = ip.magics_manager
+    for kind, names in (("line", ("gpumem",)), ("cell", ("gpuwatch",))):
+        for name in names:
+            mm.magics[kind].pop(name, None)
+    mm.registry.pop(type(magics).__name__, None)
+
+
+def _guarded(what: str, fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - loading must never break the kernel
+        print(f"jupyter_gpumem: {what} failed: {exc}", file=sys.stderr)

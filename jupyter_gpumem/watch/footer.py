@@ -1,0 +1,301 @@
+"""``%gpumem watch on``: the one-line footer after every cell, its warning and auto-purge.
+
+It hooks the shell's cell events (no IPython import: the shell is passed in)
+and reads its settings from the magics' configurable.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from ..core import devices as _devices
+from ..core import monitor as _monitor
+from ..core import trace as _trace
+from ..core.purge import purge
+from ..core.render import fmt_bytes
+from .result import WatchResult
+from .scope import HUB, Watch, _complain, _current_count, _ordered, _read_devices, _State
+
+def _parse_share(value: Any) -> float | None:
+    """``"80%"``, ``0.8`` or ``80`` -> 0.8; ``None``/``"off"`` -> None; ValueError otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("", "off", "none", "no"):
+            return None
+        percent = text.endswith("%")
+        number = float(text.rstrip("%").strip())
+        share = number / 100 if percent or number > 1 else number
+    else:
+        number = float(value)
+        share = number / 100 if number > 1 else number
+    if not 0 < share <= 1:
+        raise ValueError(f"a share between 0% and 100% is needed, not {value!r}")
+    return share
+
+
+_UNSET = object()
+
+
+def _patch(obj: Any, name: str, make) -> tuple | None:
+    """Set ``obj.name = make(current)`` on the instance; (obj, name, previous, patched) or None
+    where the instance takes no attribute (a C-level stream such as a terminal's stdout)."""
+    try:
+        previous = vars(obj).get(name, _UNSET)
+        current = getattr(obj, name)
+        patched = make(current)
+        setattr(obj, name, patched)
+    except Exception:  # noqa: BLE001
+        return None
+    return obj, name, previous, patched
+
+
+def _unpatch(patch: tuple | None) -> None:
+    """Undo :func:`_patch` unless someone patched over it since (then ours stays, inert)."""
+    if patch is None:
+        return
+    obj, name, previous, patched = patch
+    try:
+        if vars(obj).get(name, _UNSET) is not patched:
+            return
+        if previous is _UNSET:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, previous)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class _OpenLine:
+    """Whether a cell's output left the cursor in the middle of a line (``print('x', end='')``).
+
+    For the cell's duration it wraps ``write`` of ``sys.stdout`` on the
+    instance, as IPython's own ``run_cell`` does to keep a cell's output, and
+    notes whether the last text ended with a newline; a display (its own
+    output area in a notebook, its own lines in a terminal) ends the line too.
+    Where the stream takes no attribute it knows nothing and says no.
+    """
+
+    def __init__(self, shell: Any) -> None:
+        self.open = False
+        self.active = True
+        self.stream = sys.stdout
+        self._patches = [_patch(self.stream, "write", self._write)]
+        for owner, name in ((getattr(shell, "display_pub", None), "publish"),
+                            (getattr(shell, "displayhook", None), "finish_displayhook")):
+            if owner is not None:
+                self._patches.append(_patch(owner, name, self._ends_line))
+
+    def _write(self, original):
+        def write(data, *args, **kwargs):
+            result = original(data, *args, **kwargs)
+            if self.active and isinstance(data, str) and data:
+                self.open = not data.endswith("\n")
+            return result
+        return write
+
+    def _ends_line(self, original):
+        def call(*args, **kwargs):
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if self.active:
+                    self.open = False
+        return call
+
+    def needs_newline(self) -> bool:
+        return self.open and self._patches[0] is not None and sys.stdout is self.stream
+
+    def remove(self) -> None:
+        self.active = False
+        patches, self._patches = self._patches, [None]
+        for patch in reversed(patches):
+            _unpatch(patch)
+
+
+class _FooterCell:
+    """What the footer keeps for one outermost cell: its watch and its output's last line."""
+
+    def __init__(self, watch: Watch | None, line: _OpenLine | None) -> None:
+        self.watch = watch
+        self.line = line
+
+    def abandon(self) -> None:
+        line, self.line = self.line, None
+        if line is not None:
+            line.remove()
+        w, self.watch = self.watch, None
+        if w is not None:
+            w.abandon()
+
+
+class _Footer:
+    """The ``pre_run_cell`` / ``post_run_cell`` pair of ``%gpumem watch on``.
+
+    The events are paired by :class:`~.monitor.CellEvents` (IPython does not
+    pair them): a cell run from inside a cell counts in its outer cell, and a
+    "pre" or "post" without its partner never turns the footer off.
+    """
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+        self.cells = _monitor.CellEvents(state.shell)
+        self._pre_cost = 0.0
+
+    @property
+    def magics(self):
+        return self.state.magics
+
+    @property
+    def watch(self) -> Watch | None:
+        """The watch of the outermost cell running now, if any."""
+        payload = self.cells.outer_payload()
+        return payload.watch if payload is not None else None
+
+    def pre(self, info=None) -> None:
+        t = time.perf_counter()
+        try:
+            cell, ended = self.cells.pre(info)
+        except Exception as exc:  # noqa: BLE001 - never in the user's way
+            _complain("watch footer failed", exc)
+            return
+        for payload in ended:       # cells whose "post" never came: no footer to print now
+            payload.abandon()
+        if not cell.outer:
+            return      # a cell run from inside a cell (%%capture, run_cell): the outer one counts
+        shell = self.state.shell
+        w = line = None
+        try:
+            count = _current_count(shell)
+            magics = self.magics
+            device = self.state.footer_device or getattr(magics, "default_device", "auto")
+            w = Watch(shell=shell, device=device,
+                      interval=getattr(magics, "sample_interval", 0.05),
+                      label=f"In [{count}]", report=False,
+                      time_limit=getattr(magics, "scan_time_limit", 3.0),
+                      source="watch on", state=self.state, record=True).start()
+            line = _OpenLine(shell)
+        except Exception as exc:  # noqa: BLE001 - never in the user's way
+            _complain("watch footer failed", exc)
+        cell.payload = _FooterCell(w, line)
+        self._pre_cost = time.perf_counter() - t
+
+    def post(self, result=None) -> None:
+        try:
+            payload, ended = self.cells.post(result)
+        except Exception as exc:  # noqa: BLE001
+            _complain("watch footer failed", exc)
+            return
+        for other in ended:
+            other.abandon()
+        if payload is None:
+            return      # an inner cell, or the cell that turned watching on
+        line, payload.line = payload.line, None
+        w, payload.watch = payload.watch, None
+        newline = False
+        if line is not None:
+            newline = line.needs_newline()
+            line.remove()
+        if w is None:
+            return
+        t = time.perf_counter()
+        try:
+            error = getattr(result, "error_in_exec", None)
+            count = getattr(result, "execution_count", None)
+            r = w.stop(error=error, execution_count=count)
+            # the exception keeps the failed cell's frames alive: drop it before an
+            # automatic purge, which must find that memory unreferenced
+            error = result = None
+            if r is not None:
+                if count is not None:
+                    r.label = f"In [{count}]"
+                self._thresholds(w, r)
+                print(("\n" if newline else "") + r.footer())
+                lines = _traced_lines(count)
+                if lines:
+                    print(lines)
+        except Exception as exc:  # noqa: BLE001
+            _complain("watch footer failed", exc)
+        self.state.costs.append(self._pre_cost + time.perf_counter() - t)
+
+    def abandon(self) -> None:
+        for payload in self.cells.clear():
+            payload.abandon()
+
+    def _thresholds(self, w: Watch, r: WatchResult) -> None:
+        magics = self.magics
+        try:
+            share = _parse_share(getattr(magics, "warn_at", None))
+        except ValueError as exc:
+            r.messages.append(f"warn_at ignored: {exc}")
+            return
+        if share is None:
+            return
+        full = [d for d in r.devices if d.share_after is not None and d.share_after >= share]
+        if not full:
+            return
+        ids = [d.id for d in full]
+        if not r.holders:
+            w.name_holders(r, ids)
+        worst = max(full, key=lambda d: d.share_after)
+        used = worst.used_all_after if worst.used_all_after is not None else worst.reserved_after
+        names = ", ".join(f"{h.name} {fmt_bytes(h.nbytes)}" + (" (hidden)" if h.hidden else "")
+                          for h in r.holders[:5]) or "no name holds memory there"
+        r.warning = (f"warning: {worst.id} is {worst.share_after:.0%} full ({fmt_bytes(used)} of "
+                     f"{fmt_bytes(worst.total)}) after this cell, above {share:.0%}; "
+                     f"purge candidates: {names}"
+                     + (f" → {r.purge_command}" if r.purge_command else ""))
+        if getattr(magics, "auto_purge_hidden", False):
+            removed: list[str] = []
+            freed: dict[str, int | None] = {}
+            for dev in ids:
+                res = purge(shell=self.state.shell, device=dev,
+                            time_limit=getattr(magics, "scan_time_limit", 3.0))
+                removed += [n for n in res.removed if n not in removed]
+                freed.update({k: v for k, v in res.freed.items() if k == dev})
+            r.auto_purge = {"removed": removed, "freed": freed}
+
+
+def _start_footer(state: _State) -> None:
+    if state.footer is not None:
+        return
+    footer = _Footer(state)
+    _monitor.hook_cells(state.shell, footer.pre, footer.post)
+    state.footer = footer
+    HUB.hold()
+    if state.magics is not None:
+        _seed(state, state.magics)
+
+
+def _stop_footer(state: _State) -> None:
+    footer, state.footer = state.footer, None
+    if footer is None:
+        return
+    _monitor.unhook_cells(state.shell, footer.pre, footer.post)
+    footer.abandon()
+    HUB.release()
+
+
+def _seed(state: _State, magics) -> None:
+    """Scan every holder once now, so the first watched cell's footer need not."""
+    try:
+        device = state.footer_device or magics.default_device
+        ids = _devices.selected_ids(device)
+        w = Watch(shell=state.shell, device=device, report=False, state=state, record=False,
+                  time_limit=magics.scan_time_limit)
+        w._update(_read_devices(_ordered(ids + ["cpu"])), force_full=not state.tracker.seeded)
+    except Exception as exc:  # noqa: BLE001
+        _complain("could not scan the holders", exc)
+
+
+def _traced_lines(count: int | None) -> str | None:
+    """While ``%gpumem trace`` is on: the lines of cell ``count`` that allocated the most,
+    and the line at its peak, in one line."""
+    if count is None or not _trace.is_on():
+        return None
+    try:
+        return _trace.cell_lines(count).text() or None
+    except Exception as exc:  # noqa: BLE001 - the footer stands without it
+        return f"allocation sites unknown: {type(exc).__name__}: {exc}"

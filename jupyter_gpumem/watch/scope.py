@@ -1,0 +1,649 @@
+"""``%%gpuwatch``, ``%gpumem watch|history|plot`` and ``jupyter_gpumem.watch()``.
+
+What a cell (or a block of a script) did to memory, per device: wall time,
+change in allocated and reserved bytes, the exact peak inside it from the
+framework allocator's counters, the process's peak from a sampling thread
+(NVML on accelerators, the resident set on the host; labelled as sampled),
+and the names it created, grew, shrank or deleted. When the code raises,
+out-of-memory included, the report still comes and names the biggest
+holders with the ``%gpumem purge ...`` command that frees them.
+
+Pieces (each a module of its own):
+
+- :mod:`.watch_peaks`: exact peaks that stay right when scopes nest and
+  when user code resets the counters; nobody's reading is lowered.
+- :mod:`.watch_holders`: per-root storages kept up to date cheaply, so the
+  per-cell footer does not rescan the whole namespace.
+- :mod:`.watch_result`: :class:`WatchResult` with text, HTML and JSON.
+- :mod:`.watch_plot`, :mod:`.watch_export`: the timeline figure, CSV/JSON
+  and TensorBoard export.
+
+For other parts of the product (the live panel, the sidebar):
+
+- :func:`history_for(shell) <history_for>`: the list of per-cell records
+  (:class:`WatchResult`, oldest first, at most ``MAX_HISTORY``) kept while
+  ``%gpumem watch on`` is on, plus ``%%gpuwatch`` cells run while it is off.
+  Read it on the main thread; records are never changed once appended.
+- :func:`series_for(shell) <series_for>`: the :class:`~.monitor.Series` the
+  sampling thread fills while watched code runs: points
+  ``(unix time, {device: {"allocated", "reserved", "used_process", "total"}})``
+  as :func:`~.monitor.device_point` makes them, about every
+  ``sample_interval`` seconds; none between cells.
+
+JSON of one record (``WatchResult.to_json()``, ``"schema":
+"jupyter_gpumem.watch/1"``): ``label``, ``source`` (``"%%gpuwatch"``,
+``"watch on"``, ``"watch()"``), ``execution_count``, ``start``/``end`` (unix
+s), ``wall`` (s), ``interval`` (s), ``devices`` (per device: ``id``, ``kind``,
+``total``, ``allocated_before/after/delta`` and ``allocated_measure``,
+``reserved_before/after/delta``, ``peak_allocated``, ``peak_reserved`` and
+``peak_measure`` (exact, null where no allocator counter), ``peak_rss``
+(cpu: the process's exact peak resident set), ``peak_traced`` (cpu, with
+tracemalloc on), ``process_before/after``, ``process_peak_sampled``,
+``process_measure`` (``"NVML"`` or ``"RSS"``), ``samples``,
+``used_all_after``, ``share_after``, ``notes``), ``changes`` (``name``,
+``change`` created|grew|shrank|deleted, ``before``, ``after``, ``delta``,
+``devices``, ``hidden``, ``shared``, ``type``, ``purge``), ``holders_mode``
+(none|incremental|full), ``partial``, ``error`` (``type``, ``message``,
+``oom``) or null, ``holders`` (biggest, on error or warning), ``purge_command``,
+``warning``, ``auto_purge``, ``messages``, ``overhead`` (s).
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import OrderedDict, deque
+from typing import Any
+
+from ..core import devices as _devices
+from ..core import monitor as _monitor
+from ..core import scan as _scan
+from .holders import HolderTracker, RootInfo
+from .peaks import LEDGER, PeakScope
+from .result import DeviceWatch, HolderChange, HolderEntry, WatchResult
+
+MAX_HISTORY = 10000
+SERIES_POINTS = 20000
+EXACT_BUDGET = 0.01     # share of a cell's wall time a full holder scan may take
+_HOLDERS_SHOWN = 12
+
+
+# -- state per shell or namespace ---------------------------------------------------------------
+class _State:
+    """History, timeline and holder tracker of one shell (or script namespace)."""
+
+    def __init__(self, shell: Any = None, namespace: dict | None = None) -> None:
+        self.shell = shell
+        self.namespace = namespace
+        self.tracker = HolderTracker()
+        self.history: list[WatchResult] = []
+        self.series = _monitor.Series(maxlen=SERIES_POINTS)
+        self.magics: Any = None
+        self.footer: Any = None   # the watch-on footer (watch.footer) while it is on
+        self.footer_device: str | None = None
+        self.costs: deque = deque(maxlen=2000)   # seconds each footer cost (pre + post)
+        self.ns_mark: tuple | None = None
+        self._observer = None
+
+    def record(self, result: WatchResult) -> None:
+        self.history.append(result)
+        if len(self.history) > MAX_HISTORY:
+            del self.history[: len(self.history) - MAX_HISTORY]
+
+    def internal_ids(self) -> set[int]:
+        """Objects of this extension a scan must not walk into (frames of ours hold them)."""
+        objs = [self, self.tracker, self.history, self.series, self.costs, HUB, LEDGER,
+                self.footer, self.magics]
+        return {id(o) for o in objs if o is not None}
+
+
+_shell_states: dict[int, _State] = {}
+_ns_states: OrderedDict = OrderedDict()
+_MAX_NS_STATES = 32
+
+
+def _state_for_shell(shell: Any) -> _State:
+    state = _shell_states.get(id(shell))
+    if state is None or state.shell is not shell:
+        state = _shell_states[id(shell)] = _State(shell=shell)
+    return state
+
+
+def _state_for_namespace(namespace: dict) -> _State:
+    state = _ns_states.get(id(namespace))
+    if state is None or state.namespace is not namespace:
+        state = _State(namespace=namespace)
+        _ns_states[id(namespace)] = state
+        while len(_ns_states) > _MAX_NS_STATES:
+            _ns_states.popitem(last=False)
+    _ns_states.move_to_end(id(namespace))
+    return state
+
+
+def _state_of(target: Any) -> _State:
+    if isinstance(target, dict):
+        return _state_for_namespace(target)
+    return _state_for_shell(target)
+
+
+def history_for(shell_or_namespace: Any) -> list[WatchResult]:
+    """The per-cell records of a shell (or a script's namespace), oldest first."""
+    return _state_of(shell_or_namespace).history
+
+
+def series_for(shell_or_namespace: Any) -> _monitor.Series:
+    """The sampled timeline of a shell (or namespace); see the module docstring."""
+    return _state_of(shell_or_namespace).series
+
+
+def footer_costs(shell: Any) -> list[float]:
+    """Seconds each ``watch on`` footer cost (before and after the cell together)."""
+    return list(_state_for_shell(shell).costs)
+
+
+# -- the shared sampling thread -------------------------------------------------------------------
+class _Sampling:
+    """What one open watch gathers from the sampler: max process usage per device."""
+
+    def __init__(self, device_ids: list[str], series: _monitor.Series, interval: float) -> None:
+        self.devices = set(device_ids)
+        self.series = series
+        self.interval = interval
+        self.max_process: dict[str, int] = {}
+        self.samples: dict[str, int] = {}
+        self.failure: str | None = None     # why the sampling thread stopped while this was open
+
+    def observe(self, point: dict) -> None:
+        for dev in self.devices:
+            value = (point.get(dev) or {}).get("used_process")
+            if value is None:
+                continue
+            self.samples[dev] = self.samples.get(dev, 0) + 1
+            if value > self.max_process.get(dev, -1):
+                self.max_process[dev] = value
+
+
+class _SamplerHub:
+    """One sampling thread for every open watch; it reads counters only.
+
+    It runs while a watch is open; ``hold()`` (the ``watch on`` footer) keeps
+    it alive but paused between cells; without holders it stops. Should the
+    thread end on its own, the open watches say so in their reports
+    (``failure``) and the next watch starts a new thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: list[_Sampling] = []
+        self._holds = 0
+        self._sampler: _monitor.Sampler | None = None
+        #: why the last sampling thread ended on its own; None once a new one runs
+        self.failure: str | None = None
+
+    def add(self, sampling: _Sampling) -> None:
+        with self._lock:
+            self._open.append(sampling)
+            interval = min(s.interval for s in self._open)
+            if self._sampler is None or self._sampler.stopped:
+                self._sampler = _monitor.Sampler(self._tick, interval, name="jupyter_gpumem-watch",
+                                                 on_failure=self._failed)
+                self.failure = None
+                self._sampler.start()
+            self._sampler.interval = interval
+            self._sampler.resume()
+        self.sample([sampling])
+
+    def remove(self, sampling: _Sampling) -> None:
+        try:
+            self.sample([sampling])
+        finally:
+            self._drop(sampling)
+
+    def _drop(self, sampling: _Sampling) -> None:
+        stop = None
+        with self._lock:
+            if sampling in self._open:
+                self._open.remove(sampling)
+            if not self._open and self._sampler is not None:
+                if self._holds:
+                    self._sampler.pause()
+                else:
+                    stop, self._sampler = self._sampler, None
+        if stop is not None:
+            stop.stop()
+
+    def hold(self) -> None:
+        with self._lock:
+            self._holds += 1
+
+    def release(self) -> None:
+        stop = None
+        with self._lock:
+            self._holds = max(self._holds - 1, 0)
+            if not self._holds and not self._open:
+                stop, self._sampler = self._sampler, None
+        if stop is not None:
+            stop.stop()
+
+    def running(self) -> bool:
+        """True while the thread exists (sampling or paused)."""
+        with self._lock:
+            return self._sampler is not None
+
+    def _failed(self, failure: str) -> None:
+        """In the sampling thread as it ends: tell the open watches (never print)."""
+        with self._lock:
+            self.failure = failure
+            for s in self._open:
+                s.failure = failure
+
+    def _tick(self) -> None:
+        with self._lock:
+            opens = list(self._open)
+        if opens:
+            self.sample(opens)
+            LEDGER.tick()
+
+    @staticmethod
+    def sample(opens: list[_Sampling]) -> None:
+        ids = sorted(set().union(*(s.devices for s in opens)))
+        usages = _read_devices(ids)
+        t = time.time()
+        point = _monitor.device_point(usages.values())
+        seen: set[int] = set()
+        for s in opens:
+            s.observe(point)
+            if id(s.series) not in seen:
+                seen.add(id(s.series))
+                s.series.append(t, {d: v for d, v in point.items()})
+
+
+HUB = _SamplerHub()
+
+
+def _read_devices(ids: list[str]) -> dict[str, _devices.DeviceUsage]:
+    """Device figures for these ids (counters only; never creates a CUDA context)."""
+    selection = "cpu" if list(ids) == ["cpu"] else "all"
+    wanted = set(ids)
+    return {d.id: d for d in _devices.read_devices(selection, detail=False) if d.id in wanted}
+
+
+def _marks(usages: dict[str, _devices.DeviceUsage]) -> dict[str, int]:
+    out = {}
+    for dev, du in usages.items():
+        value = du.used_process if dev == "cpu" else du.allocated
+        if value is not None:
+            out[dev] = value
+    return out
+
+
+# -- the watch itself ------------------------------------------------------------------------
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001
+        return False
+    return "out of memory" in text.lower() or "RESOURCE_EXHAUSTED" in text
+
+
+def _error_info(exc: BaseException) -> dict:
+    try:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    except Exception:  # noqa: BLE001
+        message = ""
+    if len(message) > 300:
+        message = message[:297] + "..."
+    return {"type": type(exc).__name__, "message": message, "oom": _is_oom(exc)}
+
+
+def _ordered(ids) -> list[str]:
+    return sorted(set(ids), key=lambda d: (d == "cpu", d))
+
+
+class Watch:
+    """Watch a block of code: ``with Watch(...) as w: ...`` then ``w.result``.
+
+    Use :func:`watch` to make one; ``%%gpuwatch`` and the ``watch on``
+    footer are thin wrappers over it.
+    """
+
+    def __init__(self, *, shell: Any = None, namespace: dict | None = None, device: str = "auto",
+                 interval: float = 0.05, label: str | None = None, report: bool = True,
+                 time_limit: float = 3.0, exact_budget: float = EXACT_BUDGET,
+                 source: str = "watch()", state: _State | None = None, record: bool = True,
+                 frame: Any = None) -> None:
+        self.shell = shell
+        self.namespace = namespace
+        self.device = _devices.parse_device(device)
+        self.interval = _monitor.check_interval(interval, "interval")
+        self.label = label
+        self.report = report
+        self.time_limit = time_limit
+        self.exact_budget = exact_budget
+        self.source = source
+        self.record = record
+        self.result: WatchResult | None = None
+        self._frame = frame
+        if state is None:
+            if shell is not None:
+                state = _state_for_shell(shell)
+            elif frame is not None and namespace is None:
+                state = _State(namespace={})      # a function's locals: a private state
+            else:
+                state = _state_for_namespace(namespace if namespace is not None else {})
+        self._state = state
+        self._started = False
+        self._extra_roots: list[_scan.Root] = []
+
+    # -- context manager ------------------------------------------------------------------
+    def __enter__(self) -> "Watch":
+        try:
+            self.start()
+        except Exception as failure:  # noqa: BLE001 - the block runs unwatched instead
+            self.abandon()
+            _complain("watch could not start; the block runs unwatched", failure)
+        return self
+
+    def __exit__(self, etype, exc, tb) -> bool:
+        try:
+            self.stop(error=exc)
+            if self.report and self.result is not None:
+                _show(self.result)
+        except Exception as failure:  # noqa: BLE001 - never raise into the user's code
+            _complain("watch failed", failure)
+        return False
+
+    # -- namespace -------------------------------------------------------------------------
+    def _ns(self) -> dict | None:
+        if self.shell is not None:
+            return None
+        if self._frame is not None:
+            return self._frame.f_locals
+        return self.namespace if self.namespace is not None else self._state.namespace
+
+    def _roots(self, error: BaseException | None = None) -> list[_scan.Root]:
+        roots = _scan.collect_roots(self._ns(), self.shell)
+        extra = list(self._extra_roots)
+        if error is not None:
+            if self.shell is not None:
+                roots = [r for r in roots if r.kind != "traceback"]
+                extra.append(_scan.Root("last traceback", (error,), hidden=True, kind="traceback"))
+            else:
+                extra.append(_scan.Root("raised exception", (error,), hidden=True, kind="exception"))
+        taken = {r.name for r in extra}
+        return [r for r in roots if r.name not in taken] + extra
+
+    def _update(self, usages, error: BaseException | None = None, **kwargs):
+        state = self._state
+        upd = state.tracker.update(self._roots(error), shell=self.shell, namespace=self._ns(),
+                                   marks=_marks(usages), time_limit=self.time_limit,
+                                   extra_stop=state.internal_ids() | {id(self)}, **kwargs)
+        state.ns_mark = None if self._frame is not None or error is not None else self._ns_mark()
+        return upd
+
+    def _ns_mark(self) -> tuple | None:
+        """Names, hidden holders and their identities, cheaply: unchanged means nothing
+        ran since the tracker's last update (a cell's start right after the last cell's end)."""
+        shell = self.shell
+        ns = shell.user_ns if shell is not None else self._ns()
+        try:
+            parts: list = [tuple(ns), tuple(map(id, ns.values()))]
+            if shell is not None:
+                out = shell.history_manager.output_hist
+                hook = shell.displayhook
+                parts += [tuple(out), tuple(map(id, out.values())),
+                          tuple(id(getattr(hook, n, None)) for n in ("_", "__", "___")),
+                          tuple(map(id, _scan.traceback_objects(shell)))]
+            return tuple(parts)
+        except Exception:  # noqa: BLE001
+            return None
+
+    # -- start / stop ---------------------------------------------------------------------
+    def start(self) -> "Watch":
+        """Measure from now on."""
+        t = time.perf_counter()
+        self._ids0 = _devices.selected_ids(self.device)
+        usages = _read_devices(_ordered(self._ids0 + ["cpu"]))
+        state = self._state
+        self._messages = []
+        if not (state.tracker.seeded and state.ns_mark is not None
+                and state.ns_mark == self._ns_mark()):
+            if self._update(usages).partial:
+                self._messages.append("holders: partial scan before the code ran")
+        self._tracked0 = dict(self._state.tracker.totals)
+        self._roots0 = dict(self._state.tracker.roots)   # RootInfos are replaced, never changed
+        self._usages0 = usages
+        self._scope: PeakScope = LEDGER.open(self._ids0)
+        try:
+            self._sampling = _Sampling(self._ids0, self._state.series, self.interval)
+            HUB.add(self._sampling)
+        except BaseException:
+            self.abandon()   # leave no open scope or sampling entry behind
+            raise
+        self._start_unix = time.time()
+        self._overhead = time.perf_counter() - t
+        self._started = True
+        self._t0 = time.perf_counter()
+        return self
+
+    def abandon(self) -> None:
+        """Stop measuring without a report (the extension unloads mid-cell)."""
+        sampling, scope = getattr(self, "_sampling", None), getattr(self, "_scope", None)
+        self._sampling = self._scope = None
+        self._started = False
+        self._frame = None
+        try:
+            if sampling is not None:
+                HUB.remove(sampling)
+        finally:
+            if scope is not None:
+                LEDGER.close(scope)
+
+    def add_root(self, root: _scan.Root) -> None:
+        """A holder the report should count that no namespace shows yet (the cell's value)."""
+        self._extra_roots.append(root)
+
+    def stop(self, error: BaseException | None = None,
+             execution_count: int | None = None) -> WatchResult | None:
+        """Stop measuring; build, record and return the :class:`WatchResult`."""
+        t1 = time.perf_counter()
+        if not self._started:
+            return None
+        self._started = False
+        wall = t1 - self._t0
+        HUB.remove(self._sampling)
+        ids = _ordered(self._ids0 + _devices.selected_ids(self.device))
+        LEDGER.close(self._scope, ids)
+        usages = _read_devices(_ordered(ids + ["cpu"]))
+        upd = self._update(usages, error=error, force_full=error is not None,
+                           full_budget=self.exact_budget * wall)
+        self._frame = None
+        self._extra_roots = []
+        changes = self._changes(self._state.tracker.diff(self._roots0), ids)
+        self._roots0 = {}
+        result = WatchResult(
+            label=self.label or self.source, source=self.source, execution_count=execution_count,
+            start=self._start_unix, wall=wall, interval=self.interval,
+            devices=[self._device_watch(dev, usages) for dev in ids],
+            changes=changes, holders_mode=upd.mode,
+            partial=upd.partial, context="ipython" if self.shell is not None else "script",
+            messages=self._messages + list(self._scope.notes),
+        )
+        if upd.partial:
+            result.messages.append("holders: partial scan (raise GpuMemMagics.scan_time_limit)")
+        if self._sampling.failure:
+            result.messages.append(f"sampling stopped: {self._sampling.failure}; the sampled "
+                                   "peak covers only the time before")
+        if error is not None:
+            result.error = _error_info(error)
+            self.name_holders(result, ids)
+        result.overhead = self._overhead + (time.perf_counter() - t1)
+        self.result = result
+        if self.record:
+            self._state.record(result)
+        return result
+
+    def name_holders(self, result: WatchResult, ids) -> None:
+        """Fill ``result.holders`` and the purge command from the tracker (biggest first)."""
+        tracker = self._state.tracker
+        accel = [d for d in ids if d != "cpu"] or list(ids)
+        infos = tracker.top(accel)
+        result.holders = [_entry(i, accel, tracker) for i in infos[:_HOLDERS_SHOWN]]
+        result.purge_names = purge_names(infos, accel, script=self.shell is None)
+
+    # -- building the result -------------------------------------------------------------
+    def _device_watch(self, dev: str, usages) -> DeviceWatch:
+        u0, u1 = self._usages0.get(dev), usages.get(dev)
+        kind = (u1 or u0).kind if (u1 or u0) is not None else dev.split(":")[0]
+        d = DeviceWatch(dev, kind, total=getattr(u1, "total", None))
+        scope = self._scope
+        if dev == "cpu":
+            tracker = self._state.tracker
+            d.allocated_before = self._tracked0.get("cpu", 0)
+            d.allocated_after = tracker.totals.get("cpu", 0)
+            d.allocated_measure = "tracked tensors: the scan's count"
+            d.peak_rss = scope.peak(("rss", "cpu"), "rss")
+            d.peak_traced = scope.peak(("tracemalloc", "cpu"), "traced")
+            if d.peak_traced is not None:
+                d.traced_before = scope.start.get(("tracemalloc", "cpu"), {}).get("traced")
+            d.process_measure = "RSS"
+        else:
+            key = ("torch", dev)
+            born_inside = key in scope.start and not scope.start[key]
+            d.allocated_before = 0 if born_inside else getattr(u0, "allocated", None)
+            d.allocated_after = getattr(u1, "allocated", None)
+            d.reserved_before = 0 if born_inside else getattr(u0, "reserved", None)
+            d.reserved_after = getattr(u1, "reserved", None)
+            d.peak_allocated = scope.peak(key, "allocated_bytes.all")
+            d.peak_reserved = scope.peak(key, "reserved_bytes.all")
+            d.peak_measure = scope.labels.get(key) if d.peak_allocated is not None else None
+            if born_inside:
+                d.notes.append("the framework started using this device inside the watched code")
+        d.process_before = getattr(u0, "used_process", None)
+        d.process_after = getattr(u1, "used_process", None)
+        d.process_peak_sampled = self._sampling.max_process.get(dev)
+        d.samples = self._sampling.samples.get(dev, 0)
+        d.used_all_after = getattr(u1, "used_all", None)
+        return d
+
+    def _changes(self, root_changes, ids) -> list[HolderChange]:
+        tracker = self._state.tracker
+        wanted = set(ids)
+        out = []
+        for rc in root_changes:
+            old, new = rc.before, rc.after
+            b0 = old.by_device(wanted) if old else {}
+            b1 = new.by_device(wanted) if new else {}
+            before, after = sum(b0.values()), sum(b1.values())
+            if before == after and b0 == b1:
+                continue
+            if old is None or (before == 0 and new is not None):
+                change = "created"
+            elif new is None:
+                change = "deleted"
+            else:
+                change = "grew" if after > before else "shrank"
+            info = new or old
+            out.append(HolderChange(
+                name=rc.name, change=change, before=before, after=after,
+                devices={d: b1.get(d, 0) - b0.get(d, 0) for d in set(b0) | set(b1)},
+                hidden=info.hidden, shared=tracker.shared_bytes(info, wanted), type=info.type,
+                purge=info.purge_arg))
+        out.sort(key=lambda c: (-abs(c.delta), c.name))
+        return out
+
+
+PURGE_FLOOR = 1 << 20   # holders smaller than this, all together, are left out of the command
+
+
+def purge_names(infos: list[RootInfo], devices, script: bool = False) -> list[str]:
+    """What to purge to free ``infos`` (largest first), leaving out a tail under 1 MiB."""
+    sizes = [i.nbytes(devices) for i in infos]
+    out = []
+    for k, info in enumerate(infos):
+        if sum(sizes[k:]) < PURGE_FLOOR:
+            break
+        if info.purge_arg and not (script and info.hidden):
+            out.append(info.purge_arg)
+    return out
+
+
+def _entry(info: RootInfo, devices, tracker: HolderTracker) -> HolderEntry:
+    return HolderEntry(info.name, info.nbytes(devices), info.by_device(devices), info.hidden,
+                       tracker.shared_bytes(info, devices), info.type, info.purge_arg)
+
+
+def _caller_frame():
+    frame = sys._getframe(1)
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("jupyter_gpumem"):
+        frame = frame.f_back
+    return frame
+
+
+def _running_shell():
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return None
+    try:
+        return ipython.get_ipython()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def watch(shell: Any = None, namespace: dict | None = None, *, device: str = "auto",
+          interval: float = 0.05, label: str | None = None, report: bool = True,
+          time_limit: float = 3.0) -> Watch:
+    """Report what a block of code did to memory: ``with jupyter_gpumem.watch() as w:``.
+
+    Without ``shell`` or ``namespace`` it watches the caller's names: the
+    IPython shell when called from a notebook cell, the module's globals at
+    the top of a script, or the calling function's locals. ``report``
+    prints (or, in IPython, displays) the report at the end; ``w.result`` is
+    the :class:`WatchResult` either way. ``interval`` is the sampling period
+    of the process's memory (seconds).
+    """
+    frame = None
+    if shell is None and namespace is None:
+        caller = _caller_frame()
+        ip = _running_shell()
+        if ip is not None and caller is not None and caller.f_globals is ip.user_ns:
+            shell = ip
+        elif caller is not None:
+            if caller.f_locals is caller.f_globals:
+                namespace = caller.f_globals
+            else:
+                frame = caller
+    return Watch(shell=shell, namespace=namespace, device=device, interval=interval,
+                 label=label or ("block" if shell is None else f"block in {_cell_label(shell)}"),
+                 report=report, time_limit=time_limit, frame=frame,
+                 record=shell is None)   # a shell's history is per cell, not per block
+
+
+def _cell_label(shell: Any) -> str:
+    n = _current_count(shell)
+    return f"In [{n}]" if n is not None else "cell"
+
+
+def _current_count(shell: Any) -> int | None:
+    """The number of the cell running now: what IPython's display hook files ``Out[N]`` under."""
+    try:
+        return int(shell.displayhook.prompt_count)
+    except Exception:  # noqa: BLE001
+        return getattr(shell, "execution_count", None)
+
+
+def _show(result: Any) -> None:
+    """Display ``result`` as IPython's ``display()`` does where a shell runs, else print it."""
+    ip = _running_shell()
+    if ip is None:
+        print(repr(result))
+        return
+    data, metadata = ip.display_formatter.format(result)
+    if data:
+        ip.display_pub.publish(data=data, metadata=metadata)
+
+
+def _complain(what: str, exc: BaseException) -> None:
+    print(f"jupyter_gpumem: {what}: {type(exc).__name__}: {exc}", file=sys.stderr)
