@@ -39,13 +39,17 @@ export function activateSidebar(
 
   const tracker = new KernelWidgetTracker({ labShell, notebookTracker });
   const follow = (widget: IWidgetWithSession | null): void => {
-    channel.follow(widget ? widget.sessionContext : null, widget ? widget.title.label : '');
+    channel.follow(
+      widget ? widget.sessionContext : null,
+      widget ? widget.title.label : ''
+    );
   };
   tracker.currentChanged.connect((_, widget) => follow(widget));
   follow(tracker.currentWidget);
 
   app.commands.addCommand(OPEN_COMMAND, {
     label: `Show ${SIDEBAR_TITLE}`,
+    describedBy: { args: { type: 'object', properties: {} } },
     execute: () => app.shell.activateById(SIDEBAR_ID)
   });
   palette?.addItem({ command: OPEN_COMMAND, category: 'Kernel' });
@@ -54,12 +58,16 @@ export function activateSidebar(
     settingRegistry
       .load(PLUGIN_ID)
       .then(settings => {
-        const apply = (): void => applySettings(readSettings(settings.composite), sidebar, channel);
+        const apply = (): void =>
+          applySettings(readSettings(settings.composite), sidebar, channel);
         settings.changed.connect(apply);
         apply();
       })
       .catch(reason => {
-        console.warn(`${PLUGIN_ID}: settings not read, defaults stand:`, reason);
+        console.warn(
+          `${PLUGIN_ID}: settings not read, defaults stand:`,
+          reason
+        );
       });
   }
 }

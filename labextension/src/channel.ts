@@ -173,7 +173,9 @@ export class KernelChannel implements IDisposable {
       future.done.catch(() => undefined);
       return true;
     } catch (reason) {
-      this.model.setError(`Could not send "${request.type}": ${String(reason)}`);
+      this.model.setError(
+        `Could not send "${request.type}": ${String(reason)}`
+      );
       return false;
     }
   }

@@ -14,7 +14,11 @@ export async function confirmPurge(
   predictedBytes: number
 ): Promise<boolean> {
   const shown = names.slice(0, CONFIRM_LIST_MAX);
-  const list = h('ul', { class: 'jp-GpuMem-confirmList' }, ...shown.map(n => h('li', {}, n)));
+  const list = h(
+    'ul',
+    { class: 'jp-GpuMem-confirmList' },
+    ...shown.map(n => h('li', {}, n))
+  );
   if (names.length > shown.length) {
     list.append(h('li', {}, `and ${names.length - shown.length} more`));
   }

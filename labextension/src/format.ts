@@ -30,7 +30,9 @@ export function sumBytes(map: { [key: string]: number | null } | null): number {
 }
 
 /** `{"cpu": 4194304}` -> `"cpu 4.0 MiB"`, devices in key order. */
-export function formatByteMap(map: { [key: string]: number | null } | null): string {
+export function formatByteMap(
+  map: { [key: string]: number | null } | null
+): string {
   if (!map) {
     return '';
   }

@@ -7,6 +7,8 @@ import { ICommandPalette } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 
+// the sidebar is added to the shell when the plugin activates: nothing to load later
+// eslint-disable-next-line jupyter/prefer-lazy-imports
 import { activateSidebar } from './activate';
 import { PLUGIN_ID } from './constants';
 

@@ -24,12 +24,7 @@ import {
  * - `dead`: the kernel died.
  */
 export type ConnectionState =
-  | 'no-kernel'
-  | 'connecting'
-  | 'not-loaded'
-  | 'loading'
-  | 'ready'
-  | 'dead';
+  'no-kernel' | 'connecting' | 'not-loaded' | 'loading' | 'ready' | 'dead';
 
 /** One reading of one device, for the timeline. */
 export interface ITimelinePoint {
@@ -105,7 +100,9 @@ export class SidebarModel {
     if (last && last.end === null) {
       last.end = time;
     }
-    this._cells = [...this._cells, { start: time, end: null }].slice(-TIMELINE_POINTS);
+    this._cells = [...this._cells, { start: time, end: null }].slice(
+      -TIMELINE_POINTS
+    );
     this._changed.emit();
   }
 
@@ -113,7 +110,10 @@ export class SidebarModel {
   cellEnded(time: number): void {
     const last = this._cells[this._cells.length - 1];
     if (last && last.end === null) {
-      this._cells = [...this._cells.slice(0, -1), { start: last.start, end: time }];
+      this._cells = [
+        ...this._cells.slice(0, -1),
+        { start: last.start, end: time }
+      ];
       this._changed.emit();
     }
   }
@@ -240,10 +240,18 @@ export class SidebarModel {
       case 'snapshot': {
         this._state = 'ready';
         this._snapshot = message.snapshot;
-        this._setDevices(message.snapshot.devices, message.snapshot.time, message.snapshot);
+        this._setDevices(
+          message.snapshot.devices,
+          message.snapshot.time,
+          message.snapshot
+        );
         this._pruneSelection();
         const cell = message.snapshot.cell;
-        if (cell && typeof cell.start === 'number' && typeof cell.end === 'number') {
+        if (
+          cell &&
+          typeof cell.start === 'number' &&
+          typeof cell.end === 'number'
+        ) {
           this._addCell(cell.start, cell.end);
         }
         // the snapshot that follows a purge shows its effect; the next one
@@ -281,7 +289,11 @@ export class SidebarModel {
       .slice(-TIMELINE_POINTS);
   }
 
-  private _setDevices(devices: IDeviceUsage[], time: number, snapshot?: ISnapshot): void {
+  private _setDevices(
+    devices: IDeviceUsage[],
+    time: number,
+    snapshot?: ISnapshot
+  ): void {
     if (!snapshot && this._snapshot) {
       // a `devices` reading has no scan behind it: the tensors found on a
       // host device are the last snapshot's
@@ -352,5 +364,8 @@ function tracked(device: IDeviceUsage, snapshot?: ISnapshot): number | null {
   if (typeof device.attributed === 'number') {
     return device.attributed;
   }
-  return snapshot.holders.reduce((acc, h) => acc + (h.devices[device.id] ?? 0), 0);
+  return snapshot.holders.reduce(
+    (acc, h) => acc + (h.devices[device.id] ?? 0),
+    0
+  );
 }

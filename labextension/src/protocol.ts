@@ -224,12 +224,12 @@ export interface ISetDeviceRequest {
   device: string;
 }
 
-export type SidebarRequest = IRefreshRequest | IPurgeRequest | ISetDeviceRequest;
+export type SidebarRequest =
+  IRefreshRequest | IPurgeRequest | ISetDeviceRequest;
 
 /** Result of checking one message from the kernel. */
 export type Parsed =
-  | { ok: true; message: KernelMessage }
-  | { ok: false; reason: string };
+  { ok: true; message: KernelMessage } | { ok: false; reason: string };
 
 function isObject(value: unknown): value is { [key: string]: unknown } {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
@@ -301,7 +301,8 @@ export function isClusterSnapshot(value: unknown): value is IClusterSnapshot {
     Array.isArray(value.holders) &&
     value.holders.every(isClusterHolder) &&
     (value.unclaimed === undefined ||
-      (Array.isArray(value.unclaimed) && value.unclaimed.every(isUnclaimedKey))) &&
+      (Array.isArray(value.unclaimed) &&
+        value.unclaimed.every(isUnclaimedKey))) &&
     (value.missing === undefined || isObject(value.missing))
   );
 }
@@ -315,7 +316,10 @@ function withKnownCluster(snapshot: ISnapshot): ISnapshot {
   if (cluster === undefined || cluster === null || isClusterSnapshot(cluster)) {
     return snapshot;
   }
-  const schema = isObject(cluster) && typeof cluster.schema === 'string' ? cluster.schema : '?';
+  const schema =
+    isObject(cluster) && typeof cluster.schema === 'string'
+      ? cluster.schema
+      : '?';
   return {
     ...snapshot,
     cluster: null,

@@ -15,7 +15,9 @@ export interface ISidebarSettings {
 }
 
 /** Read the settings from their composite, with the defaults where a value is off. */
-export function readSettings(composite: { [key: string]: unknown }): ISidebarSettings {
+export function readSettings(composite: {
+  [key: string]: unknown;
+}): ISidebarSettings {
   const interval = composite.refreshInterval;
   const device = composite.defaultDevice;
   return {
@@ -23,7 +25,10 @@ export function readSettings(composite: { [key: string]: unknown }): ISidebarSet
       typeof interval === 'number' && Number.isFinite(interval) && interval >= 1
         ? interval
         : REFRESH_INTERVAL_MS / 1000,
-    defaultDevice: typeof device === 'string' && device.trim() ? device.trim() : DEFAULT_DEVICE
+    defaultDevice:
+      typeof device === 'string' && device.trim()
+        ? device.trim()
+        : DEFAULT_DEVICE
   };
 }
 

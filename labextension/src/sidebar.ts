@@ -65,7 +65,10 @@ export class GpuMemSidebar extends Widget {
           this.channel.refreshIfIdle();
         }
       },
-      frequency: { interval: options.refreshInterval ?? REFRESH_INTERVAL_MS, backoff: false },
+      frequency: {
+        interval: options.refreshInterval ?? REFRESH_INTERVAL_MS,
+        backoff: false
+      },
       standby: 'when-hidden',
       name: 'jupyter-gpumem:refresh'
     });
@@ -91,7 +94,11 @@ export class GpuMemSidebar extends Widget {
   }
 
   set refreshInterval(ms: number) {
-    if (!Number.isFinite(ms) || ms <= 0 || ms === this._poll.frequency.interval) {
+    if (
+      !Number.isFinite(ms) ||
+      ms <= 0 ||
+      ms === this._poll.frequency.interval
+    ) {
       return;
     }
     this._poll.frequency = { ...this._poll.frequency, interval: ms };
@@ -113,7 +120,10 @@ export class GpuMemSidebar extends Widget {
     if (names.length === 0 || this._purging) {
       return false;
     }
-    const bytes = predictedBytes(this.model.snapshot?.holders ?? [], this.model.selected);
+    const bytes = predictedBytes(
+      this.model.snapshot?.holders ?? [],
+      this.model.selected
+    );
     this._purging = true;
     try {
       if (!(await this._confirmPurge(names, bytes))) {
@@ -132,17 +142,28 @@ export class GpuMemSidebar extends Widget {
     });
     const refresh = h(
       'button',
-      { class: 'jp-GpuMem-button jp-GpuMem-refresh', title: 'Scan the kernel again' },
+      {
+        class: 'jp-GpuMem-button jp-GpuMem-refresh',
+        title: 'Scan the kernel again'
+      },
       'Refresh'
     );
     refresh.addEventListener('click', () => this.channel.refresh());
-    this._purgeButton.addEventListener('click', () => void this.purgeSelected());
+    this._purgeButton.addEventListener(
+      'click',
+      () => void this.purgeSelected()
+    );
     this.node.append(
       h('div', { class: 'jp-GpuMem-header' }, this._title, this._kernelLine),
       h(
         'div',
         { class: 'jp-GpuMem-toolbar' },
-        h('label', { class: 'jp-GpuMem-deviceLabel' }, 'Device ', this._deviceSelect),
+        h(
+          'label',
+          { class: 'jp-GpuMem-deviceLabel' },
+          'Device ',
+          this._deviceSelect
+        ),
         refresh
       ),
       this._status,
@@ -208,7 +229,10 @@ export class GpuMemSidebar extends Widget {
       ...(ready && cluster ? [renderClusterDevices(cluster)] : [])
     );
     this._renderTimeline();
-    if (model.snapshot !== this._shownSnapshot || model.selected !== this._shownSelection) {
+    if (
+      model.snapshot !== this._shownSnapshot ||
+      model.selected !== this._shownSelection
+    ) {
       this._shownSnapshot = model.snapshot;
       this._shownSelection = model.selected;
       this._holdersBox.replaceChildren(
@@ -216,14 +240,17 @@ export class GpuMemSidebar extends Widget {
           model.snapshot,
           model.selected,
           (name, checked) => model.toggle(name, checked),
-          message => this._noAcceleratorShown() && NO_ACCELERATOR_MESSAGE.test(message)
+          message =>
+            this._noAcceleratorShown() && NO_ACCELERATOR_MESSAGE.test(message)
         ),
         ...(cluster ? [renderClusterHolders(cluster)] : [])
       );
     }
     this._holdersBox.hidden = !ready;
     const count = model.selected.size;
-    this._purgeButton.textContent = count ? `Purge selected (${count})` : 'Purge selected';
+    this._purgeButton.textContent = count
+      ? `Purge selected (${count})`
+      : 'Purge selected';
     this._purgeButton.disabled = !ready || count === 0;
     this._purgeButton.hidden = !ready;
     if (model.lastPurge !== this._shownPurge) {
@@ -242,7 +269,9 @@ export class GpuMemSidebar extends Widget {
    */
   private _noAcceleratorShown(): boolean {
     const model = this.model;
-    return model.state === 'ready' && model.noAccelerator && model.device !== 'cpu';
+    return (
+      model.state === 'ready' && model.noAccelerator && model.device !== 'cpu'
+    );
   }
 
   private _renderDeviceChoices(): void {
@@ -285,22 +314,42 @@ export class GpuMemSidebar extends Widget {
     switch (model.state) {
       case 'no-kernel':
         parts.push(
-          h('div', { class: 'jp-GpuMem-notice' }, 'Open a notebook with a running kernel to see what holds its memory.')
+          h(
+            'div',
+            { class: 'jp-GpuMem-notice' },
+            'Open a notebook with a running kernel to see what holds its memory.'
+          )
         );
         break;
       case 'connecting':
         parts.push(
-          h('div', { class: 'jp-GpuMem-notice' }, `Connecting to the kernel${where} (it answers once the running cell ends)…`)
+          h(
+            'div',
+            { class: 'jp-GpuMem-notice' },
+            `Connecting to the kernel${where} (it answers once the running cell ends)…`
+          )
         );
         break;
       case 'loading':
-        parts.push(h('div', { class: 'jp-GpuMem-notice' }, 'Loading jupyter_gpumem in the kernel…'));
+        parts.push(
+          h(
+            'div',
+            { class: 'jp-GpuMem-notice' },
+            'Loading jupyter_gpumem in the kernel…'
+          )
+        );
         break;
       case 'dead':
-        parts.push(h('div', { class: 'jp-GpuMem-notice' }, `The kernel${where} is dead.`));
+        parts.push(
+          h('div', { class: 'jp-GpuMem-notice' }, `The kernel${where} is dead.`)
+        );
         break;
       case 'not-loaded': {
-        const load = h('button', { class: 'jp-GpuMem-button jp-mod-accept jp-GpuMem-load' }, 'Load jupyter_gpumem');
+        const load = h(
+          'button',
+          { class: 'jp-GpuMem-button jp-mod-accept jp-GpuMem-load' },
+          'Load jupyter_gpumem'
+        );
         load.addEventListener('click', () => void this.channel.loadExtension());
         parts.push(
           h(
@@ -314,7 +363,10 @@ export class GpuMemSidebar extends Widget {
         break;
       }
       case 'ready':
-        if (model.noAccelerator && (model.device === 'auto' || model.device === 'all')) {
+        if (
+          model.noAccelerator &&
+          (model.device === 'auto' || model.device === 'all')
+        ) {
           parts.push(
             h(
               'div',
@@ -323,7 +375,11 @@ export class GpuMemSidebar extends Widget {
             )
           );
         } else if (model.noAccelerator && model.device !== 'cpu') {
-          const useCpu = h('button', { class: 'jp-GpuMem-button jp-GpuMem-useCpu' }, 'Show host memory');
+          const useCpu = h(
+            'button',
+            { class: 'jp-GpuMem-button jp-GpuMem-useCpu' },
+            'Show host memory'
+          );
           useCpu.addEventListener('click', () => this.channel.setDevice('cpu'));
           parts.push(
             h(
@@ -337,7 +393,9 @@ export class GpuMemSidebar extends Widget {
         break;
     }
     if (model.error) {
-      parts.push(h('div', { class: 'jp-GpuMem-error', role: 'alert' }, model.error));
+      parts.push(
+        h('div', { class: 'jp-GpuMem-error', role: 'alert' }, model.error)
+      );
     }
     this._status.replaceChildren(...parts);
   }
@@ -354,12 +412,16 @@ export class GpuMemSidebar extends Widget {
   private _timeline = new TimelineView();
   private _title = h('div', { class: 'jp-GpuMem-title' });
   private _kernelLine = h('div', { class: 'jp-GpuMem-kernel' });
-  private _deviceSelect = h('select', { class: 'jp-GpuMem-device-select' }) as HTMLSelectElement;
+  private _deviceSelect = h('select', {
+    class: 'jp-GpuMem-device-select'
+  }) as HTMLSelectElement;
   private _status = h('div', { class: 'jp-GpuMem-status' });
   private _devicesBox = h('div', { class: 'jp-GpuMem-section' });
   private _timelineBox = h('div', { class: 'jp-GpuMem-section' });
   private _holdersBox = h('div', { class: 'jp-GpuMem-section' });
-  private _purgeButton = h('button', { class: 'jp-GpuMem-button jp-mod-warn jp-GpuMem-purge' }) as HTMLButtonElement;
+  private _purgeButton = h('button', {
+    class: 'jp-GpuMem-button jp-mod-warn jp-GpuMem-purge'
+  }) as HTMLButtonElement;
   private _resultBox = h('div', { class: 'jp-GpuMem-section' });
 }
 

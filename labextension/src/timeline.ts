@@ -35,12 +35,22 @@ export const CHART_HEIGHT = 96;
 export const MIN_SPAN_SECONDS = 30;
 
 /** The time range a chart shows: its readings, or the last `MIN_SPAN_SECONDS` up to the newest. */
-export function timeRange(min: number | null, max: number | null): [number, number] {
-  if (min === null || max === null || !Number.isFinite(min) || !Number.isFinite(max)) {
+export function timeRange(
+  min: number | null,
+  max: number | null
+): [number, number] {
+  if (
+    min === null ||
+    max === null ||
+    !Number.isFinite(min) ||
+    !Number.isFinite(max)
+  ) {
     const now = Date.now() / 1000;
     return [now - MIN_SPAN_SECONDS, now];
   }
-  return max - min < MIN_SPAN_SECONDS ? [max - MIN_SPAN_SECONDS, max] : [min, max];
+  return max - min < MIN_SPAN_SECONDS
+    ? [max - MIN_SPAN_SECONDS, max]
+    : [min, max];
 }
 
 /** Narrowest a cell band is drawn, in px. */
@@ -52,7 +62,10 @@ export interface ITimelineData {
   data: (number | null)[][];
 }
 
-function valueOf(point: ITimelinePoint, key: ISeriesSpec['key']): number | null {
+function valueOf(
+  point: ITimelinePoint,
+  key: ISeriesSpec['key']
+): number | null {
   switch (key) {
     case 'allocated':
       return point.allocated;
@@ -71,8 +84,12 @@ function valueOf(point: ITimelinePoint, key: ISeriesSpec['key']): number | null 
  * instead of bridging the time the device was not shown), and the series
  * that have a value at all.
  */
-export function timelineData(points: ReadonlyArray<ITimelinePoint>): ITimelineData {
-  const specs = SERIES.filter(spec => points.some(p => valueOf(p, spec.key) !== null));
+export function timelineData(
+  points: ReadonlyArray<ITimelinePoint>
+): ITimelineData {
+  const specs = SERIES.filter(spec =>
+    points.some(p => valueOf(p, spec.key) !== null)
+  );
   const times: number[] = [];
   const columns: (number | null)[][] = specs.map(() => []);
   let previous: number | null = null;
@@ -106,9 +123,13 @@ export function visibleBands(
 }
 
 /** Steps of the byte axis: 1, 2, 5, 10, 20, 50, 100, 200, 500 of each unit. */
-export const BYTE_STEPS: number[] = [1, 1024, 1024 ** 2, 1024 ** 3, 1024 ** 4].flatMap(unit =>
-  [1, 2, 5, 10, 20, 50, 100, 200, 500].map(k => k * unit)
-);
+export const BYTE_STEPS: number[] = [
+  1,
+  1024,
+  1024 ** 2,
+  1024 ** 3,
+  1024 ** 4
+].flatMap(unit => [1, 2, 5, 10, 20, 50, 100, 200, 500].map(k => k * unit));
 
 /** `4294967296` -> `4 GiB`: short labels for the byte axis. */
 export function axisBytes(bytes: number): string {
@@ -135,7 +156,10 @@ function cssVar(name: string, fallback: string): string {
 export class DeviceChart {
   constructor(deviceId: string) {
     this.deviceId = deviceId;
-    this.node = h('div', { class: 'jp-GpuMem-chartBox', 'data-device': deviceId });
+    this.node = h('div', {
+      class: 'jp-GpuMem-chartBox',
+      'data-device': deviceId
+    });
     this.node.append(this._title, this._plotBox);
   }
 
@@ -171,7 +195,10 @@ export class DeviceChart {
       'aria-label',
       `${this.deviceId}: ` +
         specs
-          .map((spec, i) => `${spec.label} ${formatBytes(data[i + 1][data[i + 1].length - 1])}`)
+          .map(
+            (spec, i) =>
+              `${spec.label} ${formatBytes(data[i + 1][data[i + 1].length - 1])}`
+          )
           .join(', ')
     );
     const key = specs.map(s => s.key).join('|');
@@ -201,7 +228,11 @@ export class DeviceChart {
     this.node.remove();
   }
 
-  private _make(specs: ISeriesSpec[], data: uPlot.AlignedData, width: number): uPlot | null {
+  private _make(
+    specs: ISeriesSpec[],
+    data: uPlot.AlignedData,
+    width: number
+  ): uPlot | null {
     const text = cssVar('--jp-ui-font-color2', '#616161');
     const grid = cssVar('--jp-border-color2', '#e0e0e0');
     const family = cssVar('--jp-ui-font-family', 'sans-serif');
@@ -210,14 +241,20 @@ export class DeviceChart {
       width,
       height: CHART_HEIGHT,
       padding: [6, 22, 0, 0],
-      cursor: { drag: { x: false, y: false, setScale: false }, points: { size: 5 } },
+      cursor: {
+        drag: { x: false, y: false, setScale: false },
+        points: { size: 5 }
+      },
       legend: { show: true, live: true },
       scales: {
         x: { time: true, range: (_u, min, max) => timeRange(min, max) },
         y: { range: (_u, _min, max) => [0, max > 0 ? max * 1.1 : 1] }
       },
       series: [
-        { label: 'time', value: (_u, v) => (v === null || v === undefined ? '–' : clockTime(v)) },
+        {
+          label: 'time',
+          value: (_u, v) => (v === null || v === undefined ? '–' : clockTime(v))
+        },
         ...specs.map(spec => ({
           label: spec.label,
           stroke: spec.color,
@@ -301,7 +338,10 @@ export class DeviceChart {
     ctx.save();
     for (const [start, end] of visibleBands(this._cells, min, max)) {
       const x0 = Math.max(u.valToPos(start, 'x', true), left);
-      const x1 = Math.min(Math.max(u.valToPos(end, 'x', true), x0 + MIN_BAND_PX * ratio), left + width);
+      const x1 = Math.min(
+        Math.max(u.valToPos(end, 'x', true), x0 + MIN_BAND_PX * ratio),
+        left + width
+      );
       ctx.fillStyle = 'rgba(25, 118, 210, 0.2)';
       ctx.fillRect(x0, top, x1 - x0, height);
       ctx.fillStyle = 'rgba(25, 118, 210, 0.7)';

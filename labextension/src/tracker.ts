@@ -15,9 +15,13 @@ export interface IWidgetWithSession extends Widget {
 }
 
 /** Whether a widget carries a session context. */
-export function hasSession(widget: Widget | null): widget is IWidgetWithSession {
+export function hasSession(
+  widget: Widget | null
+): widget is IWidgetWithSession {
   const context =
-    widget === null ? null : (widget as unknown as { sessionContext?: unknown }).sessionContext;
+    widget === null
+      ? null
+      : (widget as unknown as { sessionContext?: unknown }).sessionContext;
   return typeof context === 'object' && context !== null;
 }
 

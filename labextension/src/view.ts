@@ -40,7 +40,10 @@ export interface IBarSegment {
 
 /** Whether a device is host memory without allocator counters (tensors are found by the scan). */
 export function isHostTracked(device: IDeviceUsage): boolean {
-  return device.kind === 'cpu' && (device.allocated === null || device.allocated === undefined);
+  return (
+    device.kind === 'cpu' &&
+    (device.allocated === null || device.allocated === undefined)
+  );
 }
 
 /**
@@ -53,8 +56,15 @@ export function isHostTracked(device: IDeviceUsage): boolean {
  * rest of this process in the third, as the live panel does. (`tracked` is
  * kept for callers that ask for it; the host is always drawn that way.)
  */
-export function barSegments(device: IDeviceUsage, tracked = false): IBarSegment[] {
-  if ((tracked || isHostTracked(device)) && device.kind === 'cpu' && isHostTracked(device)) {
+export function barSegments(
+  device: IDeviceUsage,
+  tracked = false
+): IBarSegment[] {
+  if (
+    (tracked || isHostTracked(device)) &&
+    device.kind === 'cpu' &&
+    isHostTracked(device)
+  ) {
     const tensors = Math.max(device.attributed ?? 0, 0);
     const process = Math.max(device.used_process ?? 0, 0);
     const other =
@@ -63,9 +73,17 @@ export function barSegments(device: IDeviceUsage, tracked = false): IBarSegment[
         ? device.used_all - device.used_process
         : 0);
     return [
-      { key: 'allocated', label: 'tracked tensors', bytes: process ? Math.min(tensors, process) : tensors },
+      {
+        key: 'allocated',
+        label: 'tracked tensors',
+        bytes: process ? Math.min(tensors, process) : tensors
+      },
       { key: 'reserved-free', label: 'reserved, free', bytes: 0 },
-      { key: 'non-framework', label: 'rest of the process', bytes: Math.max(process - tensors, 0) },
+      {
+        key: 'non-framework',
+        label: 'rest of the process',
+        bytes: Math.max(process - tensors, 0)
+      },
       { key: 'other', label: 'other processes', bytes: Math.max(other, 0) },
       { key: 'free', label: 'free', bytes: Math.max(device.free ?? 0, 0) }
     ];
@@ -99,11 +117,19 @@ export function barSegments(device: IDeviceUsage, tracked = false): IBarSegment[
  * (scaled to all host memory its tensors would be under a pixel): the tensors
  * found and the rest of the process; the host's total and free are in words.
  */
-export function barScale(device: IDeviceUsage): { segments: IBarSegment[]; whole: number } {
+export function barScale(device: IDeviceUsage): {
+  segments: IBarSegment[];
+  whole: number;
+} {
   const segments = barSegments(device);
   if (isHostTracked(device)) {
-    const drawn = segments.filter(s => s.key === 'allocated' || s.key === 'non-framework');
-    return { segments: drawn, whole: drawn.reduce((acc, s) => acc + s.bytes, 0) };
+    const drawn = segments.filter(
+      s => s.key === 'allocated' || s.key === 'non-framework'
+    );
+    return {
+      segments: drawn,
+      whole: drawn.reduce((acc, s) => acc + s.bytes, 0)
+    };
   }
   return {
     segments,
@@ -124,7 +150,10 @@ export function workerLabel(address: string): string {
  * One device: a title line, a line of figures and its stacked bar. With
  * `worker` (a Dask worker's address) the title reads `worker host:port cuda:N`.
  */
-export function renderDevice(device: IDeviceUsage, worker?: string): HTMLElement {
+export function renderDevice(
+  device: IDeviceUsage,
+  worker?: string
+): HTMLElement {
   const { segments, whole } = barScale(device);
   const host = isHostTracked(device);
   const bar = h('div', { class: 'jp-GpuMem-bar', role: 'img' });
@@ -163,18 +192,31 @@ export function renderDevice(device: IDeviceUsage, worker?: string): HTMLElement
         ? `host ${formatBytes(device.total)}${device.free !== null ? `, ${formatBytes(device.free)} free` : ''}`
         : `of ${formatBytes(device.total)}`
       : '';
-  const label = worker !== undefined ? `worker ${workerLabel(worker)} ${device.id}` : device.id;
+  const label =
+    worker !== undefined
+      ? `worker ${workerLabel(worker)} ${device.id}`
+      : device.id;
   const title = h(
     'div',
-    { class: 'jp-GpuMem-deviceTitle', title: [label, device.name].filter(Boolean).join(' ') },
+    {
+      class: 'jp-GpuMem-deviceTitle',
+      title: [label, device.name].filter(Boolean).join(' ')
+    },
     h('b', {}, label),
-    device.name ? h('span', { class: 'jp-GpuMem-deviceName' }, ` ${device.name}`) : null
+    device.name
+      ? h('span', { class: 'jp-GpuMem-deviceName' }, ` ${device.name}`)
+      : null
   );
-  const notes = (device.notes ?? []).map(note => h('div', { class: 'jp-GpuMem-note' }, note));
+  const notes = (device.notes ?? []).map(note =>
+    h('div', { class: 'jp-GpuMem-note' }, note)
+  );
   return h(
     'div',
     {
-      class: worker !== undefined ? 'jp-GpuMem-device jp-GpuMem-workerDevice' : 'jp-GpuMem-device',
+      class:
+        worker !== undefined
+          ? 'jp-GpuMem-device jp-GpuMem-workerDevice'
+          : 'jp-GpuMem-device',
       'data-device': device.id,
       'data-worker': worker ?? null
     },
@@ -207,7 +249,10 @@ export function clusterTitle(cluster: IClusterSnapshot): string {
 export function renderClusterDevices(cluster: IClusterSnapshot): HTMLElement {
   const section = h(
     'div',
-    { class: 'jp-GpuMem-devices jp-GpuMem-clusterDevices', 'data-scheduler': cluster.scheduler },
+    {
+      class: 'jp-GpuMem-devices jp-GpuMem-clusterDevices',
+      'data-scheduler': cluster.scheduler
+    },
     h('div', { class: 'jp-GpuMem-chartTitle' }, clusterTitle(cluster))
   );
   for (const worker of cluster.workers) {
@@ -219,7 +264,10 @@ export function renderClusterDevices(cluster: IClusterSnapshot): HTMLElement {
     section.append(
       h(
         'div',
-        { class: 'jp-GpuMem-note jp-GpuMem-missingWorker', 'data-worker': address },
+        {
+          class: 'jp-GpuMem-note jp-GpuMem-missingWorker',
+          'data-worker': address
+        },
         `worker ${workerLabel(address)}: ${why}`
       )
     );
@@ -258,7 +306,11 @@ export function renderClusterHolders(cluster: IClusterSnapshot): HTMLElement {
   );
   if (cluster.holders.length === 0) {
     section.append(
-      h('div', { class: 'jp-GpuMem-empty' }, 'No name of this notebook holds a key on the cluster.')
+      h(
+        'div',
+        { class: 'jp-GpuMem-empty' },
+        'No name of this notebook holds a key on the cluster.'
+      )
     );
   } else {
     const body = h('tbody');
@@ -266,14 +318,18 @@ export function renderClusterHolders(cluster: IClusterSnapshot): HTMLElement {
       const details = [
         holder.summary,
         holder.aliases?.length ? `also: ${holder.aliases.join(', ')}` : '',
-        holder.shared_with?.length ? `shared with: ${holder.shared_with.join(', ')}` : '',
+        holder.shared_with?.length
+          ? `shared with: ${holder.shared_with.join(', ')}`
+          : '',
         holder.largest_path ? `largest: ${holder.largest_path}` : '',
         holder.purge ? `free it: %gpumem purge ${holder.purge} --cluster` : ''
       ].filter(Boolean);
       const absent = Object.entries(holder.not_in_memory ?? {});
       const keys =
         `${holder.in_memory} of ${holder.keys}` +
-        (absent.length ? ` (${absent.map(([state, n]) => `${n} ${state}`).join(', ')})` : '');
+        (absent.length
+          ? ` (${absent.map(([state, n]) => `${n} ${state}`).join(', ')})`
+          : '');
       body.append(
         h(
           'tr',
@@ -304,7 +360,11 @@ export function renderClusterHolders(cluster: IClusterSnapshot): HTMLElement {
             h('th', {}, 'What'),
             h('th', { title: 'bytes its keys hold on the workers' }, 'Holds'),
             h('th', {}, 'Where'),
-            h('th', { title: 'keys in worker memory, of those it holds' }, 'Keys')
+            h(
+              'th',
+              { title: 'keys in worker memory, of those it holds' },
+              'Keys'
+            )
           )
         ),
         body
@@ -316,7 +376,8 @@ export function renderClusterHolders(cluster: IClusterSnapshot): HTMLElement {
   if (unclaimed.length > 0) {
     const count = unclaimed.length + (more.keys ?? 0);
     const bytes =
-      unclaimed.reduce((acc, u) => acc + (u.bytes || u.sizeof || 0), 0) + (more.bytes ?? 0);
+      unclaimed.reduce((acc, u) => acc + (u.bytes || u.sizeof || 0), 0) +
+      (more.bytes ?? 0);
     section.append(
       h(
         'div',
@@ -336,12 +397,22 @@ export function renderClusterHolders(cluster: IClusterSnapshot): HTMLElement {
       );
     }
     if (count > UNCLAIMED_SHOWN) {
-      section.append(h('div', { class: 'jp-GpuMem-note' }, `… and ${count - UNCLAIMED_SHOWN} more`));
+      section.append(
+        h(
+          'div',
+          { class: 'jp-GpuMem-note' },
+          `… and ${count - UNCLAIMED_SHOWN} more`
+        )
+      );
     }
   }
   if (cluster.partial) {
     section.append(
-      h('div', { class: 'jp-GpuMem-note' }, 'Partial answer from the cluster: some keys may be missing.')
+      h(
+        'div',
+        { class: 'jp-GpuMem-note' },
+        'Partial answer from the cluster: some keys may be missing.'
+      )
     );
   }
   for (const message of cluster.messages ?? []) {
@@ -351,10 +422,14 @@ export function renderClusterHolders(cluster: IClusterSnapshot): HTMLElement {
 }
 
 /** All device bars with one legend per kind of bar (accelerator, host). */
-export function renderDevices(devices: ReadonlyArray<IDeviceUsage>): HTMLElement {
+export function renderDevices(
+  devices: ReadonlyArray<IDeviceUsage>
+): HTMLElement {
   const section = h('div', { class: 'jp-GpuMem-devices' });
   if (devices.length === 0) {
-    section.append(h('div', { class: 'jp-GpuMem-empty' }, 'No device readings yet.'));
+    section.append(
+      h('div', { class: 'jp-GpuMem-empty' }, 'No device readings yet.')
+    );
     return section;
   }
   for (const device of devices) {
@@ -385,7 +460,12 @@ export function renderDevices(devices: ReadonlyArray<IDeviceUsage>): HTMLElement
 
 /** `0.0004` -> `<1 ms`, `0.042` -> `42 ms`, `1.5` -> `1.5 s`. */
 export function formatSeconds(seconds: number | null | undefined): string {
-  if (seconds === null || seconds === undefined || !Number.isFinite(seconds) || seconds < 0) {
+  if (
+    seconds === null ||
+    seconds === undefined ||
+    !Number.isFinite(seconds) ||
+    seconds < 0
+  ) {
     return 'n/a';
   }
   if (seconds < 0.001) {
@@ -459,12 +539,20 @@ export function renderHolders(
       )
     );
   } else {
-    const devices = new Set(snapshot.holders.flatMap(h => Object.keys(h.devices)));
+    const devices = new Set(
+      snapshot.holders.flatMap(h => Object.keys(h.devices))
+    );
     const showDevices = devices.size > 1;
     const columns = showDevices ? 5 : 4;
     const body = h('tbody');
     for (const holder of snapshot.holders) {
-      for (const row of holderRows(holder, selected, onToggle, showDevices, columns)) {
+      for (const row of holderRows(
+        holder,
+        selected,
+        onToggle,
+        showDevices,
+        columns
+      )) {
         body.append(row);
       }
     }
@@ -483,7 +571,11 @@ export function renderHolders(
             h('th', {}, 'Type'),
             h(
               'th',
-              { class: 'jp-GpuMem-bytes', title: 'bytes this name keeps alive (shared: other names reach them too)' },
+              {
+                class: 'jp-GpuMem-bytes',
+                title:
+                  'bytes this name keeps alive (shared: other names reach them too)'
+              },
               'Holds'
             ),
             showDevices ? h('th', {}, 'On') : null
@@ -507,7 +599,11 @@ export function renderHolders(
   }
   if (snapshot.partial) {
     section.append(
-      h('div', { class: 'jp-GpuMem-note' }, 'Partial scan: some holders may be missing.')
+      h(
+        'div',
+        { class: 'jp-GpuMem-note' },
+        'Partial scan: some holders may be missing.'
+      )
     );
   }
   for (const message of snapshot.messages ?? []) {
@@ -557,7 +653,9 @@ function holderRows(
       ? `largest: ${holder.largest_path} (${formatBytes(holder.largest_bytes)})`
       : '',
     holder.aliases.length ? `also: ${holder.aliases.join(', ')}` : '',
-    holder.shared_with.length ? `shared with: ${holder.shared_with.join(', ')}` : '',
+    holder.shared_with.length
+      ? `shared with: ${holder.shared_with.join(', ')}`
+      : '',
     `${holder.tensors} storage${holder.tensors === 1 ? '' : 's'} on ${formatByteMap(holder.devices)}`
   ].filter(Boolean);
   const nameCell = h(
@@ -565,7 +663,11 @@ function holderRows(
     { class: 'jp-GpuMem-nameCell' },
     h('div', { class: 'jp-GpuMem-name' }, label),
     holder.aliases.length
-      ? h('div', { class: 'jp-GpuMem-sub' }, `also ${holder.aliases.join(', ')}`)
+      ? h(
+          'div',
+          { class: 'jp-GpuMem-sub' },
+          `also ${holder.aliases.join(', ')}`
+        )
       : null
   );
   const bytesCell = h(
@@ -595,7 +697,11 @@ function holderRows(
     h('td', { class: 'jp-GpuMem-type' }, holder.type),
     bytesCell,
     showDevices
-      ? h('td', { class: 'jp-GpuMem-where' }, Object.keys(holder.devices).join(', '))
+      ? h(
+          'td',
+          { class: 'jp-GpuMem-where' },
+          Object.keys(holder.devices).join(', ')
+        )
       : null
   );
   const rows = [row];
@@ -621,7 +727,10 @@ function holderRows(
  * One purge result: what was removed, freed, and what still holds memory;
  * `onDismiss` adds a close button.
  */
-export function renderPurgeResult(result: IPurgeResult, onDismiss?: () => void): HTMLElement {
+export function renderPurgeResult(
+  result: IPurgeResult,
+  onDismiss?: () => void
+): HTMLElement {
   const freed = sumBytes(result.freed);
   const headline = h(
     'div',
@@ -632,14 +741,20 @@ export function renderPurgeResult(result: IPurgeResult, onDismiss?: () => void):
       result.dry_run
         ? `Dry run: would free ${formatByteMap(result.predicted)}.`
         : `Purged ${result.names.join(', ')}: freed ${
-            Object.keys(result.freed).length ? formatByteMap(result.freed) : formatBytes(freed)
+            Object.keys(result.freed).length
+              ? formatByteMap(result.freed)
+              : formatBytes(freed)
           }.`
     )
   );
   if (onDismiss) {
     const close = h(
       'button',
-      { class: 'jp-GpuMem-dismiss', title: 'Dismiss', 'aria-label': 'Dismiss the purge result' },
+      {
+        class: 'jp-GpuMem-dismiss',
+        title: 'Dismiss',
+        'aria-label': 'Dismiss the purge result'
+      },
       '×'
     );
     close.addEventListener('click', () => onDismiss());

@@ -13,7 +13,11 @@ function setUp(session = new RecordingSession()) {
 }
 
 function hello(session: RecordingSession): void {
-  session.kernel.lastComm.receive({ type: 'hello', version: '0.1.0', device: 'auto' });
+  session.kernel.lastComm.receive({
+    type: 'hello',
+    version: '0.1.0',
+    device: 'auto'
+  });
 }
 
 describe('KernelChannel', () => {
@@ -33,7 +37,10 @@ describe('KernelChannel', () => {
     hello(session);
     session.kernel.lastComm.receive({ type: 'snapshot', snapshot: snapshot() });
     expect(model.snapshot?.holders[0].name).toBe('big');
-    session.kernel.lastComm.receive({ type: 'snapshot', snapshot: { schema: 'x' } });
+    session.kernel.lastComm.receive({
+      type: 'snapshot',
+      snapshot: { schema: 'x' }
+    });
     expect(model.error).toContain('not a snapshot/1');
     expect(model.snapshot?.holders[0].name).toBe('big');
   });

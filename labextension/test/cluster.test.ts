@@ -38,14 +38,19 @@ afterEach(() => {
   }
 });
 
-const $ = (root: HTMLElement, sel: string) => root.querySelector(sel) as HTMLElement;
+const $ = (root: HTMLElement, sel: string) =>
+  root.querySelector(sel) as HTMLElement;
 const $$ = (root: HTMLElement, sel: string) =>
   Array.from(root.querySelectorAll(sel)) as HTMLElement[];
 
 function sidebarWith(snap = snapshot({ cluster: cluster() })) {
   const model = new SidebarModel();
   const channel = new KernelChannel(model);
-  const sidebar = new GpuMemSidebar({ model, channel, confirmPurge: async () => true });
+  const sidebar = new GpuMemSidebar({
+    model,
+    channel,
+    confirmPurge: async () => true
+  });
   Widget.attach(sidebar, document.body);
   widgets.push(sidebar);
   const session = new RecordingSession();
@@ -58,7 +63,10 @@ function sidebarWith(snap = snapshot({ cluster: cluster() })) {
 
 describe('protocol: the cluster part', () => {
   it('accepts a snapshot with a cluster part as it is', () => {
-    const message = { type: 'snapshot', snapshot: snapshot({ cluster: cluster() }) };
+    const message = {
+      type: 'snapshot',
+      snapshot: snapshot({ cluster: cluster() })
+    };
     expect(parseKernelMessage(message)).toEqual({ ok: true, message });
   });
 
@@ -70,23 +78,32 @@ describe('protocol: the cluster part', () => {
   });
 
   it.each([
-    [{ ...cluster(), schema: 'jupyter_gpumem.cluster/2' }, 'jupyter_gpumem.cluster/2'],
+    [
+      { ...cluster(), schema: 'jupyter_gpumem.cluster/2' },
+      'jupyter_gpumem.cluster/2'
+    ],
     [{ ...cluster(), workers: [{ address: 1 }] }, 'jupyter_gpumem.cluster/1'],
     [{ ...cluster(), holders: [{ name: 'x' }] }, 'jupyter_gpumem.cluster/1'],
     [{ ...cluster(), unclaimed: 'x' }, 'jupyter_gpumem.cluster/1'],
     ['nope', '?']
-  ])('leaves out a cluster part it cannot show, says so, keeps the rest (%#)', (part, schema) => {
-    const snap = { ...snapshot(), cluster: part as any };
-    const parsed = parseKernelMessage({ type: 'snapshot', snapshot: snap });
-    expect(parsed.ok).toBe(true);
-    const shown = parsed.ok && parsed.message.type === 'snapshot' ? parsed.message.snapshot : null;
-    expect(shown?.cluster).toBeNull();
-    expect(shown?.holders).toEqual(snap.holders);
-    expect(shown?.messages).toEqual([
-      `cluster part not shown: not a jupyter_gpumem.cluster/1 (${schema})`
-    ]);
-    expect(snap.cluster).toBe(part); // the message itself is not changed
-  });
+  ])(
+    'leaves out a cluster part it cannot show, says so, keeps the rest (%#)',
+    (part, schema) => {
+      const snap = { ...snapshot(), cluster: part as any };
+      const parsed = parseKernelMessage({ type: 'snapshot', snapshot: snap });
+      expect(parsed.ok).toBe(true);
+      const shown =
+        parsed.ok && parsed.message.type === 'snapshot'
+          ? parsed.message.snapshot
+          : null;
+      expect(shown?.cluster).toBeNull();
+      expect(shown?.holders).toEqual(snap.holders);
+      expect(shown?.messages).toEqual([
+        `cluster part not shown: not a jupyter_gpumem.cluster/1 (${schema})`
+      ]);
+      expect(snap.cluster).toBe(part); // the message itself is not changed
+    }
+  );
 });
 
 describe('worker device bars', () => {
@@ -94,7 +111,12 @@ describe('worker device bars', () => {
     expect(workerLabel('tcp://10.0.0.5:40123')).toBe('10.0.0.5:40123');
     expect(workerLabel('10.0.0.5:40123')).toBe('10.0.0.5:40123');
     const node = renderDevice(
-      device({ id: 'cuda:1', kind: 'cuda', name: 'NVIDIA H200', allocated: 2 * MiB }),
+      device({
+        id: 'cuda:1',
+        kind: 'cuda',
+        name: 'NVIDIA H200',
+        allocated: 2 * MiB
+      }),
       'tcp://10.0.0.5:40123'
     );
     expect($(node, 'b').textContent).toBe('worker 10.0.0.5:40123 cuda:1');
@@ -105,7 +127,11 @@ describe('worker device bars', () => {
   });
 
   it("shows a worker's host tensors where the host has no allocator counters", () => {
-    const dev = workerDevice({ attributed: 64 * MiB, used_process: 300 * MiB, free: 600 * MiB });
+    const dev = workerDevice({
+      attributed: 64 * MiB,
+      used_process: 300 * MiB,
+      free: 600 * MiB
+    });
     expect(barSegments(dev, true).map(s => [s.label, s.bytes])).toEqual([
       ['tracked tensors', 64 * MiB],
       ['reserved, free', 0],
@@ -114,15 +140,24 @@ describe('worker device bars', () => {
       ['free', 600 * MiB]
     ]);
     // the local host is drawn the same way
-    expect(barSegments(dev)[0]).toEqual({ key: 'allocated', label: 'tracked tensors', bytes: 64 * MiB });
+    expect(barSegments(dev)[0]).toEqual({
+      key: 'allocated',
+      label: 'tracked tensors',
+      bytes: 64 * MiB
+    });
     // at the scale of the worker's process (its tensors are not lost in the host's total)
     const node = renderDevice(dev, W0);
-    const widths = $$(node, '.jp-GpuMem-seg').map(s => [s.className.split('seg-')[1], s.style.width]);
+    const widths = $$(node, '.jp-GpuMem-seg').map(s => [
+      s.className.split('seg-')[1],
+      s.style.width
+    ]);
     expect(widths).toEqual([
       ['allocated', '21.33%'],
       ['non-framework', '78.67%']
     ]);
-    expect(node.textContent).toContain('tracked tensors 64.0 MiB, process 300.0 MiB');
+    expect(node.textContent).toContain(
+      'tracked tensors 64.0 MiB, process 300.0 MiB'
+    );
   });
 
   it('draws one bar per worker device, and names the workers that did not answer', () => {
@@ -143,7 +178,9 @@ describe('worker device bars', () => {
       'worker 127.0.0.1:40125 cuda:0',
       'worker 127.0.0.1:40125 cuda:1'
     ]);
-    expect(node.textContent).toContain('cluster tcp://127.0.0.1:8786 · 1 of 2 workers answered');
+    expect(node.textContent).toContain(
+      'cluster tcp://127.0.0.1:8786 · 1 of 2 workers answered'
+    );
     expect($(node, '.jp-GpuMem-missingWorker').textContent).toBe(
       'worker 127.0.0.1:44097: did not answer within 1 s'
     );
@@ -155,9 +192,17 @@ describe('cluster holders', () => {
     const node = renderClusterHolders(cluster());
     const rows = $$(node, 'tr.jp-GpuMem-clusterHolder');
     expect(rows.map(r => r.dataset.name)).toEqual(['x', 'emb']);
-    expect(rows.map(r => Array.from(r.children).map(td => td.textContent))).toEqual([
+    expect(
+      rows.map(r => Array.from(r.children).map(td => td.textContent))
+    ).toEqual([
       ['x', 'Future', '64.0 MiB', 'worker 127.0.0.1:40125 cpu', '1 of 1'],
-      ['emb', 'persisted dask.bag, 4 chunks', '16.0 MiB', 'worker 127.0.0.1:44097 cpu', '4 of 4']
+      [
+        'emb',
+        'persisted dask.bag, 4 chunks',
+        '16.0 MiB',
+        'worker 127.0.0.1:44097 cpu',
+        '4 of 4'
+      ]
     ]);
     expect(rows[0].title).toContain('free it: %gpumem purge x --cluster');
     expect($$(node, 'input')).toEqual([]); // purged with %gpumem purge --cluster, not here
@@ -168,7 +213,11 @@ describe('cluster holders', () => {
       name: 'arr',
       keys: 5,
       in_memory: 4,
-      workers: { [W0]: { cpu: 4 * MiB }, [W1]: { cpu: 4 * MiB }, 'tcp://gone:1': { cpu: 0 } },
+      workers: {
+        [W0]: { cpu: 4 * MiB },
+        [W1]: { cpu: 4 * MiB },
+        'tcp://gone:1': { cpu: 0 }
+      },
       not_in_memory: { 'on a worker that did not answer': 1 }
     });
     expect(clusterWhere(holder)).toBe('2 workers');
@@ -189,9 +238,15 @@ describe('cluster holders', () => {
       state: 'memory'
     }));
     const node = renderClusterHolders(
-      cluster({ holders: [], unclaimed, unclaimed_left_off: { keys: 10, bytes: 10 * MiB } })
+      cluster({
+        holders: [],
+        unclaimed,
+        unclaimed_left_off: { keys: 10, bytes: 10 * MiB }
+      })
     );
-    expect(node.textContent).toContain('No name of this notebook holds a key on the cluster.');
+    expect(node.textContent).toContain(
+      'No name of this notebook holds a key on the cluster.'
+    );
     expect(node.textContent).toContain(
       'In worker memory, held by no name of this notebook: 16 keys, 16.0 MiB'
     );
@@ -214,7 +269,12 @@ describe('GpuMemSidebar with a cluster', () => {
       'worker 127.0.0.1:44097 cpu'
     ]);
     const rows = $$(sidebar.node, 'tr.jp-GpuMem-holder');
-    expect(rows.map(r => [r.dataset.name, r.classList.contains('jp-GpuMem-clusterHolder')])).toEqual([
+    expect(
+      rows.map(r => [
+        r.dataset.name,
+        r.classList.contains('jp-GpuMem-clusterHolder')
+      ])
+    ).toEqual([
       ['big', false],
       ['x', true],
       ['emb', true]
@@ -228,7 +288,9 @@ describe('GpuMemSidebar with a cluster', () => {
     comm.receive({ type: 'snapshot', snapshot: snapshot({ time: 3000 }) });
     expect($$(sidebar.node, '.jp-GpuMem-workerDevice')).toEqual([]);
     expect($$(sidebar.node, '.jp-GpuMem-clusterHolder')).toEqual([]);
-    expect($$(sidebar.node, 'tr.jp-GpuMem-holder').map(r => r.dataset.name)).toEqual(['big']);
+    expect(
+      $$(sidebar.node, 'tr.jp-GpuMem-holder').map(r => r.dataset.name)
+    ).toEqual(['big']);
   });
 
   it('purges only local names: cluster rows have no checkbox, the selection is unchanged', () => {
@@ -244,11 +306,15 @@ describe('GpuMemSidebar with a cluster', () => {
       snapshot({
         cluster: cluster({
           partial: true,
-          messages: ['worker tcp://127.0.0.1:44097 did not answer within 1 s: its keys are not counted']
+          messages: [
+            'worker tcp://127.0.0.1:44097 did not answer within 1 s: its keys are not counted'
+          ]
         })
       })
     );
-    expect(sidebar.node.textContent).toContain('Partial answer from the cluster');
+    expect(sidebar.node.textContent).toContain(
+      'Partial answer from the cluster'
+    );
     expect(sidebar.node.textContent).toContain('its keys are not counted');
   });
 });

@@ -32,7 +32,9 @@ describe.skipIf(!path)('cluster snapshots from the real kernel side', () => {
       expect(parsed.ok ? 'ok' : parsed.reason).toBe('ok');
       if (parsed.ok && parsed.message.type === 'snapshot') {
         expect(message.snapshot.cluster).toBeTruthy();
-        expect(parsed.message.snapshot.cluster).toEqual(message.snapshot.cluster);
+        expect(parsed.message.snapshot.cluster).toEqual(
+          message.snapshot.cluster
+        );
       }
     }
   });
@@ -41,7 +43,11 @@ describe.skipIf(!path)('cluster snapshots from the real kernel side', () => {
     for (const { messages, holders, workers } of cases) {
       const model = new SidebarModel();
       const channel = new KernelChannel(model);
-      const sidebar = new GpuMemSidebar({ model, channel, confirmPurge: async () => true });
+      const sidebar = new GpuMemSidebar({
+        model,
+        channel,
+        confirmPurge: async () => true
+      });
       const session = new RecordingSession();
       channel.follow(session, 'cluster.ipynb');
       const comm = session.kernel.lastComm;
@@ -49,9 +55,9 @@ describe.skipIf(!path)('cluster snapshots from the real kernel side', () => {
       for (const message of messages) {
         comm.receive(message);
       }
-      const bars = Array.from(sidebar.node.querySelectorAll('.jp-GpuMem-workerDevice b')).map(
-        b => b.textContent
-      );
+      const bars = Array.from(
+        sidebar.node.querySelectorAll('.jp-GpuMem-workerDevice b')
+      ).map(b => b.textContent);
       expect(bars).toEqual(workers);
       const rows = Array.from(
         sidebar.node.querySelectorAll('tr.jp-GpuMem-clusterHolder')

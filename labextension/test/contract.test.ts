@@ -19,7 +19,13 @@ describe.skipIf(!path)('messages from the real kernel side', () => {
 
   it('covers every kernel message type', () => {
     const types = new Set(messages.map(m => m.type));
-    for (const type of ['hello', 'devices', 'snapshot', 'purge_result', 'error']) {
+    for (const type of [
+      'hello',
+      'devices',
+      'snapshot',
+      'purge_result',
+      'error'
+    ]) {
       expect(types.has(type), type).toBe(true);
     }
   });
@@ -34,14 +40,21 @@ describe.skipIf(!path)('messages from the real kernel side', () => {
   it('render: the tensor is listed, then purged', () => {
     const model = new SidebarModel();
     const channel = new KernelChannel(model);
-    const sidebar = new GpuMemSidebar({ model, channel, confirmPurge: async () => true });
+    const sidebar = new GpuMemSidebar({
+      model,
+      channel,
+      confirmPurge: async () => true
+    });
     const session = new RecordingSession();
     channel.follow(session, 'contract.ipynb');
     const comm = session.kernel.lastComm;
     let sawBig = false;
     for (const message of messages) {
       comm.receive(message);
-      if (message.type === 'snapshot' && message.snapshot.holders.some((h: any) => h.name === 'big')) {
+      if (
+        message.type === 'snapshot' &&
+        message.snapshot.holders.some((h: any) => h.name === 'big')
+      ) {
         const row = sidebar.node.querySelector('tr[data-name="big"]');
         expect(row?.textContent).toContain('4.0 MiB');
         sawBig = true;
@@ -50,7 +63,9 @@ describe.skipIf(!path)('messages from the real kernel side', () => {
     expect(sawBig).toBe(true);
     expect(model.lastPurge?.removed).toContain('big');
     expect(sidebar.node.querySelector('tr[data-name="big"]')).toBeNull();
-    expect(sidebar.node.querySelectorAll('.jp-GpuMem-device').length).toBeGreaterThan(0);
+    expect(
+      sidebar.node.querySelectorAll('.jp-GpuMem-device').length
+    ).toBeGreaterThan(0);
     sidebar.dispose();
   });
 });

@@ -28,7 +28,14 @@ export function device(overrides: Partial<IDeviceUsage> = {}): IDeviceUsage {
     other_processes: null,
     free: 60 * MiB,
     frameworks: [
-      { name: 'torch', allocated: 4 * MiB, reserved: 4 * MiB, peak: null, pool: null, note: null }
+      {
+        name: 'torch',
+        allocated: 4 * MiB,
+        reserved: 4 * MiB,
+        peak: null,
+        pool: null,
+        note: null
+      }
     ],
     allocated: 4 * MiB,
     reserved: 4 * MiB,
@@ -77,7 +84,9 @@ export function snapshot(overrides: Partial<ISnapshot> = {}): ISnapshot {
   };
 }
 
-export function purgeResult(overrides: Partial<IPurgeResult> = {}): IPurgeResult {
+export function purgeResult(
+  overrides: Partial<IPurgeResult> = {}
+): IPurgeResult {
   return {
     schema: 'jupyter_gpumem.purge/1',
     dry_run: false,
@@ -97,7 +106,9 @@ export const W0 = 'tcp://127.0.0.1:40125';
 export const W1 = 'tcp://127.0.0.1:44097';
 
 /** A worker's host memory, as a worker reports it (no allocator counters). */
-export function workerDevice(overrides: Partial<IDeviceUsage> = {}): IDeviceUsage {
+export function workerDevice(
+  overrides: Partial<IDeviceUsage> = {}
+): IDeviceUsage {
   return device({
     frameworks: [],
     allocated: null,
@@ -111,7 +122,9 @@ export function workerDevice(overrides: Partial<IDeviceUsage> = {}): IDeviceUsag
   });
 }
 
-export function clusterWorker(overrides: Partial<IClusterWorker> = {}): IClusterWorker {
+export function clusterWorker(
+  overrides: Partial<IClusterWorker> = {}
+): IClusterWorker {
   return {
     address: W0,
     name: '0',
@@ -129,7 +142,9 @@ export function clusterWorker(overrides: Partial<IClusterWorker> = {}): ICluster
   };
 }
 
-export function clusterHolder(overrides: Partial<IClusterHolder> = {}): IClusterHolder {
+export function clusterHolder(
+  overrides: Partial<IClusterHolder> = {}
+): IClusterHolder {
   return {
     name: 'x',
     what: 'Future',
@@ -153,7 +168,9 @@ export function clusterHolder(overrides: Partial<IClusterHolder> = {}): ICluster
 }
 
 /** The `cluster` part of a snapshot: two workers, a Future and a persisted bag. */
-export function cluster(overrides: Partial<IClusterSnapshot> = {}): IClusterSnapshot {
+export function cluster(
+  overrides: Partial<IClusterSnapshot> = {}
+): IClusterSnapshot {
   return {
     schema: 'jupyter_gpumem.cluster/1',
     time: 1000,
@@ -169,7 +186,9 @@ export function cluster(overrides: Partial<IClusterSnapshot> = {}): IClusterSnap
         address: W1,
         name: '1',
         keys: 4,
-        devices: [workerDevice({ attributed: 16 * MiB, used_process: 200 * MiB })]
+        devices: [
+          workerDevice({ attributed: 16 * MiB, used_process: 200 * MiB })
+        ]
       })
     ],
     missing: {},
@@ -242,7 +261,11 @@ export class RecordingKernel {
   status = 'idle';
   comms: RecordingComm[] = [];
   executed: any[] = [];
-  executeReply: any = { status: 'ok', execution_count: null, user_expressions: {} };
+  executeReply: any = {
+    status: 'ok',
+    execution_count: null,
+    user_expressions: {}
+  };
 
   createComm(target: string) {
     const comm = new RecordingComm(target);
@@ -280,11 +303,18 @@ export class RecordingSession implements ISessionLike {
     this.statusChanged.emit(status);
   }
   executeInput(): void {
-    this.iopubMessage.emit({ header: { msg_type: 'execute_input' }, content: {} });
+    this.iopubMessage.emit({
+      header: { msg_type: 'execute_input' },
+      content: {}
+    });
   }
   changeKernel(kernel: RecordingKernel | null): void {
     this.session = kernel ? { kernel: kernel as any } : null;
-    this.kernelChanged.emit({ name: 'kernel', oldValue: null, newValue: kernel });
+    this.kernelChanged.emit({
+      name: 'kernel',
+      oldValue: null,
+      newValue: kernel
+    });
   }
 }
 

@@ -26,9 +26,17 @@ describe('SidebarModel', () => {
   it('keeps a bounded timeline per device, one point per reading time', () => {
     const model = new SidebarModel();
     for (let t = 0; t < TIMELINE_POINTS + 30; t++) {
-      model.handle({ type: 'devices', time: t, devices: [device({ allocated: t })] });
+      model.handle({
+        type: 'devices',
+        time: t,
+        devices: [device({ allocated: t })]
+      });
     }
-    model.handle({ type: 'devices', time: 5, devices: [device({ allocated: -1 })] });
+    model.handle({
+      type: 'devices',
+      time: 5,
+      devices: [device({ allocated: -1 })]
+    });
     const points = model.timeline.get('cpu')!;
     expect(points.length).toBe(TIMELINE_POINTS);
     expect(points[0].time).toBe(30);
@@ -71,7 +79,10 @@ describe('SidebarModel', () => {
       devices: [device({ id: 'cuda:0', kind: 'cuda' })]
     });
     expect(model.noAccelerator).toBe(false);
-    model.handle({ type: 'snapshot', snapshot: snapshot({ accelerator: false }) });
+    model.handle({
+      type: 'snapshot',
+      snapshot: snapshot({ accelerator: false })
+    });
     expect(model.noAccelerator).toBe(true);
   });
 

@@ -26,9 +26,21 @@ describe('parseKernelMessage', () => {
     [{ type: 'hello' }, 'no device'],
     [{ type: 'devices', devices: 'x' }, 'not a list'],
     [{ type: 'devices', devices: [{ kind: 'cpu' }] }, 'not a list'],
-    [{ type: 'snapshot', snapshot: { ...snapshot(), schema: 'other/2' } }, 'not a snapshot/1'],
-    [{ type: 'snapshot', snapshot: { ...snapshot(), holders: [{ name: 'x' }] } }, 'not a snapshot/1'],
-    [{ type: 'purge_result', result: { schema: 'jupyter_gpumem.purge/1' } }, 'not a purge/1'],
+    [
+      { type: 'snapshot', snapshot: { ...snapshot(), schema: 'other/2' } },
+      'not a snapshot/1'
+    ],
+    [
+      {
+        type: 'snapshot',
+        snapshot: { ...snapshot(), holders: [{ name: 'x' }] }
+      },
+      'not a snapshot/1'
+    ],
+    [
+      { type: 'purge_result', result: { schema: 'jupyter_gpumem.purge/1' } },
+      'not a purge/1'
+    ],
     [{ type: 'error' }, 'no message']
   ])('rejects %j', (data, reason) => {
     const parsed = parseKernelMessage(data);
@@ -47,7 +59,11 @@ describe('Requests', () => {
       dry_run: false
     });
     expect(Requests.purge('p', ['m'], true).dry_run).toBe(true);
-    expect(Requests.setDevice(4, 'cpu')).toEqual({ type: 'set_device', id: 4, device: 'cpu' });
+    expect(Requests.setDevice(4, 'cpu')).toEqual({
+      type: 'set_device',
+      id: 4,
+      device: 'cpu'
+    });
   });
 
   it('copies the names it is given', () => {

@@ -4,7 +4,13 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { KernelChannel } from '../src/channel';
 import { ITimelinePoint, SidebarModel } from '../src/model';
 import { GpuMemSidebar } from '../src/sidebar';
-import { axisBytes, timelineData, TimelineView, timeRange, visibleBands } from '../src/timeline';
+import {
+  axisBytes,
+  timelineData,
+  TimelineView,
+  timeRange,
+  visibleBands
+} from '../src/timeline';
 import {
   barScale,
   barSegments,
@@ -57,14 +63,21 @@ function ready(ctx: ReturnType<typeof setUp>, snap = snapshot()) {
   ctx.comm().sent = [];
 }
 
-const $ = (root: HTMLElement, sel: string) => root.querySelector(sel) as HTMLElement;
+const $ = (root: HTMLElement, sel: string) =>
+  root.querySelector(sel) as HTMLElement;
 const $$ = (root: HTMLElement, sel: string) =>
   Array.from(root.querySelectorAll(sel)) as HTMLElement[];
 
 describe('device bars', () => {
   it('has the five segments of the protocol, in order', () => {
     const segments = barSegments(
-      device({ allocated: 2, reserved: 5, non_framework: 7, other_processes: 11, free: 13 })
+      device({
+        allocated: 2,
+        reserved: 5,
+        non_framework: 7,
+        other_processes: 11,
+        free: 13
+      })
     );
     expect(segments.map(s => [s.key, s.bytes])).toEqual([
       ['allocated', 2],
@@ -89,7 +102,10 @@ describe('device bars', () => {
         free: 15 * MiB
       })
     );
-    const widths = $$(node, '.jp-GpuMem-seg').map(s => [s.className.split('seg-')[1], s.style.width]);
+    const widths = $$(node, '.jp-GpuMem-seg').map(s => [
+      s.className.split('seg-')[1],
+      s.style.width
+    ]);
     expect(widths).toEqual([
       ['allocated', '25.00%'],
       ['reserved-free', '25.00%'],
@@ -97,7 +113,9 @@ describe('device bars', () => {
       ['free', '15.00%']
     ]);
     expect(node.textContent).toContain('cuda:0 NVIDIA H200');
-    expect($(node, '.jp-GpuMem-bar').getAttribute('aria-label')).toContain('other processes 0 B');
+    expect($(node, '.jp-GpuMem-bar').getAttribute('aria-label')).toContain(
+      'other processes 0 B'
+    );
   });
 
   it("draws a host's bar at the scale of this process: tracked tensors and the rest", () => {
@@ -121,15 +139,22 @@ describe('device bars', () => {
       ['rest of the process', 300 * MiB]
     ]);
     const node = renderDevice(host);
-    const widths = $$(node, '.jp-GpuMem-seg').map(s => [s.className.split('seg-')[1], s.style.width]);
+    const widths = $$(node, '.jp-GpuMem-seg').map(s => [
+      s.className.split('seg-')[1],
+      s.style.width
+    ]);
     expect(widths).toEqual([
       ['allocated', '25.00%'],
       ['non-framework', '75.00%']
     ]);
-    expect(node.textContent).toContain('tracked tensors 100.0 MiB, process 400.0 MiB');
+    expect(node.textContent).toContain(
+      'tracked tensors 100.0 MiB, process 400.0 MiB'
+    );
     expect(node.textContent).toContain('host 23.4 GiB, 21.5 GiB free');
     // the other processes are what all use beyond this one
-    expect(barSegments(host).find(s => s.key === 'other')?.bytes).toBe(1600 * MiB);
+    expect(barSegments(host).find(s => s.key === 'other')?.bytes).toBe(
+      1600 * MiB
+    );
   });
 });
 
@@ -189,7 +214,9 @@ describe('timelines', () => {
     ]);
     view.update(timeline, ['cuda:0', 'cpu'], [], 0);
     const first = view.charts.get('cuda:0')!;
-    expect($$(view.node, '.jp-GpuMem-chartBox').map(b => b.dataset.device)).toEqual(['cuda:0', 'cpu']);
+    expect(
+      $$(view.node, '.jp-GpuMem-chartBox').map(b => b.dataset.device)
+    ).toEqual(['cuda:0', 'cpu']);
     expect(first.node.dataset.points).toBe('3');
     expect(first.node.getAttribute('aria-label')).toBe(
       'cuda:0: allocated 2.0 MiB, reserved 8.0 MiB, process 20.0 MiB'
@@ -203,8 +230,15 @@ describe('timelines', () => {
 describe('holders and hints', () => {
   it('renders backticked code as <code>, and kernel text never as HTML', () => {
     const box = document.createElement('div');
-    box.append(renderCodeText('store `loss.item()` or end with `;` <img src=x onerror=alert(1)>'));
-    expect($$(box, 'code').map(c => c.textContent)).toEqual(['loss.item()', ';']);
+    box.append(
+      renderCodeText(
+        'store `loss.item()` or end with `;` <img src=x onerror=alert(1)>'
+      )
+    );
+    expect($$(box, 'code').map(c => c.textContent)).toEqual([
+      'loss.item()',
+      ';'
+    ]);
     expect(box.querySelector('img')).toBeNull();
     expect(box.textContent).toContain('<img src=x onerror=alert(1)>');
     const odd = document.createElement('div');
@@ -218,14 +252,25 @@ describe('holders and hints', () => {
       snapshot({
         holders: [
           holder({ hint: 'end the line with `;`' }),
-          holder({ name: 'Out[5]', label: 'Out[5]', aliases: ['_5', '_'], unique: 0, shared: 4 * MiB })
+          holder({
+            name: 'Out[5]',
+            label: 'Out[5]',
+            aliases: ['_5', '_'],
+            unique: 0,
+            shared: 4 * MiB
+          })
         ]
       }),
       new Set(),
       () => undefined
     );
     const headers = $$(node, 'th');
-    expect(headers.map(th => th.textContent)).toEqual(['', 'Name', 'Type', 'Holds']);
+    expect(headers.map(th => th.textContent)).toEqual([
+      '',
+      'Name',
+      'Type',
+      'Holds'
+    ]);
     for (const row of $$(node, 'tr.jp-GpuMem-holder')) {
       expect($$(row, 'td').length).toBe(headers.length);
       $$(row, 'td')
@@ -248,8 +293,14 @@ describe('holders and hints', () => {
     expect(formatSeconds(0.0004)).toBe('<1 ms');
     expect(formatSeconds(0.042)).toBe('42 ms');
     expect(formatSeconds(2.345)).toBe('2.3 s');
-    const node = renderHolders(snapshot({ scan_seconds: 0.0001 }), new Set(), () => undefined);
-    expect($(node, '.jp-GpuMem-scanned').textContent).toMatch(/^1 holder · scanned at \d\d:\d\d:\d\d in <1 ms$/);
+    const node = renderHolders(
+      snapshot({ scan_seconds: 0.0001 }),
+      new Set(),
+      () => undefined
+    );
+    expect($(node, '.jp-GpuMem-scanned').textContent).toMatch(
+      /^1 holder · scanned at \d\d:\d\d:\d\d in <1 ms$/
+    );
   });
 });
 
@@ -274,7 +325,9 @@ describe('GpuMemSidebar', () => {
     expect(ctx.session.kernel.executed).toEqual([]);
     button.click();
     await flush();
-    expect(ctx.session.kernel.executed.map(e => e.code)).toEqual(['%load_ext jupyter_gpumem']);
+    expect(ctx.session.kernel.executed.map(e => e.code)).toEqual([
+      '%load_ext jupyter_gpumem'
+    ]);
     expect(ctx.session.kernel.comms.length).toBe(2);
   });
 
@@ -305,7 +358,11 @@ describe('GpuMemSidebar', () => {
       })
     );
     const rows = $$(ctx.sidebar.node, 'tr.jp-GpuMem-holder');
-    expect(rows.map(r => r.dataset.name)).toEqual(['big', 'Out[3]', 'last traceback']);
+    expect(rows.map(r => r.dataset.name)).toEqual([
+      'big',
+      'Out[3]',
+      'last traceback'
+    ]);
     expect(rows.map(r => $(r, '.jp-GpuMem-bytes').textContent)).toEqual([
       '4.0 MiB',
       '1.0 MiB',
@@ -321,7 +378,10 @@ describe('GpuMemSidebar', () => {
     ready(ctx);
     const purge = $(ctx.sidebar.node, '.jp-GpuMem-purge') as HTMLButtonElement;
     expect(purge.disabled).toBe(true);
-    const box = $(ctx.sidebar.node, 'tr[data-name="big"] input') as HTMLInputElement;
+    const box = $(
+      ctx.sidebar.node,
+      'tr[data-name="big"] input'
+    ) as HTMLInputElement;
     box.checked = true;
     box.dispatchEvent(new Event('change'));
     expect(ctx.model.selected.has('big')).toBe(true);
@@ -330,13 +390,23 @@ describe('GpuMemSidebar', () => {
     purge.click();
     await flush();
     expect(ctx.asked).toEqual([[['big'], 4 * MiB]]);
-    expect(ctx.comm().sent).toEqual([{ type: 'purge', id: 2, names: ['big'], dry_run: false }]);
+    expect(ctx.comm().sent).toEqual([
+      { type: 'purge', id: 2, names: ['big'], dry_run: false }
+    ]);
 
-    ctx.comm().receive({ type: 'purge_result', result: purgeResult(), reply_to: 2 });
-    ctx.comm().receive({ type: 'snapshot', snapshot: snapshot({ holders: [] }) });
-    expect(ctx.sidebar.node.textContent).toContain('Purged big: freed cpu 4.0 MiB.');
+    ctx
+      .comm()
+      .receive({ type: 'purge_result', result: purgeResult(), reply_to: 2 });
+    ctx
+      .comm()
+      .receive({ type: 'snapshot', snapshot: snapshot({ holders: [] }) });
+    expect(ctx.sidebar.node.textContent).toContain(
+      'Purged big: freed cpu 4.0 MiB.'
+    );
     expect($$(ctx.sidebar.node, 'tr.jp-GpuMem-holder')).toEqual([]);
-    expect(ctx.sidebar.node.textContent).toContain('No name holds memory on "cpu"');
+    expect(ctx.sidebar.node.textContent).toContain(
+      'No name holds memory on "cpu"'
+    );
   });
 
   it('sends nothing when the purge is cancelled', async () => {
@@ -358,15 +428,21 @@ describe('GpuMemSidebar', () => {
         device: 'auto',
         accelerator: false,
         messages: ['no accelerator: showing host tensors (device cpu)'],
-        devices: [device({ name: 'host memory', allocated: null, reserved: null })]
+        devices: [
+          device({ name: 'host memory', allocated: null, reserved: null })
+        ]
       })
     });
     const text = ctx.sidebar.node.textContent!;
-    expect(text).toContain('No GPU in this kernel: showing host memory and the tensors on it.');
+    expect(text).toContain(
+      'No GPU in this kernel: showing host memory and the tensors on it.'
+    );
     expect(text).not.toContain('No accelerator in this kernel');
     expect(text).not.toContain('no accelerator:');
     expect($(ctx.sidebar.node, '.jp-GpuMem-useCpu')).toBeNull();
-    expect($(ctx.sidebar.node, '.jp-GpuMem-title').textContent).toBe('Host memory');
+    expect($(ctx.sidebar.node, '.jp-GpuMem-title').textContent).toBe(
+      'Host memory'
+    );
     expect($$(ctx.sidebar.node, 'tr.jp-GpuMem-holder').length).toBe(1);
   });
 
@@ -376,12 +452,21 @@ describe('GpuMemSidebar', () => {
     ctx.comm().receive({ type: 'hello', version: '0.1.0', device: 'cuda:0' });
     ctx.comm().receive({
       type: 'snapshot',
-      snapshot: snapshot({ device: 'cuda:0', devices: [], holders: [], accelerator: false })
+      snapshot: snapshot({
+        device: 'cuda:0',
+        devices: [],
+        holders: [],
+        accelerator: false
+      })
     });
     ctx.comm().sent = [];
-    expect(ctx.sidebar.node.textContent).toContain('This kernel has no cuda:0.');
+    expect(ctx.sidebar.node.textContent).toContain(
+      'This kernel has no cuda:0.'
+    );
     ($(ctx.sidebar.node, '.jp-GpuMem-useCpu') as HTMLButtonElement).click();
-    expect(ctx.comm().sent).toEqual([{ type: 'set_device', id: 2, device: 'cpu' }]);
+    expect(ctx.comm().sent).toEqual([
+      { type: 'set_device', id: 2, device: 'cpu' }
+    ]);
     const select = $(ctx.sidebar.node, 'select') as HTMLSelectElement;
     expect(select.value).toBe('cpu');
   });
@@ -393,7 +478,11 @@ describe('GpuMemSidebar', () => {
     ctx.comm().receive({ type: 'devices', time: 1002, devices: [device()] });
     expect(ctx.model.timeline.get('cpu')!.length).toBe(3);
     ctx.channel.setDevice('all');
-    ctx.comm().receive({ type: 'devices', time: 1003, devices: [device(), device({ id: 'cuda:0', kind: 'cuda' })] });
+    ctx.comm().receive({
+      type: 'devices',
+      time: 1003,
+      devices: [device(), device({ id: 'cuda:0', kind: 'cuda' })]
+    });
     expect(ctx.model.timeline.get('cpu')!.length).toBe(4);
     ctx.channel.setDevice('cpu');
     expect(ctx.model.timeline.get('cpu')!.length).toBe(4);
@@ -403,28 +492,41 @@ describe('GpuMemSidebar', () => {
   it('times cells from the kernel messages, for the bands of the timeline', () => {
     const ctx = setUp();
     ready(ctx);
-    ctx.session.iopubMessage.emit({ header: { msg_type: 'execute_input' } } as any);
+    ctx.session.iopubMessage.emit({
+      header: { msg_type: 'execute_input' }
+    } as any);
     expect(ctx.model.cells.length).toBe(1);
     expect(ctx.model.cells[0].end).toBeNull();
     ctx.session.statusChanged.emit('idle');
     expect(ctx.model.cells[0].end).not.toBeNull();
     // a snapshot may tell its cell too
-    ctx.comm().receive({ type: 'snapshot', snapshot: { ...snapshot(), cell: { start: 5, end: 6 } } });
+    ctx.comm().receive({
+      type: 'snapshot',
+      snapshot: { ...snapshot(), cell: { start: 5, end: 6 } }
+    });
     expect(ctx.model.cells.map(c => c.start)).toContain(5);
   });
 
   it('clears an old purge result when a newer snapshot arrives, or on dismiss', () => {
     const ctx = setUp();
     ready(ctx);
-    ctx.comm().receive({ type: 'purge_result', result: purgeResult(), reply_to: 2 });
+    ctx
+      .comm()
+      .receive({ type: 'purge_result', result: purgeResult(), reply_to: 2 });
     // the snapshot that follows the purge shows its effect, with the result
-    ctx.comm().receive({ type: 'snapshot', snapshot: snapshot({ holders: [] }) });
+    ctx
+      .comm()
+      .receive({ type: 'snapshot', snapshot: snapshot({ holders: [] }) });
     expect($(ctx.sidebar.node, '.jp-GpuMem-purgeResult')).not.toBeNull();
     // the next one (a cell ran, a refresh) is newer than the purge
-    ctx.comm().receive({ type: 'snapshot', snapshot: snapshot({ holders: [] }) });
+    ctx
+      .comm()
+      .receive({ type: 'snapshot', snapshot: snapshot({ holders: [] }) });
     expect($(ctx.sidebar.node, '.jp-GpuMem-purgeResult')).toBeNull();
 
-    ctx.comm().receive({ type: 'purge_result', result: purgeResult(), reply_to: 3 });
+    ctx
+      .comm()
+      .receive({ type: 'purge_result', result: purgeResult(), reply_to: 3 });
     ($(ctx.sidebar.node, '.jp-GpuMem-dismiss') as HTMLButtonElement).click();
     expect($(ctx.sidebar.node, '.jp-GpuMem-purgeResult')).toBeNull();
     expect(ctx.model.lastPurge).toBeNull();
@@ -444,7 +546,10 @@ describe('GpuMemSidebar', () => {
     ctx.comm().receive({
       type: 'devices',
       time: 2000,
-      devices: [device({ id: 'cuda:0', kind: 'cuda' }), device({ id: 'cuda:1', kind: 'cuda' })]
+      devices: [
+        device({ id: 'cuda:0', kind: 'cuda' }),
+        device({ id: 'cuda:1', kind: 'cuda' })
+      ]
     });
     const select = $(ctx.sidebar.node, 'select') as HTMLSelectElement;
     expect(Array.from(select.options).map(o => o.value)).toEqual([
@@ -456,13 +561,17 @@ describe('GpuMemSidebar', () => {
     ]);
     select.value = 'cuda:1';
     select.dispatchEvent(new Event('change'));
-    expect(ctx.comm().sent).toEqual([{ type: 'set_device', id: 2, device: 'cuda:1' }]);
+    expect(ctx.comm().sent).toEqual([
+      { type: 'set_device', id: 2, device: 'cuda:1' }
+    ]);
   });
 
   it('shows the kernel error line', () => {
     const ctx = setUp();
     ready(ctx);
-    ctx.comm().receive({ type: 'error', message: "no name 'x' (nothing was deleted)" });
+    ctx
+      .comm()
+      .receive({ type: 'error', message: "no name 'x' (nothing was deleted)" });
     expect($(ctx.sidebar.node, '.jp-GpuMem-error').textContent).toBe(
       "no name 'x' (nothing was deleted)"
     );
@@ -483,7 +592,12 @@ describe('GpuMemSidebar', () => {
     ctx.comm().receive({ type: 'hello', version: '0.1.0', device: 'cuda:0' });
     ctx.comm().receive({
       type: 'snapshot',
-      snapshot: snapshot({ device: 'cuda:0', devices: [], holders: [], accelerator: false })
+      snapshot: snapshot({
+        device: 'cuda:0',
+        devices: [],
+        holders: [],
+        accelerator: false
+      })
     });
     const button = $(ctx.sidebar.node, '.jp-GpuMem-useCpu');
     ctx.comm().receive({ type: 'devices', time: 2000, devices: [device()] });
@@ -494,7 +608,12 @@ describe('GpuMemSidebar', () => {
     const ctx = setUp();
     ready(ctx);
     ctx.sidebar.hide();
-    ctx.comm().receive({ type: 'snapshot', snapshot: snapshot({ holders: [holder({ name: 'later', purge: 'later' })] }) });
+    ctx.comm().receive({
+      type: 'snapshot',
+      snapshot: snapshot({
+        holders: [holder({ name: 'later', purge: 'later' })]
+      })
+    });
     expect($(ctx.sidebar.node, 'tr[data-name="later"]')).toBeNull();
     ctx.sidebar.show();
     expect($(ctx.sidebar.node, 'tr[data-name="later"]')).not.toBeNull();
@@ -513,10 +632,16 @@ describe('GpuMemSidebar', () => {
     widgets.push(sidebar);
     const session = new RecordingSession();
     channel.follow(session, 'demo.ipynb');
-    session.kernel.lastComm.receive({ type: 'hello', version: '0.1.0', device: 'auto' });
+    session.kernel.lastComm.receive({
+      type: 'hello',
+      version: '0.1.0',
+      device: 'auto'
+    });
     session.kernel.lastComm.sent = [];
     await new Promise(resolve => setTimeout(resolve, 150));
-    const refreshes = session.kernel.lastComm.sent.filter(m => m.type === 'refresh');
+    const refreshes = session.kernel.lastComm.sent.filter(
+      m => m.type === 'refresh'
+    );
     expect(refreshes.length).toBeGreaterThanOrEqual(2);
     sidebar.hide();
     session.kernel.lastComm.sent = [];

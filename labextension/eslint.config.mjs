@@ -1,0 +1,65 @@
+// ESLint flat config, as the JupyterLab extension template (copier) has it,
+// with the test files linted against tsconfig.test.json.
+import js from '@eslint/js';
+import { defineConfig } from 'eslint/config';
+import tseslint from 'typescript-eslint';
+import prettierRecommended from 'eslint-plugin-prettier/recommended';
+import globals from 'globals';
+import jupyterPlugin from '@jupyter/eslint-plugin';
+
+export default defineConfig([
+  {
+    ignores: [
+      'node_modules',
+      'lib',
+      'dist',
+      'coverage',
+      '**/*.js',
+      '**/*.mjs',
+      '**/*.d.ts'
+    ]
+  },
+  js.configs.recommended,
+  tseslint.configs.recommended,
+  jupyterPlugin.configs.recommended,
+  {
+    files: ['**/*.ts', '**/*.tsx'],
+    plugins: {
+      jupyter: jupyterPlugin
+    },
+    languageOptions: {
+      globals: {
+        ...globals.browser,
+        ...globals.es2015,
+        ...globals.node
+      },
+      parserOptions: {
+        project: 'tsconfig.test.json',
+        sourceType: 'module'
+      }
+    },
+    rules: {
+      '@typescript-eslint/naming-convention': [
+        'error',
+        {
+          selector: 'interface',
+          format: ['PascalCase'],
+          custom: {
+            regex: '^I[A-Z]',
+            match: true
+          }
+        }
+      ],
+      '@typescript-eslint/no-unused-vars': ['warn', { args: 'none' }],
+      '@typescript-eslint/no-explicit-any': 'off',
+      '@typescript-eslint/no-namespace': 'off',
+      '@typescript-eslint/no-use-before-define': 'off',
+      // the sidebar's text is English only (no ITranslator): nothing to wrap in trans.__()
+      'jupyter/no-untranslated-string': 'off',
+      curly: ['error', 'all'],
+      eqeqeq: 'error',
+      'prefer-arrow-callback': 'error'
+    }
+  },
+  prettierRecommended
+]);
