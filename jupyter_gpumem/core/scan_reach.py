@@ -16,6 +16,7 @@ storages (:mod:`jupyter_gpumem.scan_paths`).
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 import types
@@ -32,6 +33,12 @@ from .scan_types import (
     SEQ_SUB, SET, SET_SUB, SKIP, TENSOR, TRACEBACK, TYPE_DICT, TYPE_FLAGS, HAVE_GC, classify,
     is_library_module_name, untracked_holds_nothing,
 )
+from .scan_types import type_name_of
+
+try:   # the C core (built with the package where a compiler was found)
+    from . import _reach as _native
+except ImportError:
+    _native = None
 
 CHUNK = 4096            # objects whose referents are read in one call
 BIG = 1 << 15           # an exact dict, list, tuple or set longer than this is read in slices
@@ -79,6 +86,12 @@ def _probe(objs: list) -> list:
 
 
 _BASE = _refcount_base()
+
+#: the C walker's type, or None: the walk is then all Python (the same objects, the same
+#: answers). It needs exact reference counts; JUPYTER_GPUMEM_PURE_SCAN=1 turns it off.
+NATIVE = _native.Walker if _native is not None and _BASE is not None \
+    and not os.environ.get("JUPYTER_GPUMEM_PURE_SCAN") else None
+NATIVE_SLICE = 0.004   # seconds of one C run: the walk can yield (or stop) between two
 
 
 class Reacher:
@@ -139,6 +152,14 @@ class Reacher:
         self._graph_seen: dict = {}
         self.graph_edges: dict[int, list] = {}   # of the root being walked: id(tensor) -> edges
         self.children_of: dict[int, tuple] = {}  # id(model or optimizer) -> (it, its children)
+        # the C walker: the plain objects of a level go through it (None: all in Python)
+        self.native = None if NATIVE is None else NATIVE(
+            self._by_referents, self._watch, self.stop, self.check_singles, max_depth,
+            time.perf_counter)
+        if self.native is not None:
+            for tp in self._learned:
+                self.native.learn(tp, tp in self._by_referents, tp in self._watch)
+        self._depth = 0   # of the level being expanded
         self.learn(set(_SIZED))
 
     # -- bookkeeping -----------------------------------------------------------------
@@ -176,6 +197,8 @@ class Reacher:
         if not collectable and kind in (TENSOR, NDARRAY):
             self._watch.add(tp)
             self._watching = True
+        if self.native is not None:
+            self.native.learn(tp, tp in self._by_referents, tp in self._watch)
 
     def learn(self, kinds: set) -> None:
         """Classify the types in ``kinds`` not met before."""
@@ -209,6 +232,7 @@ class Reacher:
         level = [obj]
         count = 0
         depth = 0
+        native = self.native
         try:
             tp = type(obj)
             if tp in self.tensor_backend:   # a tensor (an output, a name): taken at once
@@ -220,18 +244,32 @@ class Reacher:
                     self.stop_walk(f"structure deeper than {self.max_depth} levels cut")
                     break
                 self._next = []
+                self._depth = depth
                 n = len(level)
                 for start in range(0, n, CHUNK):
                     self._check_time()
                     if due is not None and due():
                         yield   # between two chunks: what the walk holds stays as it is
                     self._expand(level[start:start + CHUNK] if n > CHUNK else level)
+                    while native is not None and native.pending:
+                        self._check_time()
+                        if due is not None and due():
+                            yield   # between two C runs
+                        got, _ = native.run(min(self.deadline, time.perf_counter() + NATIVE_SLICE))
+                        if got:   # what is not plain: classified, then taken as Python does
+                            self.learn(set(map(type, got)))
+                            self._admit(got)
                 count += n
                 level = self._next
                 depth += 1
+            if native is not None and native.deep:
+                self.stop_walk(f"structure deeper than {self.max_depth} levels cut")
         except OutOfTime:
             pass
         finally:
+            if native is not None:
+                count += native.count
+                native.clear()
             self._next = []
             self._seen = {}
             self._graph_seen = {}
@@ -282,14 +320,20 @@ class Reacher:
         if not kset <= self._learned:
             self.learn(kset)
         if kset <= self._by_referents:
-            self._by_gc(part, None, kset)
+            if self.native is not None:
+                self.native.push(part if type(part) is list else list(part), self._depth)
+            else:
+                self._by_gc(part, None, kset)
             return
         kinds_ = list(map(type, part))
         mask = list(map(self._by_referents.__contains__, kinds_))
         if any(mask):
             gen = list(compress(part, mask))
-            gen_kinds = list(compress(kinds_, mask))
-            self._by_gc(gen, gen_kinds, set(gen_kinds))
+            if self.native is not None:
+                self.native.push(gen, self._depth)
+            else:
+                gen_kinds = list(compress(kinds_, mask))
+                self._by_gc(gen, gen_kinds, set(gen_kinds))
         rest = list(compress(part, map(not_, mask)))
         rest_kinds = list(compress(kinds_, map(not_, mask)))
         self._one_by_one(rest, rest_kinds)
@@ -597,8 +641,6 @@ class Reacher:
         return [obj, infos, ((_GRAD, grad),) if grad is not None else ()]
 
     def _describe(self, obj: Any) -> str | None:
-        from .scan_types import type_name_of
-
         name = type_name_of(type(obj))
         backend = self.backend_of.get(type(obj))
         try:

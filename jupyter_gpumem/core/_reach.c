@@ -1,0 +1,504 @@
+/* The reach walk's core at C speed: what plain containers and plain instances hold.
+ *
+ * A Walker takes objects of the "plain" types (exact dicts, lists, tuples, sets and
+ * the other types the scan reads through the collector: what gc.get_referents reads)
+ * and walks everything they hold, depth first, without running any user code:
+ * exact lists, tuples and dicts are read item by item (so a walk can stop and go on
+ * inside one), every other plain object through its type's tp_traverse, as
+ * gc.get_referents does. What is not plain (tensors, modules, classes, functions,
+ * frames, numpy arrays, types not learned yet) is handed back to Python, once.
+ *
+ * Objects that only their parent holds (a reference count of 1) cannot be met again,
+ * so only objects held more than once are remembered; each remembered or stacked
+ * object is held by a strong reference until the walk is cleared, so an object that
+ * goes while the walk waits between two runs cannot be mistaken for a new one.
+ *
+ * This module is optional: jupyter_gpumem.core.scan_reach walks in Python (the same
+ * objects, the same answers) where it is not built.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+/* -- a set of pointers (open addressing) ------------------------------------------- */
+typedef struct {
+    void **keys;
+    size_t cap;   /* a power of two, or 0 */
+    size_t n;
+} pset;
+
+static size_t
+pset_slot(void *p, size_t mask)
+{
+    return (size_t)((((uintptr_t)p) >> 4) * (uint64_t)11400714819323198485ull) & mask;
+}
+
+static int
+pset_grow(pset *s)
+{
+    size_t cap = s->cap ? s->cap * 2 : 1024;
+    void **keys = PyMem_Calloc(cap, sizeof(void *));
+    if (keys == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < s->cap; i++) {
+        void *k = s->keys[i];
+        if (k != NULL) {
+            size_t h = pset_slot(k, cap - 1);
+            while (keys[h] != NULL)
+                h = (h + 1) & (cap - 1);
+            keys[h] = k;
+        }
+    }
+    PyMem_Free(s->keys);
+    s->keys = keys;
+    s->cap = cap;
+    return 0;
+}
+
+/* 1: added, 0: there already, -1: out of memory */
+static int
+pset_add(pset *s, void *p)
+{
+    if ((s->n + 1) * 2 > s->cap && pset_grow(s) < 0)
+        return -1;
+    size_t mask = s->cap - 1, h = pset_slot(p, mask);
+    while (s->keys[h] != NULL) {
+        if (s->keys[h] == p)
+            return 0;
+        h = (h + 1) & mask;
+    }
+    s->keys[h] = p;
+    s->n++;
+    return 1;
+}
+
+static int
+pset_has(const pset *s, void *p)
+{
+    if (s->n == 0)
+        return 0;
+    size_t mask = s->cap - 1, h = pset_slot(p, mask);
+    while (s->keys[h] != NULL) {
+        if (s->keys[h] == p)
+            return 1;
+        h = (h + 1) & mask;
+    }
+    return 0;
+}
+
+static void
+pset_free(pset *s)
+{
+    PyMem_Free(s->keys);
+    s->keys = NULL;
+    s->cap = s->n = 0;
+}
+
+/* -- the walker ---------------------------------------------------------------------- */
+typedef struct {
+    PyObject *obj;    /* a strong reference */
+    Py_ssize_t pos;   /* where reading a list, tuple or dict goes on */
+    int depth;
+} frame;
+
+typedef struct {
+    PyObject_HEAD
+    pset plain;        /* types walked here */
+    pset known;        /* types Python has classified (the plain ones among them) */
+    pset watch;        /* types the collector does not track whose instances matter */
+    pset stop;         /* objects not to enter (their ids) */
+    pset seen;         /* objects held more than once, met already (each held) */
+    PyObject *held;    /* a list holding the remembered objects */
+    frame *stack;
+    size_t top, cap;
+    PyObject *out;     /* what this run hands back to Python */
+    PyObject *clock;   /* a callable giving the time, compared with run()'s deadline */
+    int check_singles; /* look objects only their parent holds up in stop too */
+    int max_depth;
+    int deep;          /* a structure deeper than max_depth was cut */
+    int failed;        /* out of memory inside a visit */
+    int paused;        /* an object of a type not classified yet was handed back */
+    Py_ssize_t count;  /* objects entered */
+    int depth;         /* of the object whose referents a tp_traverse visits */
+} Walker;
+
+static int
+push(Walker *w, PyObject *o, int depth)
+{
+    if (w->top == w->cap) {
+        size_t cap = w->cap ? w->cap * 2 : 256;
+        frame *stack = PyMem_Realloc(w->stack, cap * sizeof(frame));
+        if (stack == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        w->stack = stack;
+        w->cap = cap;
+    }
+    Py_INCREF(o);
+    w->stack[w->top].obj = o;
+    w->stack[w->top].pos = 0;
+    w->stack[w->top].depth = depth;
+    w->top++;
+    w->count++;
+    return 0;
+}
+
+/* One object met inside a plain one, at ``depth``: entered, handed back, or left. */
+static int
+consider(Walker *w, PyObject *o, int depth)
+{
+    PyTypeObject *tp = Py_TYPE(o);
+    if (!(PyObject_IS_GC(o) && PyObject_GC_IsTracked(o))) {
+        /* atoms, and dicts and tuples of atoms only, hold nothing; a few untracked
+           types still matter (numpy arrays, some frameworks' tensors) */
+        if (w->watch.n == 0 || !pset_has(&w->watch, tp))
+            return 0;
+    }
+    int plain = pset_has(&w->plain, tp);
+    if (plain && depth > w->max_depth) {
+        w->deep = 1;
+        return 0;
+    }
+    if (Py_REFCNT(o) > 1) {
+        int added = pset_add(&w->seen, o);
+        if (added < 0)
+            return -1;
+        if (added == 0)
+            return 0;
+        if (PyList_Append(w->held, o) < 0)
+            return -1;
+        if (w->stop.n && pset_has(&w->stop, o) && plain)
+            return 0;
+    }
+    else if (w->check_singles && w->stop.n && pset_has(&w->stop, o) && plain) {
+        return 0;
+    }
+    if (plain)
+        return push(w, o, depth);
+    if (!pset_has(&w->known, tp))
+        w->paused = 1;   /* Python classifies its type before the walk goes on */
+    return PyList_Append(w->out, o);   /* Python decides (a stopped one too) */
+}
+
+static int
+visit(PyObject *o, void *arg)
+{
+    Walker *w = (Walker *)arg;
+    if (consider(w, o, w->depth + 1) < 0) {
+        w->failed = 1;
+        return 1;   /* stops the traversal */
+    }
+    return 0;
+}
+
+static void
+clear_state(Walker *w)
+{
+    while (w->top) {
+        w->top--;
+        Py_CLEAR(w->stack[w->top].obj);
+    }
+    pset_free(&w->seen);
+    if (w->held != NULL)
+        (void)PyList_SetSlice(w->held, 0, PyList_GET_SIZE(w->held), NULL);
+    w->deep = 0;
+    w->count = 0;
+}
+
+static void
+Walker_dealloc(Walker *w)
+{
+    clear_state(w);
+    PyMem_Free(w->stack);
+    pset_free(&w->plain);
+    pset_free(&w->known);
+    pset_free(&w->watch);
+    pset_free(&w->stop);
+    Py_XDECREF(w->held);
+    Py_XDECREF(w->out);
+    Py_XDECREF(w->clock);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+static int
+fill_types(pset *s, PyObject *types)
+{
+    PyObject *it = PyObject_GetIter(types);
+    if (it == NULL)
+        return -1;
+    PyObject *t;
+    while ((t = PyIter_Next(it)) != NULL) {
+        int r = PyType_Check(t) ? pset_add(s, t) : 0;
+        Py_DECREF(t);   /* types the scan knows are held by the scan */
+        if (r < 0) {
+            Py_DECREF(it);
+            return -1;
+        }
+    }
+    Py_DECREF(it);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static int
+fill_ids(pset *s, PyObject *ids)
+{
+    PyObject *it = PyObject_GetIter(ids);
+    if (it == NULL)
+        return -1;
+    PyObject *i;
+    while ((i = PyIter_Next(it)) != NULL) {
+        void *p = PyLong_AsVoidPtr(i);
+        Py_DECREF(i);
+        if (p == NULL && PyErr_Occurred()) {
+            Py_DECREF(it);
+            return -1;
+        }
+        if (p != NULL && pset_add(s, p) < 0) {
+            Py_DECREF(it);
+            return -1;
+        }
+    }
+    Py_DECREF(it);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *
+Walker_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"plain", "watch", "stop", "check_singles", "max_depth", "clock",
+                             NULL};
+    PyObject *plain, *watch, *stop, *clock;
+    int check_singles, max_depth;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOpiO", kwlist, &plain, &watch, &stop,
+                                     &check_singles, &max_depth, &clock))
+        return NULL;
+    if (!PyCallable_Check(clock)) {
+        PyErr_SetString(PyExc_TypeError, "clock must be callable");
+        return NULL;
+    }
+    Walker *w = (Walker *)type->tp_alloc(type, 0);
+    if (w == NULL)
+        return NULL;
+    w->check_singles = check_singles;
+    w->max_depth = max_depth;
+    Py_INCREF(clock);
+    w->clock = clock;
+    w->held = PyList_New(0);
+    w->out = PyList_New(0);
+    if (w->held == NULL || w->out == NULL || fill_types(&w->plain, plain) < 0
+        || fill_types(&w->known, plain) < 0 || fill_types(&w->watch, watch) < 0
+        || fill_ids(&w->stop, stop) < 0) {
+        Py_DECREF(w);
+        return NULL;
+    }
+    return (PyObject *)w;
+}
+
+/* learn(tp, plain, watch): Python's verdict on a type. */
+static PyObject *
+Walker_learn(Walker *w, PyObject *args)
+{
+    PyObject *tp;
+    int plain, watch;
+    if (!PyArg_ParseTuple(args, "O!pp", &PyType_Type, &tp, &plain, &watch))
+        return NULL;
+    if (pset_add(&w->known, tp) < 0 || (plain && pset_add(&w->plain, tp) < 0)
+        || (watch && pset_add(&w->watch, tp) < 0))
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* push(objs, depth): plain objects to walk, from Python (not looked up in seen). */
+static PyObject *
+Walker_push(Walker *w, PyObject *args)
+{
+    PyObject *objs;
+    int depth;
+    if (!PyArg_ParseTuple(args, "O!i", &PyList_Type, &objs, &depth))
+        return NULL;
+    for (Py_ssize_t i = PyList_GET_SIZE(objs) - 1; i >= 0; i--) {
+        PyObject *o = PyList_GET_ITEM(objs, i);
+        if (Py_REFCNT(o) > 2) {   /* the list's reference and another: remember it */
+            int added = pset_add(&w->seen, o);
+            if (added < 0 || (added == 1 && PyList_Append(w->held, o) < 0))
+                return NULL;
+        }
+        if (push(w, o, depth) < 0)
+            return NULL;
+    }
+    w->count -= PyList_GET_SIZE(objs);   /* counted by Python already */
+    Py_RETURN_NONE;
+}
+
+#define CHECK_EVERY 1024
+
+/* run(deadline): walk until the stack is empty (returns (handed back, True)), the
+   clock passes ``deadline`` or an object of a type not classified yet is met
+   (returns (handed back, False): classify the types handed back, then run again). */
+static PyObject *
+Walker_run(Walker *w, PyObject *arg)
+{
+    double deadline = PyFloat_AsDouble(arg);
+    if (deadline == -1.0 && PyErr_Occurred())
+        return NULL;
+    unsigned steps = 0;
+    int done = 1;
+    w->failed = 0;
+    w->paused = 0;
+    while (w->top && !w->paused) {
+        if (++steps % CHECK_EVERY == 0) {
+            PyObject *now = PyObject_CallNoArgs(w->clock);
+            if (now == NULL)
+                return NULL;
+            double t = PyFloat_AsDouble(now);
+            Py_DECREF(now);
+            if (t == -1.0 && PyErr_Occurred())
+                return NULL;
+            if (t >= deadline) {
+                done = 0;
+                break;
+            }
+        }
+        frame *f = &w->stack[w->top - 1];
+        PyObject *o = f->obj;
+        int depth = f->depth + 1;
+        if (PyList_CheckExact(o)) {
+            if (f->pos < PyList_GET_SIZE(o)) {
+                /* borrowed: nothing consider() does runs code that could drop it (no
+                   object the collector tracks is made), and a reference of ours would
+                   hide that only the list holds it */
+                PyObject *item = PyList_GET_ITEM(o, f->pos);
+                f->pos++;
+                if (consider(w, item, depth) < 0)
+                    return NULL;
+                continue;
+            }
+        }
+        else if (PyTuple_CheckExact(o)) {
+            if (f->pos < PyTuple_GET_SIZE(o)) {
+                PyObject *item = PyTuple_GET_ITEM(o, f->pos);
+                f->pos++;
+                if (consider(w, item, depth) < 0)
+                    return NULL;
+                continue;
+            }
+        }
+        else if (PyDict_CheckExact(o)) {
+            PyObject *k, *v;
+            if (PyDict_Next(o, &f->pos, &k, &v)) {   /* borrowed, as above */
+                if (consider(w, k, depth) < 0 || consider(w, v, depth) < 0)
+                    return NULL;
+                continue;
+            }
+        }
+        else {
+            /* read whole through its type's traverse, as gc.get_referents does */
+            w->top--;
+            w->depth = f->depth;
+            traverseproc traverse = Py_TYPE(o)->tp_traverse;
+            if (PyObject_IS_GC(o) && traverse != NULL)
+                traverse(o, visit, w);
+            Py_DECREF(o);
+            if (w->failed)
+                return NULL;
+            continue;
+        }
+        /* a list, tuple or dict read to its end */
+        w->top--;
+        Py_DECREF(o);
+    }
+    PyObject *out = w->out;
+    w->out = PyList_New(0);
+    if (w->out == NULL) {
+        w->out = out;
+        return NULL;
+    }
+    if (w->paused && w->top)
+        done = 0;
+    PyObject *result = Py_BuildValue("(NO)", out, done ? Py_True : Py_False);
+    return result;
+}
+
+static PyObject *
+Walker_clear(Walker *w, PyObject *Py_UNUSED(ignored))
+{
+    clear_state(w);
+    (void)PyList_SetSlice(w->out, 0, PyList_GET_SIZE(w->out), NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Walker_get_pending(Walker *w, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSize_t(w->top);
+}
+
+static PyObject *
+Walker_get_count(Walker *w, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(w->count);
+}
+
+static PyObject *
+Walker_get_deep(Walker *w, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(w->deep);
+}
+
+static PyMethodDef Walker_methods[] = {
+    {"learn", (PyCFunction)Walker_learn, METH_VARARGS,
+     "learn(tp, plain, watch): tp is classified; walked here if plain; looked at "
+     "untracked if watch (types are held by the caller)."},
+    {"push", (PyCFunction)Walker_push, METH_VARARGS,
+     "push(objs, depth): plain objects to walk (a list), at that depth."},
+    {"run", (PyCFunction)Walker_run, METH_O,
+     "run(deadline) -> (handed back, done): walk until done or the clock passes deadline."},
+    {"clear", (PyCFunction)Walker_clear, METH_NOARGS,
+     "clear(): forget and let go of everything the walk holds."},
+    {NULL}
+};
+
+static PyGetSetDef Walker_getset[] = {
+    {"pending", (getter)Walker_get_pending, NULL, "objects still on the stack", NULL},
+    {"count", (getter)Walker_get_count, NULL, "objects entered here", NULL},
+    {"deep", (getter)Walker_get_deep, NULL, "a structure deeper than max_depth was cut", NULL},
+    {NULL}
+};
+
+static PyTypeObject WalkerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "jupyter_gpumem.core._reach.Walker",
+    .tp_basicsize = sizeof(Walker),
+    .tp_dealloc = (destructor)Walker_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Walker(plain, watch, stop, check_singles, max_depth, clock): see the module.",
+    .tp_methods = Walker_methods,
+    .tp_getset = Walker_getset,
+    .tp_new = Walker_new,
+};
+
+static struct PyModuleDef reach_module = {
+    PyModuleDef_HEAD_INIT, "_reach",
+    "The reach walk's core at C speed (optional; see jupyter_gpumem.core.scan_reach).", -1,
+    NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__reach(void)
+{
+    if (PyType_Ready(&WalkerType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&reach_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&WalkerType);
+    if (PyModule_AddObject(m, "Walker", (PyObject *)&WalkerType) < 0) {
+        Py_DECREF(&WalkerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,125 @@
+"""The scan's C core (jupyter_gpumem/core/_reach.c) against the Python walk.
+
+Every namespace here is scanned twice in the same real IPython shell, once with the
+C walker and once all in Python (``scan_reach.NATIVE = None``): each holder's bytes,
+largest path, sharing and the partial flag must be the same. The shapes are what
+notebooks hold (records, caches, nested containers, instances, cycles, shared
+storages, deep nesting) with tensors at every place a walk can meet them.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import run  # noqa: E402
+from jupyter_gpumem.backends import active_backends  # noqa: E402
+from jupyter_gpumem.core import scan as _scan  # noqa: E402
+from jupyter_gpumem.core import scan_reach  # noqa: E402
+
+needs_native = pytest.mark.skipif(scan_reach.NATIVE is None, reason="the C core is not built here")
+
+SHAPES = {
+    "records": "records = [{'id': i, 'text': str(i), 'tags': [i, i + 1], "
+               "'emb': torch.ones(4) if i % 1000 == 0 else None} for i in range(20_000)]",
+    "nested": "nested = {'a': ({'b': [set(), frozenset({1}), (torch.ones(8),)]},), "
+              "'c': [[[[torch.ones(16)]]]]}",
+    "instances": "class Box:\n    pass\nboxes = []\nfor _i in range(500):\n    b = Box()\n"
+                 "    b.t = torch.ones(2) if _i % 50 == 0 else _i\n    b.d = {'x': [b]}\n"
+                 "    boxes.append(b)",
+    "slots": "class S:\n    __slots__ = ('t', 'u')\n    def __init__(self):\n"
+             "        self.t = torch.ones(32); self.u = [self]\nslotted = [S() for _ in range(10)]",
+    "cycles": "cyc = []\ncyc.append(cyc)\ncyc.append({'me': cyc, 't': torch.ones(64)})",
+    "shared": "base = torch.ones(1024)\nholder_a = {'v': base[:512]}\nholder_b = [base, (base,)]",
+    "collections": "import collections\nod = collections.OrderedDict(t=torch.ones(3))\n"
+                   "dd = collections.defaultdict(list)\ndd['k'].append(torch.ones(5))\n"
+                   "dq = collections.deque([torch.ones(7)])",
+    "untracked": "atoms = {'a': 1, 'b': 'x'}\ntup_atoms = (1, 2, 'x')\nstrings = ['s%d' % i for i in range(50_000)]\n"
+                 "strings.append({'t': torch.ones(2), 'n': (1, 2)})",
+    "deep_ok": "deep_ok = []\n_c = deep_ok\nfor _i in range(1500):\n    _n = []\n    _c.append(_n)\n"
+               "    _c = _n\n_c.append(torch.ones(9))",
+    "deep_cut": "deep_cut = []\n_c = deep_cut\nfor _i in range(6000):\n    _n = []\n    _c.append(_n)\n"
+                "    _c = _n\n_c.append(torch.ones(11))",
+    "model": "model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))\n"
+             "opt = torch.optim.Adam(model.parameters())\nmodel(torch.ones(2, 8)).sum().backward()\nopt.step()\n"
+             "cache = {'fn': lambda: model, 'layers': list(model)}",
+    "big_list": "big_same = [[torch.ones(1)]] * 200_000\nbig_distinct = [[i] for i in range(200_000)]",
+}
+
+
+def _report(ip):
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    rows = {h.name: (h.unique, h.shared, h.largest_path, tuple(sorted(h.shared_with)))
+            for h in snap.holders}
+    return rows, snap.partial, sorted(m for m in snap.messages if "deeper" in m or "time" in m)
+
+
+@needs_native
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_the_c_walk_finds_what_the_python_walk_finds(ip, shape, monkeypatch):
+    run(ip, "import torch")
+    run(ip, SHAPES[shape])
+    native = _report(ip)
+    monkeypatch.setattr(scan_reach, "NATIVE", None)
+    python = _report(ip)
+    assert native == python
+    rows, partial, cuts = native
+    assert rows, "the shape holds tensors: something is found"
+    if shape == "deep_cut":
+        assert partial and any("deeper than" in c and "deep_cut" in c for c in cuts), cuts
+    else:
+        assert not partial, cuts
+
+
+@needs_native
+def test_the_c_walk_is_used_and_does_the_reading(ip):
+    """The walk goes through the C core where it is built (what the benchmark measures)."""
+    run(ip, "import torch\nrecords = [{'id': i, 'tags': [i]} for i in range(50_000)]\n"
+            "records.append(torch.ones(3))")
+    roots = [r for r in _scan.collect_roots(None, ip) if r.name == "records"]
+    reacher = scan_reach.Reacher(active_backends(), None, set(), None, 4000, False)
+    assert reacher.native is not None
+    reacher.deadline = time.perf_counter() + 10
+    found, count = reacher.walk(roots[0].obj)
+    assert count >= 100_000 and len(found) == 1
+
+
+@needs_native
+def test_the_c_walk_lets_go_of_everything_it_held(ip):
+    run(ip, "import torch\nshared = torch.ones(2)\ndata = [[shared, {'k': shared}] for _ in range(1000)]")
+    obj = ip.user_ns["data"]
+    inner = obj[0]
+    ip.run_line_magic("gpumem", "--device cpu -o")
+    before = sys.getrefcount(obj), sys.getrefcount(inner), sys.getrefcount(ip.user_ns["shared"])
+    for _ in range(3):
+        ip.run_line_magic("gpumem", "--device cpu -o")
+    after = sys.getrefcount(obj), sys.getrefcount(inner), sys.getrefcount(ip.user_ns["shared"])
+    assert after == before
+
+
+@needs_native
+def test_the_c_walk_stops_at_its_deadline_inside_one_list():
+    walker = scan_reach.NATIVE({list}, set(), set(), False, 4000, time.perf_counter)
+    walker.push([[[i] for i in range(2_000_000)]], 0)
+    start = time.perf_counter()
+    got, done = walker.run(start + 0.01)
+    took = time.perf_counter() - start
+    assert not done and walker.pending and took < 0.05
+    while not done:
+        got, done = walker.run(time.perf_counter() + 1)
+    assert walker.count == 2_000_000
+    walker.clear()
+    assert walker.pending == 0
+
+
+def test_a_checkout_with_a_compiler_builds_the_c_core():
+    """An editable install (scripts/setup.sh, CI) builds it where a compiler is found;
+    JUPYTER_GPUMEM_PURE_SCAN=1 is the one way to run without it."""
+    if os.environ.get("JUPYTER_GPUMEM_PURE_SCAN") or not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no compiler here, or the Python walk asked for")
+    assert scan_reach.NATIVE is not None, "hatch_build.py did not build jupyter_gpumem/core/_reach.c"
