@@ -7,7 +7,11 @@ import type { Kernel, KernelMessage } from '@jupyterlab/services';
 import type { IDisposable } from '@lumino/disposable';
 import type { ISignal } from '@lumino/signaling';
 
-import { COMM_TARGET, LOAD_EXTENSION_CODE } from './constants';
+import {
+  COMM_TARGET,
+  LOAD_EXTENSION_CODE,
+  PURGE_SNAPSHOT_WAIT_MS
+} from './constants';
 import { SidebarModel } from './model';
 import { parseKernelMessage, Requests, SidebarRequest } from './protocol';
 
@@ -151,6 +155,7 @@ export class KernelChannel implements IDisposable {
       return;
     }
     this._isDisposed = true;
+    this._clearAfterPurge();
     this._unwatch();
     this._closeComm(true);
     this._session = null;
@@ -228,9 +233,26 @@ export class KernelChannel implements IDisposable {
       this.model.setError(parsed.reason);
       return;
     }
-    this.model.handle(parsed.message);
-    if (parsed.message.type === 'hello') {
+    const message = parsed.message;
+    this.model.handle(message);
+    if (message.type === 'hello') {
       this._send(id => Requests.setDevice(id, this.model.device));
+    } else if (message.type === 'snapshot') {
+      this._clearAfterPurge();
+    } else if (message.type === 'purge_result' && !message.result.dry_run) {
+      // the kernel pushes the snapshot after a purge; if none comes, ask for it
+      this._clearAfterPurge();
+      this._afterPurge = setTimeout(() => {
+        this._afterPurge = null;
+        this.refresh();
+      }, PURGE_SNAPSHOT_WAIT_MS);
+    }
+  }
+
+  private _clearAfterPurge(): void {
+    if (this._afterPurge !== null) {
+      clearTimeout(this._afterPurge);
+      this._afterPurge = null;
     }
   }
 
@@ -317,4 +339,5 @@ export class KernelChannel implements IDisposable {
   private _reconnectOnIdle = false;
   private _executedSinceCheck = false;
   private _isDisposed = false;
+  private _afterPurge: ReturnType<typeof setTimeout> | null = null;
 }

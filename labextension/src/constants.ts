@@ -41,6 +41,12 @@ export const TIMELINE_POINTS = 120;
  */
 export const REFRESH_INTERVAL_MS = 15000;
 
+/**
+ * How long the sidebar waits for the snapshot the kernel pushes after a
+ * purge before it asks for one, in ms.
+ */
+export const PURGE_SNAPSHOT_WAIT_MS = 1500;
+
 /** Most names listed in the purge confirmation before "and N more". */
 export const CONFIRM_LIST_MAX = 12;
 

@@ -532,6 +532,28 @@ describe('GpuMemSidebar', () => {
     expect(ctx.model.lastPurge).toBeNull();
   });
 
+  it('asks for the snapshot after a purge if the kernel does not push it', async () => {
+    const ctx = setUp();
+    ctx.sidebar.poll.dispose(); // only the purge's own request is counted here
+    ready(ctx);
+    ctx
+      .comm()
+      .receive({ type: 'purge_result', result: purgeResult(), reply_to: 2 });
+    expect(ctx.comm().sent).toEqual([]);
+    await new Promise(resolve => setTimeout(resolve, 1600));
+    expect(ctx.comm().sent).toEqual([{ type: 'refresh', id: 2 }]);
+    // pushed in time: nothing asked
+    ctx.comm().sent = [];
+    ctx
+      .comm()
+      .receive({ type: 'purge_result', result: purgeResult(), reply_to: 3 });
+    ctx
+      .comm()
+      .receive({ type: 'snapshot', snapshot: snapshot({ holders: [] }) });
+    await new Promise(resolve => setTimeout(resolve, 1600));
+    expect(ctx.comm().sent).toEqual([]);
+  });
+
   it('applies a new refresh interval to its poll', () => {
     const ctx = setUp();
     ctx.sidebar.refreshInterval = 2000;
