@@ -340,6 +340,25 @@ LAYOUT_PROBLEMS = r"""
 """
 
 
+# The widest run of cell-band pixels (a blue tint) across the middle of a chart, in CSS px.
+BAND_WIDTH = r"""
+id => {
+  const canvas = document.querySelector(`#jupyter-gpumem-sidebar .jp-GpuMem-chartBox[data-device='${id}'] canvas`);
+  const ctx = canvas.getContext('2d');
+  const y = Math.round(canvas.height * 0.4);
+  const row = ctx.getImageData(0, y, canvas.width, 1).data;
+  let best = 0, run = 0;
+  for (let x = 0; x < canvas.width; x++) {
+    const [r, g, b, a] = row.slice(4 * x, 4 * x + 4);
+    const band = a > 0 && b > r + 25 && g > r + 5;
+    run = band ? run + 1 : 0;
+    best = Math.max(best, run);
+  }
+  return best / (canvas.width / canvas.getBoundingClientRect().width);
+}
+"""
+
+
 def _scenario(lab, page) -> None:
     timings = {}
     start = time.monotonic()
@@ -594,6 +613,8 @@ def test_replay_of_a_recorded_stream_for_the_readme_picture(tmp_path, page):
                 arg=device, timeout=30000,
             )
             assert page.evaluate(LAYOUT_PROBLEMS) == []
+            # cell bands are drawn, wider than a hairline
+            assert page.evaluate(BAND_WIDTH, device) >= 4
             kernel = sidebar.locator(".jp-GpuMem-kernel")
             assert name in kernel.get_attribute("title")
             assert page.evaluate("() => { const k = document.querySelector("
