@@ -6,6 +6,8 @@ function names and record attributes); the real path runs in
 """
 from __future__ import annotations
 
+import mmap
+import os
 import types
 
 import pytest
@@ -192,3 +194,33 @@ def test_distributed_data_parallel_counts_once(ip, tmp_path):
         ip.run_line_magic("gpumem", "purge ddp m --device cpu")
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux's /proc")
+def test_host_figures_are_read_fresh_from_kept_proc_files_and_a_forked_child_reads_its_own():
+    total, avail, rss = devices._host_memory()
+    with open("/proc/self/statm") as f:
+        expect = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    assert total > avail > 0 and abs(rss - expect) < 16 << 20
+    grown = _resident(64 << 20)
+    assert devices._host_memory()[2] >= rss + (48 << 20), "read again, not a kept figure"
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child grows by 128 MiB while the parent waits: it must see it
+        try:
+            before = devices._host_memory()[2]
+            more = _resident(128 << 20)  # noqa: F841
+            os.write(write, str(devices._host_memory()[2] - before).encode())
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert int(os.read(read, 64)) >= 96 << 20, "the child read the parent's figures"
+    grown.close()
+
+
+def _resident(nbytes: int) -> mmap.mmap:
+    """Fresh pages, each touched: resident (freed heap memory could be reused)."""
+    m = mmap.mmap(-1, nbytes)
+    for at in range(0, nbytes, mmap.PAGESIZE):
+        m[at] = 1
+    return m

@@ -43,7 +43,7 @@ class DeviceUsage:
     used_process: int | None = None
     free: int | None = None
     frameworks: list[FrameworkUsage] = field(default_factory=list)
-    attributed: int = 0
+    attributed: int | None = None   # bytes a scan reached here; None: no scan yet
     notes: list[str] = field(default_factory=list)
     time: float = field(default_factory=time.time)
 
@@ -157,22 +157,41 @@ def _nvml_index(acc: AcceleratorInfo) -> tuple[int | None, bool]:
     return (visible[ordinal] if ordinal < len(visible) else None), False
 
 
+_PROC_FDS: dict[tuple[int, str], int] = {}   # (pid, path) -> an open descriptor
+
+
+def read_proc(path: str) -> bytes:
+    """A /proc file's text now. Opening a /proc file costs far more than reading it
+    (tens of µs on a busy machine, several times per cell), so each is opened once
+    per process and read again from its start; a forked child opens its own
+    (``/proc/self`` names the process that opened it)."""
+    key = (os.getpid(), path)
+    fd = _PROC_FDS.get(key)
+    if fd is None:
+        fd = _PROC_FDS[key] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        return os.pread(fd, 16384, 0)
+    except OSError:
+        _PROC_FDS.pop(key, None)
+        os.close(fd)
+        raise
+
+
 def _host_memory() -> tuple[int | None, int | None, int | None]:
     """(total, available, this process's resident set) of host RAM."""
     total = avail = rss = None
     try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        page = os.sysconf("SC_PAGE_SIZE")
+        total = page * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        pass
+        page = None
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-        with open("/proc/self/statm") as f:
-            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
+        info = read_proc("/proc/meminfo")
+        at = info.index(b"MemAvailable:")
+        avail = int(info[at + 13:info.index(b"\n", at)].split()[0]) * 1024
+        if page:
+            rss = int(read_proc("/proc/self/statm").split()[1]) * page
+    except (OSError, ValueError, IndexError, AttributeError):
         pass
     return total, avail, rss
 
