@@ -223,46 +223,32 @@ Walker_dealloc(Walker *w)
     Py_TYPE(w)->tp_free((PyObject *)w);
 }
 
+/* Every item of ``items`` into ``s``: types (``ids`` 0; other objects are left out)
+   or ids (``ids`` 1: ints, the addresses id() gives). */
 static int
-fill_types(pset *s, PyObject *types)
+fill(pset *s, PyObject *items, int ids)
 {
-    PyObject *it = PyObject_GetIter(types);
+    PyObject *it = PyObject_GetIter(items);
     if (it == NULL)
         return -1;
-    PyObject *t;
-    while ((t = PyIter_Next(it)) != NULL) {
-        int r = PyType_Check(t) ? pset_add(s, t) : 0;
-        Py_DECREF(t);   /* types the scan knows are held by the scan */
-        if (r < 0) {
-            Py_DECREF(it);
-            return -1;
+    PyObject *item;
+    int r = 0;
+    while (r == 0 && (item = PyIter_Next(it)) != NULL) {
+        void *p = NULL;
+        if (ids) {
+            p = PyLong_AsVoidPtr(item);
+            if (p == NULL && PyErr_Occurred())
+                r = -1;
         }
+        else if (PyType_Check(item)) {
+            p = item;   /* types the scan knows are held by the scan */
+        }
+        Py_DECREF(item);
+        if (p != NULL && pset_add(s, p) < 0)
+            r = -1;
     }
     Py_DECREF(it);
-    return PyErr_Occurred() ? -1 : 0;
-}
-
-static int
-fill_ids(pset *s, PyObject *ids)
-{
-    PyObject *it = PyObject_GetIter(ids);
-    if (it == NULL)
-        return -1;
-    PyObject *i;
-    while ((i = PyIter_Next(it)) != NULL) {
-        void *p = PyLong_AsVoidPtr(i);
-        Py_DECREF(i);
-        if (p == NULL && PyErr_Occurred()) {
-            Py_DECREF(it);
-            return -1;
-        }
-        if (p != NULL && pset_add(s, p) < 0) {
-            Py_DECREF(it);
-            return -1;
-        }
-    }
-    Py_DECREF(it);
-    return PyErr_Occurred() ? -1 : 0;
+    return (r < 0 || PyErr_Occurred()) ? -1 : 0;
 }
 
 static PyObject *
@@ -288,9 +274,9 @@ Walker_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     w->clock = clock;
     w->held = PyList_New(0);
     w->out = PyList_New(0);
-    if (w->held == NULL || w->out == NULL || fill_types(&w->plain, plain) < 0
-        || fill_types(&w->known, plain) < 0 || fill_types(&w->watch, watch) < 0
-        || fill_ids(&w->stop, stop) < 0) {
+    if (w->held == NULL || w->out == NULL || fill(&w->plain, plain, 0) < 0
+        || fill(&w->known, plain, 0) < 0 || fill(&w->watch, watch, 0) < 0
+        || fill(&w->stop, stop, 1) < 0) {
         Py_DECREF(w);
         return NULL;
     }
@@ -365,21 +351,13 @@ Walker_run(Walker *w, PyObject *arg)
         frame *f = &w->stack[w->top - 1];
         PyObject *o = f->obj;
         int depth = f->depth + 1;
-        if (PyList_CheckExact(o)) {
-            if (f->pos < PyList_GET_SIZE(o)) {
+        if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) {
+            /* the length read again each step: a list can change between two runs */
+            if (f->pos < PySequence_Fast_GET_SIZE(o)) {
                 /* borrowed: nothing consider() does runs code that could drop it (no
                    object the collector tracks is made), and a reference of ours would
                    hide that only the list holds it */
-                PyObject *item = PyList_GET_ITEM(o, f->pos);
-                f->pos++;
-                if (consider(w, item, depth) < 0)
-                    return NULL;
-                continue;
-            }
-        }
-        else if (PyTuple_CheckExact(o)) {
-            if (f->pos < PyTuple_GET_SIZE(o)) {
-                PyObject *item = PyTuple_GET_ITEM(o, f->pos);
+                PyObject *item = PySequence_Fast_GET_ITEM(o, f->pos);
                 f->pos++;
                 if (consider(w, item, depth) < 0)
                     return NULL;
