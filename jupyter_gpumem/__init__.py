@@ -6,11 +6,9 @@ Importing the package imports neither IPython nor any framework.
 """
 from __future__ import annotations
 
-from .api import PurgeError, PurgeResult, Snapshot, Watch, purge, snapshot, watch
+from .api import PurgeError, PurgeResult, Snapshot, Watch, __version__, purge, snapshot, watch
 
-__version__ = "0.1.0"
-
-__all__ = ["snapshot", "purge", "watch", "PurgeError", "PurgeResult", "Snapshot", "Watch",
+__all__ = ["__version__", "snapshot", "purge", "watch", "PurgeError", "PurgeResult", "Snapshot", "Watch",
            "load_ipython_extension", "unload_ipython_extension"]
 
 

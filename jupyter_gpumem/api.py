@@ -13,6 +13,8 @@ from .core.purge import purge as _purge
 from .core.snapshot import Snapshot, build
 from .watch.scope import Watch, watch
 
+__version__ = "0.1.0"
+
 __all__ = ["snapshot", "purge", "watch", "PurgeError", "PurgeResult", "Snapshot", "Watch"]
 
 

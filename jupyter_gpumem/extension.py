@@ -10,18 +10,17 @@ from .magics import tame as _tame
 from .magics import trace as _trace
 from .magics import GpuMemMagics
 from .views import comm as _comm
+from .views import panel as _panel
 from .magics import watch as _watch
-
-_loaded: dict[int, Any] = {}
 
 
 def load(ip) -> None:
     """Register the magics, the session and the sidebar's comm target on the shell ``ip``."""
-    if id(ip) in _loaded:
-        return
+    session = _session.session_of(ip)
+    if session is not None and isinstance(session.settings, GpuMemMagics):
+        return      # loaded already
     magics = GpuMemMagics(shell=ip)
     ip.register_magics(magics)
-    _loaded[id(ip)] = magics
     _session.open_session(ip, magics)
     _guarded("comm", lambda: _comm.register_comm(ip))
     for name, on_load in (("watch", _watch.on_load), ("tame", _tame.on_load),
@@ -31,10 +30,12 @@ def load(ip) -> None:
 
 def unload(ip) -> None:
     """Remove every magic, hook, thread and comm target :func:`load` added."""
-    magics = _loaded.pop(id(ip), None)
-    if magics is None:
+    session = _session.session_of(ip)
+    magics = session.settings if session is not None else None
+    if not isinstance(magics, GpuMemMagics):
         return
     _guarded("comm", lambda: _comm.unregister_comm(ip))
+    _guarded("panel", lambda: _panel.close(ip))
     magics.run_cleanups()
     _session.close_session(ip)
     mm = ip.magics_manager

@@ -33,7 +33,10 @@ import time
 from typing import Any, Callable, Protocol
 
 from .core.snapshot import build, build_steps
-from .core.monitor import CellEvents, hook_cells, unhook_cells
+from .core import monitor as _monitor
+from .core.monitor import CellEvents
+from . import cluster
+from .settings import GpuMemSettings
 
 
 #: seconds the kernel must have been idle after a cell before the views refresh
@@ -73,8 +76,6 @@ def drive_now(steps) -> Any:
 def cluster_part(client: Any, names: Any, device: str, time_limit: float) -> dict | str:
     """The cluster part of a snapshot (JSON), or a one-line note of why there is none.
     Asks only the cluster (``names`` were walked on the main thread): any thread."""
-    from . import cluster
-
     try:
         part = cluster.snapshot(client, names=names, device=device,
                                 time_limit=time_limit).to_json()
@@ -106,10 +107,18 @@ class View(Protocol):
 class Session:
     """What the extension keeps for one shell (see the module docstring)."""
 
-    def __init__(self, shell: Any, settings: Any) -> None:
+    def __init__(self, shell: Any, settings: GpuMemSettings | None = None) -> None:
         self.shell = shell
-        #: the configurable with the user's settings (``GpuMemMagics``)
-        self.settings = settings
+        #: the user's settings: the magics (a :class:`GpuMemSettings`) once loaded
+        self.settings = settings if settings is not None else GpuMemSettings()
+        #: what the upper layers keep for this shell, owned here and nowhere else:
+        #: the watch state (history, timeline, footer), the live panel, the comm hub
+        self.watch: Any = None
+        self.panel: Any = None
+        self.comm_hub: Any = None
+        #: (pre, post) of the views and the footer: called from the session's own hooks,
+        #: the shell's only pre/post_run_cell callbacks of the extension (trace aside)
+        self._cell_hooks: list[tuple[Callable, Callable]] = []
         self._views: list[View] = []
         self._cells = CellEvents(shell)
         self._generation = 0          # cells ended so far; a refresh from an older one is dropped
@@ -119,16 +128,16 @@ class Session:
         self._cluster_threads: list[threading.Thread] = []
         #: what refreshing costs: how many, their wall seconds, how many were dropped
         self.stats = {"refreshes": 0, "seconds": 0.0, "dropped": 0, "deferred": 0}
-        hook_cells(shell, self._pre_run_cell, self._post_run_cell)
+        _monitor.hook_cells(shell, self._pre_run_cell, self._post_run_cell)
 
     # -- settings ----------------------------------------------------------------
     @property
     def time_limit(self) -> float:
-        return float(getattr(self.settings, "scan_time_limit", 3.0))
+        return float(self.settings.scan_time_limit)
 
     @property
     def default_device(self) -> str:
-        return str(getattr(self.settings, "default_device", "auto"))
+        return str(self.settings.default_device)
 
     # -- views -------------------------------------------------------------------
     def add_view(self, view: View) -> None:
@@ -164,10 +173,26 @@ class Session:
         drive_now(self._refresh_steps(self._generation))
 
     # -- cell events (main thread) ---------------------------------------------------
+    def hook_cells(self, pre: Callable, post: Callable) -> None:
+        """Call ``pre(info)`` and ``post(result)`` around every cell, after the session's own."""
+        if (pre, post) not in self._cell_hooks:
+            self._cell_hooks.append((pre, post))
+
+    def unhook_cells(self, pre: Callable, post: Callable) -> None:
+        if (pre, post) in self._cell_hooks:
+            self._cell_hooks.remove((pre, post))
+
     def _pre_run_cell(self, info: Any = None) -> None:
         self._cells.pre(info)
+        for pre, _ in list(self._cell_hooks):
+            _guarded(pre, info)
 
     def _post_run_cell(self, result: Any = None) -> None:
+        self._after_cell(result)
+        for _, post in list(self._cell_hooks):
+            _guarded(post, result)
+
+    def _after_cell(self, result: Any) -> None:
         try:
             self._cells.post(result)
             if self._cells.running():
@@ -270,8 +295,6 @@ class Session:
         devices given; nothing when Dask is not in use or no client is connected.
         The walk of the names runs here (main thread), the question to the cluster
         is an :class:`Offload`; together within ``scan_time_limit``."""
-        from . import cluster
-
         if not cluster.dask_imported():
             return {}
         client = cluster.find_client(shell=self.shell)
@@ -323,7 +346,34 @@ class Session:
                 if thread is not threading.current_thread():
                     thread.join(self.time_limit + 1.0)
             self._cluster_threads.clear()
-        unhook_cells(self.shell, self._pre_run_cell, self._post_run_cell)
+        self._cell_hooks.clear()
+        _monitor.unhook_cells(self.shell, self._pre_run_cell, self._post_run_cell)
+
+
+def _guarded(fn: Callable, arg: Any) -> None:
+    try:
+        fn(arg)
+    except Exception as exc:  # noqa: BLE001 - as IPython's own events: one line, go on
+        print(f"jupyter_gpumem: {getattr(fn, '__qualname__', fn)} failed: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def hook_cells(shell: Any, pre: Callable, post: Callable) -> None:
+    """Hook ``pre``/``post`` around the cells of ``shell``: through its session where the
+    extension is loaded, else on the shell's events directly."""
+    session = session_of(shell)
+    if session is not None:
+        session.hook_cells(pre, post)
+    else:
+        _monitor.hook_cells(shell, pre, post)
+
+
+def unhook_cells(shell: Any, pre: Callable, post: Callable) -> None:
+    """Undo :func:`hook_cells` (both ways: the session may have come or gone since)."""
+    session = session_of(shell)
+    if session is not None:
+        session.unhook_cells(pre, post)
+    _monitor.unhook_cells(shell, pre, post)
 
 
 def _add_cluster(data: dict, part: dict | str | None) -> None:
@@ -354,11 +404,14 @@ def _running_loop_and_task(shell: Any) -> tuple[Any, Any]:
 _sessions: dict[int, Session] = {}
 
 
-def open_session(shell: Any, settings: Any) -> Session:
-    """The session of ``shell``, made on first use."""
+def open_session(shell: Any, settings: GpuMemSettings | None = None) -> Session:
+    """The session of ``shell``, made on first use; ``settings`` (the magics, at load)
+    become its settings."""
     session = _sessions.get(id(shell))
     if session is None or session.shell is not shell:
         session = _sessions[id(shell)] = Session(shell, settings)
+    elif settings is not None:
+        session.settings = settings
     return session
 
 

@@ -87,7 +87,7 @@ def test_open_says_hello_and_starts_sampling(shell):
     assert len(hello) == 1
     assert hello[0]["device"] == "auto"
     assert hello[0]["version"] == __import__("jupyter_gpumem").__version__
-    hub = gpucomm._hubs[id(shell)]
+    hub = gpucomm.hub_of(shell)
     assert hub.thread is not None and hub.thread.is_alive()
 
 
@@ -215,7 +215,7 @@ def test_malformed_requests_get_an_error_and_change_nothing(shell, data, why):
     shell.run_cell("import torch; big = torch.ones(1024, 1024)")
     c = open_sidebar()
     send(c, {"type": "set_device", "device": "cpu"})
-    channel = gpucomm._hubs[id(shell)].channels[0]
+    channel = gpucomm.hub_of(shell).channels[0]
     replies = send(c, data)
     assert len(replies) == 1
     assert replies[0]["type"] == "error"
@@ -241,7 +241,7 @@ def test_error_reply_echoes_a_valid_id_only(shell):
 
 
 def test_devices_are_sent_from_a_thread_while_a_cell_runs(shell):
-    hub = gpucomm._hubs[id(shell)]
+    hub = gpucomm.hub_of(shell)
     hub.interval = 0.2
     c = open_sidebar()
     send(c, {"type": "set_device", "device": "cpu"})
@@ -257,7 +257,7 @@ def test_devices_are_sent_from_a_thread_while_a_cell_runs(shell):
 
 
 def test_sampling_stops_when_the_last_comm_closes(shell):
-    hub = gpucomm._hubs[id(shell)]
+    hub = gpucomm.hub_of(shell)
     hub.interval = 0.05
     c = open_sidebar()
     thread = hub.thread
@@ -274,7 +274,7 @@ def test_sampling_stops_when_the_last_comm_closes(shell):
 
 def test_unregister_removes_target_hook_thread_and_comms(shell):
     manager = comm_pkg.get_comm_manager()
-    hub = gpucomm._hubs[id(shell)]
+    hub = gpucomm.hub_of(shell)
     c = open_sidebar()
     thread = hub.thread
     assert manager.targets[gpucomm.TARGET] == hub.on_open
@@ -309,11 +309,11 @@ def test_load_ext_registers_the_target_and_unload_removes_it():
     finally:
         ip.run_line_magic("unload_ext", "jupyter_gpumem")
     assert gpucomm.TARGET not in manager.targets
-    assert id(ip) not in gpucomm._hubs
+    assert gpucomm.hub_of(ip) is None
 
 
 def test_unload_is_quick_and_leaves_no_thread(shell):
-    hub = gpucomm._hubs[id(shell)]
+    hub = gpucomm.hub_of(shell)
     open_sidebar()
     start = time.perf_counter()
     gpucomm.unregister_comm(shell)

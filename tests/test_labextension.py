@@ -40,7 +40,7 @@ def _kernel_messages(path: Path) -> None:
         ip.run_line_magic("unload_ext", "jupyter_gpumem")
     gpucomm.register_comm(ip)
     try:
-        gpucomm._hubs[id(ip)].interval = 0.05
+        gpucomm.hub_of(ip).interval = 0.05
         ip.run_cell("import torch; big = torch.ones(1024, 1024)")
         c = open_sidebar()
         send(c, {"type": "set_device", "id": 1, "device": "cpu"})

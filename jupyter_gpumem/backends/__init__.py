@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, Registry,
                    StorageInfo)
+from . import cuda_context as _cuda_context
 from .cupy import CupyBackend
 from .jax import JaxBackend
 from .pytorch import TorchBackend
 from .tensorflow import KerasBackend, TensorFlowBackend
 
 # in report order; Keras sits before the framework its variables live in
-REGISTRY = Registry([TorchBackend(), KerasBackend(), TensorFlowBackend(), JaxBackend(),
-                     CupyBackend()])
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+REGISTRY = Registry()
+REGISTRY.backends += [TorchBackend(), KerasBackend(REGISTRY.active), TensorFlowBackend(),
+                      JaxBackend(), CupyBackend()]
 
 
 def register(backend: Backend) -> None:
@@ -34,8 +34,6 @@ def internals(device_ids, reached_keys, backends=None) -> tuple[list[Internal], 
     """Every active backend's internals on these devices, then the CUDA context's own
     parts on each CUDA device where this process has one; and one line per backend
     that failed (its internals are left out, the rest stands)."""
-    from .cuda_context import context_internals, context_limits
-
     ids = list(device_ids)
     out: list[Internal] = []
     errors: list[str] = []
@@ -47,7 +45,8 @@ def internals(device_ids, reached_keys, backends=None) -> tuple[list[Internal], 
     for dev in ids:
         if dev.startswith("cuda:") and dev[5:].isdigit():
             try:
-                out += context_internals(dev, context_limits(int(dev[5:])))
+                limits = _cuda_context.context_limits(int(dev[5:]))
+                out += _cuda_context.context_internals(dev, limits)
             except Exception:
                 pass
     return out, errors
@@ -78,19 +77,7 @@ def purge_estimate(device_ids, freed: dict, reached_keys, backends=None) -> dict
     return out
 
 
-def human_bytes(n: int | None) -> str:
-    """``1536`` -> ``1.5 KiB`` for the backends' one-line notes."""
-    if n is None:
-        return "n/a"
-    value = float(n)
-    for unit in _UNITS:
-        if abs(value) < 1024 or unit == _UNITS[-1]:
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
 __all__ = [
     "AcceleratorInfo", "Backend", "FrameworkUsage", "Internal", "PurgeEstimate", "StorageInfo",
-    "REGISTRY", "register", "active_backends", "human_bytes", "internals", "purge_estimate",
+    "REGISTRY", "register", "active_backends", "internals", "purge_estimate",
 ]

@@ -130,6 +130,44 @@ def instance_dict(obj: Any) -> dict:
     return d if type(d) is dict else {}
 
 
+#: a counter reading: field -> (current bytes, peak bytes)
+Reading = dict
+
+
+class PeakCounter:
+    """One resettable high-water mark (or a family of them) for one device: what
+    ``%%gpuwatch`` reads for an exact peak (see :mod:`jupyter_gpumem.watch.peaks`)."""
+
+    key: tuple = ()                    # (family, device)
+    device: str = ""
+    family: str = ""                   # the backend's name, or a host counter's
+    exact_label: str = ""
+    allocated_field: str | None = None   # the field of the allocated bytes' peak
+    reserved_field: str | None = None    # the field of the reserved bytes' peak
+    born_lazily: bool = False          # the allocator may begin inside a watched scope
+
+    def read(self) -> Reading | None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+
+class PeakLedgerView:
+    """What a backend's patches of the user's own peak functions ask the ledger."""
+
+    def before_user_reset(self, key: tuple) -> None:
+        """Fold the peak the user is about to reset into every open scope."""
+
+    def user_peaks(self, key: tuple, reading: Reading) -> dict:
+        """Peaks a user's reading should show (lifted by what scopes reset)."""
+        return {f: p for f, (_, p) in reading.items()}
+
+
+#: ``(module name, attribute, make(original) -> wrapper)``: a function of the user's to patch
+Patch = tuple
+
+
 class Backend:
     """Base class: a backend for one framework (see the module docstring)."""
 
@@ -137,6 +175,11 @@ class Backend:
     name = ""
     #: top-level module that must already be imported for the backend to work
     module = ""
+
+    @property
+    def lib(self) -> Any:
+        """The framework's module (only while :meth:`is_active`)."""
+        return sys.modules[self.module]
 
     def is_active(self) -> bool:
         """True when the user has imported the framework."""
@@ -238,6 +281,45 @@ class Backend:
     def hint(self, name: str, obj: Any, nbytes: int) -> str | None:
         """A one-line hint when ``obj`` held by ``name`` matches a leak pattern."""
         return None
+
+    def peak_counters(self, device_ids: Iterable[str]) -> list[PeakCounter]:
+        """The exact peak counters available now on these devices (never creating a
+        device context to get one)."""
+        return []
+
+    def peak_counter(self, key: tuple) -> PeakCounter | None:
+        """The counter of ``key`` (one of this backend's), to read it again."""
+        return None
+
+    def peak_patches(self, ledger: PeakLedgerView) -> list:
+        """The functions of the framework that reset or read its peaks, wrapped so a
+        user's reset inside a watched scope loses no peak and the user still sees the
+        real peaks: a list of :data:`Patch`."""
+        return []
+
+    #: environment settings that make the framework allocate on demand (``%gpumem tame``),
+    #: read when it sets up its devices; and those that also give every free back
+    tame_env: dict = {}
+    give_back_env: dict = {}
+
+    def tame_state(self) -> str:
+        """Whether :attr:`tame_env` still applies: ``not imported: ...``, ``imported, no
+        device used yet: ...``, or ``too late`` (it set up its devices already)."""
+        return "not imported: it will allocate on demand"
+
+    def type_name(self, name: str) -> str | None:
+        """What an object whose class is called ``name`` is, in a user's words
+        (``tensor`` for torch's ``Tensor``); None: the class name says it."""
+        return None
+
+    def is_oom(self, exc: BaseException, text: str) -> bool:
+        """Whether ``exc`` (its message ``text``) is this framework's out-of-memory error."""
+        return False
+
+
+def oom_by_name(exc: BaseException) -> bool:
+    """The ``OutOfMemoryError`` class of torch and CuPy, known by its name."""
+    return type(exc).__name__ == "OutOfMemoryError"
 
 
 @dataclass

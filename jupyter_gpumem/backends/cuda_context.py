@@ -24,6 +24,7 @@ import os
 import sys
 
 from .base import Internal
+from ..units import fmt_bytes
 
 _LIMIT_STACK, _LIMIT_PRINTF, _LIMIT_HEAP = 0, 1, 2
 _ATTR_SMS, _ATTR_THREADS_PER_SM = 16, 39
@@ -112,13 +113,12 @@ def context_internals(dev: str, limits: dict | None) -> list[Internal]:
 
 def rest_remainder(dev: str, nbytes: int, limits: dict | None = None) -> Internal:
     """What is left of the rest once the known parts are taken out."""
-    from . import human_bytes
 
     heap = ""
     if limits and (limits.get("heap") or limits.get("printf")):
         heap = (f", and, once a kernel uses them, the device malloc heap (up to "
-                f"{human_bytes(limits.get('heap') or 0)}) and the printf buffer "
-                f"({human_bytes(limits.get('printf') or 0)})")
+                f"{fmt_bytes(limits.get('heap') or 0)}) and the printf buffer "
+                f"({fmt_bytes(limits.get('printf') or 0)})")
     return Internal(
         "kernel images, library handles and the driver's own", dev, max(nbytes, 0), "cuda",
         freed_by_purge=False, kind="outside",

@@ -16,7 +16,10 @@ import gc
 import sys
 from typing import Any
 
-from .base import AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo
+from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo,
+                   oom_by_name)
+from ..units import fmt_bytes
+from . import nvml
 
 _MiB = 1 << 20
 
@@ -39,9 +42,7 @@ class CupyBackend(Backend):
     name = "cupy"
     module = "cupy"
 
-    @property
-    def cupy(self):
-        return sys.modules["cupy"]
+    cupy = Backend.lib
 
     def tensor_types(self) -> tuple[type, ...]:
         nd = getattr(sys.modules.get("cupy"), "ndarray", None)
@@ -62,8 +63,6 @@ class CupyBackend(Backend):
     # -- pools ----------------------------------------------------------------
     def _devices_in_use(self) -> list[int]:
         """The current device, and every device where this process has a context (NVML)."""
-        from . import nvml
-
         try:
             current = int(self.cupy.cuda.runtime.getDevice())
         except Exception:
@@ -134,7 +133,6 @@ class CupyBackend(Backend):
         return out
 
     def usage(self, device_ids, detail: bool = False) -> dict[str, FrameworkUsage]:
-        from . import human_bytes
 
         ids = set(device_ids)
         out: dict[str, FrameworkUsage] = {}
@@ -145,13 +143,13 @@ class CupyBackend(Backend):
             u = FrameworkUsage("cupy", allocated=used, reserved=total)
             u.free_in_reserved = total - used
             if total - used >= _MiB:
-                u.note = (f"cupy keeps {human_bytes(total - used)} of freed memory in its pool: "
+                u.note = (f"cupy keeps {fmt_bytes(total - used)} of freed memory in its pool: "
                           f"`%gpumem purge` gives it back")
             out[dev] = u
         if "cpu" in ids:
             blocks, nbytes = self.pinned_free()
             if blocks:
-                size = human_bytes(nbytes) if nbytes is not None else f"{blocks} block(s)"
+                size = fmt_bytes(nbytes) if nbytes is not None else f"{blocks} block(s)"
                 out["cpu"] = FrameworkUsage(
                     "cupy pinned", pool=nbytes,
                     note=f"cupy's pinned host pool keeps {size} of freed pinned memory: "
@@ -172,7 +170,6 @@ class CupyBackend(Backend):
             return None
 
     def internals(self, device_ids, reached_keys) -> list[Internal]:
-        from . import human_bytes
 
         ids = set(device_ids)
         out: list[Internal] = []
@@ -182,8 +179,8 @@ class CupyBackend(Backend):
                 out.append(Internal(
                     "CuPy memory pool: free blocks", dev, total - used, "cupy",
                     freed_by_purge=True, kind="cached",
-                    note=f"CuPy keeps freed arrays' memory in its pool ({human_bytes(total)} in "
-                         f"all, {human_bytes(used)} in use); `%gpumem purge` calls "
+                    note=f"CuPy keeps freed arrays' memory in its pool ({fmt_bytes(total)} in "
+                         f"all, {fmt_bytes(used)} in use); `%gpumem purge` calls "
                          f"free_all_blocks()"))
         plans = self._plan_cache()
         if plans is not None and plans[2] and f"cuda:{plans[0]}" in ids:
@@ -225,9 +222,11 @@ class CupyBackend(Backend):
             returned[dev] = returned.get(dev, 0) + plans[2]
         return PurgeEstimate(returned, covered)
 
+    def is_oom(self, exc: BaseException, text: str) -> bool:
+        return oom_by_name(exc)
+
     def release(self) -> list[str]:
         """Free the unused blocks of CuPy's device pools, pinned pool and FFT plans."""
-        from . import human_bytes
 
         cupy = self.cupy
         notes: list[str] = []
@@ -239,12 +238,12 @@ class CupyBackend(Backend):
                 notes.append(f"cupy: could not free its pool on cuda:{index} ({exc})")
                 continue
             if before - after:
-                notes.append(f"cupy: gave {human_bytes(before - after)} of its pool back to cuda:{index}")
+                notes.append(f"cupy: gave {fmt_bytes(before - after)} of its pool back to cuda:{index}")
         try:
             blocks, nbytes = self.pinned_free()
             if blocks:
                 cupy.get_default_pinned_memory_pool().free_all_blocks()
-                size = human_bytes(nbytes) if nbytes is not None else f"{blocks} block(s)"
+                size = fmt_bytes(nbytes) if nbytes is not None else f"{blocks} block(s)"
                 notes.append(f"cupy: gave {size} of pinned host memory back")
         except Exception as exc:
             notes.append(f"cupy: could not free its pinned pool ({exc})")

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from .base import AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo
+from ..units import fmt_bytes
 
 _GiB = 1 << 30
 _HOST_MEMORY_KINDS = frozenset({"pinned_host", "unpinned_host"})
@@ -45,9 +46,7 @@ class JaxBackend(Backend):
     name = "jax"
     module = "jax"
 
-    @property
-    def jax(self):
-        return sys.modules["jax"]
+    jax = Backend.lib
 
     def initialized(self) -> bool:
         """True once JAX has created its backends (never creates them)."""
@@ -129,18 +128,8 @@ class JaxBackend(Backend):
 
     def usage(self, device_ids, detail: bool = False) -> dict[str, FrameworkUsage]:
         ids = set(device_ids)
-        out: dict[str, FrameworkUsage] = {}
+        out = {dev: self._from_stats(dev, stats) for dev, stats in self._pool_stats(ids).items()}
         devices = self._devices()
-        for d in devices:
-            dev = device_id(d)
-            if dev == "cpu" or dev not in ids or dev in out:
-                continue
-            try:
-                stats = d.memory_stats()
-            except Exception:
-                stats = None
-            if stats:
-                out[dev] = self._from_stats(dev, stats)
         # live_arrays() hands out every array: only on the main thread (detail), never
         # from a sampling thread, which must not hold the user's arrays even briefly
         if detail and "cpu" in ids and any(device_id(d) == "cpu" for d in devices):
@@ -166,7 +155,6 @@ class JaxBackend(Backend):
 
     @staticmethod
     def _pool_note(dev: str, in_use: int, pool: int | None, limit: Any) -> str | None:
-        from . import human_bytes
 
         if not pool or pool - in_use < 64 << 20:
             return None
@@ -174,13 +162,13 @@ class JaxBackend(Backend):
             and os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").lower() != "platform"
         if preallocating and pool >= _GiB and pool >= 4 * max(in_use, 1):
             fraction = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75")
-            return (f"jax preallocated a pool of {human_bytes(pool)} on {dev} "
-                    f"({fraction} of the card) and uses {human_bytes(in_use)} of it; "
+            return (f"jax preallocated a pool of {fmt_bytes(pool)} on {dev} "
+                    f"({fraction} of the card) and uses {fmt_bytes(in_use)} of it; "
                     f"it keeps the pool until the process ends: to avoid it, run "
                     f"`%gpumem tame` before `import jax` (XLA_PYTHON_CLIENT_PREALLOCATE=false) "
                     f"after a kernel restart")
-        return (f"jax keeps {human_bytes(pool - in_use)} of freed memory in its pool on {dev} "
-                f"(pool {human_bytes(pool)}, in use {human_bytes(in_use)}) and does not give it "
+        return (f"jax keeps {fmt_bytes(pool - in_use)} of freed memory in its pool on {dev} "
+                f"(pool {fmt_bytes(pool)}, in use {fmt_bytes(in_use)}) and does not give it "
                 f"back to the device; XLA_PYTHON_CLIENT_ALLOCATOR=platform before `import jax` "
                 f"(`%gpumem tame --give-back`) frees on every delete, more slowly")
 
@@ -201,7 +189,6 @@ class JaxBackend(Backend):
         return out
 
     def internals(self, device_ids, reached_keys) -> list[Internal]:
-        from . import human_bytes
 
         out: list[Internal] = []
         for dev, stats in self._pool_stats(device_ids).items():
@@ -213,8 +200,8 @@ class JaxBackend(Backend):
                 out.append(Internal(
                     "JAX (XLA) pool: free space", dev, int(pool) - in_use, "jax",
                     freed_by_purge=False, kind="cached",
-                    note=f"XLA's allocator keeps its pool ({human_bytes(int(pool))}, "
-                         f"{human_bytes(in_use)} in use) until the process ends: freed arrays "
+                    note=f"XLA's allocator keeps its pool ({fmt_bytes(int(pool))}, "
+                         f"{fmt_bytes(in_use)} in use) until the process ends: freed arrays "
                          f"go back to it, not to the device"))
         return out
 
@@ -240,6 +227,25 @@ class JaxBackend(Backend):
             for info in self.storages(arr):
                 seen[info.key] = info.nbytes
         return sum(seen.values())
+
+    tame_env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}   # no 75% pool up front
+    give_back_env = {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}   # every free goes back
+
+    def tame_state(self) -> str:
+        if "jax" not in sys.modules:
+            return "not imported: it will allocate on demand"
+        xb = sys.modules.get("jax._src.xla_bridge")
+        check = getattr(xb, "backends_are_initialized", None)
+        try:
+            started = bool(check()) if check is not None else bool(getattr(xb, "_backends", None))
+        except Exception:
+            started = True
+        if not started:
+            return "imported, no device used yet: the setting still applies"
+        return "too late"
+
+    def is_oom(self, exc: BaseException, text: str) -> bool:
+        return "RESOURCE_EXHAUSTED" in text    # XLA's status when an allocation fails
 
     def release(self) -> list[str]:
         """Clear JAX's compilation caches (they keep constants alive on the device)."""

@@ -1,6 +1,7 @@
 """PyTorch backend: tensors, parameters, modules, autograd graphs, CUDA counters."""
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -11,8 +12,9 @@ from operator import attrgetter, is_not, itemgetter
 from typing import Any, Iterator
 
 from . import torch_allocator as _alloc
+from . import torch_peaks as _peaks
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo,
-                   instance_dict)
+                   PeakCounter, PeakLedgerView, instance_dict, oom_by_name)
 
 _SKIP_DEVICE_TYPES = {"meta"}
 _new_info = tuple.__new__   # StorageInfo without the named tuple's Python-level __new__
@@ -135,6 +137,10 @@ class GraphLedger:
         return True
 
 
+#: torch class names -> what the report calls them
+_TYPE_WORDS = {"Tensor": "tensor", "Parameter": "parameter"}
+
+
 class TorchBackend(Backend):
     """Backend for PyTorch (CUDA, ROCm through the CUDA API, MPS, CPU)."""
 
@@ -163,9 +169,7 @@ class TorchBackend(Backend):
     def partial_reasons(self) -> list[str]:
         return self.ledger.take_reasons()
 
-    @property
-    def torch(self):
-        return sys.modules["torch"]
+    torch = Backend.lib
 
     def tensor_types(self) -> tuple[type, ...]:
         if self._types is None:
@@ -572,8 +576,6 @@ class TorchBackend(Backend):
             kinds.add(kind)
             todo += type.__subclasses__(kind)
         out: dict[tuple, list] = {}
-        import gc
-
         for obj in gc.get_objects():
             if type(obj) in kinds:
                 try:
@@ -670,6 +672,21 @@ class TorchBackend(Backend):
             except Exception:
                 pass
         return notes
+
+    def type_name(self, name: str) -> str | None:
+        return _TYPE_WORDS.get(name)
+
+    def peak_counters(self, device_ids) -> list[PeakCounter]:
+        return _peaks.counters(device_ids)
+
+    def peak_counter(self, key: tuple) -> PeakCounter | None:
+        return _peaks.counter(key)
+
+    def peak_patches(self, ledger: PeakLedgerView) -> list:
+        return _peaks.patches(ledger)
+
+    def is_oom(self, exc: BaseException, text: str) -> bool:
+        return oom_by_name(exc)
 
     def hint(self, name: str, obj: Any, nbytes: int) -> str | None:
         torch = self.torch

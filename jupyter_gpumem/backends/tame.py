@@ -19,14 +19,10 @@ says so, and the only cure is a restart with the setting applied first
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 
-SETTINGS = {
-    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-    "TF_FORCE_GPU_ALLOW_GROWTH": "true",
-}
-GIVE_BACK = {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
+from . import REGISTRY
+
 USAGE = "%gpumem tame [--give-back] | %gpumem tame off | %gpumem tame status"
 
 #: values the environment had before the first ``tame`` of this process
@@ -47,62 +43,47 @@ class TameResult:
         return out
 
 
-def _jax_state() -> str:
-    if "jax" not in sys.modules:
-        return "not imported: it will allocate on demand"
-    xb = sys.modules.get("jax._src.xla_bridge")
-    check = getattr(xb, "backends_are_initialized", None)
-    try:
-        started = bool(check()) if check is not None else bool(getattr(xb, "_backends", None))
-    except Exception:
-        started = True
-    if not started:
-        return "imported, no device used yet: the setting still applies"
-    return "too late"
+def _tameable():
+    return [b for b in REGISTRY.backends if b.tame_env]
 
 
-def _tf_state() -> str:
-    if "tensorflow" not in sys.modules:
-        return "not imported: it will allocate on demand"
-    ctx_mod = sys.modules.get("tensorflow.python.eager.context")
-    ctx = ctx_mod.context_safe() if ctx_mod is not None else None
-    if ctx is None or not getattr(ctx, "_initialized", False):
-        return "imported, no device used yet: the setting still applies"
-    return "too late"
+def settings(give_back: bool = False) -> dict[str, str]:
+    """The environment ``tame`` sets: every framework's (see ``Backend.tame_env``)."""
+    out: dict[str, str] = {}
+    for backend in _tameable():
+        out.update(backend.tame_env)
+        if give_back:
+            out.update(backend.give_back_env)
+    return out
 
 
-_LATE = {
-    "jax": "jax has already set up its devices and keeps the pool it took: restart the "
-           "kernel and run `%gpumem tame` before `import jax` (or set "
-           "c.GpuMemMagics.tame = True in ipython_config.py)",
-    "tensorflow": "tensorflow has already set up its devices and keeps the pool it took: "
-                  "restart the kernel and run `%gpumem tame` before `import tensorflow` (or "
-                  "set c.GpuMemMagics.tame = True in ipython_config.py)",
-}
+def _late(backend) -> str:
+    return (f"{backend.name} has already set up its devices and keeps the pool it took: "
+            f"restart the kernel and run `%gpumem tame` before `import {backend.module}` (or "
+            f"set c.GpuMemMagics.tame = True in ipython_config.py)")
 
 
 def status() -> dict[str, str]:
     """Per framework: not imported, imported but not started, or too late."""
-    return {"jax": _jax_state(), "tensorflow": _tf_state()}
+    return {b.name: b.tame_state() for b in _tameable()}
 
 
 def tame(give_back: bool = False) -> TameResult:
     """Put the allocate-on-demand settings into ``os.environ``; report what applies."""
-    wanted = dict(SETTINGS)
-    if give_back:
-        wanted.update(GIVE_BACK)
+    wanted = settings(give_back)
     result = TameResult()
     for key, value in wanted.items():
         if os.environ.get(key) != value:
             _saved.setdefault(key, os.environ.get(key))
             os.environ[key] = value
             result.changed[key] = value
-    for name, state in status().items():
+    for backend in _tameable():
+        state = status()[backend.name]
         if state == "too late":
-            result.frameworks[name] = "already set up its devices: too late for this process"
-            result.warnings.append(_LATE[name])
+            result.frameworks[backend.name] = "already set up its devices: too late for this process"
+            result.warnings.append(_late(backend))
         else:
-            result.frameworks[name] = state
+            result.frameworks[backend.name] = state
     return result
 
 

@@ -22,9 +22,10 @@ import ctypes
 import os
 import re
 import sys
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .base import AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo
+from ..units import fmt_bytes
 
 #: dtypes TensorFlow can export through DLPack (see module docstring)
 _DLPACK_DTYPES = frozenset({
@@ -293,15 +294,7 @@ class TensorFlowBackend(Backend):
         ids = set(device_ids)
         if "cpu" in ids:
             out["cpu"] = self._cpu_usage(experimental)
-        for k, ordinal in enumerate(self.gpu_ordinals()):
-            dev = f"cuda:{ordinal}"
-            if dev not in ids or dev in out:
-                continue
-            try:
-                info = experimental.get_memory_info(f"GPU:{k}")
-            except Exception:
-                continue
-            current, peak = int(info["current"]), int(info["peak"])
+        for dev, (k, current, peak) in self._gpu_info(ids - {"cpu"}).items():
             growth, limit = self._growth(k)
             usage = FrameworkUsage("tensorflow", allocated=current, peak=peak, pool=limit)
             usage.note = self._pool_note(dev, current, peak, growth, limit)
@@ -334,7 +327,6 @@ class TensorFlowBackend(Backend):
     @staticmethod
     def _pool_note(dev: str, current: int, peak: int, growth: bool | None,
                    limit: int | None) -> str:
-        from . import human_bytes as fmt_bytes
 
         if limit:
             held = f"a pool of up to {fmt_bytes(limit)} (its configured memory limit)"
@@ -351,24 +343,27 @@ class TensorFlowBackend(Backend):
                      "(TF_FORCE_GPU_ALLOW_GROWTH=true) after a kernel restart")
         return text
 
+    tame_env = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}   # grow the pool, not the whole card
+
+    def tame_state(self) -> str:
+        if "tensorflow" not in sys.modules:
+            return "not imported: it will allocate on demand"
+        ctx_mod = sys.modules.get("tensorflow.python.eager.context")
+        ctx = ctx_mod.context_safe() if ctx_mod is not None else None
+        if ctx is None or not getattr(ctx, "_initialized", False):
+            return "imported, no device used yet: the setting still applies"
+        return "too late"
+
+    def is_oom(self, exc: BaseException, text: str) -> bool:
+        return "RESOURCE_EXHAUSTED" in text    # XLA's status when an allocation fails
+
     def release(self) -> list[str]:
         """TensorFlow's allocator cannot give memory back; say so per GPU."""
-        from . import human_bytes as fmt_bytes
-
-        if self._context() is None:
-            return []
-        notes = []
-        experimental = self._tf().config.experimental
-        for k, ordinal in enumerate(self.gpu_ordinals()):
-            try:
-                info = experimental.get_memory_info(f"GPU:{k}")
-            except Exception:
-                continue
-            notes.append(f"tensorflow: freed tensors go back to TensorFlow's pool on cuda:{ordinal} "
-                         f"(now {fmt_bytes(int(info['current']))} in use, peak "
-                         f"{fmt_bytes(int(info['peak']))}), not to the device: TensorFlow cannot "
-                         f"give its pool back inside the process")
-        return notes
+        gpus = self._gpu_info([f"cuda:{ordinal}" for ordinal in self.gpu_ordinals()])
+        return [f"tensorflow: freed tensors go back to TensorFlow's pool on {dev} (now "
+                f"{fmt_bytes(current)} in use, peak {fmt_bytes(peak)}), not to the device: "
+                f"TensorFlow cannot give its pool back inside the process"
+                for dev, (_, current, peak) in gpus.items()]
 
     def _gpu_info(self, device_ids) -> dict[str, tuple[int, int, int]]:
         """cuda:N -> (logical index, current, peak) for the GPUs among ``device_ids``."""
@@ -389,22 +384,21 @@ class TensorFlowBackend(Backend):
         return out
 
     def internals(self, device_ids, reached_keys) -> list[Internal]:
-        from . import human_bytes
 
         out: list[Internal] = []
         for dev, (k, current, peak) in self._gpu_info(device_ids).items():
             growth, limit = self._growth(k)
             if limit:
-                nbytes, how = max(limit - current, 0), f"its configured limit {human_bytes(limit)}"
+                nbytes, how = max(limit - current, 0), f"its configured limit {fmt_bytes(limit)}"
             elif growth:
-                nbytes, how = max(peak - current, 0), f"at least its peak {human_bytes(peak)} (memory growth)"
+                nbytes, how = max(peak - current, 0), f"at least its peak {fmt_bytes(peak)} (memory growth)"
             else:
                 nbytes, how = None, "nearly all of the card, taken at start (TensorFlow does not say how much)"
             out.append(Internal(
                 "TensorFlow BFC pool: free space", dev, nbytes, "tensorflow",
                 freed_by_purge=False, kind="cached",
                 note=f"TensorFlow's BFC allocator keeps a pool of {how}, "
-                     f"{human_bytes(current)} in use, and never gives it back inside the process"))
+                     f"{fmt_bytes(current)} in use, and never gives it back inside the process"))
         return out
 
     def purge_estimate(self, device_ids, freed: dict, reached_keys=frozenset()):
@@ -435,8 +429,9 @@ class KerasBackend(Backend):
     name = "keras"
     module = "keras"
 
-    def __init__(self) -> None:
+    def __init__(self, others: Callable[[], list[Backend]] = list) -> None:
         self._types: dict[str, tuple] = {}
+        self._others = others   # the active backends: a variable's value is one of theirs
 
     def _lookup(self, what: str) -> tuple:
         found = self._types.get(what)
@@ -464,9 +459,7 @@ class KerasBackend(Backend):
         value = _instance_dict(obj).get("_value")
         if value is None:
             return []
-        from . import active_backends
-
-        for backend in active_backends():
+        for backend in self._others():
             if backend is self:
                 continue
             types_ = backend.tensor_types()

@@ -26,6 +26,7 @@ from bisect import bisect_right
 from typing import Iterable
 
 from .base import Internal
+from ..units import fmt_bytes
 
 MiB = 1 << 20
 DEFAULT_POOL = (0, 0)
@@ -34,12 +35,6 @@ _STATES = {"inactive": INACTIVE, "active_allocated": ACTIVE, "active_pending_fre
 #: expandable segments map physical memory in pages of this size (small, large pool)
 _PAGE = {True: 2 * MiB, False: 20 * MiB}
 _CONFIG_RE = re.compile(r":([0-9]+):([0-9]+)")
-
-
-def _fmt(n: int) -> str:
-    from . import human_bytes
-
-    return human_bytes(n)
 
 
 # -- workspace sizes ------------------------------------------------------------------------
@@ -230,7 +225,7 @@ class AllocatorView:
         for label, blocks in sorted(self.workspaces(reached, released).items()):
             n = len(blocks)
             each = {size for _, size in blocks}
-            size_text = _fmt(blocks[0][1]) + " each" if len(each) == 1 else "sizes vary"
+            size_text = fmt_bytes(blocks[0][1]) + " each" if len(each) == 1 else "sizes vary"
             out.append(Internal(
                 label + ("s" if n > 1 else ""), dev, sum(s for _, s in blocks), "torch", count=n,
                 freed_by_purge=clears_workspaces, kind="allocated",

@@ -18,6 +18,11 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from ..core.devices import parse_device
+from .build import build
+from .build import held_names as _held_names
+from .purging import ClusterPurgeError
+from .purging import purge as _purge
 from .result import (ClusterHolder, ClusterPurgeResult, ClusterSnapshot, KeyStillHeld,
                      UnclaimedKey, WorkerChange, WorkerKey, WorkerReport)
 
@@ -72,8 +77,6 @@ def _running(client: Any) -> bool:
 
 
 def _resolve(client: Any, namespace: dict | None, shell: Any, device: str) -> tuple[Any, str]:
-    from ..core.devices import parse_device
-
     try:
         device = parse_device(device)
     except ValueError as exc:
@@ -99,8 +102,6 @@ def held_names(client: Any = None, *, namespace: dict | None = None, shell: Any 
     on the kernel's main thread): which names hold keys of the client, as a
     :class:`~jupyter_gpumem.cluster.build.HeldNames` (names, keys and paths, no object).
     Give it to ``snapshot(names=...)``, which then asks only the cluster."""
-    from .build import held_names as _held_names
-
     client, _ = _resolve(client, namespace, shell, "auto")
     return _held_names(client, namespace=namespace, shell=shell, time_limit=time_limit)
 
@@ -118,8 +119,6 @@ def snapshot(client: Any = None, *, namespace: dict | None = None, shell: Any = 
     only the cluster (from a thread other than the kernel's, say). Raises
     :class:`ClusterError` without a client.
     """
-    from .build import build
-
     client, device = _resolve(client, namespace, shell, device)
     if names is not None and names.client_id != client.id:
         raise ClusterError("names were walked for another client")
@@ -142,16 +141,7 @@ def purge(names=(), *, client: Any = None, namespace: dict | None = None, shell:
     :class:`ClusterPurgeError` (a ``PurgeError``),
     having deleted nothing, when a name is missing or holds no key.
     """
-    from .purging import purge as _purge
-
     client, device = _resolve(client, namespace, shell, device)
     return _purge(client, names, namespace=namespace, shell=shell, all=all,
                   dry_run=dry_run, device=device, time_limit=time_limit)
 
-
-def __getattr__(name: str) -> Any:
-    if name == "ClusterPurgeError":
-        from .purging import ClusterPurgeError
-
-        return ClusterPurgeError
-    raise AttributeError(name)

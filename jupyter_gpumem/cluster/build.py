@@ -16,7 +16,8 @@ from typing import Any
 
 from . import remote
 from .names import NameKeys, NameScan, holders_of, scan_names
-from .result import ClusterHolder, ClusterSnapshot, UnclaimedKey, WorkerKey, WorkerReport, key_text
+from .render import key_text
+from .result import ClusterHolder, ClusterSnapshot, UnclaimedKey, WorkerKey, WorkerReport
 
 #: the least a worker is given to answer, and the share of the time left it may scan
 _MIN_WAIT = 0.05

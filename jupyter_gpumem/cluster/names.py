@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import scan as _scan
+from ..core.roots import Root
 from ..backends import Backend, StorageInfo
+from ..core.snapshot import type_name
 
 FUTURE = "Future"
 
@@ -193,7 +195,6 @@ def _what(obj: Any, n_keys: int, kinds: set, backend: DaskKeyBackend) -> str:
         if info.persisted:
             return f"persisted {info.label}, {info.chunks} chunk{'s' if info.chunks != 1 else ''}"
         return f"{info.label} holding {info.chunks} key{'s' if info.chunks != 1 else ''}"
-    from ..core.snapshot import type_name
 
     base = type_name(obj) if tp is not tuple or n_keys else "tuple"
     if kinds == {FUTURE}:
@@ -205,7 +206,7 @@ def _what(obj: Any, n_keys: int, kinds: set, backend: DaskKeyBackend) -> str:
 class NameScan:
     """The roots walked, and per root the keys it reaches (``keys[i]``: key -> path)."""
 
-    roots: list[_scan.Root]
+    roots: list[Root]
     keys: list[dict]
     clients: list[str]          # per root: the client id of each reached key, once
     whats: list[str]
@@ -219,7 +220,7 @@ class NameScan:
         self.roots.clear()
 
 
-def scan_roots(roots: list[_scan.Root], *, client_id: str, shell: Any = None,
+def scan_roots(roots: list[Root], *, client_id: str, shell: Any = None,
                namespace: dict | None = None, time_limit: float = 1.0,
                extra_stop: set | None = None, remember: bool = False) -> NameScan:
     """Walk ``roots`` for the keys of client ``client_id`` they keep alive (``remember``:

@@ -19,13 +19,16 @@ from typing import Any
 
 from ..core import paths as _paths
 from ..core import scan as _scan
-from ..core.purge import PurgeError, clear_hidden
+from ..core.roots import Root
+from ..core import hidden as _hidden
+from ..core.purge import PurgeError
 from ..core.render import fmt_bytes
 from . import remote
 from .build import (Deadline, HeldNames, _bytes_on, build, describe_wanters, run_on_workers,
                     walk_messages)
 from .names import NameScan, holders_of, scan_roots
-from .result import ClusterPurgeResult, ClusterSnapshot, KeyStillHeld, WorkerChange, key_text
+from .render import key_text
+from .result import ClusterPurgeResult, ClusterSnapshot, KeyStillHeld, WorkerChange
 
 _POLL = 0.05
 _GRACE = 0.3   # seconds for this client to send the release of the Futures that went
@@ -40,7 +43,7 @@ class ClusterPurgeError(PurgeError):
 class _Target:
     text: str
     binding: _paths.Binding | None     # None for a hidden holder named directly
-    root: _scan.Root | None
+    root: Root | None
     keys: dict                         # dask key -> path
 
 
@@ -50,7 +53,7 @@ class _Plan:
 
     names: list[str]
     targets: list[_Target]
-    hidden_clear: list[_scan.Root]
+    hidden_clear: list[Root]
     found: NameScan
     target_keys: set
     own: set                               # keys no remaining name of the notebook holds
@@ -98,7 +101,7 @@ def _plan(client: Any, names: list[str], all_names: bool, shell: Any, namespace:
             keys = keys_of[id(root)]
         else:
             root = None
-            extra = scan_roots([_scan.Root(text, binding.obj)], client_id=client.id, shell=shell,
+            extra = scan_roots([Root(text, binding.obj)], client_id=client.id, shell=shell,
                                namespace=namespace, time_limit=time_limit, remember=True)
             keys = extra.keys[0]
             for k, refs in extra.futures.items():
@@ -108,8 +111,7 @@ def _plan(client: Any, names: list[str], all_names: bool, shell: Any, namespace:
             errors.append(f"{text!r} holds no key on the cluster")
             continue
         targets.append(_Target(text, binding, root, keys))
-    if errors:
-        raise ClusterPurgeError("; ".join(errors) + " (nothing was deleted)")
+    ClusterPurgeError.check(errors)
     if not names and not all_names:   # no names: the hidden holders that hold keys
         targets = [_Target(r.name, None, r, keys_of[id(r)]) for r in roots
                    if r.hidden and keys_of[id(r)]]
@@ -169,7 +171,7 @@ def _execute(plan: _Plan, shell: Any) -> tuple[list[str], list[str]]:
                 del hidden[t.text]
         obj = None
     for r in plan.hidden_clear:
-        removed += [n for n in clear_hidden(r, shell) if n not in removed]
+        removed += [n for n in _hidden.clear(r, shell) if n not in removed]
     refs = [ref for k in plan.own for ref in plan.found.futures.get(k, ())]
     t = r = None   # noqa: F841 - the loops' last items refer to the removed objects
     plan.release()
@@ -237,8 +239,9 @@ def _changes(before: ClusterSnapshot, after: ClusterSnapshot) -> list[WorkerChan
                 measure, vb, va = "reserved", db.reserved, da.reserved
             else:
                 measure, vb, va = "tracked", db.attributed, getattr(da, "attributed", None)
-            out.append(WorkerChange(wb.address, db.id, measure, vb, va, db.attributed,
-                                    getattr(da, "attributed", None)))
+            out.append(WorkerChange(db.id, measure, vb, va, worker=wb.address,
+                                    tracked_before=db.attributed,
+                                    tracked_after=getattr(da, "attributed", None)))
     return out
 
 

@@ -19,6 +19,11 @@ from math import prod
 from typing import Any
 
 from ..backends import Backend, StorageInfo, active_backends
+from ..core import devices as _devices
+from ..core import scan as _scan
+from ..core.roots import Root
+from ..core.snapshot import Sharing
+from ..core import purge as _purge
 
 #: DLPack device types: kDLCPU, kDLCUDA, kDLCUDAHost, kDLROCM, kDLCUDAManaged, kDLROCMHost
 _DLPACK_DEVICES = {1: "cpu", 2: "cuda", 3: "cpu", 10: "cuda", 13: "cuda", 11: "cpu"}
@@ -168,10 +173,6 @@ def report_values(values: dict, sizeof: dict, *, device: str = "auto",
     ``{"devices": {device: bytes}, "frameworks": [...], "type", "sizeof",
     "shared": [sid, ...]}`` and ``sid`` numbers a storage that several keys share.
     """
-    from ..core import devices as _devices
-    from ..core import scan as _scan
-    from ..core.snapshot import Sharing
-
     start = time.perf_counter()
     ids = set(_devices.selected_ids(device))
     backends = active_backends()
@@ -181,7 +182,7 @@ def report_values(values: dict, sizeof: dict, *, device: str = "auto",
     if extra.is_active():
         backends = backends + [extra]
     keys = list(values)
-    roots = [_scan.Root(str(k), values[k]) for k in keys]
+    roots = [Root(str(k), values[k]) for k in keys]
     # every device is walked, so that a value on devices not selected is not taken for
     # one that holds no framework's memory (and counted by sizeof); figures keep ``ids``
     result = _scan.scan(roots, devices=None, time_limit=time_limit, backends=backends)
@@ -265,8 +266,6 @@ def worker_report(dask_worker: Any = None, device: str = "auto",
                   time_limit: float = 1.0) -> dict:
     """One worker: where it is, its devices (NVML of this process, the frameworks'
     counters, host memory of this process) and the keys it stores with their bytes."""
-    from ..core import devices as _devices
-
     start = time.perf_counter()
     memory, spilled, note = _stored(dask_worker)
     tasks = dask_worker.state.tasks
@@ -315,9 +314,7 @@ def trim_host_memory() -> bool:
 def worker_release(dask_worker: Any = None) -> dict:
     """Collect garbage and release every framework's cached memory on this worker
     (the product's own release), then trim the host heap."""
-    from ..core.purge import release_caches
-
-    notes = release_caches()   # collects garbage first
+    notes = _purge.release_caches()   # collects garbage first
     trim_host_memory()
     return {"notes": notes}
 

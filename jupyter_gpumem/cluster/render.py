@@ -2,8 +2,14 @@
 (the same device line per worker device, the same tables)."""
 from __future__ import annotations
 
+from typing import Any
+
 from ..core.render import _esc, _html_table, _table, device_line, fmt_bytes
-from .result import key_text
+
+
+def key_text(key: Any) -> str:
+    """A Dask key as a user reads it: ``'x-1a2b'`` or ``('emb-1a2b', 0, 3)``."""
+    return key if isinstance(key, str) else repr(key)
 
 _HOLDER_HEADERS = ["holder", "what", "bytes", "where", "keys in memory"]
 _UNCLAIMED_HEADERS = ["key", "bytes", "worker", "held by"]

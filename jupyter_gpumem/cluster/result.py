@@ -7,14 +7,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from ..core.render import fmt_bytes
+from .render import key_text, purge_html, purge_text, snapshot_html, snapshot_text
+from ..core.purge import Change
+from ..units import Report
 
 CLUSTER_SCHEMA = "jupyter_gpumem.cluster/1"
 CLUSTER_PURGE_SCHEMA = "jupyter_gpumem.cluster_purge/1"
-
-
-def key_text(key: Any) -> str:
-    """A Dask key as a user reads it: ``'x-1a2b'`` or ``('emb-1a2b', 0, 3)``."""
-    return key if isinstance(key, str) else repr(key)
 
 
 @dataclass
@@ -112,8 +111,6 @@ class ClusterHolder:
 
     def summary(self) -> str:
         """``x (Future) 1.0 GiB on worker tcp://...:40123 cuda:1``."""
-        from ..core.render import fmt_bytes
-
         return f"{self.name} ({self.what}) {fmt_bytes(self.total)} on {self.where()}"
 
     def to_json(self) -> dict:
@@ -149,8 +146,8 @@ class UnclaimedKey:
                 "state": self.state}
 
 
-@dataclass
-class ClusterSnapshot:
+@dataclass(repr=False)   # the repr is the text report (Report)
+class ClusterSnapshot(Report):
     """A Dask cluster's workers, the notebook names holding their keys, and the keys
     no name holds; partial when the scheduler or a worker did not answer in time."""
 
@@ -192,37 +189,17 @@ class ClusterSnapshot:
                 "holders": [h.to_json() for h in self.holders],
                 "unclaimed": [u.to_json() for u in self.unclaimed]}
 
-    def __repr__(self) -> str:
-        from .render import snapshot_text
-
-        return snapshot_text(self)
-
-    def _repr_pretty_(self, p, cycle) -> None:
-        p.text(repr(self))
-
-    def _repr_html_(self) -> str:
-        from .render import snapshot_html
-
-        return snapshot_html(self)
+    _text = snapshot_text
+    _html = snapshot_html
 
 
 @dataclass
-class WorkerChange:
+class WorkerChange(Change):
     """One device of one worker before and after a purge (bytes)."""
 
-    worker: str
-    device: str
-    measure: str
-    before: int | None
-    after: int | None
+    worker: str = ""
     tracked_before: int | None = None
     tracked_after: int | None = None
-
-    @property
-    def freed(self) -> int | None:
-        if self.before is None or self.after is None:
-            return None
-        return self.before - self.after
 
     def to_json(self) -> dict:
         return {"worker": self.worker, "device": self.device, "measure": self.measure,
@@ -243,8 +220,8 @@ class KeyStillHeld:
         return {"by": self.by, "key": self.key, "bytes": self.nbytes, "worker": self.worker}
 
 
-@dataclass
-class ClusterPurgeResult:
+@dataclass(repr=False)   # the repr is the text report (Report)
+class ClusterPurgeResult(Report):
     """What a cluster purge released and what it freed, per worker and device."""
 
     names: list[str]
@@ -281,15 +258,5 @@ class ClusterPurgeResult:
                 "missing": dict(self.missing), "messages": list(self.messages),
                 "seconds": round(self.seconds, 6)}
 
-    def __repr__(self) -> str:
-        from .render import purge_text
-
-        return purge_text(self)
-
-    def _repr_pretty_(self, p, cycle) -> None:
-        p.text(repr(self))
-
-    def _repr_html_(self) -> str:
-        from .render import purge_html
-
-        return purge_html(self)
+    _text = purge_text
+    _html = purge_html

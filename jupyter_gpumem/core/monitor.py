@@ -66,7 +66,6 @@ class Sampler(threading.Thread):
         self._active = threading.Event()
         self._active.set()
         self.errors = 0
-        self.last_error: str | None = None
         #: why the thread ended on its own (``"Type: message"``), None while it runs or after stop()
         self.failure: str | None = None
 
@@ -99,9 +98,8 @@ class Sampler(threading.Thread):
                 continue
             try:
                 self.fn()
-            except Exception as exc:  # noqa: BLE001 - a sampler must never die noisily
+            except Exception:  # noqa: BLE001 - a sampler must never die noisily
                 self.errors += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
             self._stop_event.wait(self._interval)
 
     def pause(self) -> None:
@@ -176,12 +174,16 @@ _RUN_CELL_ASYNC: list = []
 
 
 def _run_cell_async_code():
+    """The code of IPython's ``InteractiveShell.run_cell_async``, once a shell's IPython is
+    imported (the core never imports it); None before, and where it cannot be read
+    (then cells pair by their ExecutionInfo only)."""
     if not _RUN_CELL_ASYNC:
+        module = sys.modules.get("IPython.core.interactiveshell")
+        if module is None:
+            return None
         try:
-            from IPython.core.interactiveshell import InteractiveShell
-
-            _RUN_CELL_ASYNC.append(InteractiveShell.run_cell_async.__code__)
-        except Exception:  # noqa: BLE001 - without it, cells pair by their ExecutionInfo only
+            _RUN_CELL_ASYNC.append(module.InteractiveShell.run_cell_async.__code__)
+        except Exception:  # noqa: BLE001
             _RUN_CELL_ASYNC.append(None)
     return _RUN_CELL_ASYNC[0]
 

@@ -21,12 +21,18 @@ from typing import Any
 
 from . import devices as _devices
 from . import paths as _paths
+from . import hidden as _hidden
 from . import scan as _scan
 from .. import backends as _backends
 from ..backends import active_backends
+from .hidden import BY_PURGE_ARG
+from .render import fmt_bytes, purge_html, purge_text
+from .roots import Root
+from .scan_types import ATOMIC
+from .snapshot import released_by_purge
+from ..units import Report
 
 PURGE_SCHEMA = "jupyter_gpumem.purge/1"
-_SPECIAL = {"last traceback": "traceback", "last result": "result"}
 _MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
 _TYPE_DICT = type.__dict__["__dict__"].__get__
 _EXC_LINKS = ("__traceback__", "__context__", "__cause__")
@@ -37,25 +43,37 @@ UNNAMED = "something outside the notebook's names"
 class PurgeError(ValueError):
     """Bad input to purge: nothing was deleted."""
 
+    @classmethod
+    def check(cls, errors: list[str]) -> None:
+        """Raise one error for all of ``errors`` (found before anything is deleted)."""
+        if errors:
+            raise cls("; ".join(errors) + " (nothing was deleted)")
+
 
 @dataclass
-class DeviceChange:
-    """Memory of one device before and after a purge."""
+class Change:
+    """One device before and after a purge (bytes, read with ``measure``)."""
 
     device: str
     measure: str
     before: int | None
     after: int | None
-    allocated_before: int | None = None
-    allocated_after: int | None = None
-    reserved_before: int | None = None
-    reserved_after: int | None = None
 
     @property
     def freed(self) -> int | None:
         if self.before is None or self.after is None:
             return None
         return self.before - self.after
+
+
+@dataclass
+class DeviceChange(Change):
+    """Memory of one device before and after a purge (and its allocator's figures)."""
+
+    allocated_before: int | None = None
+    allocated_after: int | None = None
+    reserved_before: int | None = None
+    reserved_after: int | None = None
 
     def to_json(self) -> dict:
         return {"device": self.device, "measure": self.measure, "before": self.before,
@@ -77,8 +95,8 @@ class StillHeld:
         return {"by": self.by, "path": self.path, "bytes": self.nbytes}
 
 
-@dataclass
-class PurgeResult:
+@dataclass(repr=False)   # the repr is the text report (Report)
+class PurgeResult(Report):
     """What a purge removed and what it freed, per device."""
 
     names: list[str]
@@ -106,25 +124,15 @@ class PurgeResult:
             "messages": list(self.messages), "seconds": round(self.seconds, 6),
         }
 
-    def __repr__(self) -> str:
-        from .render import purge_text
-
-        return purge_text(self)
-
-    def _repr_pretty_(self, p, cycle) -> None:
-        p.text(repr(self))
-
-    def _repr_html_(self) -> str:
-        from .render import purge_html
-
-        return purge_html(self)
+    _text = purge_text
+    _html = purge_html
 
 
 @dataclass
 class _Target:
     text: str
     binding: _paths.Binding | None      # None for hidden holders named directly
-    root: _scan.Root | None             # the root this name is, if it is one
+    root: Root | None             # the root this name is, if it is one
     keys: dict = field(default_factory=dict)   # storage key -> path node
 
 
@@ -143,8 +151,8 @@ def _targets(names, roots, by_name, scan1, ids, shell, namespace, budget, device
     targets: list[_Target] = []
     reach_of = {id(r): reach for r, reach in zip(roots, scan1.reach)}
     for text in names:
-        if text in _SPECIAL:
-            root = next((r for r in roots if r.kind == _SPECIAL[text]), None)
+        if text in BY_PURGE_ARG:
+            root = next((r for r in roots if r.kind == BY_PURGE_ARG[text]), None)
             if root is None:
                 errors.append(f"nothing is held by the {text}")
                 continue
@@ -167,15 +175,14 @@ def _targets(names, roots, by_name, scan1, ids, shell, namespace, budget, device
             keys = _paths_of(reach_of[id(root)])
         else:
             root = None
-            extra = _scan.scan([_scan.Root(text, binding.obj)], devices=ids, shell=shell,
+            extra = _scan.scan([Root(text, binding.obj)], devices=ids, shell=shell,
                                namespace=namespace, time_limit=budget.limit(), backends=backends)
             keys = _paths_of(extra.reach[0])
         if not keys:
             errors.append(f"{text!r} holds no {_device_words(device)}")
             continue
         targets.append(_Target(text, binding, root, keys))
-    if errors:
-        raise PurgeError("; ".join(errors) + " (nothing was deleted)")
+    PurgeError.check(errors)
     return targets, skipped
 
 
@@ -269,7 +276,7 @@ def _stand_in(owner: Any, bindings: list[_paths.Binding]) -> Any:
             # (no __hash__ of the user's runs); otherwise the pairs go in a list
             pairs = [(k, v) for k, v in dict.items(owner)
                      if not (type(k) in (str, int) and (id(owner), k) in drop)]
-            copy: Any = dict(pairs) if all(type(k) in _scan.ATOMIC for k, _ in pairs) else pairs
+            copy: Any = dict(pairs) if all(type(k) in ATOMIC for k, _ in pairs) else pairs
         else:
             copy = list(list.__iter__(owner) if issubclass(tp, list) else tuple.__iter__(owner))
             for b in bindings:
@@ -306,7 +313,7 @@ def _stand_in(owner: Any, bindings: list[_paths.Binding]) -> Any:
     return out
 
 
-def _what_stays(targets: list[_Target], user_remaining: list[_scan.Root]):
+def _what_stays(targets: list[_Target], user_remaining: list[Root]):
     """Roots for the scan of what stays, the objects it must not enter, and the name
     each stand-in root speaks for.
 
@@ -328,7 +335,7 @@ def _what_stays(targets: list[_Target], user_remaining: list[_scan.Root]):
         cut.add(id(owner))
         if id(owner) in removed:
             continue   # the owner goes too: nothing of it stays
-        root = _scan.Root(bindings[0].owner_text, _stand_in(owner, bindings))
+        root = Root(bindings[0].owner_text, _stand_in(owner, bindings))
         roots.append(root)
         by_of[id(root)] = bindings[0].root_name
     return roots, cut, by_of
@@ -480,7 +487,7 @@ def _library_holders(keys: set, ids, shell, namespace, time_limit: float):
         for k, v in list(dict.items(d)):
             tp = type(v)
             if type(k) is not str or (k.startswith("__") and k.endswith("__")) \
-                    or tp in _scan.ATOMIC or issubclass(tp, types.ModuleType):
+                    or tp in ATOMIC or issubclass(tp, types.ModuleType):
                 continue
             entries[f"{modname}.{k}"] = v
             if issubclass(tp, type):
@@ -489,9 +496,9 @@ def _library_holders(keys: set, ids, shell, namespace, time_limit: float):
                 if type(home) is str and home == modname:
                     for ck, cv in list(cd.items()):
                         if type(ck) is str and not (ck.startswith("__") and ck.endswith("__")) \
-                                and type(cv) not in _scan.ATOMIC:
+                                and type(cv) not in ATOMIC:
                             entries[f"{modname}.{k}.{ck}"] = cv
-    result = _scan.scan([_scan.Root("", entries)], devices=ids, shell=shell, namespace=namespace,
+    result = _scan.scan([Root("", entries)], devices=ids, shell=shell, namespace=namespace,
                         time_limit=time_limit)
     del entries
     found = {}
@@ -539,58 +546,6 @@ def _held_elsewhere(handles: dict, infos: dict, scan3, shell, namespace, ids, ti
 
 
 # -- execution ---------------------------------------------------------------------
-def clear_hidden(root: _scan.Root, shell: Any) -> list[str]:
-    """Drop IPython's hidden references for one hidden root; return what went."""
-    removed: list[str] = []
-    obj = root.obj
-    if shell is not None:
-        ns, hidden = shell.user_ns, getattr(shell, "user_ns_hidden", {})
-        hook = getattr(shell, "displayhook", None)
-        out_hist = getattr(getattr(shell, "history_manager", None), "output_hist", None)
-        for name in [root.name] + list(root.aliases):
-            if name.startswith("Out[") and out_hist is not None:
-                n = int(name[4:-1])
-                if out_hist.get(n) is obj:
-                    del out_hist[n]
-                    removed.append(name)
-            elif name in ("_", "__", "___"):
-                for d in (ns, hidden):
-                    if d.get(name) is obj:
-                        d[name] = ""
-                if hook is not None and getattr(hook, name, None) is obj:
-                    setattr(hook, name, "")
-                removed.append(name)
-            elif name == "last result":
-                result = getattr(shell, "last_execution_result", None)
-                if result is not None and result.result is obj:
-                    result.result = None
-                removed.append(name)
-            elif name.startswith("_") and name[1:].isdigit():
-                for d in (ns, hidden):
-                    if d.get(name) is obj:
-                        del d[name]
-                if name not in removed:
-                    removed.append(name)
-    if root.kind == "traceback":
-        for name in ("last_exc", "last_value", "last_traceback", "last_type"):
-            if hasattr(sys, name):
-                try:
-                    delattr(sys, name)
-                except AttributeError:
-                    pass
-        if shell is not None:
-            tb = getattr(shell, "InteractiveTB", None)
-            if tb is not None:
-                tb.tb = None
-                if getattr(tb, "pdb", None) is not None:
-                    tb.pdb = None
-            result = getattr(shell, "last_execution_result", None)
-            if result is not None and result.error_in_exec is not None:
-                result.error_in_exec = None
-        removed.append(root.name)
-    return removed
-
-
 def _delete_target(t: _Target, shell: Any, namespace: dict | None) -> list[str]:
     """Remove one target's binding; :class:`paths.Changed` when it is not the planned one."""
     removed: list[str] = []
@@ -610,7 +565,7 @@ def _delete_target(t: _Target, shell: Any, namespace: dict | None) -> list[str]:
     return removed
 
 
-def _execute(targets: list[_Target], hidden_clear: list[_scan.Root], shell: Any,
+def _execute(targets: list[_Target], hidden_clear: list[Root], shell: Any,
              namespace: dict | None) -> tuple[list[str], list[str]]:
     """Remove the bindings and hidden holders; leave no reference to them behind.
     Returns what went and the targets skipped because they changed on their own."""
@@ -622,7 +577,7 @@ def _execute(targets: list[_Target], hidden_clear: list[_scan.Root], shell: Any,
         except _paths.Changed:
             skipped.append(t.text)
     for r in hidden_clear:
-        removed += [n for n in clear_hidden(r, shell) if n not in removed]
+        removed += [n for n in _hidden.clear(r, shell) if n not in removed]
     targets.clear()
     hidden_clear.clear()
     return removed, skipped
@@ -668,7 +623,7 @@ class _Plan:
 
     result: PurgeResult
     targets: list[_Target]
-    hidden_clear: list[_scan.Root]
+    hidden_clear: list[Root]
     reportable: set
     tracked_before: dict[str, int]
     handles: dict            # storage key -> weak handle, of the memory it means to free
@@ -752,8 +707,6 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
     if scan1.partial or scan2.partial:
         result.messages.append("partial scan: " + ", ".join(scan1.reasons + scan2.reasons))
     if dry_run:
-        from .snapshot import released_by_purge
-
         result.messages += released_by_purge(sorted(ids), reached)
     handles, infos = {}, {}
     if not dry_run:
@@ -849,8 +802,6 @@ def _skipped_messages(skipped: list[str], dry_run: bool) -> list[str]:
 
 
 def _still_messages(still: list[StillHeld]) -> list[str]:
-    from .render import fmt_bytes
-
     out = []
     for s in still:
         size = fmt_bytes(s.nbytes)

@@ -4,20 +4,7 @@ from __future__ import annotations
 import html
 from typing import Iterable
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-
-
-def fmt_bytes(n: int | None) -> str:
-    """``1536`` -> ``1.5 KiB``; ``None`` -> ``n/a``."""
-    if n is None:
-        return "n/a"
-    sign = "-" if n < 0 else ""
-    value = float(abs(n))
-    for unit in _UNITS:
-        if value < 1024 or unit == _UNITS[-1]:
-            return f"{sign}{int(value)} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
+from ..units import fmt_bytes
 
 
 def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:

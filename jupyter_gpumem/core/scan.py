@@ -17,12 +17,8 @@ A scan has two passes:
 """
 from __future__ import annotations
 
-import builtins
 import gc
-import re
-import sys
 import time
-import types
 import weakref
 from dataclasses import dataclass, field
 from itertools import islice, repeat
@@ -31,33 +27,14 @@ from typing import Any
 
 from ..backends import Backend, active_backends
 from .scan_paths import LazyNode, PathFinder
+from .hidden import hidden_roots
+from .roots import Root, format_key, stop_ids_for, user_roots
 from .scan_reach import Reacher
-from .scan_types import (  # noqa: F401 - the scan's public helpers live on here
-    ATOMIC, MODULE_DICT as _MODULE_DICT, is_a, is_library_module_name, type_module,
-    type_name_of,
-)
 
 _DEFAULT_MAX_DEPTH = 4000   # levels of the walk (an attribute is one or two)
 _PATH_SHARE = 0.1           # of the time limit: what the paths get at least, after the walk
 _FIRST, _NBYTES = itemgetter(0), itemgetter(1)
 _STEP = 0.005               # seconds of work between two steps of iter_scan
-
-# -- hidden names IPython keeps in user_ns --------------------------------
-_HIDDEN_NAME = re.compile(r"^(_|__|___|_\d+|_i|_ii|_iii|_i\d+|_ih|_oh|_dh|In|Out|_exit_code)$")
-_SHELL_NAMES = {"exit", "quit", "get_ipython", "__builtin__", "__builtins__", "__name__",
-                "__doc__", "__package__", "__loader__", "__spec__"}
-
-
-@dataclass
-class Root:
-    """A starting point of the walk: something the user can name."""
-
-    name: str
-    obj: Any
-    hidden: bool = False
-    aliases: list[str] = field(default_factory=list)
-    purge: str | None = None
-    kind: str = "user"      # user | output | underscore | result | traceback | path
 
 
 @dataclass
@@ -84,57 +61,37 @@ class ScanResult:
 
 
 # -- paths -------------------------------------------------------------------------
-def _format_key(key: Any) -> str:
-    if key is ... or type(key) not in ATOMIC:
-        return "[...]"   # the repr of an object of the user's would run its code
-    text = repr(key)
-    return f"[{text}]" if len(text) <= 40 else "[...]"
+
+
+#: how each kind of path step reads (``label[0]`` is the kind)
+_LABELS = {
+    "root": lambda label: label[1],
+    "attr": lambda label: "." + label[1] if type(label[1]) is str else ".__dict__[...]",
+    "flat": lambda label: f".flat[{label[1]}]",
+    "item": lambda label: format_key(label[1]),
+    "index": lambda label: f"[{label[1]}]",
+    "key": lambda label: ".keys()[...]",
+    "elem": lambda label: "{...}",
+    "attr_index": lambda label: f".{label[1]}[{label[2]}]",
+    "attr_item": lambda label: f".{label[1]}{format_key(label[2])}",
+    "closure": lambda label: f"→closure:{label[1]}",
+    "default": lambda label: f"→default:{label[1]}",
+    "local": lambda label: f"→{label[1]}(): {label[2]}",
+    "graph": lambda label: f".grad_fn→{label[1]}.{label[2]}",
+    "ref": lambda label: "→ref",
+    "unknown": lambda label: "→…",
+    "lru": lambda label: "→lru_cache",
+    "opt_param": lambda label: f".param_groups[{label[1]}]['params'][{label[2]}]",
+    "opt_group": lambda label: f".param_groups[{label[1]}]{format_key(label[2])}",
+    "opt_state": lambda label: f".state[...]{format_key(label[1])}",
+    "opt_state_key": lambda label: ".state.keys()[...]",
+}
 
 
 def format_label(label: tuple) -> str:
     """Text of one step of a path."""
-    kind = label[0]
-    if kind == "root":
-        return label[1]
-    if kind == "attr":
-        return "." + label[1] if type(label[1]) is str else ".__dict__[...]"
-    if kind == "flat":
-        return f".flat[{label[1]}]"
-    if kind == "item":
-        return _format_key(label[1])
-    if kind == "index":
-        return f"[{label[1]}]"
-    if kind == "key":
-        return ".keys()[...]"
-    if kind == "elem":
-        return "{...}"
-    if kind == "attr_index":
-        return f".{label[1]}[{label[2]}]"
-    if kind == "attr_item":
-        return f".{label[1]}{_format_key(label[2])}"
-    if kind == "closure":
-        return f"→closure:{label[1]}"
-    if kind == "default":
-        return f"→default:{label[1]}"
-    if kind == "local":
-        return f"→{label[1]}(): {label[2]}"
-    if kind == "graph":
-        return f".grad_fn→{label[1]}.{label[2]}"
-    if kind == "ref":
-        return "→ref"
-    if kind == "unknown":
-        return "→…"
-    if kind == "lru":
-        return "→lru_cache"
-    if kind == "opt_param":
-        return f".param_groups[{label[1]}]['params'][{label[2]}]"
-    if kind == "opt_group":
-        return f".param_groups[{label[1]}]{_format_key(label[2])}"
-    if kind == "opt_state":
-        return f".state[...]{_format_key(label[1])}"
-    if kind == "opt_state_key":
-        return ".state.keys()[...]"
-    return "→" + str(kind)
+    text = _LABELS.get(label[0])
+    return text(label) if text is not None else "→" + str(label[0])
 
 
 def format_path(node: tuple | None) -> str:
@@ -148,94 +105,6 @@ def format_path(node: tuple | None) -> str:
 
 
 # -- roots -----------------------------------------------------------------------
-def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
-    """The user's own names in a namespace (IPython's bookkeeping left out)."""
-    hidden_ns = hidden_ns or {}
-    out = []
-    for name, value in list(dict.items(namespace)):
-        if type(name) is not str:
-            continue   # ``globals()[42] = ...``: no name to type (see odd_keys)
-        if type(value) in ATOMIC or name in _SHELL_NAMES or _HIDDEN_NAME.match(name):
-            continue
-        if name.startswith("__") and name.endswith("__"):
-            continue
-        if name in hidden_ns and hidden_ns[name] is value:
-            continue
-        if is_a(value, types.ModuleType) and is_library_module_name(_MODULE_DICT(value).get("__name__")):
-            continue
-        out.append(Root(name, value, purge=name))
-    return out
-
-
-def odd_keys(namespace: dict | None = None, shell: Any = None) -> list[str]:
-    """Keys of the namespace that are not names (``globals()[42] = ...``): the scan
-    skips them, and the report says so."""
-    ns = shell.user_ns if shell is not None else namespace or {}
-    return [_format_key(k)[1:-1] for k in list(dict.keys(ns)) if type(k) is not str]
-
-
-def _add_hidden(roots: list[Root], by_id: dict[int, Root], name: str, obj: Any,
-                kind: str, purge: str | None) -> None:
-    if obj is None or type(obj) in ATOMIC:
-        return
-    existing = by_id.get(id(obj))
-    if existing is not None:
-        if name != existing.name and name not in existing.aliases:
-            existing.aliases.append(name)
-        return
-    root = Root(name, obj, hidden=True, purge=purge, kind=kind)
-    roots.append(root)
-    by_id[id(obj)] = root
-
-
-def traceback_objects(shell: Any = None) -> list[Any]:
-    """Objects that keep the last error's frames alive (distinct, in order)."""
-    out: list[Any] = []
-    ids: set[int] = set()
-
-    def add(obj):
-        if obj is not None and id(obj) not in ids:
-            ids.add(id(obj))
-            out.append(obj)
-
-    for name in ("last_exc", "last_value", "last_traceback"):
-        add(getattr(sys, name, None))
-    if shell is not None:
-        add(getattr(getattr(shell, "InteractiveTB", None), "tb", None))
-        result = getattr(shell, "last_execution_result", None)
-        add(getattr(result, "error_in_exec", None))
-        pdb = getattr(getattr(shell, "InteractiveTB", None), "pdb", None)
-        add(getattr(pdb, "curframe", None))
-    return out
-
-
-def hidden_roots(shell: Any = None) -> list[Root]:
-    """IPython's hidden holders, under names a user can type."""
-    roots: list[Root] = []
-    by_id: dict[int, Root] = {}
-    if shell is not None:
-        ns = shell.user_ns
-        out_hist = getattr(getattr(shell, "history_manager", None), "output_hist", None)
-        if out_hist is None:
-            out_hist = ns.get("Out", {}) if is_a(ns.get("Out"), dict) else {}
-        for n, value in sorted(dict.items(out_hist), key=lambda kv: kv[0]):
-            _add_hidden(roots, by_id, f"Out[{n}]", value, "output", f"Out[{n}]")
-        for n in list(out_hist):
-            alias = f"_{n}"
-            if alias in ns and id(ns[alias]) in by_id:
-                _add_hidden(roots, by_id, alias, ns[alias], "output", alias)
-        hook = getattr(shell, "displayhook", None)
-        hidden_ns = getattr(shell, "user_ns_hidden", {})
-        for name in ("_", "__", "___"):
-            for value in (ns.get(name), hidden_ns.get(name), getattr(hook, name, None)):
-                _add_hidden(roots, by_id, name, value, "underscore", name)
-        result = getattr(shell, "last_execution_result", None)
-        _add_hidden(roots, by_id, "last result", getattr(result, "result", None), "result", None)
-    tb_objs = traceback_objects(shell)
-    if tb_objs:
-        root = Root("last traceback", tuple(tb_objs), hidden=True, kind="traceback")
-        roots.append(root)
-    return roots
 
 
 def collect_roots(namespace: dict | None = None, shell: Any = None,
@@ -250,22 +119,6 @@ def collect_roots(namespace: dict | None = None, shell: Any = None,
     if include_hidden:
         roots += hidden_roots(shell)
     return roots
-
-
-def stop_ids_for(shell: Any = None, namespace: dict | None = None) -> set[int]:
-    """Objects the walk never enters: namespaces, the shell, module tables."""
-    objs: list[Any] = [sys.modules, builtins.__dict__, builtins, sys]
-    if namespace is not None:
-        objs.append(namespace)
-    if shell is not None:
-        objs += [shell, shell.user_ns, getattr(shell, "user_ns_hidden", None),
-                 getattr(shell, "user_global_ns", None), getattr(shell, "history_manager", None),
-                 getattr(shell, "displayhook", None), getattr(shell, "display_pub", None)]
-        hm = getattr(shell, "history_manager", None)
-        if hm is not None:
-            objs += [hm.output_hist, hm.input_hist_parsed, hm.input_hist_raw]
-        objs += [shell.user_ns.get("In"), shell.user_ns.get("Out")]
-    return {id(o) for o in objs if o is not None}
 
 
 class paused_gc:

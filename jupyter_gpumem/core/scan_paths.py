@@ -23,10 +23,12 @@ storage held next to a long list is found without reading the list.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import heapq
 import sys
 import time
+import types
 from collections import deque
 from itertools import chain, compress
 from operator import itemgetter
@@ -471,8 +473,6 @@ def _l_builtin(f: PathFinder, obj: Any):
 
 
 def _l_partial(f: PathFinder, obj: Any):
-    import functools
-
     def get(name):
         return functools.partial.__dict__[name].__get__(obj)
 
@@ -488,8 +488,6 @@ def _own_dict(obj: Any) -> Any:
 
 
 def _l_lru(f: PathFinder, obj: Any):
-    import types
-
     own = _own_dict(obj)
     refs = [(("lru",), v) for v in gc.get_referents(obj)
             if v is not own and type(v) is not types.FunctionType]

@@ -50,10 +50,11 @@ def _library_dirs() -> tuple[str, ...]:
     for p in sys.path:
         if p and ("site-packages" in p or "dist-packages" in p):
             dirs.add(os.path.realpath(p))
-    return tuple(d + os.sep for d in dirs if d)
+    return tuple(sorted((d + os.sep for d in dirs if d), key=len, reverse=True))
 
 
-_LIB_DIRS = _library_dirs()
+#: where library code lives (stdlib, site-packages), longest first
+LIB_DIRS = _library_dirs()
 _module_is_library: dict[str, bool] = {}
 
 
@@ -77,7 +78,7 @@ def is_library_module_name(name: str | None) -> bool:
             # an unknown module name with no file is taken as a library's
             result = mod is None and top in sys.modules and top != name
         else:
-            result = os.path.realpath(path).startswith(_LIB_DIRS)
+            result = os.path.realpath(path).startswith(LIB_DIRS)
     _module_is_library[name] = result
     return result
 

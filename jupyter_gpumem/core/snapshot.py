@@ -13,19 +13,19 @@ from operator import itemgetter
 from typing import Any
 
 from . import devices as _devices
+from . import hidden as _hidden
 from . import scan as _scan
 from . import trace as _trace
 from .. import backends as _backends
 from ..backends import Internal, active_backends
 from ..backends import cuda_context as _cuda_context
+from .render import fmt_bytes, snapshot_html, snapshot_text
+from .paths import resolve
+from .roots import Root, odd_keys
+from .scan_types import is_a, type_name_of
+from ..units import Report
 
 SNAPSHOT_SCHEMA = "jupyter_gpumem.snapshot/1"
-_HIDDEN_HINTS = {
-    "output": "a value shown as a cell's result stays in Out: end the line with `;`",
-    "underscore": "`_` keeps the last shown result: `%gpumem purge` clears it",
-    "result": "the last cell's result is kept by IPython: `%gpumem purge` clears it",
-    "traceback": "the last error keeps its frames' locals alive: `%gpumem purge` clears it",
-}
 
 
 @dataclass
@@ -87,8 +87,8 @@ class Holder:
         return out
 
 
-@dataclass
-class Snapshot:
+@dataclass(repr=False)   # the repr is the text report (Report)
+class Snapshot(Report):
     """Devices and holders at one moment; renders as text, HTML and JSON."""
 
     device: str
@@ -134,27 +134,19 @@ class Snapshot:
             out["details"] = [h.to_json(with_rows=True) for h in self.details]
         return out
 
-    def __repr__(self) -> str:
-        from .render import snapshot_text
-
-        return snapshot_text(self)
-
-    def _repr_pretty_(self, p, cycle) -> None:
-        p.text(repr(self))
-
-    def _repr_html_(self) -> str:
-        from .render import snapshot_html
-
-        return snapshot_html(self)
+    _text = snapshot_text
+    _html = snapshot_html
 
 
 # -- building ---------------------------------------------------------------
 def type_name(obj: Any) -> str:
     """What an object is, in a user's words."""
     tp = type(obj)
-    name = _scan.type_name_of(tp)
-    if name in ("Tensor", "Parameter"):
-        return "tensor" if name == "Tensor" else "parameter"
+    name = type_name_of(tp)
+    for backend in active_backends():
+        words = backend.type_name(name)
+        if words:
+            return words
     if tp is types.FunctionType:
         return "closure" if obj.__closure__ else "function"
     if name == "_lru_cache_wrapper":
@@ -312,11 +304,9 @@ def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), bac
                     [names[j] for j in sharing.owners(key) if j != i] if common and key in common
                     else [], key=key))
         path = _scan.format_path(largest_entry[1])
-        label = root.name
-        if root.kind == "traceback" and "→" in path:
-            label = f"{root.name} ({path.rsplit('→', 1)[1]})"
         holders.append(Holder(
-            name=root.name, label=label, type=type_name(root.obj) if root.kind != "traceback" else "traceback",
+            name=root.name, label=_hidden.label(root, path),
+            type=_hidden.what(root) or type_name(root.obj),
             unique=total - shared, shared=shared, devices=per_device, tensors=len(found),
             largest_path=path, largest_bytes=largest_bytes, hidden=root.hidden,
             aliases=list(root.aliases),
@@ -328,10 +318,10 @@ def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), bac
     return holders
 
 
-def _hint(root: _scan.Root, backends, nbytes: int) -> str | None:
+def _hint(root: Root, backends, nbytes: int) -> str | None:
     if root.hidden:
-        return _HIDDEN_HINTS.get(root.kind)
-    if _scan.is_a(root.obj, BaseException):
+        return _hidden.hint(root)
+    if is_a(root.obj, BaseException):
         return (f"exception `{root.name}` keeps its traceback's frames alive: "
                 f"keep `str({root.name})` instead")
     for backend in backends:
@@ -368,16 +358,14 @@ def build_steps(*, shell: Any = None, namespace: dict | None = None, device: str
     ids = _devices.selected_ids(device, accs)
     usages = _devices.read_devices(device, detail=True)
     roots = _scan.collect_roots(namespace, shell)
-    extra: list[_scan.Root] = []
+    extra: list[Root] = []
     if names:
-        from .paths import resolve
-
         by_name = {r.name: r for r in roots}
         for text in names:
             target = resolve(text, shell=shell, namespace=namespace)
             if text in by_name and by_name[text].obj is target.obj:
                 continue
-            extra.append(_scan.Root(text, target.obj, purge=text, kind="path"))
+            extra.append(Root(text, target.obj, purge=text, kind="path"))
     result = yield from _scan.iter_scan(roots + extra, devices=set(ids), shell=shell,
                                         namespace=namespace, time_limit=time_limit,
                                         describe=bool(names))
@@ -389,7 +377,7 @@ def build_steps(*, shell: Any = None, namespace: dict | None = None, device: str
     extra_names = {r.name for r in extra}
     holders = [h for h in all_holders if h.name not in extra_names]
     messages = list(_messages(result, usages, accs, device))
-    odd = _scan.odd_keys(namespace, shell)
+    odd = odd_keys(namespace, shell)
     if odd:
         messages.append(f"skipped {len(odd)} namespace key(s) that are not names: {', '.join(odd[:5])}")
     reached = sharing.reached
@@ -411,8 +399,6 @@ _KIND_ORDER = {"allocated": 0, "cached": 1, "outside": 2}
 def released_by_purge(device_ids, reached_keys) -> list[str]:
     """For a dry run: one line per device naming the internals that every purge gives
     back (workspaces, caches, pools), which its prediction includes."""
-    from .render import fmt_bytes
-
     found, _ = _backends.internals(device_ids, reached_keys)
     per: dict[str, list[Internal]] = {}
     for i in found:

@@ -42,7 +42,6 @@ import os
 import pickle
 import re
 import sys
-import sysconfig
 import threading
 import time
 from bisect import bisect_right
@@ -51,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from .monitor import hook_cells, unhook_cells
+from .scan_types import LIB_DIRS
 from .render import fmt_bytes as _fmt_bytes
 
 #: allocator events torch keeps (a ring buffer); each costs host memory while kept
@@ -69,27 +69,11 @@ def _fmt_us(seconds: float) -> str:
 
 
 # -- cells ---------------------------------------------------------------------------
-def _library_roots() -> tuple[str, ...]:
-    roots = set()
-    for key in ("purelib", "platlib", "stdlib", "platstdlib"):
-        try:
-            roots.add(os.path.realpath(sysconfig.get_paths()[key]))
-        except (KeyError, OSError):
-            pass
-    for p in sys.path:
-        if p and ("site-packages" in p or "dist-packages" in p):
-            roots.add(os.path.realpath(p))
-    return tuple(sorted((r + os.sep for r in roots if r), key=len, reverse=True))
-
-
-_ROOTS = _library_roots()
-
-
 def short_path(filename: str) -> str:
     """A library file relative to its site-packages (``torch/nn/modules/linear.py``)."""
     if not filename or filename.startswith("<"):
         return filename
-    for root in _ROOTS:
+    for root in LIB_DIRS:
         if filename.startswith(root):
             return filename[len(root):]
     return filename
@@ -470,22 +454,27 @@ class CudaFeed:
             # gathers every frame of the stack for each allocation)
             return deep(n - 1) if n else empty(512, dtype=uint8, device=dev)
 
-        def loop() -> float:
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                deep(_DEPTH)
-            return (time.perf_counter() - t0) / calls
-
-        loop()
-        without = min(loop() for _ in range(3))
+        without = _seconds_per_call(deep, calls)
         enable()
-        loop()
-        with_ = min(loop() for _ in range(3))
+        with_ = _seconds_per_call(deep, calls)
         return Cost("CUDA allocation", without, with_, calls)
 
 
 _ALLOC, _FREE = "alloc", "free_requested"
 _DEPTH = 8
+
+
+def _seconds_per_call(deep: Callable[[int], Any], calls: int) -> float:
+    """Seconds one ``deep(_DEPTH)`` takes: the best of three rounds of ``calls``, after one
+    round to warm up."""
+    def round_() -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            deep(_DEPTH)
+        return (time.perf_counter() - t0) / calls
+
+    round_()
+    return min(round_() for _ in range(3))
 
 
 class _Block(NamedTuple):
@@ -619,7 +608,6 @@ class HostRecorder:
         self.by_cell: dict[int, dict[tuple, int]] = {}   # cell -> (filename, line) -> bytes
         self.events: deque = deque(maxlen=max(int(max_entries), 1))
         self.errors = 0
-        self.seen = 0
         self._tensor, self._param = torch.Tensor, torch.nn.Parameter
         self._strided = torch.strided
         base = torch._C.StorageBase
@@ -627,14 +615,12 @@ class HostRecorder:
         self._stop_code = stop_code
         self._sweep_at = 4096
         self.mode = _mode_class(torch)(self)
-        self._thread: int | None = None
 
     # -- the mode on the shell's thread ------------------------------------------------
     def push(self) -> None:
         if self.on_stack():
             return
         self.torch._C._push_on_torch_function_stack(self.mode)
-        self._thread = threading.get_ident()
 
     def on_stack(self) -> bool:
         C = self.torch._C
@@ -699,7 +685,6 @@ class HostRecorder:
         now = time.time()
         self.records[sptr] = _HostRecord(storage._weak_ref(), nbytes, inner, cin, cout, now)
         self.events.append((_ALLOC, sptr, nbytes, now, (inner, cin, cout)))
-        self.seen += 1
         if cout is not None:
             n = self.cells.number(cout[0])
             if n is not None:
@@ -780,18 +765,10 @@ class HostRecorder:
         def deep(n: int):
             return deep(n - 1) if n else a + a
 
-        def loop() -> float:
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                deep(_DEPTH)
-            return (time.perf_counter() - t0) / calls
-
-        loop()
-        without = min(loop() for _ in range(3))
+        without = _seconds_per_call(deep, calls)
         scratch.push()
         try:
-            loop()
-            with_ = min(loop() for _ in range(3))
+            with_ = _seconds_per_call(deep, calls)
         finally:
             scratch.pop()
             scratch.clear()
@@ -907,7 +884,6 @@ class Tracer:
         self.cuda_cost: Cost | None = None
         self.host_cost: Cost | None = None
         self.started = time.time()
-        self.cuda_since: float | None = None
         self.allocs_at_start: int | None = None
         self.before: dict[int, set] = {}
         self.intervals: list[tuple[float, float, int]] = []   # (t0, t1, execution count)
@@ -997,7 +973,6 @@ class Tracer:
         else:
             enable(clear=True)
         self.cuda = "on"
-        self.cuda_since = time.time()
         self.allocs_at_start = feed.allocations()
         self._index = None
 

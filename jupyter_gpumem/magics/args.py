@@ -36,6 +36,17 @@ def split_line(line: str) -> list[str]:
     return [t[1:-1] if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"" else t for t in tokens]
 
 
+def usage_errors(fn: Callable[[], Any], errors, prefix: str = "") -> Any:
+    """``fn()``; its ``errors`` become a UsageError, raised once the except clause is left so
+    that no frame of the scan or the plan stays alive in the traceback."""
+    message = None
+    try:
+        return fn()
+    except errors as exc:
+        message = f"{prefix}{exc}"
+    raise UsageError(message)
+
+
 def report_errors(fn: Callable) -> Callable:
     """Never raise into the user's cell: UsageError stays, anything else is one line."""
     def wrapper(self, *args: Any, **kwargs: Any) -> Any:

@@ -7,7 +7,6 @@ from typing import Any, Callable
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, output_can_be_silenced
 from IPython.display import display
-from traitlets import Bool, Float, TraitError, Unicode, Union, validate
 
 from .. import cluster
 from ..core import devices as _devices
@@ -15,11 +14,12 @@ from ..core.monitor import check_interval
 from ..core.paths import PathError
 from ..core import purge as _purge
 from ..core import snapshot as _snapshot
+from ..settings import GpuMemSettings
 from . import panel as _panel
 from . import tame as _tame
 from . import trace as _trace
 from . import watch as _watch
-from .args import parser, report_errors, split_line
+from .args import parser, report_errors, split_line, usage_errors
 
 #: subcommands served by the other magics modules: name -> function(magics, argv)
 SUBCOMMANDS: dict[str, Callable[[Any, list[str]], Any]] = {
@@ -65,36 +65,13 @@ def _purge_parser():
 
 
 @magics_class
-class GpuMemMagics(Magics):
-    """The jupyter_gpumem magics; its traits are the extension's settings."""
-
-    default_device = Unicode("auto", help="device used when --device is not given: "
-                             "auto (accelerators, else cpu), all, cpu, cuda:N").tag(config=True)
-    scan_time_limit = Float(3.0, help="seconds a scan may take before it reports a "
-                            "partial result").tag(config=True)
-    watch = Bool(False, help="show the per-cell memory footer from the start").tag(config=True)
-    warn_at = Union([Float(), Unicode()], default_value=None, allow_none=True,
-                    help="warn after a cell that leaves a device above this share "
-                    "(0.8 or '80%')").tag(config=True)
-    auto_purge_hidden = Bool(False, help="with warn_at: clear hidden holders and caches "
-                             "when the threshold is crossed").tag(config=True)
-    sample_interval = Float(0.05, help="seconds between NVML samples while a "
-                            "watched cell runs").tag(config=True)
-    tame = Bool(False, help="on load, make JAX and TensorFlow allocate on demand "
-                "instead of grabbing the card").tag(config=True)
-    trace = Bool(False, help="record where each block was allocated (cell and line) "
-                 "from the first cell: %gpumem trace on at load").tag(config=True)
+class GpuMemMagics(Magics, GpuMemSettings):
+    """The jupyter_gpumem magics; the traits of :class:`~..settings.GpuMemSettings` are the
+    extension's settings (``c.GpuMemMagics.scan_time_limit``)."""
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)
         self._cleanups: list[Callable[[], Any]] = []
-
-    @validate("sample_interval")
-    def _check_sample_interval(self, proposal) -> float:
-        try:
-            return check_interval(proposal["value"], "GpuMemMagics.sample_interval")
-        except ValueError as exc:
-            raise TraitError(str(exc)) from None
 
     # -- helpers for the other modules ------------------------------------------
     def add_cleanup(self, fn: Callable[[], Any]) -> None:
@@ -150,19 +127,17 @@ class GpuMemMagics(Magics):
             return SUBCOMMANDS[argv[0]](self, argv[1:])
         return self._report(argv)
 
+    def _parse(self, parser: Any, argv: list[str]) -> tuple[Any, str]:
+        args = parser.parse_args(argv)
+        return args, self.device(args.device)
+
     def _report(self, argv: list[str]) -> Any:
-        args = _report_parser().parse_args(argv)
-        device = self.device(args.device)
+        args, device = self._parse(_report_parser(), argv)
         if args.cluster:
             return self._cluster_report(args, device)
-        error = None
-        try:
-            snap = _snapshot.build(shell=self.shell, device=device,
-                         names=args.names or None, time_limit=self.scan_time_limit)
-        except PathError as exc:
-            error = str(exc)
-        if error is not None:  # raised here so no frame of the scan stays in a traceback
-            raise UsageError(error)
+        snap = usage_errors(lambda: _snapshot.build(
+            shell=self.shell, device=device, names=args.names or None,
+            time_limit=self.scan_time_limit), PathError)
         for name in args.names:
             if not any(h.name == name for h in snap.details):
                 raise UsageError(f"{name!r} holds no tensor memory on "
@@ -170,18 +145,12 @@ class GpuMemMagics(Magics):
         return self.show(snap, args.output)
 
     def _purge(self, argv: list[str]) -> Any:
-        args = _purge_parser().parse_args(argv)
-        device = self.device(args.device)
+        args, device = self._parse(_purge_parser(), argv)
         if args.cluster:
             return self._cluster_purge(args, device)
-        error = None
-        try:
-            result = _purge.purge(args.names, shell=self.shell, all=args.all, dry_run=args.dry_run,
-                           device=device, time_limit=self.scan_time_limit)
-        except _purge.PurgeError as exc:
-            error = str(exc)
-        if error is not None:  # raised here so no frame of the plan stays in a traceback
-            raise UsageError(error)
+        result = usage_errors(lambda: _purge.purge(
+            args.names, shell=self.shell, all=args.all, dry_run=args.dry_run, device=device,
+            time_limit=self.scan_time_limit), _purge.PurgeError)
         return self.show(result, args.output)
 
     def _cluster_report(self, args: Any, device: str) -> Any:
@@ -189,27 +158,17 @@ class GpuMemMagics(Magics):
         if args.names:
             raise UsageError("--cluster reports every name that holds keys: give no names "
                              f"(got {' '.join(args.names)})")
-        error = None
-        try:
-            snap = cluster.snapshot(shell=self.shell, device=device,
-                                    time_limit=self.scan_time_limit)
-        except cluster.ClusterError as exc:
-            error = f"--cluster: {exc}"
-        if error is not None:
-            raise UsageError(error)
+        snap = usage_errors(lambda: cluster.snapshot(
+            shell=self.shell, device=device, time_limit=self.scan_time_limit),
+            cluster.ClusterError, "--cluster: ")
         return self.show(snap, args.output)
 
     def _cluster_purge(self, args: Any, device: str) -> Any:
         """``%gpumem purge NAME ... --cluster``: release the names' keys on the cluster."""
-        error = None
-        try:
-            result = cluster.purge(args.names, shell=self.shell, all=args.all,
-                                   dry_run=args.dry_run, device=device,
-                                   time_limit=self.scan_time_limit)
-        except (cluster.ClusterError, _purge.PurgeError) as exc:
-            error = f"--cluster: {exc}"
-        if error is not None:  # raised here so no frame of the plan stays in a traceback
-            raise UsageError(error)
+        result = usage_errors(lambda: cluster.purge(
+            args.names, shell=self.shell, all=args.all, dry_run=args.dry_run, device=device,
+            time_limit=self.scan_time_limit), (cluster.ClusterError, _purge.PurgeError),
+            "--cluster: ")
         return self.show(result, args.output)
 
     @cell_magic

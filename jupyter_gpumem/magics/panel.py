@@ -10,7 +10,7 @@ from ..core import snapshot as _snapshot
 from ..core.monitor import MAX_INTERVAL, check_interval
 from ..session import session_of
 from ..views.panel import (INTERVAL, MAX_WINDOW, MIN_INTERVAL, MIN_WINDOW, WINDOW, Panel,
-                           _cleanup_registered, _panels, _widgets, close, current)
+                           _widgets, close, current)
 from .args import parser
 
 
@@ -51,10 +51,7 @@ def magic_panel(magics: Any, argv: list[str]) -> None:
         panel = Panel(shell, device=device or magics.device(None),
                       interval=args.interval or INTERVAL, window=args.window or WINDOW,
                       time_limit=magics.scan_time_limit, session=session_of(shell))
-        _panels[id(shell)] = panel
-        if magics not in _cleanup_registered:
-            magics.add_cleanup(lambda: close(shell))
-            _cleanup_registered.add(magics)
+        session_of(shell).panel = panel
         panel.start()
     else:
         panel.configure(device=device, interval=args.interval, window=args.window)

@@ -6,7 +6,7 @@ import sys
 
 from IPython.core.error import UsageError
 
-from ..backends.tame import GIVE_BACK, SETTINGS, USAGE, TameResult, status, tame, untame
+from ..backends.tame import USAGE, TameResult, settings, status, tame, untame
 
 
 def _print(result: TameResult) -> None:
@@ -22,7 +22,7 @@ def magic_tame(magics, argv: list[str]) -> TameResult | None:
     output = len(args) != len(argv)
     if args == ["status"]:
         result = TameResult(frameworks=status())
-        result.changed = {k: os.environ.get(k) for k in list(SETTINGS) + list(GIVE_BACK)}
+        result.changed = {k: os.environ.get(k) for k in settings(give_back=True)}
     elif args == ["off"]:
         result = untame()
     elif args in ([], ["--give-back"]):

@@ -10,14 +10,15 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from ..core import devices as _devices
-from ..core import scan as _scan
+from ..core.roots import Root
 from ..watch import export as _export
 from ..watch.footer import _parse_share, _start_footer, _stop_footer, _traced_lines
 from ..watch.peaks import uninstall_all
 from ..watch.result import fmt_seconds
-from ..watch.scope import HUB, Watch, _complain, _current_count, _shell_states, _state_for_shell, _State
+from ..session import session_of
+from ..watch.scope import HUB, Watch, _complain, _current_count, _state_for_shell, _State
 from ..views.plot import show_figure
-from .args import parser, split_line
+from .args import parser, split_line, usage_errors
 
 def _watch_parser():
     p = parser("%gpumem watch", "a one-line memory footer after every cell", output=None)
@@ -179,7 +180,7 @@ class _GpuwatchCell:
     def done(self, value: Any) -> Any:
         w, number = self.watch, self.number
         if w is not None and value is not None and not _quiet(self.shell):
-            w.add_root(_scan.Root(f"Out[{number}]", value, hidden=True, kind="output",
+            w.add_root(Root(f"Out[{number}]", value, hidden=True, kind="output",
                                   purge=f"Out[{number}]"))
         _finish(self.magics, w, self.args, number)
         return value
@@ -334,17 +335,13 @@ def magic_history(magics, argv: list[str]) -> Any:
     records = _last_records(state, args.last)
     done = False
     if args.save:
-        try:
-            n = _export.save(records, args.save)
-        except (ValueError, OSError) as exc:
-            raise UsageError(f"--save: {exc}") from None
+        n = usage_errors(lambda: _export.save(records, args.save), (ValueError, OSError),
+                         "--save: ")
         print(f"wrote {n} record(s) to {args.save}")
         done = True
     if args.tensorboard:
-        try:
-            n = _export.tensorboard(records, args.tensorboard)
-        except (ImportError, OSError) as exc:
-            raise UsageError(f"--tensorboard: {exc}") from None
+        n = usage_errors(lambda: _export.tensorboard(records, args.tensorboard),
+                         (ImportError, OSError), "--tensorboard: ")
         print(f"wrote {n} scalar(s) for {len(records)} cell(s) to {args.tensorboard}")
         done = True
     if args.clear:
@@ -404,7 +401,6 @@ def on_load(ip, magics) -> None:
             _stop_footer(state)
 
     magics.observe(on_watch_trait, names="watch")
-    state._observer = on_watch_trait
     if magics.watch:
         _start_footer(state)
     transforms = getattr(ip, "input_transformers_cleanup", None)
@@ -420,7 +416,9 @@ def on_load(ip, magics) -> None:
             magics.unobserve(on_watch_trait, names="watch")
         except ValueError:
             pass
-        _shell_states.pop(id(ip), None)
+        session = session_of(ip)
+        if session is not None:
+            session.watch = None
         uninstall_all()
 
     magics.add_cleanup(cleanup)

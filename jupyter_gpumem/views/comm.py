@@ -15,7 +15,12 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..api import __version__
+from ..core import devices as _devices
+from ..core import purge as _purge
+from ..core.monitor import Sampler
 from ..session import close_session, open_session, session_of
+from ..units import one_line
 
 TARGET = "jupyter_gpumem"
 INTERVAL = 1.0  # seconds between two ``devices`` messages
@@ -32,10 +37,6 @@ _REQUEST_FIELDS: dict[str, dict[str, bool]] = {
     "set_device": {"device": True},
 }
 
-_hubs: dict[int, "_Hub"] = {}
-_hubs_lock = threading.Lock()
-
-
 class MessageError(ValueError):
     """A request from the frontend that does not follow the protocol."""
 
@@ -45,30 +46,28 @@ def register_comm(ip: Any) -> None:
 
     Called by ``load_ipython_extension``; calling it again is harmless.
     """
-    with _hubs_lock:
-        if id(ip) in _hubs:
-            return
-        hub = _Hub(ip)
-        _hubs[id(ip)] = hub
+    owns_session = session_of(ip) is None
+    session = open_session(ip)
+    if session.comm_hub is not None:
+        return
+    hub = session.comm_hub = _Hub(ip, session, owns_session)
     hub.start()
+
+
+def hub_of(ip: Any) -> "_Hub | None":
+    """What :func:`register_comm` added to the shell ``ip`` (kept by its session)."""
+    session = session_of(ip)
+    return session.comm_hub if session is not None else None
 
 
 def unregister_comm(ip: Any) -> None:
     """Remove what :func:`register_comm` added: comm target, open comms,
     sampling thread (stopped and joined) and the after-cell hook."""
-    with _hubs_lock:
-        hub = _hubs.pop(id(ip), None)
+    session = session_of(ip)
+    hub = session.comm_hub if session is not None else None
     if hub is not None:
+        session.comm_hub = None
         hub.stop()
-
-
-def _one_line(text: Any) -> str:
-    """The first line of ``text``, trimmed to a readable length."""
-    lines = str(text).strip().splitlines() or [""]
-    line = lines[0].strip()
-    if len(line) > MAX_ERROR_LENGTH:
-        line = line[: MAX_ERROR_LENGTH - 3] + "..."
-    return line
 
 
 def _short(value: str) -> str:
@@ -154,7 +153,7 @@ class _Channel:
             return False
 
     def error(self, message: str, reply_to: Any = None) -> None:
-        data = {"type": "error", "message": _one_line(message)}
+        data = {"type": "error", "message": one_line(message, MAX_ERROR_LENGTH)}
         if reply_to is not None:
             data["reply_to"] = reply_to
         self.send(data)
@@ -179,24 +178,18 @@ class _Channel:
             self.error(f"{kind} failed: {type(exc).__name__}: {exc}", rid)
 
     def set_device(self, device: str, rid: Any) -> None:
-        from ..core.devices import parse_device
-
         try:
-            self.device = parse_device(device)
+            self.device = _devices.parse_device(device)
         except ValueError as exc:
             self.error(str(exc), rid)
             return
         self.send_snapshot(reply_to=rid)
 
     def purge(self, names: list[str], dry_run: bool, rid: Any) -> None:
-        # the module's function, not ``jupyter_gpumem.purge``: importing the
-        # submodule ``jupyter_gpumem.purge`` rebinds that package attribute
-        from ..core.purge import PurgeError, purge
-
         try:
-            result = purge(names, shell=self.hub.shell, dry_run=dry_run, device=self.device,
+            result = _purge.purge(names, shell=self.hub.shell, dry_run=dry_run, device=self.device,
                            time_limit=self.hub.session.time_limit)
-        except PurgeError as exc:
+        except _purge.PurgeError as exc:
             self.error(str(exc), rid)
             return
         self.send({"type": "purge_result", "result": result.to_json(), "reply_to": rid})
@@ -224,16 +217,17 @@ class _Channel:
 class _Hub:
     """Everything the comm target added to one shell."""
 
-    def __init__(self, shell: Any):
+    def __init__(self, shell: Any, session: Any, owns_session: bool):
         self.shell = shell
-        # the shell's session (made here when the comm is registered on its own)
-        self.owns_session = session_of(shell) is None
-        self.session = open_session(shell, None)
+        self.session = session
+        #: the session was made for the comm (registered without the extension)
+        self.owns_session = owns_session
+        #: seconds between two ``devices`` messages (read when the sampler starts)
         self.interval = INTERVAL
         self._channels: list[_Channel] = []
         self._lock = threading.Lock()
         self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._sampler: Sampler | None = None
         self._last_thread_error: str | None = None
 
     # -- set up and tear down (main thread) -------------------------------
@@ -256,7 +250,7 @@ class _Hub:
             pass
         with self._lock:
             channels, self._channels = self._channels, []
-            thread = self._thread
+            sampler, self._sampler = self._sampler, None
         for channel in channels:
             channel.closed = True
             self.session.remove_view(channel)
@@ -264,13 +258,13 @@ class _Hub:
                 channel.comm.close()
             except Exception:  # noqa: BLE001
                 pass
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(JOIN_TIMEOUT)
+        if sampler is not None:
+            sampler.stop(JOIN_TIMEOUT)
 
     @property
     def thread(self) -> threading.Thread | None:
         """The sampling thread while one runs (for tests and unload)."""
-        return self._thread
+        return self._sampler
 
     @property
     def channels(self) -> list[_Channel]:
@@ -291,17 +285,14 @@ class _Hub:
                 self._channels.append(channel)
                 self.session.add_view(channel)
                 stopped = False
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._sample, name="jupyter_gpumem-devices", daemon=True
-                    )
-                    self._thread.start()
         if stopped:
             comm.close()
             return
-        from .. import __version__
-
         channel.send({"type": "hello", "version": __version__, "device": channel.device})
+        with self._lock:
+            if self._sampler is None and not self._stopped.is_set():
+                self._sampler = Sampler(self._tick, self.interval, name="jupyter_gpumem-devices")
+                self._sampler.start()
 
     def forget(self, channel: _Channel) -> None:
         channel.closed = True
@@ -311,31 +302,30 @@ class _Hub:
                 self._channels.remove(channel)
 
     # -- sampling thread: counters only, never the namespace ---------------
-    def _sample(self) -> None:
-        from ..core.devices import read_devices
-
-        while not self._stopped.wait(self.interval):
-            with self._lock:
-                channels = list(self._channels)
-                if not channels:
-                    self._thread = None
-                    return
-            readings: dict[str, Any] = {}
-            for channel in channels:
-                if channel.device not in readings:
-                    readings[channel.device] = self._read(read_devices, channel.device)
-                devices = readings[channel.device]
-                if devices is not None:
-                    channel.send({"type": "devices", "time": time.time(), "devices": devices})
+    def _tick(self) -> None:
+        """One reading per device the open channels show; the last channel gone, the
+        sampler stops."""
         with self._lock:
-            if self._thread is threading.current_thread():
-                self._thread = None
+            channels = list(self._channels)
+            if not channels:
+                sampler, self._sampler = self._sampler, None
+                if sampler is not None:
+                    sampler.stop()
+                return
+        readings: dict[str, Any] = {}
+        for channel in channels:
+            if channel.device not in readings:
+                readings[channel.device] = self._read(_devices.read_devices, channel.device)
+            devices = readings[channel.device]
+            if devices is not None:
+                channel.send({"type": "devices", "time": time.time(), "devices": devices})
 
     def _read(self, read_devices: Callable, device: str) -> list[dict] | None:
         try:
             devices = [d.to_json() for d in read_devices(device)]
         except Exception as exc:  # noqa: BLE001 - report once, keep sampling
-            line = _one_line(f"reading devices failed: {type(exc).__name__}: {exc}")
+            line = one_line(f"reading devices failed: {type(exc).__name__}: {exc}",
+                            MAX_ERROR_LENGTH)
             if line != self._last_thread_error:
                 self._last_thread_error = line
                 for channel in self.channels:

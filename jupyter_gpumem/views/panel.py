@@ -17,8 +17,13 @@ import weakref
 from collections import deque
 from typing import Any
 
-from ..core.monitor import CellEvents, Sampler, Series, device_point, hook_cells, unhook_cells
+from ..core import devices as _devices
+from ..core import purge as _purge
+from ..core import snapshot as _snapshot
+from ..core.monitor import CellEvents, Sampler, Series, device_point
+from ..session import hook_cells, session_of, unhook_cells
 from ..watch.scope import history_for
+from ..units import one_line
 from . import panel_render as _render
 
 INTERVAL = 1.0  # seconds between two readings of the device bars
@@ -30,8 +35,6 @@ MAX_READINGS = 100_000  # readings the timeline keeps, whatever the window and i
 MISSING = ("jupyter_gpumem: the live panel needs ipywidgets: run `pip install ipywidgets` "
            "in this kernel's environment, restart the kernel, then `%gpumem panel` again.")
 
-_panels: dict[int, "Panel"] = {}
-_cleanup_registered: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def _widgets():
@@ -45,19 +48,19 @@ def _widgets():
 
 def current(shell: Any) -> "Panel | None":
     """The running panel of ``shell``, if one is open."""
-    panel = _panels.get(id(shell))
+    session = session_of(shell)
+    panel = session.panel if session is not None else None
     return panel if panel is not None and not panel.closed else None
 
 
 def close(shell: Any) -> bool:
     """Close the panel of ``shell`` and stop its thread; False when none was open."""
-    panel = _panels.pop(id(shell), None)
-    return panel.close() if panel is not None else False
-
-
-def _one_line(text: Any) -> str:
-    lines = str(text).strip().splitlines() or [""]
-    return lines[0][:300]
+    session = session_of(shell)
+    panel = session.panel if session is not None else None
+    if panel is None:
+        return False
+    session.panel = None
+    return panel.close()
 
 
 _box_classes: dict[int, type] = {}
@@ -207,7 +210,7 @@ class Panel:
         with self._lock:
             if not self.closed:
                 self.status.value = (f"<span style='color:{colour}'>"
-                                     f"{_render.esc(_one_line(text))}</span>")
+                                     f"{_render.esc(one_line(text))}</span>")
 
     def _update_title(self) -> None:
         self.title.value = (f"<b>GPU memory</b> · device <code>{_render.esc(self.device)}</code>"
@@ -266,8 +269,8 @@ class Panel:
         if self.session is not None:
             self.session.remove_view(self)
         unhook_cells(self.shell, self._pre_run_cell, self._post_run_cell)
-        if _panels.get(id(self.shell)) is self:
-            _panels.pop(id(self.shell), None)
+        if self.session is not None and self.session.panel is self:
+            self.session.panel = None
         _close_tree(self.widget)
         for checkbox, html in self._rows:
             _close_tree(checkbox)
@@ -276,20 +279,18 @@ class Panel:
 
     # -- background thread: device counters only -----------------------------------------
     def _tick(self) -> None:
-        from ..core.devices import read_devices
-
         if self.closed:
             return
         cpu0 = time.thread_time()
         try:
-            self._read_and_show(read_devices)
+            self._read_and_show(_devices.read_devices)
         finally:
             self.stats["ticks"] += 1
             self.stats["tick_cpu_seconds"] += time.thread_time() - cpu0
 
     def _read_and_show(self, read_devices) -> None:
         try:
-            usages = read_devices(self.device)
+            usages = _devices.read_devices(self.device)
             t = time.time()
             self.series.append(t, device_point(usages))
             devices = [d.to_json() for d in usages]
@@ -384,8 +385,6 @@ class Panel:
     def refresh(self) -> None:
         """Scan the holders now (main thread only) and redraw table and bars; with a
         session, every other view of the shell (the sidebar) gets the new snapshot too."""
-        from ..core.snapshot import build
-
         if self.closed:
             return
         t0 = time.perf_counter()
@@ -393,7 +392,7 @@ class Panel:
             if self.session is not None:
                 self.session.refresh_now()
             else:
-                self.apply_snapshot(build(shell=self.shell, device=self.device,
+                self.apply_snapshot(_snapshot.build(shell=self.shell, device=self.device,
                                           time_limit=self.time_limit).to_json())
         except Exception as exc:  # noqa: BLE001
             self._say(f"scan failed: {type(exc).__name__}: {exc}", error=True)
@@ -481,16 +480,14 @@ class Panel:
         raise KeyError(f"no holder {name!r} in the panel")
 
     def _on_purge(self, _button: Any = None) -> None:
-        from ..core.purge import PurgeError, purge
-
         names = self.checked()
         if not names:
             self._say("check the names to purge first")
             return
         try:
-            dry = purge(names, shell=self.shell, device=self.device, dry_run=True,
+            dry = _purge.purge(names, shell=self.shell, device=self.device, dry_run=True,
                         time_limit=self.time_limit).to_json()
-        except PurgeError as exc:
+        except _purge.PurgeError as exc:
             self._say(str(exc), error=True)
             return
         self._pending = names
@@ -510,17 +507,15 @@ class Panel:
         self._say("purge cancelled: nothing changed")
 
     def _on_confirm(self, _button: Any = None) -> None:
-        from ..core.purge import PurgeError, purge
-
         names = self._pending
         self._hide_confirm()
         if not names:
             return
         error = None
         try:
-            data = purge(names, shell=self.shell, device=self.device,
+            data = _purge.purge(names, shell=self.shell, device=self.device,
                          time_limit=self.time_limit).to_json()
-        except PurgeError as exc:
+        except _purge.PurgeError as exc:
             error = str(exc)
         if error is not None:
             self._say(error, error=True)

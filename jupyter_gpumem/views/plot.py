@@ -10,7 +10,10 @@ Uses ``matplotlib.figure.Figure`` directly: no pyplot state, any backend.
 from __future__ import annotations
 
 import io
+import tempfile
 from typing import Any
+
+from IPython.display import Image, display
 
 _UNITS = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B"))
 PEAK_LABEL = "cell peak"
@@ -131,8 +134,6 @@ def show_figure(records, points, devices=None, save: str | None = None,
     and save it; return the Figure. A terminal gets the file's path instead."""
     fig = figure(records, points, devices=devices)
     if not rich and not save:
-        import tempfile
-
         save = tempfile.NamedTemporaryFile(prefix="gpumem-", suffix=".png", delete=False).name
         print(f"a terminal shows no figure: saved it to {save} (--save FILE to choose where)")
         fig.savefig(save)
@@ -141,7 +142,5 @@ def show_figure(records, points, devices=None, save: str | None = None,
         fig.savefig(save)
         print(f"saved the figure to {save}")
     if rich:
-        from IPython.display import Image, display
-
         display(Image(data=png(fig), format="png"))
     return fig

@@ -6,6 +6,7 @@ import html
 import json
 import os
 import sys
+import types
 
 from ..core.render import fmt_bytes
 from .result import changes_short, device_short, fmt_seconds
@@ -60,8 +61,6 @@ def _keep_tensorflow_out() -> None:
     """
     if "tensorflow" in sys.modules or "tensorboard.compat.notf" in sys.modules:
         return
-    import types
-
     sys.modules["tensorboard.compat.notf"] = types.ModuleType("tensorboard.compat.notf")
 
 

@@ -12,8 +12,9 @@ from typing import Any
 from ..core import devices as _devices
 from ..core import monitor as _monitor
 from ..core import trace as _trace
-from ..core.purge import purge
+from ..core import purge as _purge
 from ..core.render import fmt_bytes
+from ..session import hook_cells, unhook_cells
 from .result import WatchResult
 from .scope import HUB, Watch, _complain, _current_count, _ordered, _read_devices, _State
 
@@ -251,7 +252,7 @@ class _Footer:
             removed: list[str] = []
             freed: dict[str, int | None] = {}
             for dev in ids:
-                res = purge(shell=self.state.shell, device=dev,
+                res = _purge.purge(shell=self.state.shell, device=dev,
                             time_limit=getattr(magics, "scan_time_limit", 3.0))
                 removed += [n for n in res.removed if n not in removed]
                 freed.update({k: v for k, v in res.freed.items() if k == dev})
@@ -262,7 +263,7 @@ def _start_footer(state: _State) -> None:
     if state.footer is not None:
         return
     footer = _Footer(state)
-    _monitor.hook_cells(state.shell, footer.pre, footer.post)
+    hook_cells(state.shell, footer.pre, footer.post)
     state.footer = footer
     HUB.hold()
     if state.magics is not None:
@@ -273,7 +274,7 @@ def _stop_footer(state: _State) -> None:
     footer, state.footer = state.footer, None
     if footer is None:
         return
-    _monitor.unhook_cells(state.shell, footer.pre, footer.post)
+    unhook_cells(state.shell, footer.pre, footer.post)
     footer.abandon()
     HUB.release()
 

@@ -24,8 +24,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core import hidden as _hidden
 from ..core import scan as _scan
+from ..core.roots import Root
 from ..backends import active_backends
+from ..core.snapshot import type_name
 
 ACC_TOLERANCE = 2 << 20      # allocator bytes a cell may move without a full rescan
 CPU_TOLERANCE = 64 << 20     # host resident-set growth that prompts a full rescan
@@ -59,13 +62,7 @@ class RootInfo:
     @property
     def purge_arg(self) -> str | None:
         """What ``%gpumem purge`` accepts for this root."""
-        if self.purge:
-            return self.purge
-        if self.kind == "traceback":
-            return "last traceback"
-        if self.kind == "result":
-            return "last result"
-        return None
+        return _hidden.purge_arg(self.kind, self.purge)
 
 
 @dataclass
@@ -85,13 +82,13 @@ class Update:
     changes: list[RootChange]
     partial: bool = False
     seconds: float = 0.0
-    scanned: int = 0
     reasons: list[str] = field(default_factory=list)
 
 
-def identity(root: _scan.Root) -> Any:
+def identity(root: Root) -> Any:
     """What says a root is still the same object (the traceback root is rebuilt each time)."""
-    if root.kind == "traceback" and type(root.obj) is tuple:
+    entry = _hidden.kind_of(root)
+    if entry is not None and entry.rebuilt and type(root.obj) is tuple:
         return tuple(id(o) for o in root.obj)
     return id(root.obj)
 
@@ -129,7 +126,6 @@ class HolderTracker:
         self.seeded = False
         self.full_cost: float | None = None
         self.marks: dict[str, int] = {}
-        self.updated_at: float | None = None
 
     # -- bookkeeping of storages ----------------------------------------------------------
     def _add(self, keys: dict) -> None:
@@ -171,7 +167,7 @@ class HolderTracker:
         return infos if n is None else infos[:n]
 
     # -- updating -------------------------------------------------------------------------
-    def update(self, roots: list[_scan.Root], *, shell: Any = None, namespace: dict | None = None,
+    def update(self, roots: list[Root], *, shell: Any = None, namespace: dict | None = None,
                marks: dict[str, int] | None = None, force_full: bool = False,
                full_budget: float | None = None, time_limit: float = 3.0,
                extra_stop: set[int] | None = None) -> Update:
@@ -217,11 +213,9 @@ class HolderTracker:
             self.seeded = True
         if marks is not None:
             self.marks = dict(marks)
-        self.updated_at = time.time()
         mode = "full" if full else ("incremental" if scanned or len(before) != len(self.roots)
                                     else "none")
-        return Update(mode, self.diff(before), partial, time.perf_counter() - start,
-                      scanned, reasons)
+        return Update(mode, self.diff(before), partial, time.perf_counter() - start, reasons)
 
     def _unexplained(self, marks: dict[str, int] | None, totals0: dict[str, int]) -> str | None:
         if not marks or not self.marks:
@@ -268,14 +262,11 @@ class HolderTracker:
         self._add(info.keys)
 
     @staticmethod
-    def _info(root: _scan.Root, reach: _scan.Reach, fingerprint) -> RootInfo:
-        from ..core.snapshot import type_name
-
+    def _info(root: Root, reach: _scan.Reach, fingerprint) -> RootInfo:
         keys = {k: (info.nbytes, info.device) for k, (info, _, _) in reach.storages.items()}
         label = root.name
-        if root.kind == "traceback":
-            kind_type = "traceback"
-        else:
+        kind_type = _hidden.what(root)
+        if kind_type is None:
             try:
                 kind_type = type_name(root.obj)
             except Exception:  # noqa: BLE001

@@ -27,8 +27,10 @@ open scopes then note that their peak covers only the time since, and the
 user view drops what it kept. Patches are installed while a scope is open
 or the user view keeps something the real counter lost, and removed after.
 
-Counters: ``torch`` (the CUDA caching allocator, per device, every
-``.peak`` field of ``memory_stats``), ``rss`` (this process's peak resident
+Counters: each framework's (a backend's ``peak_counters``, with the
+wrappers of its own reset and read functions, ``peak_patches``: torch's CUDA
+caching allocator, per device, every ``.peak`` field of ``memory_stats``, in
+:mod:`jupyter_gpumem.backends.torch_peaks`), ``rss`` (this process's peak resident
 set, ``VmHWM``, reset through ``/proc/self/clear_refs``; Linux) and
 ``tracemalloc`` (the Python heap, NumPy arrays included, only while the user
 has tracing on). Torch tensors on the CPU are not in tracemalloc.
@@ -41,49 +43,19 @@ import threading
 import tracemalloc
 from typing import Any, Callable
 
+from ..backends import REGISTRY, active_backends
+from ..backends.base import PeakCounter as Counter
+from ..backends.base import PeakLedgerView, Reading
+
+try:
+    import resource   # POSIX only; the rss counter and its patch need it
+except ImportError:  # pragma: no cover - Windows
+    resource = None
+
 Peaks = dict  # field -> peak bytes
-Reading = dict  # field -> (current, peak)
 
 _TRACEMALLOC_ORIG = {"get_traced_memory": tracemalloc.get_traced_memory,
                      "reset_peak": getattr(tracemalloc, "reset_peak", None)}
-
-
-class Counter:
-    """One resettable high-water mark (or a family of them) for one device."""
-
-    key: tuple = ()
-    device: str = ""
-    family: str = ""
-    exact_label: str = ""
-
-    def read(self) -> Reading | None:
-        raise NotImplementedError
-
-    def reset(self) -> None:
-        raise NotImplementedError
-
-
-class TorchCudaCounter(Counter):
-    """The CUDA caching allocator's stats for one device (every ``peak`` field)."""
-
-    family = "torch"
-    exact_label = "torch allocator, exact"
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.device = f"cuda:{index}"
-        self.key = ("torch", self.device)
-
-    def read(self) -> Reading | None:
-        return flatten_nested(_raw_cuda_stats(self.index))
-
-    def reset(self) -> None:
-        torch = sys.modules["torch"]
-        reset = getattr(torch._C, "_cuda_resetPeakMemoryStats", None)
-        if reset is not None:
-            reset(self.index)
-        else:  # pragma: no cover - very old torch
-            _PATCHES.original("torch.cuda.memory", "reset_peak_memory_stats")(self.index)
 
 
 class RssCounter(Counter):
@@ -147,46 +119,21 @@ def read_rss() -> Reading | None:
     return {"rss": (rss, hwm)}
 
 
-def flatten_nested(stats: Any) -> Reading:
-    """``{"allocated_bytes.all": (current, peak), ...}`` from a nested memory_stats dict."""
-    out: Reading = {}
-    if not isinstance(stats, dict):
-        return out
-    for stat, pools in stats.items():
-        if not isinstance(pools, dict):
-            continue
-        for pool, d in pools.items():
-            if isinstance(d, dict) and "peak" in d and "current" in d:
-                out[f"{stat}.{pool}"] = (int(d["current"]), int(d["peak"]))
-    return out
-
-
-def _raw_cuda_stats(index: int) -> dict:
-    torch = sys.modules["torch"]
-    raw = getattr(torch._C, "_cuda_memoryStats", None)
-    if raw is not None:
-        return raw(index)
-    return _PATCHES.original("torch.cuda.memory", "memory_stats_as_nested_dict")(index)
-
-
 def counters_for(device_ids) -> list[Counter]:
-    """The counters available now for these device ids (never creates a CUDA context)."""
+    """The counters available now for these device ids: the host's, and each active
+    framework's (which never creates a device context to get one)."""
+    ids = list(device_ids)
     out: list[Counter] = []
-    torch = sys.modules.get("torch")
-    cuda_ready = False
-    if torch is not None:
+    for backend in active_backends():
         try:
-            cuda_ready = bool(torch.cuda.is_initialized())
-        except Exception:
-            cuda_ready = False
-    for dev in device_ids:
-        if dev.startswith("cuda:") and cuda_ready:
-            out.append(TorchCudaCounter(int(dev.split(":")[1])))
-        elif dev == "cpu":
-            if RssCounter.available():
-                out.append(RssCounter())
-            if tracemalloc.is_tracing():
-                out.append(TracemallocCounter())
+            out += backend.peak_counters([d for d in ids if d != "cpu"])
+        except Exception:  # noqa: BLE001 - no exact peak from that framework then
+            pass
+    if "cpu" in ids:
+        if RssCounter.available():
+            out.append(RssCounter())
+        if tracemalloc.is_tracing():
+            out.append(TracemallocCounter())
     return out
 
 
@@ -218,7 +165,7 @@ def _peaks(reading: Reading) -> Peaks:
     return {f: p for f, (_, p) in reading.items()}
 
 
-class PeakLedger:
+class PeakLedger(PeakLedgerView):
     """Open scopes, the user view and the last peaks seen, per counter."""
 
     def __init__(self) -> None:
@@ -265,7 +212,7 @@ class PeakLedger:
             for counter in counters_for(device_ids):
                 if counter.key in scope.start:
                     continue
-                if counter.family != "torch":
+                if not counter.born_lazily:
                     continue
                 # the allocator began inside the scope, so inside every open scope
                 for s in self._open + [scope]:
@@ -273,14 +220,7 @@ class PeakLedger:
                     s.labels.setdefault(counter.key, counter.exact_label)
                 _PATCHES.install(counter.family)
             for key in list(scope.start):
-                counter = _counter_for(key)
-                reading = counter.read() if counter is not None else None
-                if reading is None:
-                    continue
-                peaks = self._observe(key, reading)
-                for s in self._open:
-                    if key in s.start or s is scope:
-                        s.fold(key, peaks)
+                self._fold_now(key, also=scope)
             scope.closed = True
             if scope in self._open:
                 self._open.remove(scope)
@@ -296,32 +236,14 @@ class PeakLedger:
         last tick, and is noticed when the peak drops below what a tick saw.
         """
         with self._lock:
-            keys = {k for s in self._open for k in s.start}
-            for key in keys:
-                counter = _counter_for(key)
-                reading = counter.read() if counter is not None else None
-                if reading is None:
-                    continue
-                peaks = self._observe(key, reading)
-                for s in self._open:
-                    if key in s.start:
-                        s.fold(key, peaks)
-
-    def abandon(self, scope: PeakScope) -> None:
-        """Forget a scope that will never be closed normally (unload mid-cell)."""
-        self.close(scope)
+            for key in {k for s in self._open for k in s.start}:
+                self._fold_now(key)
 
     # -- the user's own resets and reads -------------------------------------------------
     def before_user_reset(self, key: tuple) -> None:
         """Fold the peak the user is about to reset into every open scope."""
-        counter = _counter_for(key)
         with self._lock:
-            reading = counter.read() if counter is not None else None
-            if reading is not None:
-                peaks = self._observe(key, reading)
-                for s in self._open:
-                    if key in s.start:
-                        s.fold(key, peaks)
+            self._fold_now(key)
             self._base.pop(key, None)
             self._last[key] = None  # the reset lowers the peak: that is not a foreign reset
 
@@ -343,6 +265,18 @@ class PeakLedger:
             return len(self._open)
 
     # -- internals ---------------------------------------------------------------------
+    def _fold_now(self, key: tuple, also: PeakScope | None = None) -> None:
+        """Read the counter of ``key`` and fold its peaks into every open scope that
+        watches it (and into ``also``)."""
+        counter = counter_for(key)
+        reading = counter.read() if counter is not None else None
+        if reading is None:
+            return
+        peaks = self._observe(key, reading)
+        for s in self._open:
+            if key in s.start or s is also:
+                s.fold(key, peaks)
+
     def _observe(self, key: tuple, reading: Reading) -> Peaks:
         """Peaks of ``reading``; notice a reset done behind the ledger's back."""
         peaks = _peaks(reading)
@@ -378,14 +312,15 @@ class PeakLedger:
 _DROP_SLACK = {"rss": 16 << 20}
 
 
-def _counter_for(key: tuple) -> Counter | None:
-    family, device = key
-    if family == "torch":
-        return TorchCudaCounter(int(device.split(":")[1]))
+def counter_for(key: tuple) -> Counter | None:
+    family = key[0]
     if family == "rss":
         return RssCounter()
     if family == "tracemalloc":
         return TracemallocCounter()
+    for backend in REGISTRY.backends:
+        if backend.name == family:
+            return backend.peak_counter(key)
     return None
 
 
@@ -411,7 +346,7 @@ class _Patches:
             if family in self._installed:
                 return
             done: list[tuple[Any, str, Any, Any]] = []
-            for module_name, attr, make in _WRAPPERS.get(family, ()):
+            for module_name, attr, make in _wrappers(family):
                 module = sys.modules.get(module_name)
                 if module is None or not hasattr(module, attr):
                     continue
@@ -446,80 +381,6 @@ def uninstall_all() -> None:
             _PATCHES.uninstall_unneeded(set())
 
 
-def _cuda_key(device) -> tuple:
-    torch = sys.modules["torch"]
-    from torch.cuda._utils import _get_device_index
-
-    index = _get_device_index(device, optional=True)
-    if index is None or index < 0:
-        index = torch.cuda.current_device()
-    return ("torch", f"cuda:{index}")
-
-
-def _accelerator_key(device_index) -> tuple | None:
-    torch = sys.modules["torch"]
-    acc = torch.accelerator.current_accelerator()
-    if acc is None or acc.type != "cuda":
-        return None
-    if device_index is None:
-        index = torch.accelerator.current_device_index()
-    elif isinstance(device_index, int):
-        index = device_index
-    else:
-        dev = torch.device(device_index)
-        index = dev.index if dev.index is not None else torch.accelerator.current_device_index()
-    return ("torch", f"cuda:{index}")
-
-
-def _wrap_reset(key_of: Callable[[Any], tuple | None]) -> Callable[[Callable], Callable]:
-    def make(original: Callable) -> Callable:
-        def reset_peak_memory_stats(device=None, *args, **kwargs):
-            try:
-                key = key_of(device)
-                if key is not None:
-                    LEDGER.before_user_reset(key)
-            except Exception:  # noqa: BLE001 - never break the user's call
-                pass
-            return original(device, *args, **kwargs)
-        reset_peak_memory_stats.__doc__ = original.__doc__
-        return reset_peak_memory_stats
-    return make
-
-
-def _wrap_nested_stats(original: Callable) -> Callable:
-    def memory_stats_as_nested_dict(device=None):
-        stats = original(device)
-        try:
-            if stats:
-                key = _cuda_key(device)
-                lifted = LEDGER.user_peaks(key, flatten_nested(stats))
-                for name, peak in lifted.items():
-                    stat, pool = name.rsplit(".", 1)
-                    stats[stat][pool]["peak"] = peak
-        except Exception:  # noqa: BLE001
-            pass
-        return stats
-    memory_stats_as_nested_dict.__doc__ = original.__doc__
-    return memory_stats_as_nested_dict
-
-
-def _wrap_flat_stats(original: Callable) -> Callable:
-    def memory_stats(device_index=None, /):
-        stats = original(device_index)
-        try:
-            key = _accelerator_key(device_index) if stats else None
-            if key is not None:
-                reading = {k[: -len(".peak")]: (int(stats.get(k[: -len(".peak")] + ".current", 0)), int(v))
-                           for k, v in stats.items() if k.endswith(".peak")}
-                for name, peak in LEDGER.user_peaks(key, reading).items():
-                    stats[name + ".peak"] = peak
-        except Exception:  # noqa: BLE001
-            pass
-        return stats
-    memory_stats.__doc__ = original.__doc__
-    return memory_stats
-
-
 def _wrap_traced(original: Callable) -> Callable:
     def get_traced_memory():
         current, peak = original()
@@ -544,8 +405,6 @@ def _wrap_tracemalloc_reset(original: Callable) -> Callable:
 
 
 def _wrap_getrusage(original: Callable) -> Callable:
-    import resource
-
     def getrusage(who):
         usage = original(who)
         try:
@@ -564,17 +423,7 @@ def _wrap_getrusage(original: Callable) -> Callable:
     return getrusage
 
 
-_WRAPPERS: dict[str, list[tuple[str, str, Callable[[Callable], Callable]]]] = {
-    "torch": [
-        ("torch.cuda", "reset_peak_memory_stats", _wrap_reset(_cuda_key)),
-        ("torch.cuda.memory", "reset_peak_memory_stats", _wrap_reset(_cuda_key)),
-        ("torch.cuda", "memory_stats_as_nested_dict", _wrap_nested_stats),
-        ("torch.cuda.memory", "memory_stats_as_nested_dict", _wrap_nested_stats),
-        ("torch.accelerator", "reset_peak_memory_stats", _wrap_reset(_accelerator_key)),
-        ("torch.accelerator.memory", "reset_peak_memory_stats", _wrap_reset(_accelerator_key)),
-        ("torch.accelerator", "memory_stats", _wrap_flat_stats),
-        ("torch.accelerator.memory", "memory_stats", _wrap_flat_stats),
-    ],
+_HOST_WRAPPERS: dict[str, list[tuple[str, str, Callable[[Callable], Callable]]]] = {
     "tracemalloc": [
         ("tracemalloc", "get_traced_memory", _wrap_traced),
         ("tracemalloc", "reset_peak", _wrap_tracemalloc_reset),
@@ -582,5 +431,12 @@ _WRAPPERS: dict[str, list[tuple[str, str, Callable[[Callable], Callable]]]] = {
     "rss": [("resource", "getrusage", _wrap_getrusage)],
 }
 
-if "resource" not in sys.modules and os.name == "posix":  # so the rss patch has its module
-    import resource  # noqa: F401
+
+def _wrappers(family: str) -> list[tuple[str, str, Callable[[Callable], Callable]]]:
+    """The functions to patch for a family of counters: the host's, or a backend's."""
+    if family in _HOST_WRAPPERS:
+        return _HOST_WRAPPERS[family]
+    for backend in REGISTRY.backends:
+        if backend.name == family:
+            return backend.peak_patches(LEDGER)
+    return []

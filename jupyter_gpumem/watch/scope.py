@@ -55,11 +55,15 @@ import time
 from collections import OrderedDict, deque
 from typing import Any
 
+from ..backends import REGISTRY
 from ..core import devices as _devices
 from ..core import monitor as _monitor
 from ..core import scan as _scan
+from ..core.hidden import traceback_objects, traceback_root
+from ..core.roots import Root
+from ..session import session_of
 from .holders import HolderTracker, RootInfo
-from .peaks import LEDGER, PeakScope
+from .peaks import LEDGER, PeakScope, counter_for
 from .result import DeviceWatch, HolderChange, HolderEntry, WatchResult
 
 MAX_HISTORY = 10000
@@ -83,7 +87,6 @@ class _State:
         self.footer_device: str | None = None
         self.costs: deque = deque(maxlen=2000)   # seconds each footer cost (pre + post)
         self.ns_mark: tuple | None = None
-        self._observer = None
 
     def record(self, result: WatchResult) -> None:
         self.history.append(result)
@@ -97,16 +100,19 @@ class _State:
         return {id(o) for o in objs if o is not None}
 
 
-_shell_states: dict[int, _State] = {}
 _ns_states: OrderedDict = OrderedDict()
 _MAX_NS_STATES = 32
 
 
 def _state_for_shell(shell: Any) -> _State:
-    state = _shell_states.get(id(shell))
-    if state is None or state.shell is not shell:
-        state = _shell_states[id(shell)] = _State(shell=shell)
-    return state
+    """The watch state of a shell, kept by its session; a shell without the extension
+    loaded gets a fresh one each time (it keeps no history: its cells are not watched)."""
+    session = session_of(shell)
+    if session is None:
+        return _State(shell=shell)
+    if session.watch is None or session.watch.shell is not shell:
+        session.watch = _State(shell=shell)
+    return session.watch
 
 
 def _state_for_namespace(namespace: dict) -> _State:
@@ -134,11 +140,6 @@ def history_for(shell_or_namespace: Any) -> list[WatchResult]:
 def series_for(shell_or_namespace: Any) -> _monitor.Series:
     """The sampled timeline of a shell (or namespace); see the module docstring."""
     return _state_of(shell_or_namespace).series
-
-
-def footer_costs(shell: Any) -> list[float]:
-    """Seconds each ``watch on`` footer cost (before and after the cell together)."""
-    return list(_state_for_shell(shell).costs)
 
 
 # -- the shared sampling thread -------------------------------------------------------------------
@@ -225,11 +226,6 @@ class _SamplerHub:
         if stop is not None:
             stop.stop()
 
-    def running(self) -> bool:
-        """True while the thread exists (sampling or paused)."""
-        with self._lock:
-            return self._sampler is not None
-
     def _failed(self, failure: str) -> None:
         """In the sampling thread as it ends: tell the open watches (never print)."""
         with self._lock:
@@ -279,13 +275,15 @@ def _marks(usages: dict[str, _devices.DeviceUsage]) -> dict[str, int]:
 
 # -- the watch itself ------------------------------------------------------------------------
 def _is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+    """Python's MemoryError, an "out of memory" message, or a framework's own error
+    (each backend knows its own, whether or not its framework is imported yet)."""
+    if isinstance(exc, MemoryError):
         return True
     try:
         text = str(exc)
     except Exception:  # noqa: BLE001
-        return False
-    return "out of memory" in text.lower() or "RESOURCE_EXHAUSTED" in text
+        text = ""
+    return "out of memory" in text.lower() or any(b.is_oom(exc, text) for b in REGISTRY.backends)
 
 
 def _error_info(exc: BaseException) -> dict:
@@ -335,7 +333,7 @@ class Watch:
                 state = _state_for_namespace(namespace if namespace is not None else {})
         self._state = state
         self._started = False
-        self._extra_roots: list[_scan.Root] = []
+        self._extra_roots: list[Root] = []
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> "Watch":
@@ -363,15 +361,15 @@ class Watch:
             return self._frame.f_locals
         return self.namespace if self.namespace is not None else self._state.namespace
 
-    def _roots(self, error: BaseException | None = None) -> list[_scan.Root]:
+    def _roots(self, error: BaseException | None = None) -> list[Root]:
         roots = _scan.collect_roots(self._ns(), self.shell)
         extra = list(self._extra_roots)
         if error is not None:
             if self.shell is not None:
                 roots = [r for r in roots if r.kind != "traceback"]
-                extra.append(_scan.Root("last traceback", (error,), hidden=True, kind="traceback"))
+                extra.append(traceback_root((error,)))
             else:
-                extra.append(_scan.Root("raised exception", (error,), hidden=True, kind="exception"))
+                extra.append(Root("raised exception", (error,), hidden=True, kind="exception"))
         taken = {r.name for r in extra}
         return [r for r in roots if r.name not in taken] + extra
 
@@ -395,7 +393,7 @@ class Watch:
                 hook = shell.displayhook
                 parts += [tuple(out), tuple(map(id, out.values())),
                           tuple(id(getattr(hook, n, None)) for n in ("_", "__", "___")),
-                          tuple(map(id, _scan.traceback_objects(shell)))]
+                          tuple(map(id, traceback_objects(shell)))]
             return tuple(parts)
         except Exception:  # noqa: BLE001
             return None
@@ -441,7 +439,7 @@ class Watch:
             if scope is not None:
                 LEDGER.close(scope)
 
-    def add_root(self, root: _scan.Root) -> None:
+    def add_root(self, root: Root) -> None:
         """A holder the report should count that no namespace shows yet (the cell's value)."""
         self._extra_roots.append(root)
 
@@ -510,14 +508,17 @@ class Watch:
                 d.traced_before = scope.start.get(("tracemalloc", "cpu"), {}).get("traced")
             d.process_measure = "RSS"
         else:
-            key = ("torch", dev)
+            key = next((k for k in scope.start if k[1] == dev), ("", dev))
+            counter = counter_for(key)
             born_inside = key in scope.start and not scope.start[key]
             d.allocated_before = 0 if born_inside else getattr(u0, "allocated", None)
             d.allocated_after = getattr(u1, "allocated", None)
             d.reserved_before = 0 if born_inside else getattr(u0, "reserved", None)
             d.reserved_after = getattr(u1, "reserved", None)
-            d.peak_allocated = scope.peak(key, "allocated_bytes.all")
-            d.peak_reserved = scope.peak(key, "reserved_bytes.all")
+            if counter is not None and counter.allocated_field:
+                d.peak_allocated = scope.peak(key, counter.allocated_field)
+            if counter is not None and counter.reserved_field:
+                d.peak_reserved = scope.peak(key, counter.reserved_field)
             d.peak_measure = scope.labels.get(key) if d.peak_allocated is not None else None
             if born_inside:
                 d.notes.append("the framework started using this device inside the watched code")

@@ -1,0 +1,82 @@
+"""Where a walk starts: the user's names (a :class:`Root` each), and what it never enters.
+
+IPython's hidden holders (``Out[N]``, ``_``, the last traceback) are roots too;
+they are found by the table in :mod:`.hidden`.
+"""
+from __future__ import annotations
+
+import builtins
+import re
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+from .scan_types import ATOMIC, MODULE_DICT, is_a, is_library_module_name
+
+#: IPython's own bookkeeping in ``user_ns``: not the user's names
+_HIDDEN_NAME = re.compile(r"^(_|__|___|_\d+|_i|_ii|_iii|_i\d+|_ih|_oh|_dh|In|Out|_exit_code)$")
+_SHELL_NAMES = {"exit", "quit", "get_ipython", "__builtin__", "__builtins__", "__name__",
+                "__doc__", "__package__", "__loader__", "__spec__"}
+
+
+@dataclass
+class Root:
+    """A starting point of the walk: something the user can name."""
+
+    name: str
+    obj: Any
+    hidden: bool = False
+    aliases: list[str] = field(default_factory=list)
+    purge: str | None = None
+    kind: str = "user"      # user, path, exception, or a kind of :data:`.hidden.KINDS`
+
+
+def format_key(key: Any) -> str:
+    """``[key]`` as a path shows it; ``[...]`` where its repr would run the user's code."""
+    if key is ... or type(key) not in ATOMIC:
+        return "[...]"
+    text = repr(key)
+    return f"[{text}]" if len(text) <= 40 else "[...]"
+
+
+def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
+    """The user's own names in a namespace (IPython's bookkeeping left out)."""
+    hidden_ns = hidden_ns or {}
+    out = []
+    for name, value in list(dict.items(namespace)):
+        if type(name) is not str:
+            continue   # ``globals()[42] = ...``: no name to type (see odd_keys)
+        if type(value) in ATOMIC or name in _SHELL_NAMES or _HIDDEN_NAME.match(name):
+            continue
+        if name.startswith("__") and name.endswith("__"):
+            continue
+        if name in hidden_ns and hidden_ns[name] is value:
+            continue
+        if is_a(value, types.ModuleType) and is_library_module_name(MODULE_DICT(value).get("__name__")):
+            continue
+        out.append(Root(name, value, purge=name))
+    return out
+
+
+def odd_keys(namespace: dict | None = None, shell: Any = None) -> list[str]:
+    """Keys of the namespace that are not names (``globals()[42] = ...``): the scan
+    skips them, and the report says so."""
+    ns = shell.user_ns if shell is not None else namespace or {}
+    return [format_key(k)[1:-1] for k in list(dict.keys(ns)) if type(k) is not str]
+
+
+def stop_ids_for(shell: Any = None, namespace: dict | None = None) -> set[int]:
+    """Objects the walk never enters: namespaces, the shell, module tables."""
+    objs: list[Any] = [sys.modules, builtins.__dict__, builtins, sys]
+    if namespace is not None:
+        objs.append(namespace)
+    if shell is not None:
+        objs += [shell, shell.user_ns, getattr(shell, "user_ns_hidden", None),
+                 getattr(shell, "user_global_ns", None), getattr(shell, "history_manager", None),
+                 getattr(shell, "displayhook", None), getattr(shell, "display_pub", None)]
+        hm = getattr(shell, "history_manager", None)
+        if hm is not None:
+            objs += [hm.output_hist, hm.input_hist_parsed, hm.input_hist_raw]
+        objs += [shell.user_ns.get("In"), shell.user_ns.get("Out")]
+    return {id(o) for o in objs if o is not None}

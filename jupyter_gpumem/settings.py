@@ -1,0 +1,41 @@
+"""The extension's settings: one Configurable, set in ``ipython_config.py``
+(``c.GpuMemMagics.scan_time_limit = 5``) or with ``%config GpuMemMagics...``.
+
+The magics' class is this configurable (it inherits the traits), and the shell's
+:class:`~jupyter_gpumem.session.Session` owns it: the footer, the panel and the
+sidebar all read the user's settings through ``session.settings``.
+"""
+from __future__ import annotations
+
+from traitlets import Bool, Float, TraitError, Unicode, Union, validate
+from traitlets.config import Configurable
+
+from .core.monitor import check_interval
+
+
+class GpuMemSettings(Configurable):
+    """What the user can set; the magics (``GpuMemMagics``) carry these traits."""
+
+    default_device = Unicode("auto", help="device used when --device is not given: "
+                             "auto (accelerators, else cpu), all, cpu, cuda:N").tag(config=True)
+    scan_time_limit = Float(3.0, help="seconds a scan may take before it reports a "
+                            "partial result").tag(config=True)
+    watch = Bool(False, help="show the per-cell memory footer from the start").tag(config=True)
+    warn_at = Union([Float(), Unicode()], default_value=None, allow_none=True,
+                    help="warn after a cell that leaves a device above this share "
+                    "(0.8 or '80%')").tag(config=True)
+    auto_purge_hidden = Bool(False, help="with warn_at: clear hidden holders and caches "
+                             "when the threshold is crossed").tag(config=True)
+    sample_interval = Float(0.05, help="seconds between NVML samples while a "
+                            "watched cell runs").tag(config=True)
+    tame = Bool(False, help="on load, make JAX and TensorFlow allocate on demand "
+                "instead of grabbing the card").tag(config=True)
+    trace = Bool(False, help="record where each block was allocated (cell and line) "
+                 "from the first cell: %gpumem trace on at load").tag(config=True)
+
+    @validate("sample_interval")
+    def _check_sample_interval(self, proposal) -> float:
+        try:
+            return check_interval(proposal["value"], "GpuMemMagics.sample_interval")
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None

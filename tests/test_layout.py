@@ -1,0 +1,219 @@
+"""The package's layout holds: imports point down the layers, form no cycle, and are
+made at module level; importing the package (and its script API) imports no IPython.
+
+The imports are read with ``ast`` from the sources, not by importing them, so a
+late import hidden in a function counts as much as one at the top.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "jupyter_gpumem"
+NAME = PACKAGE.name
+
+#: function-level imports of the package's own modules that are allowed, and why
+ALLOWED_LATE = {
+    # IPython calls ``jupyter_gpumem.load_ipython_extension``: the package itself must
+    # not import the IPython-facing layer, or ``import jupyter_gpumem`` would import IPython
+    ("jupyter_gpumem", "jupyter_gpumem.extension"),
+}
+
+#: layers, bottom first: a module may import its own layer and the ones below only
+LAYERS = [
+    ["units"],
+    ["backends"],
+    ["core"],
+    ["cluster"],
+    ["settings", "session"],
+    ["watch"],
+    ["api"],
+    ["views"],
+    ["magics"],
+    ["extension"],
+    [""],          # the package's __init__: re-exports the API, loads the extension lazily
+]
+
+#: layers that never import IPython, widgets or matplotlib, at any level
+NO_FRONTEND = ("units", "backends", "core", "cluster", "settings", "session", "watch", "api")
+FRONTEND = ("IPython", "ipywidgets", "ipykernel", "matplotlib")
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts = parts[:-1]
+        out[".".join(parts)] = (path, is_package)
+    return out
+
+
+MODULES = _modules()
+
+
+class Import:
+    def __init__(self, source: str, target: str, line: int, late: bool) -> None:
+        self.source, self.target, self.line, self.late = source, target, line, late
+
+    def __repr__(self) -> str:
+        return f"{self.source}:{self.line} -> {self.target}" + (" (in a function)" if self.late else "")
+
+
+def _parents(tree: ast.AST) -> dict:
+    parents = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+    return parents
+
+
+def _in_function(node: ast.AST, parents: dict) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return True
+    return False
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(other: bool = False) -> list[Import]:
+    """Every import of a module of the package by a module of the package
+    (``other``: of anything else instead); ``from . import x`` is an edge to ``x``."""
+    found = []
+    for module, (path, is_package) in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        parents = _parents(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(module, is_package, node)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
+                           for a in node.names]
+            else:
+                continue
+            late = _in_function(node, parents)
+            for target in dict.fromkeys(targets):
+                ours = target == NAME or target.startswith(NAME + ".")
+                if ours != other:
+                    found.append(Import(module, target, node.lineno, late))
+    return found
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (or a module importing itself)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in edges.get(v, ()):
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[1] if "." in module else ""
+    for rank, names in enumerate(LAYERS):
+        if top in names:
+            return rank
+    raise AssertionError(f"{module} is in no layer of test_layout.LAYERS: place it")
+
+
+def test_no_import_cycle():
+    edges: dict[str, set[str]] = {}
+    for imp in imports():
+        if imp.target in MODULES:
+            edges.setdefault(imp.source, set()).add(imp.target)
+    assert _cycles(edges) == []
+
+
+def test_no_function_level_import_of_the_package():
+    late = [imp for imp in imports() if imp.late and (imp.source, imp.target) not in ALLOWED_LATE]
+    assert late == []
+
+
+def test_imports_point_down_the_layers():
+    up = [imp for imp in imports() if imp.target in MODULES
+          and _layer(imp.target) > _layer(imp.source)]
+    assert up == []
+
+
+def test_the_lower_layers_import_no_frontend():
+    found = [imp for imp in imports(other=True)
+             if imp.target.split(".")[0] in FRONTEND
+             and imp.source.split(".")[1:2] and imp.source.split(".")[1] in NO_FRONTEND]
+    assert found == []
+
+
+def _fresh(code: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120, cwd=PACKAGE.parent)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_importing_the_package_and_its_script_api_imports_no_ipython():
+    out = _fresh("""
+        import sys
+        import jupyter_gpumem, jupyter_gpumem.watch
+        print(sorted(m for m in sys.modules if m.split('.')[0] in
+                     ('IPython', 'ipywidgets', 'ipykernel', 'matplotlib')))
+        print(callable(jupyter_gpumem.watch))
+    """)
+    assert out.splitlines() == ["[]", "True"]
+
+
+def test_the_public_functions_stay_functions_whatever_is_imported():
+    """No submodule shadows ``snapshot``, ``purge`` or ``watch``, and no module is patched
+    to be callable: every module of the package imported, they are still the API's."""
+    out = _fresh("""
+        import importlib, types
+        import jupyter_gpumem
+        from jupyter_gpumem import api
+        names = %r
+        for name in sorted(names):
+            importlib.import_module(name)
+        print(all(type(getattr(jupyter_gpumem, n)) is types.FunctionType
+                  and getattr(jupyter_gpumem, n) is getattr(api, n)
+                  for n in ('snapshot', 'purge', 'watch')))
+        print(sorted(n for n in names if type(importlib.import_module(n)) is not types.ModuleType))
+    """ % sorted(MODULES))
+    assert out.splitlines() == ["True", "[]"]
