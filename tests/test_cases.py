@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
 from conftest import run  # noqa: E402
+from jupyter_gpumem.views.panel_render import holder_row_html  # noqa: E402
 
 N = 1 << 18          # elements: 1 MiB of float32
 MIB = 1 << 20
@@ -149,6 +150,9 @@ def test_output_history_is_a_hidden_holder(ip, unrelated):
     h = holder(snap, f"Out[{n}]")
     assert h.hidden and f"_{n}" in h.aliases and "_" in h.aliases
     assert "`;`" in h.hint
+    # in HTML (the report, the panel's row) the hint's backticked parts are code
+    for html in (snap._repr_html_(), holder_row_html(h.to_json())):
+        assert "<code>;</code>" in html and "`" not in html, html
     purge(ip, "")  # no names: only hidden holders
     assert_freed(ref)
     assert n not in ip.user_ns["Out"] and f"_{n}" not in ip.user_ns

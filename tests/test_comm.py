@@ -253,6 +253,8 @@ def test_devices_are_sent_from_a_thread_while_a_cell_runs(shell):
     first = during[0][0]
     assert [d["id"] for d in first["devices"]] == ["cpu"]
     assert first["devices"][0]["total"] > 0
+    # a reading between scans does not claim that no tensor is tracked
+    assert first["devices"][0]["attributed"] is None
     assert isinstance(first["time"], float)
 
 

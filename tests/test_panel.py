@@ -135,6 +135,19 @@ def test_bar_segments_follow_the_protocol_for_an_accelerator():
     assert "flex:0 0 70.0%" in html  # free is 7 of 10 GiB wide
 
 
+def test_host_bar_shows_this_process_on_a_scale_of_its_own():
+    """A few MiB of tensors are under a pixel of 23.5 GiB of host memory: the process's
+    own bar shows them as the share of the process they are."""
+    dev = {"id": "cpu", "kind": "cpu", "name": "host", "total": 24 * 1024 * MiB,
+           "used_all": 8 * 1024 * MiB, "used_process": 400 * MiB, "notes": []}
+    html = panel_render.device_bar_html(dev, attributed=100 * MiB)
+    device_bar, process_bar = html.split("data-bar='device'")[1].split("data-bar='process'")
+    assert "flex:0 0 0.4%" in device_bar.split("data-segment='process_rest'")[0]  # 100 MiB of 24 GiB
+    tensors, rest = process_bar.split("data-segment='process_rest'")
+    assert "data-segment='tensors'" in tensors and "flex:0 0 25.0%" in tensors
+    assert "flex:0 0 75.0%" in rest and "this process 400.0 MiB" in html
+
+
 def _cluster_part(**overrides) -> dict:
     """A snapshot's ``cluster`` part (docs/PROTOCOL.md) for two workers' host memory."""
     w0, w1 = "tcp://10.0.0.5:40123", "tcp://10.0.0.6:40123"

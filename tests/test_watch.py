@@ -84,7 +84,7 @@ def test_gpuwatch_names_created_grown_and_deleted_with_bytes(wip, capsys):
     assert alias.change == "created" and alias.after == 12_000 and alias.shared == 12_000
     cpu = r.device("cpu")
     assert cpu.allocated_delta == 100_000_000 + 1_000_000 + 8_000 - 4_000_000
-    assert cpu.peak_allocated is None and "no allocator peak for tensors on cpu" in repr(r)
+    assert cpu.peak_allocated is None and "no allocator peak for tensors on cpu" in r.verbose_text()
     assert r.wall > 0 and r.execution_count is not None
 
 
@@ -487,3 +487,23 @@ def test_the_sampler_runs_only_while_watched_code_runs(wip):
     assert wip.user_ns["r"].device("cpu").samples >= 5
     assert not any(t.name == "jupyter_gpumem-watch" for t in threading.enumerate())
     assert len(watch_mod.series_for(wip)) >= 5
+
+
+def test_gpuwatch_report_is_short_and_exact_with_v(wip, capsys):
+    run(wip, "import torch")
+    capsys.readouterr()
+    run(wip, "%%gpuwatch --device cpu\nshort_t = torch.ones(1_000_000)")
+    short = capsys.readouterr().out
+    run(wip, "%%gpuwatch -v --device cpu\nlong_t = torch.ones(1_000_000)")
+    long = capsys.readouterr().out
+    # plain words first: what the device gained, which names changed, where the rest is
+    assert "new: short_t 3.8 MiB" in short and "exact figures: %%gpuwatch -v" in short
+    assert "VmHWM" not in short and "tracked tensors: the scan" not in short
+    assert len(short.splitlines()) <= 4
+    # -v: every exact figure and how it was measured
+    assert "VmHWM" in long and "long_t" in long and "exact figures" not in long
+    run(wip, "%%gpuwatch -o r --device cpu\nhtml_t = torch.ones(1_000_000)")
+    html = wip.user_ns["r"]._repr_html_()
+    summary, details = html.split("<details>")   # the exact figures one click away
+    assert "new: html_t 3.8 MiB" in summary and "VmHWM" not in summary
+    assert details.startswith("<summary>exact figures</summary>") and "VmHWM" in details

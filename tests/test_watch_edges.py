@@ -167,7 +167,7 @@ def test_gpuwatch_runs_a_cell_with_top_level_await(wip, capsys):
     assert r.wall >= 0.02 and r.source == "%%gpuwatch"
     assert res.result == 1_000_000 and wip.user_ns["Out"][res.execution_count] == 1_000_000
     out = capsys.readouterr().out
-    assert out.startswith("%%gpuwatch") and re.search(r"\n  new +t +3\.8 MiB", out)
+    assert out.startswith("%%gpuwatch") and re.search(r"\nnew: t 3\.8 MiB", out)
 
 
 @pytest.mark.skipif(not RssCounter.available(), reason="no resettable peak RSS here")
@@ -202,8 +202,10 @@ def test_an_async_gpuwatch_cell_inside_watch_on_gives_one_footer(wip, capsys):
     capsys.readouterr()
     run(wip, "%%gpuwatch --device cpu\nawait asyncio.sleep(0)\nw = torch.ones(1000)")
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("%%gpuwatch") and any(ln.startswith("  new  w") for ln in lines)
-    assert [ln for ln in lines if "tensors (peak" in ln or "tensors ·" in ln] == [lines[-1]]
+    assert lines[0].startswith("%%gpuwatch") and any(ln.startswith("new: w ") for ln in lines)
+    footers = [ln for ln in lines if ("tensors (peak" in ln or "tensors ·" in ln)
+               and not ln.startswith("cpu: ")]   # not the report's own device line
+    assert footers == [lines[-1]]
     assert "new: w 3.9 KiB" in lines[-1]      # one footer, the last line
     assert watch_mod.history_for(wip)[-1].source == "watch on"
 

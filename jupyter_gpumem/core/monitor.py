@@ -95,6 +95,10 @@ class Sampler(threading.Thread):
         while not self._stop_event.is_set():
             if not self._active.is_set():
                 self._active.wait()
+                # whoever resumed it has just read the counters: the first sample comes
+                # one interval later, so a cell shorter than that never shares the GIL
+                # with this thread
+                self._stop_event.wait(self._interval)
                 continue
             try:
                 self.fn()

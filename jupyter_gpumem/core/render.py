@@ -158,6 +158,16 @@ def _esc(x) -> str:
     return html.escape(str(x))
 
 
+def code_html(text) -> str:
+    """Escaped HTML of a hint or note, its backticked spans as ``<code>`` (what the
+    text form shows between backticks is what the user types)."""
+    parts = str(text).split("`")
+    if len(parts) % 2 == 0:   # an unpaired backtick: shown as it is
+        return html.escape(str(text))
+    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p)
+                   for i, p in enumerate(parts))
+
+
 def _html_table(headers: Iterable[str], rows: Iterable[Iterable[str]], right: set[int]) -> str:
     head = "".join(f"<th style='text-align:{'right' if i in right else 'left'}'>{_esc(h)}</th>"
                    for i, h in enumerate(headers))
@@ -180,7 +190,7 @@ def snapshot_html(s) -> str:
         if frag:
             parts.append(f"<div><code>{_esc(frag.strip())}</code></div>")
     for m in s.messages:
-        parts.append(f"<div><em>note: {_esc(m)}</em></div>")
+        parts.append(f"<div><em>note: {code_html(m)}</em></div>")
     if s.details:   # %gpumem NAME: that name's storages, not the holders table again
         for h in s.details:
             parts.append(f"<h4>{_esc(h.name)}: {_esc(fmt_bytes(h.total))}</h4>")
@@ -203,7 +213,7 @@ def snapshot_html(s) -> str:
                       for g in groups]
     for h in s.holders:
         if h.hint:
-            parts.append(f"<div>💡 <b>{_esc(h.label)}</b>: {_esc(h.hint)}</div>")
+            parts.append(f"<div>hint: <b>{_esc(h.label)}</b>: {code_html(h.hint)}</div>")
     parts.append("</div>")
     return "".join(parts)
 
@@ -237,6 +247,6 @@ def purge_html(r) -> str:
     parts = [f"<div class='jupyter-gpumem'><div>{_esc(head)}<code>"
              f"{_esc(', '.join(r.removed) if r.removed else 'nothing')}</code></div>",
              _html_table(_purge_headers(r), _purge_rows(r), {1} if r.dry_run else {2, 3, 4})]
-    parts += [f"<div><em>note: {_esc(m)}</em></div>" for m in r.messages]
+    parts += [f"<div><em>note: {code_html(m)}</em></div>" for m in r.messages]
     parts.append("</div>")
     return "".join(parts)

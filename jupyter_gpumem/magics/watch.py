@@ -85,6 +85,8 @@ def _gpuwatch_parser():
                    help="also store the result object in NAME")
     p.add_argument("--interval", type=float, default=None, metavar="S")
     p.add_argument("--plot", action="store_true", help="show the cell's memory over time")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="every exact figure and how it was measured (the report is short)")
     return p
 
 
@@ -298,6 +300,7 @@ def _finish(magics, w: Watch | None, args, number: int, error: BaseException | N
         lines = _traced_lines(number)
         if lines:
             result.messages.append(lines)
+        result.verbose = args.verbose
         magics.show(result, False)
         if args.output:
             magics.shell.user_ns[args.output] = result

@@ -10,7 +10,7 @@ import html
 import time
 from typing import Iterable
 
-from ..core.render import fmt_bytes
+from ..core.render import code_html, fmt_bytes
 
 #: stacked-bar segments of an accelerator (PROTOCOL.md), in order: key, label, colour
 GPU_SEGMENTS = (
@@ -89,6 +89,29 @@ def device_bar_html(dev: dict, attributed: int | None = None, *,
     label = dev.get("id") if worker is None else f"worker {worker_label(worker)} {dev.get('id')}"
     title = f"<b>{esc(label)}</b> {esc(dev.get('name') or '')}"
     title += f" · total {esc(fmt_bytes(dev.get('total')))}"
+    cells, legend = _bar(segments, scale)
+    process = ""
+    if dev.get("kind") == "cpu" and _n(dev.get("used_process")):
+        # this process on a scale of its own: its tensors are too small a part of the
+        # host's memory to be seen on the host's bar
+        mine = [s for s in segments if s[0] in ("tensors", "process_rest")]
+        own_cells, _ = _bar(mine, sum(s[2] for s in mine) or 1)
+        process = (f"<div>this process {esc(fmt_bytes(dev.get('used_process')))}</div>"
+                   f"<div data-bar='process' style='{_BAR_STYLE}'>{''.join(own_cells)}</div>")
+    notes = "".join(f"<div><em>{esc(n)}</em></div>" for n in dev.get("notes") or ())
+    where = f" data-worker='{esc(worker)}'" if worker is not None else ""
+    return (f"<div data-device='{esc(dev.get('id'))}'{where} style='margin:4px 0;{_FONT}'>"
+            f"<div>{title}</div>"
+            f"<div data-bar='device' style='{_BAR_STYLE}'>{''.join(cells)}</div>"
+            f"<div>{''.join(legend)}</div>{process}{notes}</div>")
+
+
+_BAR_STYLE = ("display:flex;width:100%;height:18px;border:1px solid #999;border-radius:3px;"
+              "overflow:hidden")
+
+
+def _bar(segments: list, scale: int) -> tuple[list[str], list[str]]:
+    """The cells of a stacked bar of ``segments`` on ``scale`` bytes, and their legend."""
     cells, legend = [], []
     for key, label, nbytes, colour in segments:
         share = 100.0 * nbytes / scale
@@ -102,13 +125,7 @@ def device_bar_html(dev: dict, attributed: int | None = None, *,
         legend.append(f"<span style='white-space:nowrap;margin-right:10px'>"
                       f"<span style='color:{colour}'>■</span> {esc(label)} "
                       f"<b>{esc(figure)}</b></span>")
-    notes = "".join(f"<div><em>{esc(n)}</em></div>" for n in dev.get("notes") or ())
-    where = f" data-worker='{esc(worker)}'" if worker is not None else ""
-    return (f"<div data-device='{esc(dev.get('id'))}'{where} style='margin:4px 0;{_FONT}'>"
-            f"<div>{title}</div>"
-            f"<div style='display:flex;width:100%;height:18px;border:1px solid #999;"
-            f"border-radius:3px;overflow:hidden'>{''.join(cells)}</div>"
-            f"<div>{''.join(legend)}</div>{notes}</div>")
+    return cells, legend
 
 
 def bars_html(devices: Iterable[dict], attributed: dict[str, int] | None = None) -> str:
@@ -349,10 +366,11 @@ def holder_row_html(h: dict) -> str:
         extra.append("also " + esc(", ".join(h["aliases"])))
     if h.get("shared_with"):
         extra.append("shares with " + esc(", ".join(h["shared_with"])))
-    if h.get("hint"):
-        extra.append("hint: " + esc(h["hint"]))
-    more = (f"<div style='opacity:.75;white-space:normal;line-height:1.4;padding-bottom:4px'>"
-            f"{' · '.join(extra)}</div>") if extra else ""
+    lines = [" · ".join(extra)] if extra else []
+    if h.get("hint"):   # a row of its own
+        lines.append("hint: " + code_html(h["hint"]))
+    more = "".join(f"<div style='opacity:.75;white-space:normal;line-height:1.4;"
+                   f"padding-bottom:4px'>{line}</div>" for line in lines)
     return (f"<div data-holder='{esc(h.get('name'))}' style='{_FONT};line-height:28px'>"
             f"{cells}<code title='{path}'>{path}</code>{more}</div>")
 
@@ -388,8 +406,9 @@ def footer_html(snap: dict) -> str:
             ", ".join(f"{fmt_bytes(v)} on {k}" for k, v in un.items())))
     lines += [f"<em>note: {esc(m)}</em>" for m in snap.get("messages") or ()]
     stamp = time.strftime("%H:%M:%S", time.localtime(snap.get("time") or time.time()))
-    lines.append(f"<span style='opacity:.6'>holders scanned at {stamp} "
-                 f"in {1000 * (snap.get('scan_seconds') or 0):.0f} ms</span>")
+    ms = 1000 * (snap.get('scan_seconds') or 0)
+    took = "<1 ms" if ms < 1 else f"{ms:.0f} ms"
+    lines.append(f"<span style='opacity:.6'>holders scanned at {stamp} in {esc(took)}</span>")
     return f"<div style='{_FONT}'>" + "".join(f"<div>{x}</div>" for x in lines) + "</div>"
 
 

@@ -46,6 +46,7 @@ from typing import Any, Callable
 from ..backends import REGISTRY, active_backends
 from ..backends.base import PeakCounter as Counter
 from ..backends.base import PeakLedgerView, Reading
+from ..core.devices import read_proc
 
 try:
     import resource   # POSIX only; the rss counter and its patch need it
@@ -106,12 +107,13 @@ def read_rss() -> Reading | None:
     """``{"rss": (VmRSS, VmHWM)}`` in bytes, from ``/proc/self/status``."""
     rss = hwm = None
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1]) * 1024
-                elif line.startswith("VmHWM:"):
-                    hwm = int(line.split()[1]) * 1024
+        status = read_proc("/proc/self/status")
+        at = status.find(b"VmHWM:")
+        if at >= 0:
+            hwm = int(status[at + 6:status.index(b"\n", at)].split()[0]) * 1024
+        at = status.find(b"VmRSS:")
+        if at >= 0:
+            rss = int(status[at + 6:status.index(b"\n", at)].split()[0]) * 1024
     except (OSError, ValueError, IndexError):
         return None
     if rss is None or hwm is None:

@@ -161,6 +161,7 @@ class WatchResult:
     auto_purge: dict | None = None
     messages: list[str] = field(default_factory=list)
     overhead: float = 0.0                # seconds the watch itself took
+    verbose: bool = False                # text form: every exact figure (``%%gpuwatch -v``)
 
     @property
     def end(self) -> float:
@@ -228,6 +229,10 @@ class WatchResult:
         return "\n".join(lines)
 
     def __repr__(self) -> str:
+        return watch_text(self) if self.verbose else watch_summary(self)
+
+    def verbose_text(self) -> str:
+        """The full plain-text report: every exact figure and how it was measured."""
         return watch_text(self)
 
     def _repr_pretty_(self, p, cycle) -> None:
@@ -300,34 +305,34 @@ def _range(a: int | None, b: int | None) -> str:
     return f"{fmt_bytes(a)} → {fmt_bytes(b)}"
 
 
+def _one(present: bool, text, absent: str | None = None) -> list[str]:
+    """``[text()]`` when the figure is there, else ``[absent]`` (or nothing)."""
+    return [text()] if present else [absent] if absent else []
+
+
 def device_lines(d: DeviceWatch, interval: float) -> list[str]:
     """The facts of one device, a phrase each."""
-    facts = []
     if d.kind == "cpu":
-        facts.append(f"tensors {signed(d.allocated_delta)} ({_range(d.allocated_before, d.allocated_after)},"
-                     f" {d.allocated_measure})")
-        if d.peak_rss is not None:
-            facts.append(f"process peak RSS {fmt_bytes(d.peak_rss)} (exact, VmHWM: all host memory "
-                         f"of this process)")
-        else:
-            facts.append("no exact peak on cpu here")
-        if d.peak_traced is not None:
-            facts.append(f"Python heap peak {fmt_bytes(d.peak_traced)} "
-                         f"(tracemalloc, exact; from {fmt_bytes(d.traced_before)})")
+        facts = [f"tensors {signed(d.allocated_delta)} "
+                 f"({_range(d.allocated_before, d.allocated_after)}, {d.allocated_measure})"]
+        facts += _one(d.peak_rss is not None, lambda: f"process peak RSS {fmt_bytes(d.peak_rss)} "
+                      "(exact, VmHWM: all host memory of this process)", "no exact peak on cpu here")
+        facts += _one(d.peak_traced is not None, lambda: f"Python heap peak {fmt_bytes(d.peak_traced)} "
+                      f"(tracemalloc, exact; from {fmt_bytes(d.traced_before)})")
         facts.append("no allocator peak for tensors on cpu")
     else:
-        facts.append(f"allocated {signed(d.allocated_delta)} ({_range(d.allocated_before, d.allocated_after)})")
-        if d.reserved_before is not None or d.reserved_after is not None:
-            facts.append(f"reserved {signed(d.reserved_delta)} ({_range(d.reserved_before, d.reserved_after)})")
-        if d.peak_allocated is not None:
-            facts.append(f"peak {fmt_bytes(d.peak_allocated)} allocated, "
-                         f"{fmt_bytes(d.peak_reserved)} reserved ({d.peak_measure})")
-        else:
-            facts.append("no allocator peak (no framework counters on this device yet)")
-    if d.process_peak_sampled is not None:
-        facts.append(f"{'RSS' if d.kind == 'cpu' else 'process'} {signed(d.process_delta)}, "
-                     f"sampled peak {fmt_bytes(d.process_peak_sampled)} "
-                     f"({d.process_measure}, sampled every {fmt_seconds(interval)}, {d.samples} samples)")
+        facts = [f"allocated {signed(d.allocated_delta)} "
+                 f"({_range(d.allocated_before, d.allocated_after)})"]
+        facts += _one(d.reserved_before is not None or d.reserved_after is not None,
+                      lambda: f"reserved {signed(d.reserved_delta)} "
+                      f"({_range(d.reserved_before, d.reserved_after)})")
+        facts += _one(d.peak_allocated is not None, lambda: f"peak {fmt_bytes(d.peak_allocated)} "
+                      f"allocated, {fmt_bytes(d.peak_reserved)} reserved ({d.peak_measure})",
+                      "no allocator peak (no framework counters on this device yet)")
+    facts += _one(d.process_peak_sampled is not None, lambda: (
+        f"{'RSS' if d.kind == 'cpu' else 'process'} {signed(d.process_delta)}, "
+        f"sampled peak {fmt_bytes(d.process_peak_sampled)} ({d.process_measure}, "
+        f"sampled every {fmt_seconds(interval)}, {d.samples} samples)"))
     return facts
 
 
@@ -391,6 +396,40 @@ def watch_text(r: WatchResult) -> str:
     return "\n".join(lines)
 
 
+def watch_summary(r: WatchResult) -> str:
+    """The short report in plain words: what each device gained and its peak, which
+    names changed, what to do; the exact figures are one ``-v`` away."""
+    lines = [_head(r)]
+    lines += _summary_lines(r)
+    if r.holders and not (r.error and r.error.get("oom")):
+        lines.append(holders_short(r))
+    elif r.purge_command:
+        lines.append(f"free them: {r.purge_command}")
+    if r.hidden_purge_command:
+        lines.append(f"hidden holders only (no user name touched): {r.hidden_purge_command}")
+    lines += [f"note: {m}" for m in r.messages]
+    lines.append("exact figures: " + ("%%gpuwatch -v" if r.source == "%%gpuwatch"
+                                      else "the result's verbose_text()"))
+    return "\n".join(lines)
+
+
+def _summary_lines(r: WatchResult) -> list[str]:
+    """The footer's facts, one device a line when there are several."""
+    lines = [f"{d.id}: {device_short(d)}" for d in r.devices]
+    names = changes_short(r.changes)
+    lines.append(names or "no name gained or lost memory"
+                 + (" (partial scan)" if r.partial else ""))
+    if r.error:
+        lines.append(f"raised {r.error['type']}: {r.error['message']}")
+        if r.error.get("oom") and r.holders:
+            lines.append(holders_short(r))
+    if r.warning:
+        lines.append(r.warning)
+    if r.auto_purge:
+        lines.append(auto_purge_line(r.auto_purge))
+    return lines
+
+
 def _esc(x) -> str:
     return html.escape(str(x))
 
@@ -405,8 +444,22 @@ def _html_table(headers: list[str], rows: list[list[str]], right: set[int]) -> s
 
 
 def watch_html(r: WatchResult) -> str:
-    """The report as HTML (the same facts as the text)."""
+    """The report as HTML: the short report, and every exact figure one click away."""
     parts = [f"<div class='jupyter-gpumem'><div><b>{_esc(_head(r))}</b></div>"]
+    parts += [f"<div>{_esc(line)}</div>" for line in _summary_lines(r)]
+    if r.holders and not (r.error and r.error.get("oom")):
+        parts.append(f"<div>{_esc(holders_short(r))}</div>")
+    elif r.purge_command:
+        parts.append(f"<div>free them: <code>{_esc(r.purge_command)}</code></div>")
+    parts += [f"<div><em>note: {_esc(m)}</em></div>" for m in r.messages]
+    parts.append(f"<details{' open' if r.verbose else ''}><summary>exact figures</summary>"
+                 f"{_watch_html_full(r)}</details></div>")
+    return "".join(parts)
+
+
+def _watch_html_full(r: WatchResult) -> str:
+    """Every figure of the report as HTML (the same facts as :func:`watch_text`)."""
+    parts = ["<div>"]
     for d in r.devices:
         parts.append(f"<div><code>{_esc(d.id)}</code> " +
                      " · ".join(_esc(f) for f in device_lines(d, r.interval)) + "</div>")

@@ -159,7 +159,7 @@ def test_sampler_sees_a_200_ms_transient(gpu):
     assert d.samples >= 3
     assert d.process_peak_sampled - d.process_before >= 1 * GiB - 16 * MiB
     assert abs(d.process_after - d.process_before) <= 16 * MiB
-    assert "sampled every 50 ms" in repr(gpu.user_ns["r"])
+    assert "sampled every 50 ms" in gpu.user_ns["r"].verbose_text()
 
 
 def test_out_of_memory_report_names_holders_and_its_purge_returns_to_the_floor(gpu):
