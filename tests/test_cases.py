@@ -158,6 +158,26 @@ def test_output_history_is_a_hidden_holder(ip, unrelated):
     assert n not in ip.user_ns["Out"] and f"_{n}" not in ip.user_ns
 
 
+def test_a_name_shown_as_a_cell_value_owns_its_bytes_and_lists_its_out_entry(ip, unrelated):
+    """``big`` shown as a cell's value: ``Out[n]`` is ``big`` itself, so it is folded
+    into big's row (``big (Out[n], _n, ...)``, all its bytes its own), not a second
+    holder that makes big look shared; purging big frees it, Out[n] included."""
+    run(ip, f"big = torch.ones({N})")
+    run(ip, "big")
+    n = ip.execution_count - 1
+    ref = weak(ip, "big")
+    snap = report(ip)
+    h = holder(snap, "big")
+    assert h.unique == 4 * N and h.shared == 0
+    assert f"Out[{n}]" in h.aliases and f"_{n}" in h.aliases
+    assert not any(x.name == f"Out[{n}]" for x in snap.holders)
+    assert snap.holder(f"Out[{n}]") is h   # found by its alias
+    assert f"big (Out[{n}], _{n}" in repr(snap)
+    purge(ip, "big")
+    assert_freed(ref)
+    assert n not in ip.user_ns["Out"]
+
+
 def test_purge_output_entry_by_name(ip, unrelated):
     run(ip, f"torch.ones({N})")
     n = ip.execution_count - 1

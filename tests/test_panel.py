@@ -101,7 +101,10 @@ def test_panel_shows_bars_timeline_and_holders_from_the_snapshot_schema(shell):
     panel = open_panel(shell)
     assert panel.snapshot["schema"] == "jupyter_gpumem.snapshot/1"
     assert holder_names(panel)[:1] == ["x"]
-    assert {"x", "y", out} <= set(holder_names(panel))
+    assert {"x", "y"} <= set(holder_names(panel))
+    # the shown value is y itself: its Out entry is y's alias, not a row of its own
+    y_row = next(h for h in panel.snapshot["holders"] if h["name"] == "y")
+    assert out in y_row["aliases"] and out not in holder_names(panel)
     assert shown_rows(panel)[0] == "x"
     x_row = panel.table.children[3].value
     assert "data-holder='x'" in x_row and "4.0 MiB" in x_row

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from operator import itemgetter
 from typing import Any
@@ -269,6 +269,32 @@ def _bytes_of(found: dict, keys) -> int:
     return sum(map(_NBYTES, map(_INFO, map(found.__getitem__, keys))))
 
 
+def fold_own_aliases(result: _scan.ScanResult) -> _scan.ScanResult:
+    """A hidden holder that holds the very object a name of the user's holds (``big``
+    shown as a cell's value: ``Out[5]`` is ``big``) is that name's alias, not a holder
+    of its own: its row goes, the name lists it (``big 64.0 MiB, also Out[5]``) and
+    owns the bytes alone. A purge of the name clears it too (see purge)."""
+    named: dict[int, int] = {}   # id(object) -> index of the first user name holding it
+    for i, (root, reach) in enumerate(zip(result.roots, result.reach)):
+        if not root.hidden and reach.storages:
+            named.setdefault(id(root.obj), i)
+    folded: dict[int, list[str]] = {}
+    for i, (root, reach) in enumerate(zip(result.roots, result.reach)):
+        j = named.get(id(root.obj)) if root.hidden and reach.storages else None
+        if j is not None:
+            folded.setdefault(j, []).extend([root.name] + list(root.aliases))
+            folded.setdefault(i, [])
+    if not folded:
+        return result
+    roots, reach = list(result.roots), list(result.reach)
+    for i, names in folded.items():
+        if roots[i].hidden:   # its storages are the name's: counted there
+            reach[i] = _scan.Reach({}, reach[i].objects)
+        else:
+            roots[i] = replace(roots[i], aliases=list(roots[i].aliases) + names)
+    return replace(result, roots=roots, reach=reach)
+
+
 def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), backends=None,
               sharing: Sharing | None = None) -> list[Holder]:
     """Turn what each root reaches into holders: unique and shared bytes.
@@ -369,6 +395,7 @@ def build_steps(*, shell: Any = None, namespace: dict | None = None, device: str
     result = yield from _scan.iter_scan(roots + extra, devices=set(ids), shell=shell,
                                         namespace=namespace, time_limit=time_limit,
                                         describe=bool(names))
+    result = fold_own_aliases(result)
     sharing = Sharing(result)
     detail_names = set(names or ())
     all_holders = attribute(result, rows_for=detail_names, sharing=sharing)
