@@ -148,10 +148,6 @@ class Session:
         if view in self._views:
             self._views.remove(view)
 
-    @property
-    def views(self) -> list[View]:
-        return list(self._views)
-
     def snapshot_json(self, device: str, names: list[str] | None = None) -> dict:
         """A fresh snapshot now (main thread), with the session's time limit (and the
         cluster part when a Dask client is connected)."""

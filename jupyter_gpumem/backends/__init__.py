@@ -19,12 +19,6 @@ REGISTRY.backends += [TorchBackend(), KerasBackend(REGISTRY.active), TensorFlowB
                       JaxBackend(), CupyBackend()]
 
 
-def register(backend: Backend) -> None:
-    """Add a backend (used by the optional framework modules)."""
-    if all(type(b) is not type(backend) for b in REGISTRY.backends):
-        REGISTRY.backends.append(backend)
-
-
 def active_backends() -> list[Backend]:
     """The backends whose framework the user has imported."""
     return REGISTRY.active()
@@ -79,5 +73,5 @@ def purge_estimate(device_ids, freed: dict, reached_keys, backends=None) -> dict
 
 __all__ = [
     "AcceleratorInfo", "Backend", "FrameworkUsage", "Internal", "PurgeEstimate", "StorageInfo",
-    "REGISTRY", "register", "active_backends", "internals", "purge_estimate",
+    "REGISTRY", "active_backends", "internals", "purge_estimate",
 ]

@@ -215,6 +215,27 @@ class Backend:
         """
         return tuple(self.children(obj))
 
+    def weak_handles(self, refs: dict, infos: dict) -> dict:
+        """``key -> handle`` for storages of ``infos`` (key -> :class:`StorageInfo`) this
+        framework can watch without keeping them alive, from ``refs`` (key -> an object
+        using the storage); a purge asks :meth:`handle_alive` whether each went, then
+        gives them back with :meth:`release_handles`. The keys left out are watched
+        through a weak reference to their object."""
+        return {}
+
+    def handle_alive(self, handle: Any) -> bool:
+        """Whether the storage of a :meth:`weak_handles` handle is still in use."""
+        return True
+
+    def release_handles(self, handles: list) -> None:
+        """Give back handles :meth:`weak_handles` took."""
+
+    def gc_sees_all(self, tp: type) -> bool:
+        """Whether the garbage collector sees all that a container of type ``tp`` holds,
+        so that the walk may read it by its referents (a PyTorch module, whose children
+        are its instance dict's entries; not an optimizer, whose come in batches)."""
+        return False
+
     def graph_and_grad(self, obj: Any) -> tuple:
         """A tensor's autograd node and gradient (``None`` where it has none)."""
         return None, None

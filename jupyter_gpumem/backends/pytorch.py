@@ -7,8 +7,8 @@ import sys
 import time
 import weakref
 from collections import OrderedDict, deque
-from itertools import repeat
-from operator import attrgetter, is_not, itemgetter
+from itertools import compress, filterfalse, repeat
+from operator import attrgetter, eq, is_not, itemgetter
 from typing import Any, Iterator
 
 from . import torch_allocator as _alloc
@@ -675,6 +675,66 @@ class TorchBackend(Backend):
 
     def type_name(self, name: str) -> str | None:
         return _TYPE_WORDS.get(name)
+
+    # -- weak handles on storages (a purge checks what it freed) ------------------------
+    def weak_handles(self, refs: dict, infos: dict) -> dict:
+        """A weak reference to each storage itself (an int; it outlives a view's tensor
+        object), taken without any ``__torch_function__`` of a subclass."""
+        torch = self.torch
+        base = getattr(torch._C, "TensorBase", None)
+        storage_type = getattr(torch, "UntypedStorage", None)
+        quiet = getattr(torch._C, "DisableTorchFunctionSubclass", None)
+        if base is None or storage_type is None or quiet is None:
+            return {}
+        out: dict = {}
+        with quiet():
+            rest = [k for k, info in infos.items() if info.framework == "torch" and len(k) == 2]
+            plain = {torch.Tensor, getattr(torch.nn, "Parameter", torch.Tensor)}
+            try:   # plain tensors and parameters, the bulk: C-level passes
+                objs = list(map(refs.get, rest))
+                mask = list(map(plain.__contains__, map(type, objs)))
+                keys = list(compress(rest, mask))
+                storages = list(map(base.untyped_storage, compress(objs, mask)))
+                del objs
+                same = list(map(eq, map(storage_type.data_ptr, storages), map(_SECOND, keys)))
+                keys = list(compress(keys, same))
+                weak = list(map(storage_type._weak_ref, compress(storages, same)))
+                del storages
+                out.update(zip(keys, weak))   # ints: nothing more for the collector
+                rest = list(filterfalse(out.__contains__, rest))
+            except Exception:
+                self.release_handles(list(out.values()))
+                out = {}
+            for key in rest:
+                obj = refs.get(key)
+                if obj is None:
+                    continue
+                try:
+                    tp = type(obj)
+                    storage = obj if issubclass(tp, storage_type) else \
+                        base.untyped_storage(obj) if issubclass(tp, base) else None
+                    if storage is not None and storage_type.data_ptr(storage) == key[1]:
+                        out[key] = storage_type._weak_ref(storage)
+                    del storage
+                except Exception:
+                    pass
+                del obj
+        return out
+
+    def handle_alive(self, handle: Any) -> bool:
+        return not self.torch.UntypedStorage._expired(handle)
+
+    def release_handles(self, handles: list) -> None:
+        free = self.torch.UntypedStorage._free_weak_ref
+        for handle in handles:
+            try:
+                free(handle)
+            except Exception:
+                pass
+
+    def gc_sees_all(self, tp: type) -> bool:
+        module = getattr(getattr(self.torch, "nn", None), "Module", None)
+        return isinstance(module, type) and issubclass(tp, module)
 
     def peak_counters(self, device_ids) -> list[PeakCounter]:
         return _peaks.counters(device_ids)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import sys
 import threading
-import time
 from collections import deque
 from typing import Callable
 
@@ -149,10 +148,6 @@ def device_point(usages) -> dict:
     """The per-device figures a timeline keeps, from ``read_devices()``."""
     return {d.id: {"allocated": d.allocated, "reserved": d.reserved,
                    "used_process": d.used_process, "total": d.total} for d in usages}
-
-
-def now() -> float:
-    return time.time()
 
 
 # -- pairing IPython's cell events ---------------------------------------------------------------

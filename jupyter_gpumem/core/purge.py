@@ -8,15 +8,13 @@ collects garbage, releases each framework's caches and measures again.
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 import sys
 import time
 import types
 import weakref
 from dataclasses import dataclass, field
-from itertools import compress, filterfalse
-from operator import eq, itemgetter
+from operator import itemgetter
 from typing import Any
 
 from . import devices as _devices
@@ -36,7 +34,7 @@ PURGE_SCHEMA = "jupyter_gpumem.purge/1"
 _MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
 _TYPE_DICT = type.__dict__["__dict__"].__get__
 _EXC_LINKS = ("__traceback__", "__context__", "__cause__")
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_FIRST = itemgetter(0)
 UNNAMED = "something outside the notebook's names"
 
 
@@ -220,17 +218,6 @@ def _still_held(remaining, scan_result, target_keys, by_of: dict | None = None) 
     return out
 
 
-def _bytes_by_device(scan_result, keys) -> dict[str, int]:
-    info = {}
-    for reach in scan_result.reach:
-        for k in keys & reach.storages.keys():
-            info[k] = reach.storages[k][0]
-    out: dict[str, int] = {}
-    for i in info.values():
-        out[i.device] = out.get(i.device, 0) + i.nbytes
-    return out
-
-
 def _predicted(scan_result, own: set, ids) -> tuple[dict[str, int], set]:
     """Bytes each device gets back, and every storage key the scan reached. The
     frameworks estimate what freeing these storages and releasing their caches returns
@@ -384,87 +371,49 @@ class _Recorder:
 
 
 def _handles(refs: dict, infos: dict) -> dict:
-    """``key -> weak handle`` for the storages a purge means to free (``infos``: key ->
-    StorageInfo; ``refs``: key -> a tensor using it, from :class:`_Recorder`).
+    """``key -> (backend, weak handle)`` for the storages a purge means to free (``infos``:
+    key -> StorageInfo; ``refs``: key -> a tensor using it, from :class:`_Recorder`).
 
-    For a PyTorch tensor the handle is a weak reference to its storage itself (it
-    outlives a view's tensor object), taken without any ``__torch_function__`` of a
-    subclass; for other tensors, to the tensor object. Release with :func:`_release`."""
+    A framework that can watch a storage itself gives the handle (PyTorch: a weak
+    reference to the storage, which outlives a view's tensor object); for the rest it
+    is a weak reference to the tensor object (backend None). Release with :func:`_release`."""
     out: dict = {}
-    torch = sys.modules.get("torch")
-    base = getattr(getattr(torch, "_C", None), "TensorBase", None)
-    storage_type = getattr(torch, "UntypedStorage", None)
-    quiet = getattr(getattr(torch, "_C", None), "DisableTorchFunctionSubclass", None)
-    if base is None or storage_type is None or quiet is None:
-        base = None
-    with _scan.paused_gc(), quiet() if base is not None else contextlib.nullcontext():
-        rest = list(infos)
-        if base is not None:   # plain tensors and parameters, the bulk: C-level passes
-            plain = {torch.Tensor, getattr(torch.nn, "Parameter", torch.Tensor)}
+    with _scan.paused_gc():
+        for backend in active_backends():
             try:
-                objs = list(map(refs.get, rest))
-                mask = list(map(plain.__contains__, map(type, objs)))
-                keys = list(compress(rest, mask))
-                storages = list(map(base.untyped_storage, compress(objs, mask)))
-                del objs
-                same = list(map(eq, map(storage_type.data_ptr, storages), map(_SECOND, keys)))
-                keys = list(compress(keys, same))
-                weak = list(map(storage_type._weak_ref, compress(storages, same)))
-                del storages
-                out.update(zip(keys, weak))   # ints: nothing more for the collector
-                rest = list(filterfalse(out.__contains__, rest))
-            except Exception:
-                _release(out)
-                rest = list(infos)
-        for key in rest:
-            info = infos[key]
+                found = backend.weak_handles(refs, infos)
+            except Exception:  # noqa: BLE001 - the plain weak references below stand
+                found = {}
+            out.update((key, (backend, h)) for key, h in found.items() if key not in out)
+        for key in infos:
             obj = refs.get(key)
-            if obj is None:
+            if key in out or obj is None:
                 continue
-            handle = None
-            if base is not None and info.framework == "torch" and len(key) == 2:
-                try:
-                    tp = type(obj)
-                    storage = obj if issubclass(tp, storage_type) else \
-                        base.untyped_storage(obj) if issubclass(tp, base) else None
-                    if storage is not None and storage_type.data_ptr(storage) == key[1]:
-                        handle = storage_type._weak_ref(storage)   # an int: see _release
-                    del storage
-                except Exception:
-                    handle = None
-            if handle is None:
-                try:
-                    handle = weakref.ref(obj)
-                except TypeError:
-                    continue
+            try:
+                out[key] = (None, weakref.ref(obj))
+            except TypeError:
+                pass
             del obj
-            out[key] = handle
     return out
 
 
 def _alive(handles: dict, infos: dict) -> dict:
     """``key -> StorageInfo`` of the handles whose memory is still in use."""
-    torch = sys.modules.get("torch")
-    expired = torch.UntypedStorage._expired if torch is not None else None
-    out = {}
-    for key, handle in handles.items():
-        if (expired(handle) if type(handle) is int else handle() is None):
-            continue
-        out[key] = infos[key]
-    return out
+    return {key: infos[key] for key, (backend, handle) in handles.items()
+            if (backend.handle_alive(handle) if backend is not None else handle() is not None)}
 
 
 def _release(handles: dict) -> None:
-    """Give back the weak references :func:`_handles` took on storages."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        free = torch.UntypedStorage._free_weak_ref
-        for handle in handles.values():
-            if type(handle) is int:
-                try:
-                    free(handle)
-                except Exception:
-                    pass
+    """Give back the handles :func:`_handles` took (a framework's own, each to it)."""
+    by_backend: dict = {}
+    for backend, handle in handles.values():
+        if backend is not None:
+            by_backend.setdefault(id(backend), (backend, []))[1].append(handle)
+    for backend, its in by_backend.values():
+        try:
+            backend.release_handles(its)
+        except Exception:  # noqa: BLE001
+            pass
     handles.clear()
 
 

@@ -188,7 +188,7 @@ class Reacher:
             if kind == TENSOR:
                 self.tensor_backend[tp] = backend
         if kind in _BY_REFERENTS or tp in _SIZED or \
-                (kind == CONTAINER and _gc_sees_all(tp, backend)):
+                (kind == CONTAINER and backend.gc_sees_all(tp)):
             self._by_referents.add(tp)
         try:
             collectable = TYPE_FLAGS(tp) & HAVE_GC
@@ -649,15 +649,6 @@ class Reacher:
             text = None
         return f"{name} {text}" if text else name
 
-
-def _gc_sees_all(tp: type, backend: Backend) -> bool:
-    """Whether the garbage collector sees all a backend's container holds, so that the
-    walk may read it by its referents: a PyTorch module (its children are its instance
-    dict's entries); not an optimizer (its children come in batches) nor a Dask or
-    TensorFlow object."""
-    torch = sys.modules.get("torch")
-    module = getattr(getattr(torch, "nn", None), "Module", None)
-    return backend.name == "torch" and isinstance(module, type) and issubclass(tp, module)
 
 
 def _subclasses(tp: type) -> set:

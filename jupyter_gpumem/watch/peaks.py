@@ -338,11 +338,6 @@ class _Patches:
         self._originals: dict[tuple[str, str], Any] = {}
         self._lock = threading.RLock()
 
-    def original(self, module: str, attr: str) -> Callable:
-        with self._lock:
-            found = self._originals.get((module, attr))
-        return found if found is not None else getattr(sys.modules[module], attr)
-
     def install(self, family: str) -> None:
         with self._lock:
             if family in self._installed:
