@@ -720,8 +720,10 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bo
         scan3 = _scan.scan(roots, devices=ids, shell=shell, namespace=namespace,
                            time_limit=budget.limit())
         result.still_held = _still_held(roots, scan3, plan.reportable)
+        # only when memory the purge meant to free is still alive: the search of modules'
+        # globals that names its holder gets a scan limit of its own, beyond the budget
         elsewhere, kept, notes = _held_elsewhere(plan.handles, plan.infos, scan3, shell,
-                                                 namespace, ids, budget.limit())
+                                                 namespace, ids, time_limit)
     finally:
         _release(plan.handles)
     result.still_held += elsewhere
