@@ -38,7 +38,6 @@ from conftest import run  # noqa: E402
 from gpu_floor import empty_caches_after_each_test  # noqa: E402,F401
 
 from jupyter_gpumem.core import trace  # noqa: E402
-from jupyter_gpumem.magics import trace as trace_magics  # noqa: E402
 
 MiB = 1 << 20
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -83,6 +82,7 @@ CHILD = textwrap.dedent("""
     sh = InteractiveShell.instance()
     sh.run_cell("%load_ext jupyter_gpumem", store_history=False)
     from jupyter_gpumem.core import trace
+    from jupyter_gpumem.magics import trace as trace_magics
     assert "torch" not in sys.modules
     # what the magics do at load with c.GpuMemMagics.trace = True
     trace_magics.on_load(sh, types.SimpleNamespace(trace=True, default_device="auto",
