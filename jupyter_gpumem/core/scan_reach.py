@@ -10,6 +10,13 @@ objects held more than once are remembered by id. Objects that need more care
 pandas objects) are taken out of the chunk by exact type and read one by one
 through C-level slots, as before.
 
+Where the package's C core is built (``core/_reach.c``, :data:`NATIVE`), the
+plain objects of each chunk go to it instead of ``gc.get_referents``: it walks
+everything plain they hold at C speed, in runs of a few milliseconds (the walk
+can yield and the deadline holds between two), and hands back, once each, the
+objects that need the care above. Both walks find the same storages
+(tests/test_native_scan.py).
+
 No path is kept here: paths are found afterwards, inside the roots that reach
 storages (:mod:`jupyter_gpumem.scan_paths`).
 """
