@@ -197,6 +197,31 @@ def _through_graph(node) -> bool:
     return False
 
 
+class _Reportable:
+    """The target storages whose path runs through no autograd graph, decided only for
+    the keys asked about (a path is found when first read: deciding it for every one of
+    a long graph's storages would cost a path search each)."""
+
+    def __init__(self, paths: dict) -> None:
+        self._paths = paths
+        self._memo: dict = {}
+
+    def __contains__(self, key) -> bool:
+        found = self._memo.get(key)
+        if found is None:
+            node = self._paths.get(key, _MISSING)
+            found = self._memo[key] = node is not _MISSING and not _through_graph(node)
+        return found
+
+    def __and__(self, keys) -> set:
+        return {k for k in keys if k in self}
+
+    __rand__ = __and__
+
+
+_MISSING = object()
+
+
 def _still_held(remaining, scan_result, target_keys, by_of: dict | None = None) -> list[StillHeld]:
     """Who among ``remaining`` still reaches ``target_keys``; roots that stand for the
     same name (``by_of``: root id -> name) are counted as one."""
@@ -573,7 +598,7 @@ class _Plan:
     result: PurgeResult
     targets: list[_Target]
     hidden_clear: list[Root]
-    reportable: set
+    reportable: set | _Reportable
     tracked_before: dict[str, int]
     handles: dict            # storage key -> weak handle, of the memory it means to free
     infos: dict              # storage key -> StorageInfo, of the same
@@ -647,7 +672,10 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
     hidden_clear = [r for r in roots if r.hidden and reach_of[id(r)].storages and (
         not names or id(r.obj) in named_objs or own & reach_of[id(r)].storages.keys())]
     # parameters an autograd graph points to belong to their model, not to the loss
-    reportable = {k for k, node in target_paths.items() if not _through_graph(node)}
+    # a dry run decides it only for what it reports (its plan goes when it returns); a
+    # purge decides it now, for every target: the paths refer to what it deletes
+    reportable = _Reportable(target_paths) if dry_run else \
+        {k for k, node in target_paths.items() if not _through_graph(node)}
     predicted, reached = _predicted(scan1, own, ids)
     removed = [t.text for t in targets] + [n for r in hidden_clear for n in [r.name] + r.aliases
                                            if n not in names]
