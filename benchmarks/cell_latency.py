@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--pause", type=float, default=0.5)
     ap.add_argument("--run-all", type=int, default=20)
-    ap.add_argument("--run-all-rounds", type=int, default=5,
+    ap.add_argument("--run-all-rounds", type=int, default=9,
                     help="run-all measurements per kernel (the median is printed)")
     args = ap.parse_args()
     plain, views = Kernel("plain"), Kernel("views")
@@ -115,6 +115,9 @@ def main() -> None:
                 time.sleep(max(args.pause, 1.0))
                 runs[k.name].append(k.back_to_back("x = 1", args.run_all))
         run_all = {name: statistics.median(v) for name, v in runs.items()}
+        # each round's two runs are seconds apart: their ratio does not see the machine
+        # drift over minutes (on a shared machine the pace of one core moves by 30 %)
+        paired = [v / p for v, p in zip(runs["views"], runs["plain"])]
         refresh = views.run("from jupyter_gpumem.session import session_of\n"
                             "_s = session_of(get_ipython()).stats")
         del refresh
@@ -130,8 +133,17 @@ def main() -> None:
     ratio = run_all["views"] / run_all["plain"]
     print(f"{args.run_all} cells back to back, median of {args.run_all_rounds}: without "
           f"{run_all['plain'] * 1e3:.0f} ms · with {run_all['views'] * 1e3:.0f} ms · "
-          f"ratio {ratio:.2f}x (target at most 1.2x)")
+          f"ratio {ratio:.2f}x; median of the rounds' own ratios "
+          f"{statistics.median(paired):.2f}x (quartiles {_quartiles(paired)}) "
+          f"(target at most 1.2x)")
     sys.stdout.flush()
+
+
+def _quartiles(values: list[float]) -> str:
+    if len(values) < 2:
+        return "n/a"
+    q = statistics.quantiles(values, n=4)
+    return f"{q[0]:.2f}-{q[2]:.2f}"
 
 
 if __name__ == "__main__":

@@ -122,7 +122,8 @@ class Session:
         self._views: list[View] = []
         self._cells = CellEvents(shell)
         self._generation = 0          # cells ended so far; a refresh from an older one is dropped
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task | None = None    # the refresher waiting or refreshing
+        self._cell_task: Any = None               # the task that sends the last cell's reply
         self.last: dict[str, dict] = {}   # device -> the JSON snapshot after the last cell
         self._cluster_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._cluster_threads: list[threading.Thread] = []
@@ -200,9 +201,12 @@ class Session:
             if loop is None:
                 self.refresh_now()
                 return
-            self._cancel()
             self.stats["deferred"] += 1
-            self._task = loop.create_task(self._refresh_after(cell_task, self._generation))
+            self._cell_task = cell_task
+            if self._task is None or self._task.done():
+                self._task = loop.create_task(self._refresher())
+            # else the refresher already waiting sees the new cell and waits for it (one
+            # task for a run of cells, however many: run-all makes no task per cell)
         except Exception as exc:  # noqa: BLE001 - never raise into the user's cell
             print(f"jupyter_gpumem: refresh failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
@@ -212,36 +216,48 @@ class Session:
             self.stats["dropped"] += 1
         self._task = None
 
-    async def _refresh_after(self, cell_task: Any, generation: int) -> None:
-        """Wait for the cell's reply to go, then refresh in steps (see the module docstring)."""
+    async def _refresher(self) -> None:
+        """Wait for the last cell's reply to go and the kernel to stay idle, then refresh
+        in steps; a cell that ends meanwhile starts the wait over (see the module
+        docstring)."""
         try:
-            if cell_task is not None and not cell_task.done():
-                await asyncio.wait({cell_task})
-            # a request already waiting (run-all sends every cell at once) goes first
-            await asyncio.sleep(IDLE_GRACE)
-            if generation != self._generation:
-                self.stats["dropped"] += 1
-                return
-            steps = self._refresh_steps(generation)
-            value = None
             while True:
-                try:
-                    step = steps.send(value)
-                except StopIteration:
-                    break
-                if isinstance(step, Offload):   # the cluster: asked off the loop
-                    value = await asyncio.wrap_future(self._pool().submit(step.fn))
-                else:
-                    value = None
-                    await asyncio.sleep(STEP_PAUSE)
+                generation = self._generation
+                cell_task = self._cell_task
+                if cell_task is not None and not cell_task.done():
+                    await asyncio.wait({cell_task})
+                # a request already waiting (run-all sends every cell at once) goes first
+                await asyncio.sleep(IDLE_GRACE)
                 if generation != self._generation:
-                    steps.close()
                     self.stats["dropped"] += 1
-                    return      # a cell ran meanwhile: its own refresh follows
+                    continue
+                if await self._refresh_in_steps(generation):
+                    return
+                self.stats["dropped"] += 1      # a cell ran meanwhile: refresh after it
         except asyncio.CancelledError:
             return
         except Exception as exc:  # noqa: BLE001 - a view's failure is its own line
             print(f"jupyter_gpumem: refresh failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        finally:
+            self._cell_task = None
+
+    async def _refresh_in_steps(self, generation: int) -> bool:
+        """One refresh on the loop, a step at a time; False when a newer cell stopped it."""
+        steps = self._refresh_steps(generation)
+        value = None
+        while True:
+            try:
+                step = steps.send(value)
+            except StopIteration:
+                return generation == self._generation
+            if isinstance(step, Offload):   # the cluster: asked off the loop
+                value = await asyncio.wrap_future(self._pool().submit(step.fn))
+            else:
+                value = None
+                await asyncio.sleep(STEP_PAUSE)
+            if generation != self._generation:
+                steps.close()
+                return False
 
     def _refresh_steps(self, generation: int):
         """Build one snapshot per device the views show and hand it to them; yields

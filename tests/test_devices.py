@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
+import time
 import types
 
 import pytest
@@ -224,3 +226,67 @@ def _resident(nbytes: int) -> mmap.mmap:
     for at in range(0, nbytes, mmap.PAGESIZE):
         m[at] = 1
     return m
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc")
+def test_proc_reads_keep_the_interpreter_lock_with_the_c_core():
+    """In a kernel each time the main thread lets go of the lock, the busy I/O thread
+    may keep it for as long as a message takes to send: a footer's /proc reads keep it."""
+    import threading
+
+    core = pytest.importorskip("jupyter_gpumem.core._reach")
+    if not hasattr(core, "pread_held"):
+        pytest.skip("the C core was built without its /proc readers")
+    assert devices._pread is core.pread_held
+    with open("/proc/self/cmdline", "rb") as f:
+        assert devices.read_proc("/proc/self/cmdline") == f.read()
+    ran, go, stop = [0], threading.Lock(), threading.Event()
+    go.acquire()
+
+    def other():
+        with go:
+            while not stop.is_set():
+                ran[0] += 1
+                time.sleep(0)   # lets go of the lock at once: it runs only when main lets go
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)     # no forced switch: the other thread runs only if main lets go
+    thread = threading.Thread(target=other, daemon=True)
+    try:
+        thread.start()
+        go.release()
+        before = ran[0]
+        for _ in range(200):
+            devices.read_proc("/proc/self/status")
+            devices.process_memory()
+        held = ran[0] - before
+        fd = os.open("/proc/self/status", os.O_RDONLY)
+        try:
+            before = ran[0]
+            for _ in range(200):
+                os.pread(fd, 16384, 0)
+            released = ran[0] - before
+        finally:
+            os.close(fd)
+    finally:
+        stop.set()
+        sys.setswitchinterval(interval)
+        thread.join(5)
+    assert held == 0, f"the other thread ran {held} times during reads that keep the lock"
+    assert released > 0, "os.pread lets go of the lock: the check can see it"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's /proc")
+def test_the_peak_resident_set_resets_through_the_kept_descriptor():
+    from jupyter_gpumem.watch.peaks import RssCounter
+
+    if not RssCounter.available():
+        pytest.skip("/proc/self/clear_refs is not writable here")
+    grown = _resident(64 << 20)
+    grown.close()
+    rss, hwm = devices.process_memory()
+    assert hwm >= rss + (32 << 20), "the 64 MiB came and went: the peak is above the resident set"
+    RssCounter().reset()
+    RssCounter().reset()          # again, through the same kept descriptor
+    rss, hwm = devices.process_memory()
+    assert hwm - rss < 16 << 20

@@ -401,6 +401,9 @@ def test_a_device_thread_that_stops_says_so_in_the_panel(shell, monkeypatch):
 
 
 def test_timeline_adds_cells_from_gpuwatch_history_when_there_is_one(shell, monkeypatch):
+    # the shell is shared: cells watched by earlier tests would be merged when the panel
+    # opens, and the panel reads only history newer than what it merged
+    panel_mod.history_for(shell).clear()
     panel = open_panel(shell)
     now = time.time()
     monkeypatch.setattr(panel_mod, "history_for", lambda sh: [

@@ -13,11 +13,21 @@
  * object is held by a strong reference until the walk is cleared, so an object that
  * goes while the walk waits between two runs cannot be mistaken for a new one.
  *
+ * It also reads and writes small /proc files without letting go of the interpreter
+ * lock (pread_held, write_held): such a read never waits on a disk, and each time
+ * the main thread lets go of the lock a kernel's busy I/O thread may take it for as
+ * long as a message takes to send, several times per cell's footer.
+ *
  * This module is optional: jupyter_gpumem.core.scan_reach walks in Python (the same
- * objects, the same answers) where it is not built.
+ * objects, the same answers) where it is not built, and jupyter_gpumem.core.devices
+ * reads /proc through os.pread.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#ifndef _WIN32
+#include <errno.h>
+#include <unistd.h>
+#endif
 #include <stdint.h>
 
 /* -- a set of pointers (open addressing) ------------------------------------------- */
@@ -458,10 +468,68 @@ static PyTypeObject WalkerType = {
     .tp_new = Walker_new,
 };
 
+#ifndef _WIN32
+/* pread_held(fd, size): up to size bytes of fd from its start, the lock held. */
+static PyObject *
+reach_pread_held(PyObject *self, PyObject *args)
+{
+    int fd;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "in:pread_held", &fd, &size))
+        return NULL;
+    if (size < 0 || size > (1 << 20)) {
+        PyErr_SetString(PyExc_ValueError, "pread_held reads at most 1 MiB");
+        return NULL;
+    }
+    PyObject *buf = PyBytes_FromStringAndSize(NULL, size);
+    if (buf == NULL)
+        return NULL;
+    ssize_t n;
+    do {
+        n = pread(fd, PyBytes_AS_STRING(buf), (size_t)size, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        Py_DECREF(buf);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (_PyBytes_Resize(&buf, n) < 0)
+        return NULL;
+    return buf;
+}
+
+/* write_held(fd, data): write data to fd, the lock held; the bytes written. */
+static PyObject *
+reach_write_held(PyObject *self, PyObject *args)
+{
+    int fd;
+    const char *data;
+    Py_ssize_t len;
+    if (!PyArg_ParseTuple(args, "iy#:write_held", &fd, &data, &len))
+        return NULL;
+    ssize_t n;
+    do {
+        n = write(fd, data, (size_t)len);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return PyLong_FromSsize_t(n);
+}
+#endif
+
+static PyMethodDef reach_functions[] = {
+#ifndef _WIN32
+    {"pread_held", reach_pread_held, METH_VARARGS,
+     "pread_held(fd, size) -> bytes: read from the start of fd without releasing the GIL"},
+    {"write_held", reach_write_held, METH_VARARGS,
+     "write_held(fd, data) -> int: write to fd without releasing the GIL"},
+#endif
+    {NULL, NULL, 0, NULL}
+};
+
 static struct PyModuleDef reach_module = {
     PyModuleDef_HEAD_INIT, "_reach",
     "The reach walk's core at C speed (optional; see jupyter_gpumem.core.scan_reach).", -1,
-    NULL,
+    reach_functions,
 };
 
 PyMODINIT_FUNC

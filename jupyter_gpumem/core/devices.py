@@ -157,24 +157,74 @@ def _nvml_index(acc: AcceleratorInfo) -> tuple[int | None, bool]:
     return (visible[ordinal] if ordinal < len(visible) else None), False
 
 
-_PROC_FDS: dict[tuple[int, str], int] = {}   # (pid, path) -> an open descriptor
+try:   # the C core (built with the package where a compiler was found): see _reach.c
+    from ._reach import pread_held as _pread, write_held as _write
+except ImportError:
+    _pread = os.pread if hasattr(os, "pread") else None
+
+    def _write(fd: int, data: bytes) -> int:
+        return os.write(fd, data)
+
+_PROC_FDS: dict[tuple[int, str, int], int] = {}   # (pid, path, flags) -> an open descriptor
+
+
+def _proc_fd(path: str, flags: int = os.O_RDONLY) -> tuple[tuple, int]:
+    key = (os.getpid(), path, flags)
+    fd = _PROC_FDS.get(key)
+    if fd is None:
+        fd = _PROC_FDS[key] = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    return key, fd
+
+
+def _forget(key: tuple, fd: int) -> None:
+    if _PROC_FDS.get(key) == fd:
+        del _PROC_FDS[key]
+        os.close(fd)
 
 
 def read_proc(path: str) -> bytes:
     """A /proc file's text now. Opening a /proc file costs far more than reading it
     (tens of µs on a busy machine, several times per cell), so each is opened once
     per process and read again from its start; a forked child opens its own
-    (``/proc/self`` names the process that opened it)."""
-    key = (os.getpid(), path)
-    fd = _PROC_FDS.get(key)
-    if fd is None:
-        fd = _PROC_FDS[key] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    (``/proc/self`` names the process that opened it). With the C core the read
+    keeps the interpreter lock (see ``_reach.c``: in a kernel, each time the main
+    thread lets go of it the I/O thread may keep it for a message's sending)."""
+    if _pread is None:
+        with open(path, "rb") as f:
+            return f.read(16384)
+    key, fd = _proc_fd(path)
     try:
-        return os.pread(fd, 16384, 0)
+        return _pread(fd, 16384)
     except OSError:
-        _PROC_FDS.pop(key, None)
-        os.close(fd)
+        _forget(key, fd)
         raise
+
+
+def write_proc(path: str, data: bytes) -> None:
+    """Write to a /proc file (``/proc/self/clear_refs``), its descriptor kept open."""
+    key, fd = _proc_fd(path, os.O_WRONLY)
+    try:
+        _write(fd, data)
+    except OSError:
+        _forget(key, fd)
+        raise
+
+
+def process_memory() -> tuple[int | None, int | None]:
+    """This process's resident set and its peak (``VmRSS``, ``VmHWM``) in bytes, from
+    ``/proc/self/status``: the one reader of both for the device lines and the peaks."""
+    rss = hwm = None
+    try:
+        status = read_proc("/proc/self/status")
+        at = status.find(b"VmRSS:")
+        if at >= 0:
+            rss = int(status[at + 6:status.index(b"\n", at)].split()[0]) * 1024
+        at = status.find(b"VmHWM:")
+        if at >= 0:
+            hwm = int(status[at + 6:status.index(b"\n", at)].split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None, None
+    return rss, hwm
 
 
 #: the host's available memory is the whole machine's (other processes' doing too): a
@@ -186,12 +236,11 @@ _AVAILABLE: list = [float("-inf"), None]
 
 def _host_memory() -> tuple[int | None, int | None, int | None]:
     """(total, available, this process's resident set) of host RAM."""
-    total = avail = rss = None
+    total = avail = None
     try:
-        page = os.sysconf("SC_PAGE_SIZE")
-        total = page * os.sysconf("SC_PHYS_PAGES")
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        page = None
+        pass
     try:
         now = time.monotonic()
         if now - _AVAILABLE[0] > AVAILABLE_TTL:
@@ -199,11 +248,9 @@ def _host_memory() -> tuple[int | None, int | None, int | None]:
             at = info.index(b"MemAvailable:")
             _AVAILABLE[:] = [now, int(info[at + 13:info.index(b"\n", at)].split()[0]) * 1024]
         avail = _AVAILABLE[1]
-        if page:
-            rss = int(read_proc("/proc/self/statm").split()[1]) * page
     except (OSError, ValueError, IndexError, AttributeError):
         pass
-    return total, avail, rss
+    return total, avail, process_memory()[0]
 
 
 def _cpu_usage() -> DeviceUsage:

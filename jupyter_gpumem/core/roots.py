@@ -40,16 +40,34 @@ def format_key(key: Any) -> str:
     return f"[{text}]" if len(text) <= 40 else "[...]"
 
 
+#: name -> whether it is one of IPython's or the shell's own (``_i42``, ``In``, ``__doc__``):
+#: a notebook adds ``_iN`` (and ``_N``) every cell, and the footer asks after each one
+_BOOKKEEPING: dict[str, bool] = {}
+_BOOKKEEPING_MAX = 100_000
+
+
+def _is_bookkeeping(name: str) -> bool:
+    known = _BOOKKEEPING.get(name)
+    if known is None:
+        known = bool(name in _SHELL_NAMES or _HIDDEN_NAME.match(name)
+                     or (name.startswith("__") and name.endswith("__")))
+        if len(_BOOKKEEPING) >= _BOOKKEEPING_MAX:
+            _BOOKKEEPING.clear()
+        _BOOKKEEPING[name] = known
+    return known
+
+
 def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
     """The user's own names in a namespace (IPython's bookkeeping left out)."""
     hidden_ns = hidden_ns or {}
+    # names bound to an atomic value (IPython's ``_iN`` input strings among them, one a
+    # cell) are dropped first, in one comprehension; the rest are looked at one by one
+    keep = [(k, v) for k, v in dict.items(namespace) if type(v) not in ATOMIC]
     out = []
-    for name, value in list(dict.items(namespace)):
+    for name, value in keep:
         if type(name) is not str:
             continue   # ``globals()[42] = ...``: no name to type (see odd_keys)
-        if type(value) in ATOMIC or name in _SHELL_NAMES or _HIDDEN_NAME.match(name):
-            continue
-        if name.startswith("__") and name.endswith("__"):
+        if _is_bookkeeping(name):
             continue
         if name in hidden_ns and hidden_ns[name] is value:
             continue
@@ -57,6 +75,7 @@ def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
             continue
         out.append(Root(name, value, purge=name))
     return out
+
 
 
 def odd_keys(namespace: dict | None = None, shell: Any = None) -> list[str]:

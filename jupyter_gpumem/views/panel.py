@@ -11,6 +11,7 @@ when a panel is made; without it the command prints the text report.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import weakref
@@ -123,6 +124,7 @@ class Panel:
         self._pending: list[str] | None = None
         self._thread_error: str | None = None
         self._cells_version = 0
+        self._watched_until = float("-inf")   # start of the newest watched span merged in
         self._drawn: tuple | None = None  # (time, point, cells version) of the last timeline
         self._build_widgets()
 
@@ -371,10 +373,13 @@ class Panel:
             self._cells_version += 1
         if start is None and self._cell_events.running():
             return      # an inner cell's event: the holders wait for the outer cell's end
-        watched = _watch_cells(self.shell)
+        watched = _watch_cells(self.shell, after=self._watched_until)
         if watched:
+            self._watched_until = max(start for start, _ in watched)
             with self._lock:
-                self._cells = deque(_merge_cells(list(self._cells), watched), maxlen=500)
+                merged = _merge_cells(list(self._cells), watched)
+                if merged is not None:
+                    self._cells = deque(merged, maxlen=500)
         if self.session is not None:
             return      # the session refreshes every view after the cell's reply
         try:
@@ -549,24 +554,41 @@ def _field(entry: Any, names: tuple[str, ...]) -> float | None:
     return None
 
 
-def _merge_cells(own: list[list], watched: list[list]) -> list[list]:
-    """The panel's own cell spans plus watched spans that none of them covers
-    (``with jupyter_gpumem.watch():`` blocks, cells from before the panel)."""
-    out = [list(c) for c in own]
-    for start, end in watched:
-        if not any(s - 0.5 <= start <= (e if e is not None else start) + 0.5 for s, e in own):
-            out.append([start, end])
-    return sorted(out, key=lambda c: c[0])
+def _merge_cells(own, watched: list[list]) -> list[list] | None:
+    """The panel's own cell spans (in order) plus watched spans that none of them
+    covers (``with jupyter_gpumem.watch():`` blocks, cells from before the panel), in
+    order; None when every watched span is covered (the footer's cells: the panel saw
+    them). After a cell only its own span is new: it is checked against the last few."""
+    recent = list(itertools.islice(reversed(own), 8))
+    if recent and all(start >= recent[-1][0] for start, _ in watched):
+        near = recent
+    else:
+        near = list(own)
+    added = [[start, end] for start, end in watched
+             if not any(s - 0.5 <= start <= (e if e is not None else start) + 0.5
+                        for s, e in near)]
+    if not added:
+        return None
+    return sorted([list(c) for c in own] + added, key=lambda c: c[0])
 
 
-def _watch_cells(shell: Any) -> list[list] | None:
-    """Cell spans from %%gpuwatch's history (``start``, ``end`` in unix seconds)."""
+def _watch_cells(shell: Any, after: float = float("-inf")) -> list[list] | None:
+    """Cell spans from %%gpuwatch's history (``start``, ``end`` in unix seconds) that
+    start after ``after``: the history only grows, so each cell reads what is new."""
     try:
-        entries = list(history_for(shell) or ())[-500:]
+        history = history_for(shell) or ()
+        entries = []
+        for entry in reversed(history):     # newest first, up to the first one seen before
+            start = _field(entry, _WATCH_START)
+            if start is not None and start <= after:
+                break
+            entries.append(entry)
+            if len(entries) >= 500:
+                break
     except Exception:  # noqa: BLE001 - optional, never in the way
         return None
     spans = []
-    for entry in entries:
+    for entry in reversed(entries):
         start = _field(entry, _WATCH_START)
         if start is None or start < 1e9:  # not unix seconds: cannot place it on the timeline
             return None

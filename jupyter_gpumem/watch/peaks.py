@@ -46,7 +46,7 @@ from typing import Any, Callable
 from ..backends import REGISTRY, active_backends
 from ..backends.base import PeakCounter as Counter
 from ..backends.base import PeakLedgerView, Reading
-from ..core.devices import read_proc
+from ..core.devices import process_memory, write_proc
 
 try:
     import resource   # POSIX only; the rss counter and its patch need it
@@ -80,8 +80,7 @@ class RssCounter(Counter):
         return read_rss()
 
     def reset(self) -> None:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
+        write_proc("/proc/self/clear_refs", b"5")
 
 
 class TracemallocCounter(Counter):
@@ -104,18 +103,8 @@ class TracemallocCounter(Counter):
 
 
 def read_rss() -> Reading | None:
-    """``{"rss": (VmRSS, VmHWM)}`` in bytes, from ``/proc/self/status``."""
-    rss = hwm = None
-    try:
-        status = read_proc("/proc/self/status")
-        at = status.find(b"VmHWM:")
-        if at >= 0:
-            hwm = int(status[at + 6:status.index(b"\n", at)].split()[0]) * 1024
-        at = status.find(b"VmRSS:")
-        if at >= 0:
-            rss = int(status[at + 6:status.index(b"\n", at)].split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
+    """``{"rss": (VmRSS, VmHWM)}`` in bytes (:func:`~..core.devices.process_memory`)."""
+    rss, hwm = process_memory()
     if rss is None or hwm is None:
         return None
     return {"rss": (rss, hwm)}

@@ -87,6 +87,7 @@ class _State:
         self.footer_device: str | None = None
         self.costs: deque = deque(maxlen=2000)   # seconds each footer cost (pre + post)
         self.ns_mark: tuple | None = None
+        self.mark_names: tuple = ()   # the user's names the mark follows
 
     def record(self, result: WatchResult) -> None:
         self.history.append(result)
@@ -181,7 +182,9 @@ class _SamplerHub:
         #: why the last sampling thread ended on its own; None once a new one runs
         self.failure: str | None = None
 
-    def add(self, sampling: _Sampling) -> None:
+    def add(self, sampling: _Sampling, usages: dict | None = None) -> None:
+        """Open ``sampling``; its first sample is ``usages`` where the caller has just read
+        the devices (a watch's start), else a reading now."""
         with self._lock:
             self._open.append(sampling)
             interval = min(s.interval for s in self._open)
@@ -192,11 +195,12 @@ class _SamplerHub:
                 self._sampler.start()
             self._sampler.interval = interval
             self._sampler.resume()
-        self.sample([sampling])
+        self.sample([sampling], usages)
 
-    def remove(self, sampling: _Sampling) -> None:
+    def remove(self, sampling: _Sampling, usages: dict | None = None) -> None:
+        """Close ``sampling`` after a last sample (``usages``, as for :meth:`add`)."""
         try:
-            self.sample([sampling])
+            self.sample([sampling], usages)
         finally:
             self._drop(sampling)
 
@@ -241,9 +245,12 @@ class _SamplerHub:
             LEDGER.tick()
 
     @staticmethod
-    def sample(opens: list[_Sampling]) -> None:
+    def sample(opens: list[_Sampling], usages: dict | None = None) -> None:
         ids = sorted(set().union(*(s.devices for s in opens)))
-        usages = _read_devices(ids)
+        if usages is None or not set(ids) <= set(usages):
+            usages = _read_devices(ids)
+        else:
+            usages = {d: usages[d] for d in ids}
         t = time.time()
         point = _monitor.device_point(usages.values())
         seen: set[int] = set()
@@ -375,23 +382,33 @@ class Watch:
 
     def _update(self, usages, error: BaseException | None = None, **kwargs):
         state = self._state
-        upd = state.tracker.update(self._roots(error), shell=self.shell, namespace=self._ns(),
+        roots = self._roots(error)
+        upd = state.tracker.update(roots, shell=self.shell, namespace=self._ns(),
                                    marks=_marks(usages), time_limit=self.time_limit,
                                    extra_stop=state.internal_ids() | {id(self)}, **kwargs)
-        state.ns_mark = None if self._frame is not None or error is not None else self._ns_mark()
+        if self._frame is not None or error is not None:
+            state.ns_mark = None
+        else:
+            state.mark_names = tuple(r.name for r in roots if r.kind == "user")
+            state.ns_mark = self._ns_mark()
         return upd
 
     def _ns_mark(self) -> tuple | None:
-        """Names, hidden holders and their identities, cheaply: unchanged means nothing
-        ran since the tracker's last update (a cell's start right after the last cell's end)."""
+        """What says, cheaply, that nothing ran since the tracker's last update (a cell's
+        start right after the last cell's end): as many names, the user's names with
+        memory still bound to the same objects, as many outputs, the same ``_``/``__``/
+        ``___`` and last traceback. Only names and identities are kept, never an object.
+        (A name of an int rebound to a tensor between cells, by a widget's callback say,
+        goes unseen until the cell's end, which then counts it for the cell.)"""
         shell = self.shell
         ns = shell.user_ns if shell is not None else self._ns()
         try:
-            parts: list = [tuple(ns), tuple(map(id, ns.values()))]
+            get = dict.get
+            parts: list = [len(ns), tuple([id(get(ns, n)) for n in self._state.mark_names])]
             if shell is not None:
                 out = shell.history_manager.output_hist
                 hook = shell.displayhook
-                parts += [tuple(out), tuple(map(id, out.values())),
+                parts += [len(out), next(reversed(out), None),
                           tuple(id(getattr(hook, n, None)) for n in ("_", "__", "___")),
                           tuple(map(id, traceback_objects(shell)))]
             return tuple(parts)
@@ -416,7 +433,7 @@ class Watch:
         self._scope: PeakScope = LEDGER.open(self._ids0)
         try:
             self._sampling = _Sampling(self._ids0, self._state.series, self.interval)
-            HUB.add(self._sampling)
+            HUB.add(self._sampling, usages)
         except BaseException:
             self.abandon()   # leave no open scope or sampling entry behind
             raise
@@ -451,10 +468,10 @@ class Watch:
             return None
         self._started = False
         wall = t1 - self._t0
-        HUB.remove(self._sampling)
         ids = _ordered(self._ids0 + _devices.selected_ids(self.device))
-        LEDGER.close(self._scope, ids)
         usages = _read_devices(_ordered(ids + ["cpu"]))
+        HUB.remove(self._sampling, usages)
+        LEDGER.close(self._scope, ids)
         upd = self._update(usages, error=error, force_full=error is not None,
                            full_budget=self.exact_budget * wall)
         self._frame = None
