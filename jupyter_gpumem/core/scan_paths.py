@@ -357,19 +357,29 @@ class PathFinder:
 
 def _split(pairs: list) -> list:
     """``pairs`` in groups by the cost of their step: ``((hidden steps, steps), pairs)``,
-    in the order of the first of each group."""
-    groups: dict[tuple, list] = {}
-    for pair in pairs:
-        label = pair[0]
-        if label is None:      # a step the path does not show (a cell, a frame)
-            cost = (0, 1)
-        else:
-            cost = (int(label[0] in HIDDEN), _STEPS.get(label[0], 1))
-        group = groups.get(cost)
-        if group is None:
-            group = groups[cost] = []
-        group.append(pair)
-    return list(groups.items())
+    in the order of the first of each group. In C-level passes: an optimizer's children
+    are ten thousand pairs of a few kinds."""
+    labels = list(map(_FIRST, pairs))
+    costs = None
+    if None not in labels:
+        costs = list(map(_COST.get, map(_FIRST, labels)))
+        if None in costs:
+            costs = None
+    if costs is None:   # a step the path does not show (a cell, a frame), or a new kind
+        costs = [(0, 1) if label is None else _cost(label[0]) for label in labels]
+    kinds = list(dict.fromkeys(costs))
+    if len(kinds) == 1:
+        return [(kinds[0], list(pairs))]
+    return [(cost, list(compress(pairs, map(cost.__eq__, costs)))) for cost in kinds]
+
+
+def _cost(kind: str) -> tuple:
+    return (int(kind in HIDDEN), _STEPS.get(kind, 1))
+
+
+#: label kind -> its step's cost, for every kind a handler labels with
+_COST = {kind: _cost(kind) for kind in HIDDEN | _ONE_STEP | set(_STEPS) | {
+    "key", "state_key", "attr_item", "opt_state", "cell", "frame", "closure"}}
 
 
 # -- what each kind of object holds, labelled ------------------------------------------------

@@ -29,7 +29,7 @@ import time
 import types
 from collections import OrderedDict, defaultdict, deque
 from itertools import compress, filterfalse, islice, repeat
-from operator import is_not, itemgetter, not_
+from operator import is_, is_not, itemgetter, not_
 from typing import Any
 
 from ..backends import Backend
@@ -149,7 +149,10 @@ class Reacher:
         self._watching = bool(self._watch)
         # id(tensor) -> [tensor, storages, edges the same for every root (a tuple) or None]
         self.memo: dict[int, list] = {}
-        self._batched: set[int] = set()   # ids of the tensors taken in batches (no graph)
+        #: id -> (storages, held label, held) of the tensors taken in batches (no graph),
+        #: alive while the roots are: a tensor met again (a model's parameters, then its
+        #: optimizer's) is not asked again within one scan
+        self._batched: dict[int, tuple] = {}
         self._probe: tuple | None = None    # (storages looked for, graph) in leads_to
         self._batch_types: dict[int, frozenset] = {}
         self._seen: dict[int, Any] = {}
@@ -584,7 +587,10 @@ class Reacher:
         """Many tensors at once (an optimizer's state, a model's parameters), in C-level
         passes over lists; the tensors that need the long way (an autograd graph) are
         found by halves."""
-        taken = backend.take_many(values)
+        memo = self._batched
+        seen = list(map(memo.get, map(id, values)))
+        taken = self._take_fresh(backend, values, seen) if None in seen else (
+            list(map(_FIRST, seen)), seen[0][1], list(map(_THIRD, seen)))
         if taken is None:
             n = len(values)
             if n >= 2 * BATCH:
@@ -618,7 +624,6 @@ class Reacher:
                     if info[0] not in found:
                         node, = self._node((info[0],))
                         found[info[0]] = (info, node, None)
-        self._batched.update(map(id, values))   # alive while the roots are
         # no memo entry: the path search asks the backend again for the few it meets.
         # What they hold (gradients) is taken at once, in the same way
         if any(map(is_not, held, repeat(None))):
@@ -627,6 +632,25 @@ class Reacher:
                 self._take_batch(backend, held)
             else:
                 self._admit(held)
+
+    def _take_fresh(self, backend: Backend, values: list, seen: list) -> tuple | None:
+        """:meth:`Backend.take_many` of the values not met before in this scan (``seen``
+        None), merged in order with those met; None where one has a graph."""
+        if not any(map(is_not, seen, repeat(None))):
+            fresh = values
+        else:
+            fresh = list(compress(values, map(is_, seen, repeat(None))))
+        taken = backend.take_many(fresh)
+        if taken is None:
+            return None
+        infos, label, held = taken
+        new = list(zip(infos, repeat(label), held))
+        self._batched.update(zip(map(id, fresh), new))
+        if fresh is not values:
+            rest = iter(new)
+            new = [s if s is not None else next(rest) for s in seen]
+            infos, held = list(map(_FIRST, new)), list(map(_THIRD, new))
+        return infos, label, held
 
     def tensor_record(self, obj: Any) -> list | None:
         """``[tensor, storages, edges]`` of a tensor: as the walk took it, or, for one it
