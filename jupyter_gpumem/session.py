@@ -123,6 +123,8 @@ class Session:
         self._cells = CellEvents(shell)
         self._generation = 0          # cells ended so far; a refresh from an older one is dropped
         self._task: asyncio.Task | None = None    # the refresher waiting or refreshing
+        #: the cell that just ended, for its snapshots: start/end (unix s), execution count
+        self._last_cell: dict | None = None
         self._cell_task: Any = None               # the task that sends the last cell's reply
         self.last: dict[str, dict] = {}   # device -> the JSON snapshot after the last cell
         self._cluster_pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -165,6 +167,7 @@ class Session:
 
     def refresh_now(self) -> None:
         """Build the snapshots now and show them in every view (after a purge, say)."""
+        self._last_cell = None      # not a cell's end: the snapshot has no ``cell``
         self._generation += 1
         self._cancel()
         drive_now(self._refresh_steps(self._generation))
@@ -180,7 +183,9 @@ class Session:
             self._cell_hooks.remove((pre, post))
 
     def _pre_run_cell(self, info: Any = None) -> None:
-        self._cells.pre(info)
+        cell, _ = self._cells.pre(info)
+        if cell.outer:
+            cell.payload = time.time()      # the cell's start, for the snapshot's ``cell``
         for pre, _ in list(self._cell_hooks):
             _guarded(pre, info)
 
@@ -191,15 +196,20 @@ class Session:
 
     def _after_cell(self, result: Any) -> None:
         try:
-            self._cells.post(result)
+            started, _ = self._cells.post(result)
             if self._cells.running():
                 return      # an inner cell's end: the outer cell's end brings the refresh
             self._generation += 1
+            count = getattr(result, "execution_count", None)
+            self._last_cell = None if started is None else {
+                "start": started, "end": time.time(),
+                "execution_count": count if type(count) is int else None}
             if not self._views:
                 return
             loop, cell_task = _running_loop_and_task(self.shell)
             if loop is None:
-                self.refresh_now()
+                self._cancel()
+                drive_now(self._refresh_steps(self._generation))
                 return
             self.stats["deferred"] += 1
             self._cell_task = cell_task
@@ -275,6 +285,8 @@ class Session:
                         next(steps)
                     except StopIteration as done:
                         built[device] = done.value.to_json()
+                        if self._last_cell is not None:
+                            built[device]["cell"] = dict(self._last_cell)
                         break
                     yield
                     if generation != self._generation:
