@@ -217,7 +217,7 @@ class Sharing:
                 if len(places) == 1:
                     dev, fw = next(iter(places))
                     per = out.setdefault(dev, {})
-                    per[fw] = per.get(fw, 0) + total - (_bytes_of(found, again) if again else 0)
+                    per[fw] = per.get(fw, 0) + total - (self._sum(i, again) if again else 0)
                     continue
                 for key, (info, _, _) in found.items():
                     if key not in again:
@@ -233,8 +233,17 @@ class Sharing:
         if out is None:
             mine = self.shared_keys.get(i, set())
             common = mine if j is None else mine & self.shared_keys.get(j, set())
-            out = self._pairs[key] = _bytes_of(self.result.reach[i].storages, common)
+            out = self._pairs[key] = self._sum(i, common)
         return out
+
+    def _sum(self, i: int, keys: set) -> int:
+        """Bytes of root ``i``'s storages ``keys``; all it shares (a model and its
+        optimizer share every parameter) is summed once."""
+        mine = self.shared_keys.get(i)
+        if mine is not None and keys is not mine and len(keys) == len(mine) \
+                and keys <= mine:
+            return self.shared_bytes(i)
+        return _bytes_of(self.result.reach[i].storages, keys)
 
     def owners(self, key: tuple) -> list[int]:
         """Indices of the roots that reach a shared storage."""
