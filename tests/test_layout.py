@@ -217,3 +217,111 @@ def test_the_public_functions_stay_functions_whatever_is_imported():
         print(sorted(n for n in names if type(importlib.import_module(n)) is not types.ModuleType))
     """ % sorted(MODULES))
     assert out.splitlines() == ["True", "[]"]
+
+
+# -- frameworks: named only by their backends ------------------------------------------------
+#: the frameworks' top-level modules: only backends/ may import them or look them up
+FRAMEWORKS = ("torch", "tensorflow", "keras", "jax", "jaxlib", "cupy")
+
+
+def _framework_module(name: object) -> bool:
+    """``torch``, ``torch.cuda``, ``cupy.cuda.runtime``: a framework's module by its name."""
+    if type(name) is not str or name.split(".")[0] not in FRAMEWORKS:
+        return False
+    return all(part.isidentifier() for part in name.split("."))
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def framework_mentions(modules=None) -> list[str]:
+    """Where a module outside ``backends/`` names a framework's module: an import of it,
+    or its name as a string (``sys.modules.get("torch")``, ``"cupy" in sys.modules``,
+    ``import_module("jax")``, an import hook waiting for ``"torch"``: every lookup
+    style). Docstrings and comments may mention them."""
+    found = []
+    for module, (path, _) in sorted((modules or MODULES).items()):
+        if module.split(".")[1:2] == ["backends"]:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        docs = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module] if not node.level else []
+            elif isinstance(node, ast.Constant) and id(node) not in docs:
+                names = [node.value]
+            else:
+                continue
+            found += [f"{module}:{node.lineno} {name}" for name in names
+                      if _framework_module(name)]
+    return found
+
+
+def test_no_module_outside_the_backends_names_a_framework():
+    assert framework_mentions() == []
+
+
+def test_the_framework_check_sees_every_lookup_style(tmp_path):
+    """The check itself, on a module written to break it in each way (and a docstring and
+    a comment that may mention a framework)."""
+    path = tmp_path / "bad.py"
+    path.write_text(textwrap.dedent('''\
+        """Reads torch's allocator (a docstring may say so)."""
+        import sys
+        import cupy.cuda                      # an import
+        from jax import numpy                 # a from-import
+        t = sys.modules.get("torch")          # a lookup
+        ok = "tensorflow" in sys.modules      # a membership test
+        k = sys.modules["keras"]
+        note = "import torch first"           # prose is no module name
+        # torch in a comment
+    '''))
+    got = framework_mentions({f"{NAME}.core.bad": (path, False)})
+    assert [g.split(" ", 1)[1] for g in got] == ["cupy.cuda", "jax", "torch", "tensorflow",
+                                                 "keras"], got
+
+
+def test_a_backend_module_dropped_into_the_package_is_found(tmp_path):
+    """A new framework is one new file: a copy of the package with one backend module
+    added (and no other file changed) lists it in its registry, in its place by its
+    ``order``, and finding it imports no framework."""
+    import shutil
+
+    copy = tmp_path / NAME
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "backends" / "zzfw.py").write_text(textwrap.dedent('''\
+        """A framework no one has installed, in one file."""
+        from .base import Backend
+
+
+        class ZzBackend(Backend):
+            name = "zzfw"
+            module = "zzfw_runtime"
+            order = 35          # after TensorFlow's, before JAX's
+
+
+        BACKENDS = [ZzBackend()]
+    '''))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, types
+        from {NAME} import backends
+        print(backends.__file__)
+        print([b.name for b in backends.REGISTRY.backends])
+        print([m for m in sys.modules if m.split(".")[0] in {FRAMEWORKS!r}])
+        sys.modules["zzfw_runtime"] = types.ModuleType("zzfw_runtime")
+        print([b.name for b in backends.active_backends()])
+    """)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    where, names, frameworks, active = proc.stdout.strip().splitlines()
+    assert where.startswith(str(copy))
+    assert names == str(["torch", "keras", "tensorflow", "zzfw", "jax", "cupy"])
+    assert frameworks == "[]" and active == "['zzfw']"

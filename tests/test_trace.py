@@ -709,6 +709,50 @@ def test_trace_on_before_import_torch(tmp_path):
     assert "host recording" in got["status"]
 
 
+# -- the framework's side comes from its backend --------------------------------------------------
+def test_trace_follows_the_backend_that_gives_a_feed(tip, monkeypatch, tmp_path):
+    """Trace asks the backends for a feed and a host recorder: by default torch's; a
+    backend of another framework that gives a feed is followed the same way (its import
+    waited for, its feed recorded, no host recorder said so), with no torch in it."""
+    from jupyter_gpumem import backends as _backends
+    from jupyter_gpumem.backends.torch_trace import CudaFeed
+
+    run(tip, "import torch")
+    trace.start(tip, "cpu")
+    tr = trace.tracer()
+    assert tr.backend.name == "torch" and type(tr.feed) is CudaFeed
+    assert type(tr.host).__module__ == "jupyter_gpumem.backends.torch_trace"
+    trace.stop()
+
+    feed = FakeAllocator(state="absent")
+
+    class OtherBackend(_backends.Backend):
+        name, module = "otherfw", "otherfw_runtime"
+
+        def trace_feed(self):
+            return feed
+
+    other = OtherBackend()
+    monkeypatch.setattr(_backends.REGISTRY, "backends", [_backends.Backend(), other])
+    (tmp_path / "otherfw_runtime.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "otherfw_runtime", raising=False)
+    line = trace.start(tip, "all")
+    tr = trace.tracer()
+    assert tr.backend is other and tr.feed is feed
+    assert "waiting for `import otherfw_runtime`" in line, line
+    feed._state = "ready"
+    run(tip, "import otherfw_runtime")
+    assert feed.recording and tr.cuda == "on"
+    assert "host not available (otherfw has no host recorder)" in trace.status(), trace.status()
+    tip.user_ns["fake"] = feed
+    r = run(tip, "a = fake.alloc(4096)")
+    site = trace.site_of(("cuda:0", tip.user_ns["a"]))
+    assert site.cell == r.execution_count and site.source == "a = fake.alloc(4096)"
+    trace.stop()
+    assert not feed.recording
+
+
 def test_name_rows_say_where_each_storage_was_allocated(ip):
     """``%gpumem NAME`` while trace is on: each row names its cell and line."""
     from conftest import run

@@ -2,21 +2,49 @@
 
 PyTorch, TensorFlow (and Keras 3 through the variables it tracks), JAX and
 CuPy. Importing this package imports none of those frameworks.
+
+The registry finds the backends itself: every module of this package that lists
+backends in a module-level ``BACKENDS`` (``pytorch.py``: ``BACKENDS =
+[TorchBackend()]``) adds them, placed by their ``order`` (then by module name), so
+a new framework is one new file. Helper modules (``nvml.py``, ``torch_peaks.py``,
+...) list none. Finding them imports only this package's own modules, and those
+import no framework: they read ``sys.modules``.
 """
 from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Iterable
 
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, Registry,
                    StorageInfo)
 from . import cuda_context as _cuda_context
-from .cupy import CupyBackend
-from .jax import JaxBackend
-from .pytorch import TorchBackend
-from .tensorflow import KerasBackend, TensorFlowBackend
 
-# in report order; Keras sits before the framework its variables live in
+
+def discover(path: Iterable[str] | None = None,
+             package: str = __name__) -> list[tuple[str, Backend]]:
+    """``(module name, backend)`` for each backend that a module of the package lists in
+    its ``BACKENDS``, modules in name order (``path``: the package's folders, its
+    ``__path__`` unless given). Subpackages and modules whose name starts with ``_`` are
+    left out."""
+    found: list[tuple[str, Backend]] = []
+    for info in sorted(pkgutil.iter_modules(list(__path__ if path is None else path)),
+                       key=lambda m: m.name):
+        if info.ispkg or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package}.{info.name}")
+        for backend in getattr(module, "BACKENDS", None) or ():
+            if not isinstance(backend, Backend):
+                raise TypeError(f"{package}.{info.name}.BACKENDS holds {backend!r}, "
+                                f"not a Backend")
+            found.append((info.name, backend))
+    return found
+
+
+# in report order (each backend's ``order``); Keras sits before the framework its
+# variables live in. Made before the modules are found: some read it (tame.py).
 REGISTRY = Registry()
-REGISTRY.backends += [TorchBackend(), KerasBackend(REGISTRY.active), TensorFlowBackend(),
-                      JaxBackend(), CupyBackend()]
+REGISTRY.add(discover())
 
 
 def active_backends() -> list[Backend]:
@@ -73,5 +101,5 @@ def purge_estimate(device_ids, freed: dict, reached_keys, backends=None) -> dict
 
 __all__ = [
     "AcceleratorInfo", "Backend", "FrameworkUsage", "Internal", "PurgeEstimate", "StorageInfo",
-    "REGISTRY", "active_backends", "internals", "purge_estimate",
+    "REGISTRY", "active_backends", "discover", "internals", "purge_estimate",
 ]

@@ -337,6 +337,51 @@ class Backend:
         """Whether ``exc`` (its message ``text``) is this framework's out-of-memory error."""
         return False
 
+    # -- the allocation trace (``%gpumem trace``, :mod:`jupyter_gpumem.core.trace`) --------
+    def trace_feed(self) -> Any | None:
+        """The allocation history of this framework's device allocator, as ``%gpumem
+        trace`` reads it, or ``None`` where it keeps none. Asked once when trace starts,
+        whether the framework is imported yet or not (the feed's ``state()`` says so).
+        Trace follows the first backend, in report order, that gives a feed; what a feed
+        answers: :class:`jupyter_gpumem.core.trace.Tracer` (the torch one:
+        :class:`jupyter_gpumem.backends.torch_trace.CudaFeed`)."""
+        return None
+
+    def host_recorder(self, cells: Any, max_entries: int, stop_code: Any = None) -> Any | None:
+        """A recorder of where this framework's host (CPU) storages are allocated, for the
+        backend trace follows, or ``None``. Asked only while :meth:`is_active`. ``cells``
+        names notebook cells by code file; ``stop_code``: the code object where a stack
+        walk stops (IPython's ``run_code``). What a recorder answers:
+        :class:`jupyter_gpumem.backends.torch_trace.HostRecorder`."""
+        return None
+
+    # -- exports and the cluster -------------------------------------------------------------
+    def summary_writer(self, logdir: str) -> Any | None:
+        """A TensorBoard ``SummaryWriter`` (``add_scalar``, ``close``) this framework brings,
+        writing to ``logdir``; ``None`` where it brings none; ImportError where it would but
+        what it needs is not installed. Asked only while :meth:`is_active`."""
+        return None
+
+    def tensorboard_may_import(self) -> bool:
+        """Whether TensorBoard may import this framework (it is imported already and
+        TensorBoard would use it). While no active backend says so, TensorBoard is kept to
+        its stub that imports no framework. Asked only while :meth:`is_active`."""
+        return False
+
+    def pointer_device(self, ptr: int) -> str | None:
+        """The device (``cuda:1``) of a raw CUDA pointer, where this framework can ask the
+        driver; ``None`` where it cannot. Asked only while :meth:`is_active`."""
+        return None
+
+    # -- the registry ----------------------------------------------------------------------------
+    #: where this backend stands in the registry, so in reports: lower first, ties by the
+    #: name of the module that defines it
+    order: int = 100
+
+    def joined(self, registry: "Registry") -> None:
+        """The registry has taken this backend in (one that reads the other backends keeps
+        ``registry.active``)."""
+
 
 def oom_by_name(exc: BaseException) -> bool:
     """The ``OutOfMemoryError`` class of torch and CuPy, known by its name."""
@@ -351,3 +396,40 @@ class Registry:
 
     def active(self) -> list[Backend]:
         return [b for b in self.backends if b.is_active()]
+
+    def add(self, found: "Iterable[tuple[str, Backend]]") -> None:
+        """Take in ``(module name, backend)`` pairs, placed by :attr:`Backend.order`, then by
+        module name, then in the order each module lists them."""
+        ranked = sorted(((b.order, module, i), b) for i, (module, b) in enumerate(found))
+        for _, backend in ranked:
+            self.backends.append(backend)
+            backend.joined(self)
+
+
+def _fmt_us(seconds: float) -> str:
+    us = seconds * 1e6
+    return f"{us:.2f} µs" if us < 10 else f"{us:.1f} µs" if us < 1000 else f"{us / 1000:.1f} ms"
+
+
+@dataclass
+class TraceCost:
+    """What an allocation trace's recording costs, measured on a fixed micro-workload with
+    and without it (what a trace feed's and a host recorder's ``measure`` return)."""
+
+    what: str            # "CUDA allocation" or "torch call on the host"
+    without: float       # seconds per operation
+    with_: float
+    calls: int
+
+    @property
+    def extra(self) -> float:
+        return max(self.with_ - self.without, 0.0)
+
+    @property
+    def ratio(self) -> float:
+        return self.with_ / self.without if self.without > 0 else float("nan")
+
+    @property
+    def text(self) -> str:
+        return (f"+{_fmt_us(self.extra)} per {self.what} ({_fmt_us(self.without)} -> "
+                f"{_fmt_us(self.with_)}, {self.ratio:.2f}x, measured on {self.calls} calls)")

@@ -41,6 +41,7 @@ class CupyBackend(Backend):
 
     name = "cupy"
     module = "cupy"
+    order = 50
 
     cupy = Backend.lib
 
@@ -225,6 +226,13 @@ class CupyBackend(Backend):
     def is_oom(self, exc: BaseException, text: str) -> bool:
         return oom_by_name(exc)
 
+    def pointer_device(self, ptr: int) -> str | None:
+        """The device the CUDA driver places ``ptr`` on (``cudaPointerGetAttributes``)."""
+        try:
+            return f"cuda:{int(self.cupy.cuda.runtime.pointerGetAttributes(ptr).device)}"
+        except Exception:
+            return None
+
     def release(self) -> list[str]:
         """Free the unused blocks of CuPy's device pools, pinned pool and FFT plans."""
 
@@ -254,3 +262,6 @@ class CupyBackend(Backend):
             except Exception:
                 pass
         return notes
+
+
+BACKENDS = [CupyBackend()]

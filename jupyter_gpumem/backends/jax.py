@@ -45,6 +45,7 @@ class JaxBackend(Backend):
 
     name = "jax"
     module = "jax"
+    order = 40
 
     jax = Backend.lib
 
@@ -276,3 +277,6 @@ def _size(arr: Any) -> int:
         return int(arr.on_device_size_in_bytes())
     except Exception:
         return int(getattr(arr, "nbytes", 0) or 0)
+
+
+BACKENDS = [JaxBackend()]

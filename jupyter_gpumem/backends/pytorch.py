@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 from . import torch_allocator as _alloc
 from . import torch_peaks as _peaks
+from . import torch_trace as _trace
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo,
                    PeakCounter, PeakLedgerView, instance_dict, oom_by_name)
 
@@ -146,6 +147,7 @@ class TorchBackend(Backend):
 
     name = "torch"
     module = "torch"
+    order = 10
 
     def __init__(self) -> None:
         self._saved_attrs: dict[type, tuple[str, ...]] = {}
@@ -748,6 +750,17 @@ class TorchBackend(Backend):
     def is_oom(self, exc: BaseException, text: str) -> bool:
         return oom_by_name(exc)
 
+    def trace_feed(self) -> _trace.CudaFeed:
+        return _trace.CudaFeed()
+
+    def host_recorder(self, cells: Any, max_entries: int, stop_code: Any = None):
+        return _trace.HostRecorder(cells, max_entries, stop_code) if self.is_active() else None
+
+    def summary_writer(self, logdir: str) -> Any:
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(log_dir=logdir)
+
     def hint(self, name: str, obj: Any, nbytes: int) -> str | None:
         torch = self.torch
         tp = type(obj)   # never obj.__class__: a mock's spec would pass for a tensor
@@ -770,3 +783,6 @@ class TorchBackend(Backend):
             return (f"`{name}` is a view that pins its whole base storage: "
                     f"keep `{name}.clone()` instead")
         return None
+
+
+BACKENDS = [TorchBackend()]

@@ -124,6 +124,7 @@ class TensorFlowBackend(Backend):
 
     name = "tensorflow"
     module = "tensorflow"
+    order = 30
 
     def __init__(self) -> None:
         self._types: tuple | None = None
@@ -357,6 +358,11 @@ class TensorFlowBackend(Backend):
     def is_oom(self, exc: BaseException, text: str) -> bool:
         return "RESOURCE_EXHAUSTED" in text    # XLA's status when an allocation fails
 
+    def tensorboard_may_import(self) -> bool:
+        """TensorBoard imports TensorFlow when it is installed (and TensorFlow takes the
+        GPU): only once the user has imported it may TensorBoard use it."""
+        return True
+
     def release(self) -> list[str]:
         """TensorFlow's allocator cannot give memory back; say so per GPU."""
         gpus = self._gpu_info([f"cuda:{ordinal}" for ordinal in self.gpu_ordinals()])
@@ -428,10 +434,14 @@ class KerasBackend(Backend):
 
     name = "keras"
     module = "keras"
+    order = 20     # before the framework its variables live in
 
     def __init__(self, others: Callable[[], list[Backend]] = list) -> None:
         self._types: dict[str, tuple] = {}
         self._others = others   # the active backends: a variable's value is one of theirs
+
+    def joined(self, registry: Any) -> None:
+        self._others = registry.active
 
     def _lookup(self, what: str) -> tuple:
         found = self._types.get(what)
@@ -520,3 +530,6 @@ def _instance_dict(obj: Any) -> dict:
     except AttributeError:
         return {}
     return d if isinstance(d, dict) else {}
+
+
+BACKENDS = [KerasBackend(), TensorFlowBackend()]

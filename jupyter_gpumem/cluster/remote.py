@@ -61,14 +61,16 @@ def _dlpack_device(obj: Any) -> str | None:
 
 
 def _pointer_device(ptr: int) -> str:
-    """The CUDA device of a pointer, where CuPy is already imported to ask; else
-    ``cuda:0`` when the worker sees one device (one worker per GPU), else ``cuda``."""
-    cupy = sys.modules.get("cupy")
-    if cupy is not None:
+    """The CUDA device of a pointer, where an active backend can ask the driver (CuPy's,
+    once imported); else ``cuda:0`` when the worker sees one device (one worker per
+    GPU), else ``cuda``."""
+    for backend in active_backends():
         try:
-            return f"cuda:{int(cupy.cuda.runtime.pointerGetAttributes(ptr).device)}"
+            dev = backend.pointer_device(ptr)
         except Exception:
-            pass
+            dev = None
+        if dev:
+            return dev
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     if visible and "," not in visible:
         return "cuda:0"

@@ -4,22 +4,29 @@ While trace is on, allocations are recorded with their Python stacks through the
 framework's own mechanism, and each frame is mapped to the notebook cell that ran
 it, so a storage reads ``cell [12] line 3: out = model(x)``.
 
-* **CUDA (torch)**: ``torch.cuda.memory._record_memory_history(enabled="all",
-  context="alloc", stacks="python" or "all", max_entries=N)``, read back with
-  ``torch.cuda.memory._snapshot()`` (segments and blocks with the frames of their
-  allocation, and the history of allocator events per device). Recording starts
-  only where torch is imported and CUDA is initialised: with torch not imported
-  yet, an import hook waits for it; with CUDA not initialised yet,
-  ``torch.cuda._lazy_call`` starts the recording inside torch's own lazy init, before
-  the first allocation. No framework is imported and no CUDA context is created here.
-* **Host (CPU tensors)**: torch has no allocator history for the CPU, so a
-  ``torch.overrides.TorchFunctionMode`` on the shell's thread notes, for each
-  storage that a torch function or method returns for the first time, the cell
-  frames of the Python stack that called it. It keys them by storage pointer with a
-  weak reference to the storage itself (the C++ ``StorageImpl``: a storage kept by a
-  view outlives its tensor, and a pointer reused by a new storage is told apart).
-  Only while trace is on; storages torch allocates without returning them to Python
-  (autograd's gradients, saved tensors) are not seen.
+The framework's side comes from its backend (:class:`~jupyter_gpumem.backends.Backend`):
+trace follows the first backend, in report order, whose ``trace_feed()`` gives a feed
+(today PyTorch's: :mod:`jupyter_gpumem.backends.torch_trace`). This module speaks only
+of feeds, recorders, cells, frames and sites:
+
+* **a feed** (the device allocator's history): what :class:`Tracer` asks of it is
+  ``state()`` (``absent``: the framework is not imported; ``unavailable``: no device;
+  ``lazy``: not initialised yet; ``ready``), ``on_init(fn)`` (run ``fn`` inside the
+  framework's lazy init, before its first allocation; returns how to take it back),
+  ``enable(stacks=, context=, max_entries=, clear=)``, ``disable()``, ``snapshot()``
+  (segments and blocks with the frames of their allocation, and the history of
+  allocator events per device, in the format of ``torch.cuda.memory._snapshot()``),
+  ``devices()``, ``key()`` (what changes whenever any device's blocks do),
+  ``allocations()`` (a running count) and ``measure(enable)`` (a :class:`Cost`).
+  Recording starts only where the framework is imported and its device initialised:
+  with it not imported yet, an import hook waits for it; with the device not
+  initialised yet, ``on_init`` starts the recording before the first allocation. No
+  framework is imported and no CUDA context is created here.
+* **a host recorder** (``Backend.host_recorder``, for frameworks with no allocator
+  history on the CPU): ``push()``/``pop()`` on the shell's thread, ``record(ptr)`` and
+  ``live()`` (records with ``nbytes`` and the frames ``inner``, ``cin``, ``cout``),
+  ``by_cell`` (cell -> (filename, line) -> bytes), ``events``, ``sweep()``, ``clear()``,
+  ``measure()``. Storages it does not see (torch's autograd gradients) have no site.
 
 Frames are mapped to cells through IPython's compiler: ``shell.compile._filename_map``
 (``<ipython-input-8-…>`` in IPython, ``/tmp/ipykernel_*/….py`` in ipykernel) and
@@ -45,27 +52,22 @@ import sys
 import threading
 import time
 from bisect import bisect_right
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
+from ..backends import REGISTRY, Backend
+from ..backends.base import TraceCost as Cost
 from .monitor import hook_cells, unhook_cells
 from .scan_types import LIB_DIRS
 from .render import fmt_bytes as _fmt_bytes
 
-#: allocator events torch keeps (a ring buffer); each costs host memory while kept
+#: allocator events the framework keeps (a ring buffer); each costs host memory while kept
 DEFAULT_MAX_ENTRIES = 100_000
 STACKS = ("python", "all")
 CONTEXTS = ("alloc", "all")
 BEFORE_TEXT = "allocated before trace was on"
 _INPUT_RE = re.compile(r"^<ipython-input-(\d+)-[0-9a-fA-F]+>$")
 _IN_RE = re.compile(r"^In\s*\[(\d+)\]$")
-_HERE = os.path.abspath(__file__)
-
-
-def _fmt_us(seconds: float) -> str:
-    us = seconds * 1e6
-    return f"{us:.2f} µs" if us < 10 else f"{us:.1f} µs" if us < 1000 else f"{us / 1000:.1f} ms"
 
 
 # -- cells ---------------------------------------------------------------------------
@@ -259,29 +261,6 @@ class CellLines(list):
                 "peaks": {d: p._asdict() for d, p in self.peaks.items()}, "note": self.note}
 
 
-@dataclass
-class Cost:
-    """What recording costs, measured on a fixed micro-workload with and without it."""
-
-    what: str            # "CUDA allocation" or "torch call on the host"
-    without: float       # seconds per operation
-    with_: float
-    calls: int
-
-    @property
-    def extra(self) -> float:
-        return max(self.with_ - self.without, 0.0)
-
-    @property
-    def ratio(self) -> float:
-        return self.with_ / self.without if self.without > 0 else float("nan")
-
-    @property
-    def text(self) -> str:
-        return (f"+{_fmt_us(self.extra)} per {self.what} ({_fmt_us(self.without)} -> "
-                f"{_fmt_us(self.with_)}, {self.ratio:.2f}x, measured on {self.calls} calls)")
-
-
 # -- frames -> sites -------------------------------------------------------------------------
 def _frame_tuple(f: Any) -> tuple | None:
     if isinstance(f, dict):
@@ -354,127 +333,9 @@ class _Resolver:
         return Site(None, inner[1], CellNames.source(inner[0], inner[1]), inner[0], inner[2])
 
 
-# -- the CUDA allocator's history ------------------------------------------------------------------
-class CudaFeed:
-    """torch's CUDA caching allocator: what :class:`Tracer` asks of it. A test (or an
-    allocator of another framework shaped like torch's) gives its own."""
-
-    name = "torch"
-
-    def torch(self):
-        return sys.modules.get("torch")
-
-    def state(self) -> str:
-        """``absent`` (torch not imported), ``unavailable`` (no CUDA), ``lazy`` (CUDA not
-        initialised yet) or ``ready``."""
-        torch = self.torch()
-        if torch is None or getattr(torch, "cuda", None) is None:
-            return "absent"
-        try:
-            if not torch.cuda.is_available():
-                return "unavailable"
-            return "ready" if torch.cuda.is_initialized() else "lazy"
-        except Exception:  # noqa: BLE001
-            return "unavailable"
-
-    def on_init(self, fn: Callable[[], None]) -> Callable[[], None] | None:
-        """Run ``fn`` inside torch's lazy CUDA init (before its first allocation); return
-        how to take it back."""
-        torch = self.torch()
-        torch.cuda._lazy_call(fn)
-        queued = getattr(torch.cuda, "_queued_calls", None)
-
-        def cancel():
-            if isinstance(queued, list):
-                for i, item in enumerate(list(queued)):
-                    if (item[0] if isinstance(item, tuple) else item) is fn:
-                        try:
-                            queued.pop(i)
-                        except IndexError:
-                            pass
-                        break
-        return cancel
-
-    def enable(self, *, stacks: str, context: str, max_entries: int, clear: bool = False) -> None:
-        record = self.torch().cuda.memory._record_memory_history
-        kwargs = dict(enabled="all", context=context, stacks=stacks, max_entries=max_entries)
-        if clear:
-            try:
-                record(**kwargs, clear_history=True)
-                return
-            except TypeError:
-                pass
-        record(**kwargs)
-
-    def disable(self) -> None:
-        self.torch().cuda.memory._record_memory_history(enabled=None)
-
-    def snapshot(self) -> dict:
-        return self.torch().cuda.memory._snapshot()
-
-    def devices(self) -> list[int]:
-        try:
-            return list(range(self.torch().cuda.device_count()))
-        except Exception:  # noqa: BLE001
-            return []
-
-    def _stats(self, index: int) -> dict:
-        return self.torch()._C._cuda_memoryStats(index)
-
-    def key(self) -> tuple | None:
-        """What changes whenever any device's blocks do (counts of allocations and frees
-        of blocks and segments)."""
-        out = []
-        try:
-            for i in self.devices():
-                s = self._stats(i)
-                a, g = s.get("allocation", {}).get("all", {}), s.get("segment", {}).get("all", {})
-                out.append((a.get("allocated"), a.get("freed"), g.get("allocated"), g.get("freed")))
-        except Exception:  # noqa: BLE001
-            return None
-        return tuple(out)
-
-    def allocations(self) -> int | None:
-        """Allocations made so far on every device (the allocator's counter)."""
-        try:
-            return sum(int(self._stats(i)["allocation"]["all"]["allocated"]) for i in self.devices())
-        except Exception:  # noqa: BLE001
-            return None
-
-    def measure(self, enable: Callable[[], None], calls: int = 1000) -> Cost:
-        """Time ``calls`` allocations (each freed at once) of 512 bytes on the current
-        device without recording, then ``enable()`` and with it. They reuse one cached
-        block; the events they add are cleared by the caller."""
-        torch = self.torch()
-        empty, uint8 = torch.empty, torch.uint8
-        dev = torch.device("cuda", torch.cuda.current_device())
-
-        def deep(n: int):
-            # each allocation 8 fresh Python calls deep, as inside a model's forward (torch
-            # gathers every frame of the stack for each allocation)
-            return deep(n - 1) if n else empty(512, dtype=uint8, device=dev)
-
-        without = _seconds_per_call(deep, calls)
-        enable()
-        with_ = _seconds_per_call(deep, calls)
-        return Cost("CUDA allocation", without, with_, calls)
-
-
+# -- a feed's snapshot, indexed ---------------------------------------------------------------
+#: the events of a feed's history (``free_completed`` follows each ``free_requested``)
 _ALLOC, _FREE = "alloc", "free_requested"
-_DEPTH = 8
-
-
-def _seconds_per_call(deep: Callable[[int], Any], calls: int) -> float:
-    """Seconds one ``deep(_DEPTH)`` takes: the best of three rounds of ``calls``, after one
-    round to warm up."""
-    def round_() -> float:
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            deep(_DEPTH)
-        return (time.perf_counter() - t0) / calls
-
-    round_()
-    return min(round_() for _ in range(3))
 
 
 class _Block(NamedTuple):
@@ -558,224 +419,7 @@ class _SnapshotIndex:
                 self.devices[dev] = _DeviceIndex(dev, by_dev.get(dev, []), trace)
 
 
-# -- the host: a TorchFunctionMode -----------------------------------------------------------------
-class _HostRecord:
-    __slots__ = ("weak", "nbytes", "inner", "cin", "cout", "time")
-
-    def __init__(self, weak, nbytes, inner, cin, cout, t):
-        self.weak, self.nbytes, self.inner, self.cin, self.cout, self.time = weak, nbytes, inner, cin, cout, t
-
-
-_MODE_CLASS: list = []
-
-
-def _mode_class(torch):
-    """The TorchFunctionMode subclass, made once torch is there (never imported here)."""
-    if _MODE_CLASS:
-        return _MODE_CLASS[0]
-    from torch.overrides import TorchFunctionMode
-
-    class _TraceMode(TorchFunctionMode):
-        """Notes the Python stack of each storage a torch function returns first."""
-
-        def __init__(self, recorder: "HostRecorder") -> None:
-            super().__init__()
-            self._recorder = recorder
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if kwargs is None:
-                kwargs = {}
-            out = func(*args, **kwargs)
-            try:
-                self._recorder.note(func, args, kwargs, out)
-            except Exception:  # noqa: BLE001 - recording never fails the user's call
-                self._recorder.errors += 1
-            return out
-
-    _MODE_CLASS.append(_TraceMode)
-    return _TraceMode
-
-
-class HostRecorder:
-    """Allocation sites of host (CPU) storages, from what torch functions return."""
-
-    def __init__(self, cells: CellNames, max_entries: int = DEFAULT_MAX_ENTRIES,
-                 stop_code: Any = None) -> None:
-        torch = sys.modules["torch"]
-        self.torch = torch
-        self.cells = cells
-        self.records: dict[int, _HostRecord] = {}
-        self.by_cell: dict[int, dict[tuple, int]] = {}   # cell -> (filename, line) -> bytes
-        self.events: deque = deque(maxlen=max(int(max_entries), 1))
-        self.errors = 0
-        self._tensor, self._param = torch.Tensor, torch.nn.Parameter
-        self._strided = torch.strided
-        base = torch._C.StorageBase
-        self._expired, self._free_weak = base._expired, base._free_weak_ref
-        self._stop_code = stop_code
-        self._sweep_at = 4096
-        self.mode = _mode_class(torch)(self)
-
-    # -- the mode on the shell's thread ------------------------------------------------
-    def push(self) -> None:
-        if self.on_stack():
-            return
-        self.torch._C._push_on_torch_function_stack(self.mode)
-
-    def on_stack(self) -> bool:
-        C = self.torch._C
-        try:
-            return any(C._get_function_stack_at(i) is self.mode
-                       for i in range(C._len_torch_function_stack()))
-        except Exception:  # noqa: BLE001
-            return False
-
-    def pop(self) -> None:
-        """Take the mode off this thread's stack, wherever it is in it (modes the user
-        pushed above it stay, in their order)."""
-        C = self.torch._C
-        above = []
-        try:
-            while C._len_torch_function_stack():
-                top = C._pop_torch_function_stack()
-                if top is self.mode:
-                    break
-                above.append(top)
-        finally:
-            for m in reversed(above):
-                C._push_on_torch_function_stack(m)
-
-    # -- recording -------------------------------------------------------------------
-    def note(self, func, args, kwargs, out) -> None:
-        tp = type(out)
-        if tp is self._tensor or tp is self._param:
-            self._one(func, args, kwargs, out)
-        elif tp is tuple or tp is list:
-            for o in out:
-                if type(o) is self._tensor:
-                    self._one(func, args, kwargs, o)
-
-    def _one(self, func, args, kwargs, t) -> None:
-        if not t.is_cpu or t.layout is not self._strided or t._is_view():
-            return
-        ptr = t.data_ptr()
-        if not ptr:
-            return
-        rec = self.records.get(ptr)
-        if rec is not None and not self._expired(rec.weak):
-            return
-        if getattr(func, "__name__", "") == "__get__":
-            return   # a property (x.grad, x.data): it allocates nothing
-        for a in args:
-            if type(a) is self._tensor and a.data_ptr() == ptr:
-                return   # in place, or an alias of an input (detach, out=)
-        for a in kwargs.values():
-            if type(a) is self._tensor and a.data_ptr() == ptr:
-                return
-        storage = t.untyped_storage()
-        sptr = storage.data_ptr()
-        if sptr != ptr:
-            rec = self.records.get(sptr)
-            if rec is not None and not self._expired(rec.weak):
-                return
-        nbytes = storage.nbytes()
-        inner, cin, cout = self._capture(sys._getframe(3))
-        if rec is not None:
-            self._free_weak(rec.weak)
-        now = time.time()
-        self.records[sptr] = _HostRecord(storage._weak_ref(), nbytes, inner, cin, cout, now)
-        self.events.append((_ALLOC, sptr, nbytes, now, (inner, cin, cout)))
-        if cout is not None:
-            n = self.cells.number(cout[0])
-            if n is not None:
-                lines = self.by_cell.setdefault(n, {})
-                k = (cout[0], cout[1])
-                lines[k] = lines.get(k, 0) + nbytes
-        if len(self.records) >= self._sweep_at:
-            self.sweep()
-
-    def _capture(self, f) -> tuple:
-        """(innermost, innermost cell frame, outermost cell frame) as
-        (filename, line, name), walking up to IPython's ``run_code``."""
-        fmap = self.cells.filename_map()
-        stop = self._stop_code
-        inner = cin = cout = None
-        depth = 0
-        while f is not None and depth < 256:
-            code = f.f_code
-            if code is stop:
-                break
-            fn = code.co_filename
-            if fn in fmap or fn.startswith("<ipython-input-"):
-                fr = (fn, f.f_lineno, code.co_name)
-                if cin is None:
-                    cin = fr
-                cout = fr
-                if inner is None:
-                    inner = fr
-            elif inner is None and fn != _HERE and not fn.endswith(("torch/overrides.py",
-                                                                     "torch/utils/_device.py")):
-                inner = (fn, f.f_lineno, code.co_name)
-            f = f.f_back
-            depth += 1
-        return inner, cin, cout
-
-    def sweep(self) -> None:
-        """Drop the records of storages that are gone (amortised: when the table has
-        doubled since the last sweep)."""
-        now = time.time()
-        dead = [p for p, r in self.records.items() if self._expired(r.weak)]
-        for p in dead:
-            r = self.records.pop(p)
-            self._free_weak(r.weak)
-            self.events.append((_FREE, p, r.nbytes, now, None))
-        self._sweep_at = max(4096, 2 * len(self.records))
-
-    def live(self) -> dict[int, _HostRecord]:
-        return {p: r for p, r in self.records.items() if not self._expired(r.weak)}
-
-    def clear(self) -> None:
-        for r in self.records.values():
-            try:
-                self._free_weak(r.weak)
-            except Exception:  # noqa: BLE001
-                pass
-        self.records.clear()
-        self.events.clear()
-        self.by_cell.clear()
-
-    # -- reading -----------------------------------------------------------------------
-    def site(self, ptr: int) -> Site | None:
-        r = self.records.get(ptr)
-        if r is None or self._expired(r.weak):
-            return None
-        return self.site_of_record(r)
-
-    def site_of_record(self, r: _HostRecord) -> Site | None:
-        frames = [fr for fr in (r.inner, r.cin, r.cout) if fr is not None]
-        return _Resolver(self.cells).site(frames) if frames else None
-
-    def measure(self, calls: int = 1000) -> Cost:
-        """Time ``calls`` small CPU additions without the mode and with a scratch one
-        (that records into a table of its own, dropped afterwards)."""
-        torch = self.torch
-        scratch = HostRecorder(self.cells, 16, self._stop_code)
-        a = torch.ones(16)
-
-        def deep(n: int):
-            return deep(n - 1) if n else a + a
-
-        without = _seconds_per_call(deep, calls)
-        scratch.push()
-        try:
-            with_ = _seconds_per_call(deep, calls)
-        finally:
-            scratch.pop()
-            scratch.clear()
-        return Cost("torch call on the host", without, with_, calls)
-
-
-# -- an import hook that waits for torch -----------------------------------------------------------
+# -- an import hook that waits for the framework----------------------------------------------------------
 class _AfterImport:
     """A ``sys.meta_path`` finder that calls ``callback(module)`` once ``name`` has been
     imported (its module executed), then takes itself out. It finds nothing itself."""
@@ -857,8 +501,34 @@ def _run_code_of(shell: Any) -> Any:
     return getattr(fn, "__code__", None)
 
 
+class _NoFeed:
+    """The feed where no backend gives one: no device history to record."""
+
+    name = ""
+
+    def state(self) -> str:
+        return "unavailable"
+
+    def key(self) -> None:
+        return None
+
+    def allocations(self) -> None:
+        return None
+
+
+def _trace_source() -> tuple[Backend | None, Any]:
+    """The backend trace follows (the first, in report order, with a feed) and its feed."""
+    for backend in REGISTRY.backends:
+        feed = backend.trace_feed()
+        if feed is not None:
+            return backend, feed
+    return None, None
+
+
 class Tracer:
-    """One per process (torch's recording is process-wide)."""
+    """One per process (the framework's recording is process-wide). ``backend``: the
+    framework it follows (see the module docstring); ``feed``: its device allocator's
+    history (or a test's, given to :func:`start`); ``host``: its host recorder."""
 
     def __init__(self, shell: Any, device: str = "auto", *, stacks: str = "python",
                  context: str = "alloc", max_entries: int = DEFAULT_MAX_ENTRIES,
@@ -872,14 +542,17 @@ class Tracer:
         self.shell = shell
         self.device = device
         self.stacks, self.context, self.max_entries = stacks, context, int(max_entries)
-        self.feed = feed if feed is not None else CudaFeed()
+        self.backend, own = _trace_source()
+        self.feed = feed if feed is not None else own if own is not None else _NoFeed()
+        self.module = self.backend.module if self.backend is not None else ""
+        self.framework = self.backend.name if self.backend is not None else "its framework"
         self.cells = CellNames(shell)
         self.want_cuda = device in ("auto", "all") or device.startswith("cuda")
-        self.want_host = device in ("cpu", "all")   # auto: decided once torch is there
+        self.want_host = device in ("cpu", "all")   # auto: decided once the framework is there
         self.auto = device == "auto"
         self.do_measure = measure
         self.cuda = "off"          # off | waiting-import | waiting-init | on | unavailable
-        self.host: HostRecorder | None = None
+        self.host: Any = None      # the backend's host recorder
         self.host_state = "off"    # off | waiting-import | waiting-thread | on
         self.cuda_cost: Cost | None = None
         self.host_cost: Cost | None = None
@@ -901,19 +574,22 @@ class Tracer:
     def start(self) -> str:
         self.active = True
         self._register_events()
-        torch_there = self.feed.state() != "absent" or "torch" in sys.modules
-        if not torch_there and (self.want_cuda or self.want_host):
-            self._hook = _AfterImport("torch", self._torch_imported)
+        there = self.feed.state() != "absent" or self._framework_there()
+        if not there and self.module and (self.want_cuda or self.want_host):
+            self._hook = _AfterImport(self.module, self._framework_imported)
             self._hook.install()
             if self.want_cuda:
                 self.cuda = "waiting-import"
             if self.want_host or self.auto:
                 self.host_state = "waiting-import"
         else:
-            self._torch_imported(None)
+            self._framework_imported(None)
         return self.status()
 
-    def _torch_imported(self, _module) -> None:
+    def _framework_there(self) -> bool:
+        return self.backend is not None and self.backend.is_active()
+
+    def _framework_imported(self, _module) -> None:
         if not self.active:
             return
         state = self.feed.state()
@@ -926,15 +602,15 @@ class Tracer:
             else:
                 self.cuda = "unavailable"
         if self.auto:
-            self.want_host = self.cuda == "unavailable" and "torch" in sys.modules
-        if self.want_host and "torch" in sys.modules:
+            self.want_host = self.cuda == "unavailable" and self._framework_there()
+        if self.want_host and self._framework_there():
             self._start_host()
         elif self.host_state == "waiting-import":
             self.host_state = "off"
 
     def _on_cuda_init(self) -> None:
-        """Inside torch's lazy CUDA init: start recording before the first allocation.
-        Never raises (torch would fail the user's first CUDA call)."""
+        """Inside the framework's lazy CUDA init: start recording before the first
+        allocation. Never raises (the framework would fail the user's first CUDA call)."""
         try:
             if self.active and self.cuda == "waiting-init":
                 self._enable_cuda()
@@ -978,7 +654,11 @@ class Tracer:
 
     def _start_host(self) -> None:
         if self.host is None:
-            self.host = HostRecorder(self.cells, self.max_entries, _run_code_of(self.shell))
+            self.host = self.backend.host_recorder(self.cells, self.max_entries,
+                                                   _run_code_of(self.shell))
+            if self.host is None:
+                self.host_state = "unavailable"
+                return
         if self.do_measure and self.host_cost is None:
             try:
                 self.host_cost = self.host.measure()
@@ -1164,6 +844,13 @@ class Tracer:
             return None, key
         return None, None
 
+    def _host_site(self, r: Any) -> Site | None:
+        """The site of a host recorder's record (``None``: no record, or no frame)."""
+        if r is None:
+            return None
+        frames = [fr for fr in (r.inner, r.cin, r.cout) if fr is not None]
+        return _Resolver(self.cells).site(frames) if frames else None
+
     def site_of(self, key: Any, nbytes: int | None = None) -> Site | None:
         return self.sites_of([key]).get(key)
 
@@ -1176,7 +863,7 @@ class Tracer:
             if ptr is None:
                 continue
             if dev in (None, "cpu") and self.host is not None:
-                site = self.host.site(ptr)
+                site = self._host_site(self.host.record(ptr))
                 if site is not None:
                     out[key] = site
                     continue
@@ -1229,7 +916,7 @@ class Tracer:
             if self.host is not None:
                 for ptr, r in self.host.live().items():
                     if ptr not in reached:
-                        site = self.host.site_of_record(r) or Site(None, None, how="unknown")
+                        site = self._host_site(r) or Site(None, None, how="unknown")
                         add(site, r.nbytes, labels.get(ptr))
             return sorted(groups.values(), key=lambda g: (-g.nbytes, g.site.text))
         if not device.startswith("cuda:") or not device[5:].isdigit():
@@ -1385,8 +1072,8 @@ class Tracer:
 
     # -- words --------------------------------------------------------------------------
     def _cuda_words(self) -> str:
-        return {"off": "off", "waiting-import": "waiting for `import torch`",
-                "waiting-init": "waiting for torch to initialise CUDA",
+        return {"off": "off", "waiting-import": f"waiting for `import {self.module}`",
+                "waiting-init": f"waiting for {self.framework} to initialise CUDA",
                 "on": "recording", "unavailable": "not available (no CUDA device)"}[self.cuda]
 
     def since_text(self) -> str | None:
@@ -1409,8 +1096,8 @@ class Tracer:
             return "trace is off"
         parts = []
         if self.auto and self.cuda == "waiting-import":
-            parts.append("waiting for `import torch` (then CUDA's allocator where torch sees a "
-                         "GPU, else the host)")
+            parts.append(f"waiting for `import {self.module}` (then CUDA's allocator where "
+                         f"{self.framework} sees a GPU, else the host)")
             if self.do_measure:
                 parts.append("its cost is measured when recording starts (`%gpumem trace`)")
         elif self.want_cuda:
@@ -1424,9 +1111,11 @@ class Tracer:
                 parts.append("its cost is measured when recording starts (`%gpumem trace`)")
         if (self.host_state != "off" or self.want_host) and not (
                 self.auto and self.cuda == "waiting-import"):
-            words = {"on": "recording torch calls' results", "waiting-import":
-                     "waiting for `import torch`", "waiting-thread": "starts with the next cell",
-                     "off": "off"}.get(self.host_state, self.host_state)
+            words = {"on": f"recording {self.framework} calls' results", "waiting-import":
+                     f"waiting for `import {self.module}`", "waiting-thread":
+                     "starts with the next cell", "off": "off", "unavailable":
+                     f"not available ({self.framework} has no host recorder)"
+                     }.get(self.host_state, self.host_state)
             parts.append(f"host {words}")
             if self.host_cost is not None:
                 parts.append("cost " + self.host_cost.text)
@@ -1480,10 +1169,10 @@ _LOCK = threading.Lock()
 def start(shell: Any, device: str = "auto", *, stacks: str = "python", context: str = "alloc",
           max_entries: int = DEFAULT_MAX_ENTRIES, feed: Any = None, measure: bool = True) -> str:
     """Turn trace on for ``shell`` (see the module docstring); returns one status line
-    with the measured cost. ``device``: ``auto`` (CUDA where torch sees a GPU, else the
-    host), ``all`` (both), ``cpu`` (the host) or ``cuda``/``cuda:N`` (torch records every
-    GPU; queries read the one asked). ``feed``: the allocator to ask instead of torch's
-    CUDA one (tests)."""
+    with the measured cost. ``device``: ``auto`` (CUDA where the framework sees a GPU, else
+    the host), ``all`` (both), ``cpu`` (the host) or ``cuda``/``cuda:N`` (the framework
+    records every GPU; queries read the one asked). ``feed``: the allocator to ask instead
+    of the backend's own (tests)."""
     global _TRACER
     with _LOCK:
         if _TRACER is not None:
@@ -1500,8 +1189,8 @@ def start(shell: Any, device: str = "auto", *, stacks: str = "python", context: 
 
 
 def stop() -> str:
-    """Turn trace off: torch's recording stops (its history goes), the host mode leaves
-    the stack, the hooks go."""
+    """Turn trace off: the framework's recording stops (its history goes), the host
+    recorder leaves the stack, the hooks go."""
     global _TRACER
     with _LOCK:
         tracer, _TRACER = _TRACER, None

@@ -8,6 +8,7 @@ import os
 import sys
 import types
 
+from ..backends import active_backends
 from ..core.render import fmt_bytes
 from .result import changes_short, device_short, fmt_seconds
 
@@ -53,28 +54,33 @@ def save(records, path: str) -> int:
     return len(records)
 
 
-def _keep_tensorflow_out() -> None:
+def _keep_frameworks_out(backends) -> None:
     """TensorBoard imports TensorFlow when it is installed, and TensorFlow takes the GPU.
 
-    Unless the user has imported TensorFlow already, mark TensorBoard as
-    TF-free (its own ``tensorboard.compat.notf`` switch), so it uses its stub.
+    Unless an active backend says TensorBoard may import its framework (TensorFlow,
+    once the user has imported it), mark TensorBoard as TF-free (its own
+    ``tensorboard.compat.notf`` switch), so it uses its stub.
     """
-    if "tensorflow" in sys.modules or "tensorboard.compat.notf" in sys.modules:
+    if "tensorboard.compat.notf" in sys.modules or any(b.tensorboard_may_import()
+                                                        for b in backends):
         return
     sys.modules["tensorboard.compat.notf"] = types.ModuleType("tensorboard.compat.notf")
 
 
 def summary_writer(logdir: str):
-    """TensorBoard's ``SummaryWriter`` (PyTorch's or tensorboardX's), or ImportError."""
-    _keep_tensorflow_out()
+    """TensorBoard's ``SummaryWriter``: the first an active backend brings (PyTorch's),
+    else tensorboardX's; or ImportError."""
+    backends = active_backends()
+    _keep_frameworks_out(backends)
     errors = []
-    if "torch" in sys.modules:
+    for backend in backends:
         try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            return SummaryWriter(log_dir=logdir)
+            writer = backend.summary_writer(logdir)
         except ImportError as exc:
             errors.append(str(exc))
+            continue
+        if writer is not None:
+            return writer
     try:
         from tensorboardX import SummaryWriter  # type: ignore
 
