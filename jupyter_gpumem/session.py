@@ -20,6 +20,11 @@ stays free (at once, without a loop), and the whole part is bounded by
 ``scan_time_limit``: a slow or lost worker gives a partial part, never a longer
 wait.
 
+The session owns the shell's one sampling thread too (:attr:`Session.sampler`, a
+:class:`~jupyter_gpumem.core.monitor.SharedSampler`): the watch, the panel and the
+sidebar's channels subscribe to it, each at its own interval, and the thread runs
+only while one of them is subscribed.
+
 Nothing here imports a widget, a framework or Dask; it holds no user object beyond
 the last snapshot's JSON (bytes, names and paths).
 """
@@ -34,6 +39,7 @@ from typing import Any, Callable, Protocol
 
 from .core.snapshot import build, build_steps
 from .core import monitor as _monitor
+from .core.devices import read_devices
 from .core.monitor import CellEvents
 from . import cluster
 from .settings import GpuMemSettings
@@ -47,6 +53,10 @@ IDLE_GRACE = 0.02
 STEP_PAUSE = 0.001
 #: share of ``scan_time_limit`` the walk of the names for cluster keys may take
 CLUSTER_WALK_SHARE = 0.3
+#: the name of the session's sampling thread
+SAMPLER_NAME = "jupyter_gpumem-sampler"
+#: seconds closing the session waits for its sampling thread
+SAMPLER_JOIN_TIMEOUT = 5.0
 #: the least the cluster is given to answer (seconds)
 CLUSTER_MIN_WAIT = 0.05
 #: keys held by no name that a snapshot's cluster part lists (the rest are counted)
@@ -116,6 +126,9 @@ class Session:
         self.watch: Any = None
         self.panel: Any = None
         self.comm_hub: Any = None
+        #: the shell's one sampling thread: the watch, the panel and the comm hub subscribe
+        #: to it (``sampler.subscribe``); it starts with the first and ends with the last
+        self.sampler = _monitor.SharedSampler(read=read_devices, name=SAMPLER_NAME)
         #: (pre, post) of the views and the footer: called from the session's own hooks,
         #: the shell's only pre/post_run_cell callbacks of the extension (trace aside)
         self._cell_hooks: list[tuple[Callable, Callable]] = []
@@ -359,9 +372,10 @@ class Session:
                     pass
 
     def close(self) -> None:
-        """Unhook the cell events and drop a pending refresh."""
+        """Unhook the cell events, drop a pending refresh and end the sampling thread."""
         self._cancel()
         self._views.clear()
+        self.sampler.close(SAMPLER_JOIN_TIMEOUT)
         if self._cluster_pool is not None:
             # a question under way ends within the time limit: wait for it, no longer
             self._cluster_pool.shutdown(wait=False, cancel_futures=True)

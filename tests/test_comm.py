@@ -249,7 +249,7 @@ def test_devices_are_sent_from_a_thread_while_a_cell_runs(shell):
     shell.run_cell("import time; time.sleep(1.5)")
     during = [(d, t) for kind, d, t in c.sent if d.get("type") == "devices"]
     assert len(during) >= 4
-    assert {t for _, t in during} == {"jupyter_gpumem-devices"}
+    assert {t for _, t in during} == {"jupyter_gpumem-sampler"}   # the session's
     first = during[0][0]
     assert [d["id"] for d in first["devices"]] == ["cpu"]
     assert first["devices"][0]["total"] > 0
@@ -320,6 +320,6 @@ def test_unload_is_quick_and_leaves_no_thread(shell):
     start = time.perf_counter()
     gpucomm.unregister_comm(shell)
     assert time.perf_counter() - start < 1.0
-    assert not any(t.name == "jupyter_gpumem-devices" for t in threading.enumerate())
+    assert not any(t.name == "jupyter_gpumem-sampler" for t in threading.enumerate())
     assert hub.thread is None or not hub.thread.is_alive()
     gpucomm.register_comm(shell)

@@ -31,6 +31,12 @@ needs_rss = pytest.mark.skipif(not RssCounter.available(),
                                reason="no resettable peak RSS (/proc/self/clear_refs) here")
 
 
+def _sampling_threads() -> list[str]:
+    """Names of the sampling threads alive: a session's, or a script watch's own."""
+    return [t.name for t in threading.enumerate()
+            if t.name in ("jupyter_gpumem-sampler", "jupyter_gpumem-watch") and t.is_alive()]
+
+
 def _magics(shell):
     return shell.magics_manager.registry["GpuMemMagics"]
 
@@ -195,7 +201,7 @@ def test_footer_line_after_every_cell(wip, capsys):
     assert [r.source for r in records] == ["watch on"] * 3
     assert records[0].change("model").after == 10_000_000
     run(wip, "%gpumem watch off")
-    assert not any(t.name == "jupyter_gpumem-watch" for t in threading.enumerate())
+    assert not _sampling_threads()
     capsys.readouterr()
     run(wip, "z = torch.ones(10)")
     assert capsys.readouterr().out == ""
@@ -472,7 +478,7 @@ def test_unload_removes_hooks_threads_and_patches(ip):
     run(ip, "%unload_ext jupyter_gpumem")
     names = [getattr(cb, "__qualname__", "") for cbs in ip.events.callbacks.values() for cb in cbs]
     assert not any(n.startswith("_Footer") for n in names)
-    assert not any(t.name == "jupyter_gpumem-watch" for t in threading.enumerate())
+    assert not _sampling_threads()
     assert not getattr(resource.getrusage, "__jupyter_gpumem__", False)
     assert not _PATCHES.installed() and LEDGER.open_count() == 0
     assert not any(getattr(t, "__jupyter_gpumem__", False) for t in ip.input_transformers_cleanup)
@@ -483,9 +489,9 @@ def test_the_sampler_runs_only_while_watched_code_runs(wip):
     run(wip, "import time, threading")
     run(wip, "%%gpuwatch -o r --device cpu --interval 0.01\n"
              "alive = [t.name for t in threading.enumerate()]\ntime.sleep(0.1)")
-    assert "jupyter_gpumem-watch" in wip.user_ns["alive"]
+    assert "jupyter_gpumem-sampler" in wip.user_ns["alive"]      # the shell's session's
     assert wip.user_ns["r"].device("cpu").samples >= 5
-    assert not any(t.name == "jupyter_gpumem-watch" for t in threading.enumerate())
+    assert not _sampling_threads()
     assert len(watch_mod.series_for(wip)) >= 5
 
 

@@ -32,7 +32,7 @@ MB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
 BAD_INTERVALS = ("inf", "-inf", "nan", "1e-9", "7200", "1e400")
 
-from test_watch import _magics, wip  # noqa: E402,F401 - the shared shell, watch state fresh
+from test_watch import _magics, _sampling_threads, wip  # noqa: E402,F401 - the shared shell
 
 
 
@@ -110,15 +110,15 @@ def test_the_python_api_rejects_intervals_out_of_range():
 
 
 def test_a_sampler_thread_never_dies_with_a_traceback(thread_tracebacks):
+    sampler = monitor.SharedSampler(read=lambda selection: [], name="jupyter_gpumem-test")
     calls = []
-    s = monitor.Sampler(lambda: calls.append(1), 0.01, name="jupyter_gpumem-test")
-    s.start()
+    s = sampler.subscribe(lambda: calls.append(1), 0.01, name="test")
     time.sleep(0.05)
-    s.interval = float("inf")        # Event.wait(inf) raises OverflowError
+    s.interval = float("inf")        # Event.wait(inf) raises OverflowError: it is bounded
     time.sleep(0.1)
-    assert s.is_alive() and s.failure is None
+    assert s.is_alive() and s.failure is None and s.interval == monitor.MAX_INTERVAL
     s.stop()
-    assert not s.is_alive() and calls
+    assert not s.is_alive() and calls and sampler.thread is None
 
     class Fatal(BaseException):
         pass
@@ -127,11 +127,13 @@ def test_a_sampler_thread_never_dies_with_a_traceback(thread_tracebacks):
         raise Fatal("gone")
 
     failures = []
-    s = monitor.Sampler(boom, 0.01, name="jupyter_gpumem-test", on_failure=failures.append)
-    s.start()
+    s = sampler.subscribe(boom, 0.05, name="test", on_failure=failures.append)
+    thread = sampler.thread
     s.join(2)
     assert not s.is_alive() and s.stopped
     assert s.failure == "Fatal: gone" and failures == ["Fatal: gone"]
+    thread.join(2)
+    assert not thread.is_alive() and sampler.thread is None    # it was the last subscriber
     assert thread_tracebacks == []
 
 
@@ -140,7 +142,7 @@ def test_a_sampler_that_stops_is_said_in_the_report_not_in_a_traceback(wip, monk
     class Fatal(BaseException):
         pass
 
-    def tick():
+    def tick(lane):
         raise Fatal("no more readings")
 
     monkeypatch.setattr(watch_mod.HUB, "_tick", tick)
@@ -273,7 +275,7 @@ def test_unpaired_cells_outside_any_cell_do_not_stop_the_footer(wip, capsys):
     assert "new: after" in capsys.readouterr().out
     run(wip, "%gpumem watch off")
     assert LEDGER.open_count() == 0
-    assert not any(t.name == "jupyter_gpumem-watch" for t in threading.enumerate())
+    assert not _sampling_threads()
 
 
 # -- 4. the footer on a line of its own ----------------------------------------------------------

@@ -1,13 +1,16 @@
 """Comm target ``jupyter_gpumem``: the kernel side of the JupyterLab sidebar.
 
 The sidebar opens a comm on this target (see docs/PROTOCOL.md). The kernel
-answers ``hello``, then sends ``devices`` about once a second from a
-background thread that reads device counters only and never touches the
-user's namespace, and a ``snapshot`` after each cell (the shell's
-:class:`~jupyter_gpumem.session.Session` builds it on the main thread, after the
-cell's reply, with the user's settings, and every open view shows the same one). Requests from the sidebar are checked
-field by field before anything runs; a malformed one gets an ``error`` reply
-and changes nothing. No text from the frontend is ever executed.
+answers ``hello``, then sends ``devices`` about once a second from the shell's
+sampling thread (the hub subscribes to its session's
+:class:`~jupyter_gpumem.core.monitor.SharedSampler` while a channel is open),
+which reads device counters only and never touches the user's namespace, and
+a ``snapshot`` after each cell (the shell's
+:class:`~jupyter_gpumem.session.Session` builds it on the main thread, after
+the cell's reply, with the user's settings, and every open view shows the same
+one). Requests from the sidebar are checked field by field before anything
+runs; a malformed one gets an ``error`` reply and changes nothing. No text
+from the frontend is ever executed.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from typing import Any, Callable
 from ..api import __version__
 from ..core import devices as _devices
 from ..core import purge as _purge
-from ..core.monitor import Sampler
+from ..core.monitor import Subscription
 from ..session import close_session, open_session, session_of
 from ..units import one_line
 
@@ -227,7 +230,7 @@ class _Hub:
         self._channels: list[_Channel] = []
         self._lock = threading.Lock()
         self._stopped = threading.Event()
-        self._sampler: Sampler | None = None
+        self._sampler: Subscription | None = None   # to the session's sampling thread
         self._last_thread_error: str | None = None
 
     # -- set up and tear down (main thread) -------------------------------
@@ -262,8 +265,9 @@ class _Hub:
             sampler.stop(JOIN_TIMEOUT)
 
     @property
-    def thread(self) -> threading.Thread | None:
-        """The sampling thread while one runs (for tests and unload)."""
+    def thread(self) -> Subscription | None:
+        """The hub's subscription to the session's sampling thread while a channel is open
+        (``is_alive()``, ``join()`` as a thread's; for tests and unload)."""
         return self._sampler
 
     @property
@@ -290,32 +294,43 @@ class _Hub:
             return
         channel.send({"type": "hello", "version": __version__, "device": channel.device})
         with self._lock:
-            if self._sampler is None and not self._stopped.is_set():
-                self._sampler = Sampler(self._tick, self.interval, name="jupyter_gpumem-devices")
-                self._sampler.start()
+            if ((self._sampler is None or self._sampler.stopped)
+                    and not self._stopped.is_set() and self._channels):
+                self._sampler = self.session.sampler.subscribe(self._tick, self.interval,
+                                                               name="devices")
 
     def forget(self, channel: _Channel) -> None:
+        """A channel is gone; the last one gone, the hub's sampling stops."""
         channel.closed = True
         self.session.remove_view(channel)
+        sampler = None
         with self._lock:
             if channel in self._channels:
                 self._channels.remove(channel)
+            if not self._channels:
+                sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            sampler.stop(JOIN_TIMEOUT)
 
     # -- sampling thread: counters only, never the namespace ---------------
     def _tick(self) -> None:
-        """One reading per device the open channels show; the last channel gone, the
-        sampler stops."""
+        """One reading per device the open channels show (shared with the thread's other
+        subscribers that read the same devices in the same tick); no channel left, the
+        hub's sampling stops."""
+        sampler = None
         with self._lock:
             channels = list(self._channels)
             if not channels:
                 sampler, self._sampler = self._sampler, None
-                if sampler is not None:
-                    sampler.stop()
-                return
+        if not channels:
+            if sampler is not None:
+                sampler.stop()
+            return
+        read = self.session.sampler.read
         readings: dict[str, Any] = {}
         for channel in channels:
             if channel.device not in readings:
-                readings[channel.device] = self._read(_devices.read_devices, channel.device)
+                readings[channel.device] = self._read(read, channel.device)
             devices = readings[channel.device]
             if devices is not None:
                 channel.send({"type": "devices", "time": time.time(), "devices": devices})

@@ -1,7 +1,8 @@
 """``%gpumem panel``: a live panel of standard ipywidgets in the output area.
 
-Device bars and a timeline move about once a second from a background
-thread (a :class:`~jupyter_gpumem.monitor.Sampler`) that only reads device
+Device bars and a timeline move about once a second from the shell's
+sampling thread (the panel subscribes to its session's
+:class:`~jupyter_gpumem.core.monitor.SharedSampler`), which only reads device
 counters and sets widget values. The holders table is rebuilt on the main
 thread after each cell (IPython's ``post_run_cell`` event), the only place
 the user's namespace is read. Everything shown is drawn from the JSON of
@@ -21,7 +22,7 @@ from typing import Any
 from ..core import devices as _devices
 from ..core import purge as _purge
 from ..core import snapshot as _snapshot
-from ..core.monitor import CellEvents, Sampler, Series, device_point
+from ..core.monitor import CellEvents, SharedSampler, Subscription, Series, device_point
 from ..session import hook_cells, session_of, unhook_cells
 from ..watch.scope import history_for
 from ..units import one_line
@@ -108,7 +109,9 @@ class Panel:
         self.series = Series(maxlen=self._series_len())
         self.snapshot: dict | None = None
         self.closed = False
-        self.sampler: Sampler | None = None
+        #: its subscription to the session's sampling thread while the panel runs
+        self.sampler: Subscription | None = None
+        self._own_sampler: SharedSampler | None = None   # without a session only
         self.refreshes = 0
         #: what the panel itself costs: device readings and their CPU seconds (in
         #: its thread), holders scans and their wall seconds (on the main thread)
@@ -227,10 +230,19 @@ class Panel:
         self.refresh()
         self._start_sampler()
 
+    def _source(self) -> SharedSampler:
+        """The sampling thread the panel subscribes to: its session's (shared with the
+        watch and the sidebar), else one of its own."""
+        if self.session is not None:
+            return self.session.sampler
+        if self._own_sampler is None:
+            self._own_sampler = SharedSampler(read=_devices.read_devices,
+                                              name="jupyter_gpumem-panel")
+        return self._own_sampler
+
     def _start_sampler(self) -> None:
-        self.sampler = Sampler(self._tick, self.interval, name="jupyter_gpumem-panel",
-                               on_failure=self._sampler_failed)
-        self.sampler.start()
+        self.sampler = self._source().subscribe(self._tick, self.interval, name="panel",
+                                                on_failure=self._sampler_failed)
 
     def _sampler_failed(self, failure: str) -> None:
         """In the thread as it ends: say so in the panel (never in the cell's output)."""
@@ -244,10 +256,11 @@ class Panel:
             self.window = float(window)
         if interval is not None and interval != self.interval:
             self.interval = float(interval)
-            if self.sampler is not None:
-                self.sampler.stop()
-            self._start_sampler()
-        elif self.sampler is None or self.sampler.failure is not None:
+            if self.sampler is not None and not self.sampler.stopped:
+                self.sampler.interval = self.interval
+            else:
+                self._start_sampler()
+        elif self.sampler is None or self.sampler.stopped:
             self._start_sampler()
             self._say("device readings started again")
         if window is not None or interval is not None:
@@ -268,6 +281,8 @@ class Panel:
             self.closed = True
         if self.sampler is not None:
             self.sampler.stop()
+        if self._own_sampler is not None:
+            self._own_sampler.close()
         if self.session is not None:
             self.session.remove_view(self)
         unhook_cells(self.shell, self._pre_run_cell, self._post_run_cell)
@@ -281,18 +296,20 @@ class Panel:
 
     # -- background thread: device counters only -----------------------------------------
     def _tick(self) -> None:
+        """One reading of the bars (on the sampling thread: its reading is shared with the
+        thread's other subscribers that read the same devices in the same tick)."""
         if self.closed:
             return
         cpu0 = time.thread_time()
         try:
-            self._read_and_show(_devices.read_devices)
+            self._read_and_show(self._source().read)
         finally:
             self.stats["ticks"] += 1
             self.stats["tick_cpu_seconds"] += time.thread_time() - cpu0
 
     def _read_and_show(self, read_devices) -> None:
         try:
-            usages = _devices.read_devices(self.device)
+            usages = read_devices(self.device)
             t = time.time()
             self.series.append(t, device_point(usages))
             devices = [d.to_json() for d in usages]

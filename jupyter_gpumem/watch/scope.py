@@ -147,10 +147,13 @@ def series_for(shell_or_namespace: Any) -> _monitor.Series:
 class _Sampling:
     """What one open watch gathers from the sampler: max process usage per device."""
 
-    def __init__(self, device_ids: list[str], series: _monitor.Series, interval: float) -> None:
+    def __init__(self, device_ids: list[str], series: _monitor.Series, interval: float,
+                 sampler: _monitor.SharedSampler | None = None) -> None:
         self.devices = set(device_ids)
         self.series = series
         self.interval = interval
+        #: the sampling thread it subscribes to: its shell's session's, else the watch's own
+        self.sampler = sampler if sampler is not None else _OWN_SAMPLER
         self.max_process: dict[str, int] = {}
         self.samples: dict[str, int] = {}
         self.failure: str | None = None     # why the sampling thread stopped while this was open
@@ -165,36 +168,56 @@ class _Sampling:
                 self.max_process[dev] = value
 
 
-class _SamplerHub:
-    """One sampling thread for every open watch; it reads counters only.
+class _Lane:
+    """The open watches of one sampling thread and the hub's subscription to it."""
 
-    It runs while a watch is open; ``hold()`` (the ``watch on`` footer) keeps
-    it alive but paused between cells; without holders it stops. Should the
-    thread end on its own, the open watches say so in their reports
-    (``failure``) and the next watch starts a new thread.
+    __slots__ = ("sampler", "sub", "open")
+
+    def __init__(self, sampler: _monitor.SharedSampler) -> None:
+        self.sampler = sampler
+        self.sub: _monitor.Subscription | None = None
+        self.open: list[_Sampling] = []
+
+
+class _SamplerHub:
+    """Every open watch's sampling, through one subscription per sampling thread.
+
+    A watch in a shell with the extension loaded samples on the shell's
+    session's thread (:attr:`Session.sampler`, shared with the panel and the
+    sidebar); a script's watch on the watch's own (:data:`_OWN_SAMPLER`). The
+    subscription is called while a watch is open; ``hold()`` (the ``watch on``
+    footer) keeps it, paused, between cells; without holders it ends. Should
+    it end on its own, the open watches say so in their reports (``failure``)
+    and the next watch subscribes again. It reads counters only.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._open: list[_Sampling] = []
+        self._lanes: dict[_monitor.SharedSampler, _Lane] = {}
         self._holds = 0
-        self._sampler: _monitor.Sampler | None = None
-        #: why the last sampling thread ended on its own; None once a new one runs
+        #: why the last subscription ended on its own; None once a new one runs
         self.failure: str | None = None
 
     def add(self, sampling: _Sampling, usages: dict | None = None) -> None:
         """Open ``sampling``; its first sample is ``usages`` where the caller has just read
         the devices (a watch's start), else a reading now."""
+        sampler = sampling.sampler
         with self._lock:
-            self._open.append(sampling)
-            interval = min(s.interval for s in self._open)
-            if self._sampler is None or self._sampler.stopped:
-                self._sampler = _monitor.Sampler(self._tick, interval, name="jupyter_gpumem-watch",
-                                                 on_failure=self._failed)
+            lane = self._lanes.get(sampler)
+            if lane is None:
+                lane = self._lanes[sampler] = _Lane(sampler)
+            lane.open.append(sampling)
+            interval = sampling.interval if len(lane.open) == 1 else \
+                min(s.interval for s in lane.open)
+            sub = lane.sub
+            if sub is None or sub.stopped:
+                lane.sub = sampler.subscribe(lambda: self._tick(lane), interval, name="watch",
+                                             on_failure=lambda f: self._failed(lane, f))
                 self.failure = None
-                self._sampler.start()
-            self._sampler.interval = interval
-            self._sampler.resume()
+            else:
+                if sub.interval != interval:
+                    sub.interval = interval
+                sub.resume()
         self.sample([sampling], usages)
 
     def remove(self, sampling: _Sampling, usages: dict | None = None) -> None:
@@ -207,13 +230,20 @@ class _SamplerHub:
     def _drop(self, sampling: _Sampling) -> None:
         stop = None
         with self._lock:
-            if sampling in self._open:
-                self._open.remove(sampling)
-            if not self._open and self._sampler is not None:
-                if self._holds:
-                    self._sampler.pause()
-                else:
-                    stop, self._sampler = self._sampler, None
+            lane = self._lanes.get(sampling.sampler)
+            if lane is None:
+                return
+            if sampling in lane.open:
+                lane.open.remove(sampling)
+            if lane.open:
+                return
+            sub = lane.sub
+            if self._holds and sub is not None and not sub.stopped \
+                    and lane.sampler is not _OWN_SAMPLER:
+                sub.pause()     # the footer's next cell resumes it
+                return
+            del self._lanes[lane.sampler]
+            stop = sub
         if stop is not None:
             stop.stop()
 
@@ -222,33 +252,39 @@ class _SamplerHub:
             self._holds += 1
 
     def release(self) -> None:
-        stop = None
+        stops = []
         with self._lock:
             self._holds = max(self._holds - 1, 0)
-            if not self._holds and not self._open:
-                stop, self._sampler = self._sampler, None
-        if stop is not None:
-            stop.stop()
+            if not self._holds:
+                for sampler, lane in list(self._lanes.items()):
+                    if not lane.open:
+                        del self._lanes[sampler]
+                        stops.append(lane.sub)
+        for sub in stops:
+            if sub is not None:
+                sub.stop()
 
-    def _failed(self, failure: str) -> None:
-        """In the sampling thread as it ends: tell the open watches (never print)."""
+    def _failed(self, lane: _Lane, failure: str) -> None:
+        """In the sampling thread as the subscription ends: tell the open watches (never
+        print)."""
         with self._lock:
             self.failure = failure
-            for s in self._open:
+            for s in lane.open:
                 s.failure = failure
 
-    def _tick(self) -> None:
+    def _tick(self, lane: _Lane) -> None:
         with self._lock:
-            opens = list(self._open)
+            opens = list(lane.open)
         if opens:
-            self.sample(opens)
+            self.sample(opens, read=lane.sampler.read)
             LEDGER.tick()
 
     @staticmethod
-    def sample(opens: list[_Sampling], usages: dict | None = None) -> None:
+    def sample(opens: list[_Sampling], usages: dict | None = None,
+               read: Any = None) -> None:
         ids = sorted(set().union(*(s.devices for s in opens)))
         if usages is None or not set(ids) <= set(usages):
-            usages = _read_devices(ids)
+            usages = _read_devices(ids, read)
         else:
             usages = {d: usages[d] for d in ids}
         t = time.time()
@@ -264,11 +300,25 @@ class _SamplerHub:
 HUB = _SamplerHub()
 
 
-def _read_devices(ids: list[str]) -> dict[str, _devices.DeviceUsage]:
-    """Device figures for these ids (counters only; never creates a CUDA context)."""
+def _read_devices(ids: list[str], read: Any = None) -> dict[str, _devices.DeviceUsage]:
+    """Device figures for these ids (counters only; never creates a CUDA context);
+    ``read(selection)``, a sampler's shared reading, where given."""
     selection = "cpu" if list(ids) == ["cpu"] else "all"
     wanted = set(ids)
-    return {d.id: d for d in _devices.read_devices(selection, detail=False) if d.id in wanted}
+    usages = (read(selection) if read is not None
+              else _devices.read_devices(selection, detail=False))
+    return {d.id: d for d in usages if d.id in wanted}
+
+
+#: the sampling thread of watches outside a shell's session (a script's ``watch()``)
+_OWN_SAMPLER = _monitor.SharedSampler(read=_devices.read_devices, name="jupyter_gpumem-watch")
+
+
+def _sampler_of(shell: Any) -> _monitor.SharedSampler:
+    """The sampling thread a watch in ``shell`` subscribes to: its session's, else the
+    watch's own."""
+    session = session_of(shell) if shell is not None else None
+    return session.sampler if session is not None else _OWN_SAMPLER
 
 
 def _marks(usages: dict[str, _devices.DeviceUsage]) -> dict[str, int]:
@@ -432,7 +482,8 @@ class Watch:
         self._usages0 = usages
         self._scope: PeakScope = LEDGER.open(self._ids0)
         try:
-            self._sampling = _Sampling(self._ids0, self._state.series, self.interval)
+            self._sampling = _Sampling(self._ids0, self._state.series, self.interval,
+                                       _sampler_of(self.shell))
             HUB.add(self._sampling, usages)
         except BaseException:
             self.abandon()   # leave no open scope or sampling entry behind

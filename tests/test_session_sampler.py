@@ -1,0 +1,218 @@
+"""One sampling thread per shell: the watch footer, the live panel and the sidebar's
+comm channels subscribe to their session's sampler, each at its own interval.
+
+A real IPython shell with the extension loaded, real torch tensors on the CPU,
+real ipywidgets for the panel and the real ``comm`` package for the sidebar (its
+transport records the messages, as in tests/test_comm.py); real threads.
+"""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("ipywidgets")
+pytest.importorskip("comm")
+
+from conftest import run  # noqa: E402
+from test_comm import open_sidebar, send  # noqa: E402
+from test_watch import _sampling_threads  # noqa: E402
+
+from jupyter_gpumem.session import session_of  # noqa: E402
+from jupyter_gpumem.views import comm as gpucomm  # noqa: E402
+from jupyter_gpumem.views import panel as panel_mod  # noqa: E402
+from jupyter_gpumem.watch import scope as watch_mod  # noqa: E402
+
+WATCH, PANEL, SIDEBAR = 0.05, 0.2, 0.25     # seconds: each subscriber's own interval
+
+
+@pytest.fixture
+def thread_tracebacks(monkeypatch):
+    """Every exception that ended a thread (what threading prints into the cell's output)."""
+    seen: list = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_type))
+    return seen
+
+
+def _ours() -> list[str]:
+    """Every thread of the extension alive."""
+    return [t.name for t in threading.enumerate()
+            if t.name.startswith("jupyter_gpumem") and t.is_alive()]
+
+
+@pytest.fixture
+def three(ip, capsys):
+    """The shell with the watch footer on, the panel open and one sidebar open."""
+    run(ip, "import time, torch")
+    hub = gpucomm.hub_of(ip)
+    hub.interval = SIDEBAR
+    run(ip, f"%gpumem watch on --device cpu --interval {WATCH}")
+    run(ip, f"%gpumem panel --device cpu --interval {PANEL}")
+    sidebar = open_sidebar()
+    send(sidebar, {"type": "set_device", "device": "cpu"})
+    capsys.readouterr()
+    yield ip, panel_mod.current(ip), hub, sidebar
+    run(ip, "%gpumem watch off")
+    panel_mod.close(ip)
+    sidebar.handle_close({"content": {"comm_id": sidebar.comm_id, "data": {}}})
+    hub.interval = gpucomm.INTERVAL
+    watch_mod.history_for(ip).clear()
+    assert not _sampling_threads()
+
+
+def _devices_messages(sidebar, since: float, until: float) -> list[tuple[float, str]]:
+    return [(d["time"], t) for kind, d, t in sidebar.sent
+            if kind == "comm_msg" and d.get("type") == "devices" and since < d["time"] < until]
+
+
+def test_one_thread_serves_watch_panel_and_sidebar_each_at_its_interval(three):
+    ip, panel, hub, sidebar = three
+    session = session_of(ip)
+    run(ip, "import threading\nduring = [t.name for t in threading.enumerate()"
+            " if t.name.startswith('jupyter_gpumem')]")
+    assert ip.user_ns["during"] == ["jupyter_gpumem-sampler"]      # one, with all three open
+    assert _ours() == ["jupyter_gpumem-sampler"]                     # and between cells
+    assert {s.name for s in session.sampler.subscriptions} == {"watch", "panel", "devices"}
+
+    sidebar.clear()
+    start = time.time()
+    run(ip, "time.sleep(1.5)")
+    end = time.time()
+    assert _ours() == ["jupyter_gpumem-sampler"]
+
+    # the watch: its samples between the cell's start and end, about every 50 ms
+    record = watch_mod.history_for(ip)[-1]
+    assert record.source == "watch on" and 15 <= record.device("cpu").samples <= 45
+    assert record.device("cpu").process_peak_sampled > 0
+    # the panel: its bars about every 0.2 s, from the shared thread
+    times = [t for t, _ in panel.series.points() if start < t < end]
+    assert 5 <= len(times) <= 10, times
+    assert 0.1 <= statistics.median(b - a for a, b in zip(times, times[1:])) <= 0.3
+    # the sidebar: a devices message about every 0.25 s, from the same thread
+    sent = _devices_messages(sidebar, start, end)
+    assert 4 <= len(sent) <= 9, sent
+    assert {name for _, name in sent} == {"jupyter_gpumem-sampler"}
+    gaps = [b - a for (a, _), (b, _) in zip(sent, sent[1:])]
+    assert 0.15 <= statistics.median(gaps) <= 0.35
+
+    # all three closed, one by one: the thread stays while one is left, then goes
+    run(ip, "%gpumem watch off")
+    assert _ours() == ["jupyter_gpumem-sampler"]
+    run(ip, "%gpumem panel --close")
+    assert panel.closed and _ours() == ["jupyter_gpumem-sampler"]
+    thread = session.sampler.thread
+    sidebar.handle_close({"content": {"comm_id": sidebar.comm_id, "data": {}}})
+    assert not thread.is_alive() and session.sampler.thread is None
+    assert _ours() == [] and session.sampler.subscriptions == []
+    assert hub.thread is None
+
+
+def test_subscribers_due_together_share_one_reading(three):
+    ip, panel, hub, sidebar = three
+    stats = session_of(ip).sampler.stats
+    panel.configure(interval=0.25)          # the same interval as the sidebar's
+    reads, readings = stats["reads"], stats["readings"]
+    run(ip, "time.sleep(1.2)")
+    asked, made = stats["reads"] - reads, stats["readings"] - readings
+    # the watch, the panel and the sidebar all read "cpu": each tick the panel and the
+    # sidebar share, and those of the watch that fall on them, read the devices once
+    assert made < asked, (asked, made)
+    assert asked - made >= 3
+
+
+def test_a_failing_subscriber_leaves_the_others_their_readings(three, monkeypatch):
+    ip, panel, hub, sidebar = three
+    session = session_of(ip)
+
+    class Fatal(BaseException):
+        pass
+
+    def tick(self):
+        raise Fatal("no device")
+
+    monkeypatch.setattr(panel_mod.Panel, "_tick", tick)
+    run(ip, "%gpumem panel --close")
+    run(ip, "%gpumem panel --device cpu --interval 0.1")     # its first reading fails
+    panel = panel_mod.current(ip)
+    panel.sampler.join(2)
+    assert panel.sampler.failure == "Fatal: no device"
+    assert "device readings stopped: Fatal: no device" in panel.status.value
+    assert _ours() == ["jupyter_gpumem-sampler"]          # the thread goes on for the others
+
+    # one that raises an Exception on every tick goes on too, and so do the others
+    def broken(self, *args):
+        raise RuntimeError("comm broke")
+
+    monkeypatch.setattr(gpucomm._Hub, "_read", broken)
+    sidebar.clear()
+    run(ip, "time.sleep(0.8)")
+    record = watch_mod.history_for(ip)[-1]
+    assert record.device("cpu").samples >= 8 and not any("sampling stopped" in m
+                                                        for m in record.messages)
+    assert _devices_messages(sidebar, 0, float("inf")) == []
+    assert hub.thread.errors >= 2 and hub.thread.is_alive()
+
+    monkeypatch.undo()
+    sidebar.clear()
+    run(ip, "time.sleep(0.6)")
+    assert len(_devices_messages(sidebar, 0, float("inf"))) >= 1      # it reads again
+    run(ip, "%gpumem panel")                      # shown again: the panel subscribes again
+    assert panel.sampler.is_alive() and panel.sampler.failure is None
+    assert "device readings started again" in panel.status.value
+    count = panel.stats["ticks"]
+    time.sleep(0.5)
+    assert panel.stats["ticks"] > count
+    assert _ours() == ["jupyter_gpumem-sampler"]
+    assert {s.name for s in session.sampler.subscriptions} == {"watch", "panel", "devices"}
+
+
+def test_unload_leaves_no_thread(three):
+    ip, panel, hub, sidebar = three
+    session = session_of(ip)
+    thread = session.sampler.thread
+    run(ip, "%unload_ext jupyter_gpumem")
+    assert not thread.is_alive() and _ours() == []
+    assert panel.closed and session.sampler.closed
+    run(ip, "%load_ext jupyter_gpumem")
+
+
+def test_a_script_watch_without_a_shell_samples_on_a_thread_of_its_own():
+    namespace: dict = {}
+    with watch_mod.watch(namespace=namespace, device="cpu", interval=0.01, report=False) as w:
+        inside = [t.name for t in threading.enumerate() if t.name.startswith("jupyter_gpumem")]
+        time.sleep(0.2)
+    assert inside == ["jupyter_gpumem-watch"]
+    assert w.result.device("cpu").samples >= 8
+    assert not _sampling_threads()
+
+
+def test_a_sampling_thread_that_dies_tells_every_subscriber(thread_tracebacks):
+    from jupyter_gpumem.core import monitor
+
+    sampler = monitor.SharedSampler(read=lambda selection: [selection],
+                                    name="jupyter_gpumem-test")
+    failures: list[tuple[str, str]] = []
+    subs = [sampler.subscribe(lambda: None, 0.02, name=n,
+                              on_failure=lambda f, n=n: failures.append((n, f)))
+            for n in ("a", "b")]
+    thread = sampler.thread
+
+    class Fatal(BaseException):
+        pass
+
+    def dead(due, now):
+        raise Fatal("the loop broke")
+
+    sampler._tick = dead        # the loop itself fails, not a subscriber
+    thread.join(2)
+    assert not thread.is_alive() and sampler.thread is None
+    assert sorted(failures) == [("a", "Fatal: the loop broke"), ("b", "Fatal: the loop broke")]
+    assert all(s.stopped and not s.is_alive() for s in subs)
+    assert sampler.failure == "Fatal: the loop broke" and thread_tracebacks == []
+    again = sampler.subscribe(lambda: None, 0.02, name="c")   # a new thread for the next one
+    assert again.is_alive() and sampler.failure is None
+    sampler.close()
+    assert not again.is_alive() and sampler.thread is None
