@@ -811,3 +811,23 @@ def test_what_no_name_reaches_is_grouped_by_site_in_the_snapshot(ip):
     (first, *_) = sites["cpu"]
     assert "hidden_away = [torch.zeros(50_000)]" in first["text"], sites
     assert first["bytes"] == 200_000
+
+
+def test_trace_hears_of_cells_through_the_session_not_hooks_of_its_own(ip):
+    """One pair of cell hooks per shell: `%gpumem trace on` joins the session's."""
+    from jupyter_gpumem.session import session_of
+
+    events = ip.events.callbacks
+    before = (len(events["pre_run_cell"]), len(events["post_run_cell"]))
+    run(ip, "%gpumem trace on --device cpu")
+    try:
+        assert (len(events["pre_run_cell"]), len(events["post_run_cell"])) == before
+        session = session_of(ip)
+        tr = trace.tracer()
+        assert (tr._pre, tr._post) in session._cell_hooks
+        run(ip, "x = 1")
+        assert any(n == ip.execution_count - 1 for _, _, n in tr.intervals), "the cell was heard"
+    finally:
+        run(ip, "%gpumem trace off")
+    assert (trace.tracer() is None or not trace.is_on())
+    assert not any(h[0].__qualname__.startswith("Tracer.") for h in session_of(ip)._cell_hooks)

@@ -532,7 +532,8 @@ class Tracer:
 
     def __init__(self, shell: Any, device: str = "auto", *, stacks: str = "python",
                  context: str = "alloc", max_entries: int = DEFAULT_MAX_ENTRIES,
-                 feed: Any = None, measure: bool = True) -> None:
+                 feed: Any = None, measure: bool = True,
+                 cells: tuple[Callable, Callable] | None = None) -> None:
         if stacks not in STACKS:
             raise ValueError(f"stacks must be one of {', '.join(STACKS)} (got {stacks!r})")
         if context not in CONTEXTS:
@@ -540,6 +541,9 @@ class Tracer:
         if int(max_entries) < 1:
             raise ValueError("max_entries must be at least 1")
         self.shell = shell
+        #: how trace hears of cells: ``(hook, unhook)``, each ``f(shell, pre, post)``; the
+        #: extension passes its session's, so the shell has one pair of hooks (see session.py)
+        self._hooks = cells if cells is not None else (hook_cells, unhook_cells)
         self.device = device
         self.stacks, self.context, self.max_entries = stacks, context, int(max_entries)
         self.backend, own = _trace_source()
@@ -703,10 +707,10 @@ class Tracer:
     # -- cells --------------------------------------------------------------------------
     def _register_events(self) -> None:
         self._shell_thread = threading.get_ident()
-        hook_cells(self.shell, self._pre, self._post)
+        self._hooks[0](self.shell, self._pre, self._post)
 
     def _unregister_events(self) -> None:
-        unhook_cells(self.shell, self._pre, self._post)
+        self._hooks[1](self.shell, self._pre, self._post)
 
     def _pre(self, info=None) -> None:
         count = getattr(self.shell, "execution_count", None)
@@ -1167,19 +1171,21 @@ _LOCK = threading.Lock()
 
 
 def start(shell: Any, device: str = "auto", *, stacks: str = "python", context: str = "alloc",
-          max_entries: int = DEFAULT_MAX_ENTRIES, feed: Any = None, measure: bool = True) -> str:
+          max_entries: int = DEFAULT_MAX_ENTRIES, feed: Any = None, measure: bool = True,
+          cells: tuple[Callable, Callable] | None = None) -> str:
     """Turn trace on for ``shell`` (see the module docstring); returns one status line
     with the measured cost. ``device``: ``auto`` (CUDA where the framework sees a GPU, else
     the host), ``all`` (both), ``cpu`` (the host) or ``cuda``/``cuda:N`` (the framework
     records every GPU; queries read the one asked). ``feed``: the allocator to ask instead
-    of the backend's own (tests)."""
+    of the backend's own (tests). ``cells``: ``(hook, unhook)`` for the cell events,
+    IPython's own by default (the extension gives its session's)."""
     global _TRACER
     with _LOCK:
         if _TRACER is not None:
             _TRACER.stop()
             _TRACER = None
         tracer = Tracer(shell, device, stacks=stacks, context=context, max_entries=max_entries,
-                        feed=feed, measure=measure)
+                        feed=feed, measure=measure, cells=cells)
         _TRACER = tracer
     try:
         return tracer.start()
