@@ -130,7 +130,8 @@ class Session:
         #: to it (``sampler.subscribe``); it starts with the first and ends with the last
         self.sampler = _monitor.SharedSampler(read=read_devices, name=SAMPLER_NAME)
         #: (pre, post) of the views and the footer: called from the session's own hooks,
-        #: the shell's only pre/post_run_cell callbacks of the extension (trace aside)
+        #: the shell's only pre/post_run_cell callbacks of the extension (trace's too: the
+        #: magics give trace.start the session's hooks)
         self._cell_hooks: list[tuple[Callable, Callable]] = []
         self._views: list[View] = []
         self._cells = CellEvents(shell)

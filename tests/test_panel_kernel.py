@@ -181,4 +181,5 @@ def test_a_frontend_checks_a_name_and_purges_it_in_a_real_kernel(frontend):
     fe.execute("%gpumem panel --close")
     assert fe.views[0] in fe.closed
     names = fe.execute("import threading\nprint([t.name for t in threading.enumerate()])")
-    assert "jupyter_gpumem-panel" not in names
+    # nothing else subscribed to the session's sampling thread here: it ended with the panel
+    assert "jupyter_gpumem-panel" not in names and "jupyter_gpumem-sampler" not in names
