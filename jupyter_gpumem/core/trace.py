@@ -111,9 +111,6 @@ class CellNames:
         self._fallback[filename] = out
         return out
 
-    def is_cell(self, filename: str) -> bool:
-        return filename in self.filename_map() or self.number(filename) is not None
-
     @staticmethod
     def source(filename: str | None, line: int | None) -> str:
         if not filename or not line:

@@ -11,10 +11,6 @@ from ..session import session_of
 from .args import parser
 
 
-TRACE_USAGE = ("%gpumem trace [on|off] [--stacks python|all] [--max-entries N] [--device D] "
-               "[--save FILE]")
-
-
 def _parser():
     p = parser("%gpumem trace", "record where each block of memory was allocated", output=None)
     p.add_argument("state", nargs="?", choices=("on", "off", "status"), default="status")
