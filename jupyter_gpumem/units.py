@@ -1,5 +1,10 @@
-"""What people read: bytes in units, results as text or HTML. Imports nothing of the package."""
+"""What people read: bytes in units, results as text, HTML or JSON. Imports nothing of the
+package."""
 from __future__ import annotations
+
+from dataclasses import MISSING, field, fields
+from operator import attrgetter, methodcaller
+from types import FunctionType
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -44,3 +49,104 @@ class Report:
 
     def _repr_html_(self) -> str:
         return self._html()
+
+
+# -- JSON of a result --------------------------------------------------------------------------
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+_SCALAR_NAMES = frozenset(("str", "int", "float", "bool", "None"))
+
+
+def plain(value):
+    """``value`` as JSON-able data: lists and dicts copied, a result object as its
+    ``to_json()``, anything else as it is."""
+    if type(value) in _SCALARS:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [v if type(v) in _SCALARS else plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: v if type(v) in _SCALARS else plain(v) for k, v in value.items()}
+    to_json = getattr(value, "to_json", None)
+    return value if to_json is None else to_json()
+
+
+def round6(seconds: float) -> float:
+    """Seconds as the JSON gives them: to the microsecond."""
+    return round(seconds, 6)
+
+
+def json_field(default=MISSING, *, key: str | None = None, leave_out: bool = False,
+               convert=None, if_any: bool = False, **options):
+    """A dataclass ``field`` that says how :class:`JsonFields` writes it: under another
+    ``key``, not at all (``leave_out``), through ``convert`` (its value -> JSON-able), or
+    only when it holds something (``if_any``). ``options`` go to ``dataclasses.field``."""
+    metadata = {"json": (key, leave_out, convert, if_any)}
+    return field(default=default, metadata=metadata, **options)
+
+
+class JsonFields:
+    """``to_json()`` of a dataclass from its fields: ``{field: value}`` in field order,
+    each value as its annotation says (a number or text as it is, ``list[str]`` and
+    ``dict[str, int]`` copied, anything else through :func:`plain`) unless its
+    :func:`json_field` says otherwise.
+
+    A class declares only what differs, in ``JSON_AFTER``: ``key -> the key it follows``
+    (``None``: first), taken in turn. A key that is no field is a value of its own
+    (``schema``, a derived figure): the attribute of that name gives it (a property, a
+    class constant, or a method called without arguments), or, for ``key: (after,
+    attribute)``, the attribute named. A key that is a field is moved there. Subclasses
+    add to their bases' ``JSON_AFTER``."""
+
+    JSON_AFTER = {}
+
+    def to_json(self) -> dict:
+        out = {}
+        for key, get, convert, if_any in _PLANS.get(type(self)) or _json_plan(type(self)):
+            value = get(self)
+            if if_any and not value:
+                continue
+            out[key] = value if convert is None else convert(value)
+        return out
+
+
+_PLANS: dict[type, tuple] = {}
+
+
+def _by_annotation(annotation):
+    """How a field's value becomes JSON, from its annotation: ``None`` (as it is), ``list``
+    or ``dict`` (a copy) or :func:`plain`."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    text = text.replace(" ", "")
+    if set(text.split("|")) <= _SCALAR_NAMES:
+        return None
+    for kind, convert in (("list[", list), ("dict[str,", dict)):
+        if text.startswith(kind) and text.endswith("]"):
+            inner = text[len(kind):-1]
+            if set(inner.split("|")) <= _SCALAR_NAMES:
+                return convert
+    return plain
+
+
+def _json_plan(cls: type) -> tuple:
+    """``(key, getter, converter, if_any)`` per key of ``cls``'s JSON, in order (once a class)."""
+    steps = {}
+    for f in fields(cls):
+        key, leave_out, convert, if_any = f.metadata.get("json", (None, False, None, False))
+        if not leave_out:
+            steps[key or f.name] = (attrgetter(f.name), convert or _by_annotation(f.type), if_any)
+    after: dict = {}
+    for base in reversed(cls.__mro__):
+        after.update(base.__dict__.get("JSON_AFTER", {}))
+    for key, place in after.items():
+        if key in steps:
+            step = steps.pop(key)
+        else:
+            place, attribute = place if isinstance(place, tuple) else (place, key)
+            call = isinstance(getattr(cls, attribute, None), FunctionType)
+            step = (methodcaller(attribute) if call else attrgetter(attribute), plain, False)
+        if place is not None and place not in steps:
+            raise TypeError(f"{cls.__name__}.JSON_AFTER: {key!r} follows {place!r}, no key")
+        items = list(steps.items())
+        items.insert(0 if place is None else list(steps).index(place) + 1, (key, step))
+        steps = dict(items)
+    plan = _PLANS[cls] = tuple((key, *step) for key, step in steps.items())
+    return plan

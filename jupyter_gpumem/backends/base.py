@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NamedTuple
 
+from ..units import JsonFields, json_field
+
 
 class StorageInfo(NamedTuple):
     """One block of memory that tensors point into.
@@ -30,8 +32,9 @@ class StorageInfo(NamedTuple):
 
 
 @dataclass
-class FrameworkUsage:
-    """What one framework's allocator reports for one device, in bytes."""
+class FrameworkUsage(JsonFields):
+    """What one framework's allocator reports for one device, in bytes (its JSON: the
+    ``frameworks`` of a ``DeviceUsage`` in docs/PROTOCOL.md)."""
 
     name: str
     allocated: int | None = None
@@ -39,22 +42,13 @@ class FrameworkUsage:
     peak: int | None = None
     pool: int | None = None
     note: str | None = None
-    free_in_reserved: int | None = None
-    largest_free_block: int | None = None
-
-    def to_json(self) -> dict:
-        return {
-            "name": self.name,
-            "allocated": self.allocated,
-            "reserved": self.reserved,
-            "peak": self.peak,
-            "pool": self.pool,
-            "note": self.note,
-        }
+    # the device's fragmentation (DeviceUsage.fragmentation), not in this object's JSON
+    free_in_reserved: int | None = json_field(None, leave_out=True)
+    largest_free_block: int | None = json_field(None, leave_out=True)
 
 
 @dataclass
-class Internal:
+class Internal(JsonFields):
     """Memory a framework or the CUDA context keeps for itself on one device: a holder
     of its own, listed under the notebook's names.
 
@@ -65,23 +59,18 @@ class Internal:
     framework's pool, part of the reconciliation line's rest: thread stacks of
     the CUDA context, NCCL). ``freed_by_purge``: whether ``%gpumem purge`` gives
     these bytes back to the device. ``nbytes`` is ``None`` where the framework
-    says that the memory exists but not how much.
+    says that the memory exists but not how much. Its JSON: the ``Internal`` object of
+    docs/PROTOCOL.md.
     """
 
     label: str
     device: str
-    nbytes: int | None
+    nbytes: int | None = json_field(key="bytes")
     framework: str = ""
     count: int | None = None
     freed_by_purge: bool = False
     kind: str = "allocated"
     note: str | None = None
-
-    def to_json(self) -> dict:
-        """The ``Internal`` object of docs/PROTOCOL.md."""
-        return {"label": self.label, "device": self.device, "bytes": self.nbytes,
-                "framework": self.framework, "count": self.count,
-                "freed_by_purge": self.freed_by_purge, "kind": self.kind, "note": self.note}
 
 
 class PurgeEstimate(NamedTuple):
@@ -95,7 +84,8 @@ class PurgeEstimate(NamedTuple):
 
 @dataclass
 class AcceleratorInfo:
-    """A device a framework can see: ``cuda:0`` and how to find it in NVML."""
+    """A device a framework can see: ``cuda:0`` and how to find it in NVML (a
+    ``DeviceUsage`` is one with its memory figures)."""
 
     id: str
     kind: str = "cuda"

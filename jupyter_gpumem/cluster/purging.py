@@ -21,7 +21,7 @@ from ..core import paths as _paths
 from ..core import scan as _scan
 from ..core.roots import Root
 from ..core import hidden as _hidden
-from ..core.purge import PurgeError
+from ..core.purge import PurgeError, _Target
 from ..core.render import fmt_bytes
 from . import remote
 from .build import (Deadline, HeldNames, _bytes_on, build, describe_wanters, run_on_workers,
@@ -37,14 +37,6 @@ _IN_PROCESS = "a Future in this process that no name reaches"
 
 class ClusterPurgeError(PurgeError):
     """Bad input to a cluster purge: nothing was deleted."""
-
-
-@dataclass
-class _Target:
-    text: str
-    binding: _paths.Binding | None     # None for a hidden holder named directly
-    root: Root | None
-    keys: dict                         # dask key -> path
 
 
 @dataclass

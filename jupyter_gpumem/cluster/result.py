@@ -10,34 +10,37 @@ from typing import Any
 from ..core.render import fmt_bytes
 from .render import key_text, purge_html, purge_text, snapshot_html, snapshot_text
 from ..core.purge import Change
-from ..units import Report
+from ..units import JsonFields, Report, json_field, round6
 
 CLUSTER_SCHEMA = "jupyter_gpumem.cluster/1"
 CLUSTER_PURGE_SCHEMA = "jupyter_gpumem.cluster_purge/1"
 
 
+def _keys_as_text(by_key: dict) -> dict:
+    return {key_text(k): v for k, v in by_key.items()}
+
+
 @dataclass
-class WorkerKey:
+class WorkerKey(JsonFields):
     """One key a worker stores, and its bytes there."""
 
-    key: Any
+    JSON_AFTER = {"bytes": ("devices", "nbytes")}
+
+    key: Any = json_field(convert=key_text)
     devices: dict[str, int]
     sizeof: int
     type: str
     frameworks: list[str] = field(default_factory=list)
-    shared: list[int] = field(default_factory=list)   # ids of storages other keys share
+    #: ids of the storages other keys share (not in its JSON)
+    shared: list[int] = json_field(default_factory=list, leave_out=True)
 
     @property
     def nbytes(self) -> int:
         return sum(self.devices.values())
 
-    def to_json(self) -> dict:
-        return {"key": key_text(self.key), "devices": dict(self.devices), "bytes": self.nbytes,
-                "sizeof": self.sizeof, "type": self.type, "frameworks": list(self.frameworks)}
-
 
 @dataclass
-class WorkerReport:
+class WorkerReport(JsonFields):
     """One worker: where it runs, its devices and the keys it stores."""
 
     address: str
@@ -45,31 +48,27 @@ class WorkerReport:
     host: str | None = None
     pid: int | None = None
     devices: list = field(default_factory=list)         # jupyter_gpumem.devices.DeviceUsage
-    keys: dict = field(default_factory=dict)            # dask key -> WorkerKey
-    storages: dict = field(default_factory=dict)        # storage id -> (bytes, device)
+    keys: dict = json_field(default_factory=dict, convert=len)   # dask key -> WorkerKey
+    #: storage id -> (bytes, device)
+    storages: dict = json_field(default_factory=dict, leave_out=True)
     tracked: dict[str, int] = field(default_factory=dict)
-    spilled: dict = field(default_factory=dict)         # dask key -> bytes on disk
+    #: dask key -> bytes on disk
+    spilled: dict = json_field(default_factory=dict, convert=_keys_as_text)
     visible_devices: str | None = None
     partial: bool = False
     reasons: list[str] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float = json_field(0.0, convert=round6)
 
     def device(self, device_id: str):
         """This worker's figures for one device id (``cuda:0``, ``cpu``), or None."""
         return next((d for d in self.devices if d.id == device_id), None)
 
-    def to_json(self) -> dict:
-        return {"address": self.address, "name": self.name, "host": self.host, "pid": self.pid,
-                "devices": [d.to_json() for d in self.devices],
-                "keys": len(self.keys), "tracked": dict(self.tracked),
-                "spilled": {key_text(k): v for k, v in self.spilled.items()},
-                "visible_devices": self.visible_devices, "partial": self.partial,
-                "reasons": list(self.reasons), "seconds": round(self.seconds, 6)}
-
 
 @dataclass
-class ClusterHolder:
+class ClusterHolder(JsonFields):
     """A notebook name that keeps cluster keys alive, and their bytes per worker."""
+
+    JSON_AFTER = {"devices": "workers", "total": "shared", "summary": "largest_path"}
 
     name: str
     what: str
@@ -113,23 +112,14 @@ class ClusterHolder:
         """``x (Future) 1.0 GiB on worker tcp://...:40123 cuda:1``."""
         return f"{self.name} ({self.what}) {fmt_bytes(self.total)} on {self.where()}"
 
-    def to_json(self) -> dict:
-        return {"name": self.name, "what": self.what, "keys": self.keys,
-                "in_memory": self.in_memory,
-                "workers": {w: dict(per) for w, per in self.workers.items()},
-                "devices": self.devices, "unique": self.unique, "shared": self.shared,
-                "total": self.total, "shared_with": list(self.shared_with),
-                "not_in_memory": dict(self.not_in_memory), "hidden": self.hidden,
-                "aliases": list(self.aliases), "purge": self.purge,
-                "largest_key": self.largest_key, "largest_path": self.largest_path,
-                "summary": self.summary()}
-
 
 @dataclass
-class UnclaimedKey:
+class UnclaimedKey(JsonFields):
     """A key in worker memory that no name of this notebook keeps, and who does."""
 
-    key: Any
+    JSON_AFTER = {"bytes": ("devices", "nbytes")}
+
+    key: Any = json_field(convert=key_text)
     worker: str
     devices: dict[str, int]
     sizeof: int
@@ -140,30 +130,30 @@ class UnclaimedKey:
     def nbytes(self) -> int:
         return sum(self.devices.values())
 
-    def to_json(self) -> dict:
-        return {"key": key_text(self.key), "worker": self.worker, "devices": dict(self.devices),
-                "bytes": self.nbytes, "sizeof": self.sizeof, "held_by": list(self.held_by),
-                "state": self.state}
-
 
 @dataclass(repr=False)   # the repr is the text report (Report)
-class ClusterSnapshot(Report):
+class ClusterSnapshot(JsonFields, Report):
     """A Dask cluster's workers, the notebook names holding their keys, and the keys
-    no name holds; partial when the scheduler or a worker did not answer in time."""
+    no name holds; partial when the scheduler or a worker did not answer in time. Its
+    JSON: the cluster snapshot schema (docs/PROTOCOL.md), its fields in their order."""
+
+    schema = CLUSTER_SCHEMA
+    JSON_AFTER = {"schema": None, "time": "schema", "held_bytes": "held"}
 
     scheduler: str | None
-    client_id: str
+    client_id: str = json_field(key="client")
     device: str
-    workers: list[WorkerReport] = field(default_factory=list)
-    holders: list[ClusterHolder] = field(default_factory=list)
-    unclaimed: list[UnclaimedKey] = field(default_factory=list)
-    missing: dict[str, str] = field(default_factory=dict)   # worker -> why it gave no answer
-    held: dict[str, dict[str, int]] = field(default_factory=dict)   # by all names, distinct
     partial: bool = False
     messages: list[str] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float = json_field(0.0, convert=round6)
+    workers: list[WorkerReport] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)   # worker -> why it gave no answer
+    held: dict[str, dict[str, int]] = field(default_factory=dict)   # by all names, distinct
+    holders: list[ClusterHolder] = field(default_factory=list)
+    unclaimed: list[UnclaimedKey] = field(default_factory=list)
     time: float = field(default_factory=time.time)
-    records: dict = field(default_factory=dict, repr=False)  # the scheduler's, by key
+    #: the scheduler's records, by key (not in the JSON)
+    records: dict = json_field(default_factory=dict, repr=False, leave_out=True)
 
     @property
     def held_bytes(self) -> int:
@@ -177,18 +167,6 @@ class ClusterSnapshot(Report):
     def worker(self, address: str) -> WorkerReport | None:
         return next((w for w in self.workers if w.address == address), None)
 
-    def to_json(self) -> dict:
-        """The cluster snapshot schema (JSON-able)."""
-        return {"schema": CLUSTER_SCHEMA, "time": self.time, "scheduler": self.scheduler,
-                "client": self.client_id, "device": self.device, "partial": self.partial,
-                "messages": list(self.messages), "seconds": round(self.seconds, 6),
-                "workers": [w.to_json() for w in self.workers],
-                "missing": dict(self.missing),
-                "held": {w: dict(per) for w, per in self.held.items()},
-                "held_bytes": self.held_bytes,
-                "holders": [h.to_json() for h in self.holders],
-                "unclaimed": [u.to_json() for u in self.unclaimed]}
-
     _text = snapshot_text
     _html = snapshot_html
 
@@ -197,32 +175,29 @@ class ClusterSnapshot(Report):
 class WorkerChange(Change):
     """One device of one worker before and after a purge (bytes)."""
 
+    JSON_AFTER = {"worker": None}
+
     worker: str = ""
     tracked_before: int | None = None
     tracked_after: int | None = None
 
-    def to_json(self) -> dict:
-        return {"worker": self.worker, "device": self.device, "measure": self.measure,
-                "before": self.before, "after": self.after, "freed": self.freed,
-                "tracked_before": self.tracked_before, "tracked_after": self.tracked_after}
-
 
 @dataclass
-class KeyStillHeld:
+class KeyStillHeld(JsonFields):
     """Memory a purge meant to free that something else still keeps on the cluster."""
 
     by: str
     key: str
-    nbytes: int
+    nbytes: int = json_field(key="bytes")
     worker: str | None = None
-
-    def to_json(self) -> dict:
-        return {"by": self.by, "key": self.key, "bytes": self.nbytes, "worker": self.worker}
 
 
 @dataclass(repr=False)   # the repr is the text report (Report)
-class ClusterPurgeResult(Report):
+class ClusterPurgeResult(JsonFields, Report):
     """What a cluster purge released and what it freed, per worker and device."""
+
+    schema = CLUSTER_PURGE_SCHEMA
+    JSON_AFTER = {"schema": None, "dry_run": "schema", "freed": "predicted"}
 
     names: list[str]
     removed: list[str]
@@ -231,11 +206,11 @@ class ClusterPurgeResult(Report):
     changes: list[WorkerChange] = field(default_factory=list)
     still_held: list[KeyStillHeld] = field(default_factory=list)
     dropped: bool = True
-    waited: float = 0.0
+    waited: float = json_field(0.0, convert=round6)
     missing: dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
     messages: list[str] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float = json_field(0.0, convert=round6)
 
     @property
     def freed(self) -> dict[str, dict[str, int | None]]:
@@ -247,16 +222,6 @@ class ClusterPurgeResult(Report):
 
     def change(self, worker: str, device: str) -> WorkerChange | None:
         return next((c for c in self.changes if c.worker == worker and c.device == device), None)
-
-    def to_json(self) -> dict:
-        return {"schema": CLUSTER_PURGE_SCHEMA, "dry_run": self.dry_run,
-                "names": list(self.names), "removed": list(self.removed), "keys": self.keys,
-                "predicted": {w: dict(p) for w, p in self.predicted.items()},
-                "freed": self.freed, "changes": [c.to_json() for c in self.changes],
-                "still_held": [s.to_json() for s in self.still_held],
-                "dropped": self.dropped, "waited": round(self.waited, 6),
-                "missing": dict(self.missing), "messages": list(self.messages),
-                "seconds": round(self.seconds, 6)}
 
     _text = purge_text
     _html = purge_html

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..backends import nvml
 from ..backends import AcceleratorInfo, FrameworkUsage, active_backends
+from ..units import JsonFields
 
 _DEVICE_RE = re.compile(r"^(auto|all|cpu|cuda|gpu|cuda:\d+|mps|mps:\d+)$")
 DEVICE_CHOICES = "auto, all, cpu, cuda or cuda:N"
@@ -30,15 +31,16 @@ def parse_device(text: str) -> str:
 
 
 @dataclass
-class DeviceUsage:
-    """One device's memory, reconciled across NVML and the frameworks (bytes)."""
+class DeviceUsage(JsonFields, AcceleratorInfo):
+    """One device's memory, reconciled across NVML and the frameworks (bytes): the device
+    (its id, kind, name, uuid and total, as an :class:`AcceleratorInfo`; the host's for
+    ``cpu``) and what is in use. Its JSON: the ``DeviceUsage`` object of docs/PROTOCOL.md."""
 
-    id: str
-    kind: str
-    name: str | None = None
+    JSON_AFTER = {"nvml_index": "name", "other_processes": "used_process",
+                  "allocated": "frameworks", "reserved": "allocated",
+                  "non_framework": "reserved", "fragmentation": "non_framework"}
+
     nvml_index: int | None = None
-    uuid: str | None = None
-    total: int | None = None
     used_all: int | None = None
     used_process: int | None = None
     free: int | None = None
@@ -85,29 +87,6 @@ class DeviceUsage:
             return None
         largest = self._sum("largest_free_block")
         return {"free_in_reserved": free_in, "largest_free_block": largest}
-
-    def to_json(self) -> dict:
-        """The ``DeviceUsage`` object of docs/PROTOCOL.md."""
-        return {
-            "id": self.id,
-            "kind": self.kind,
-            "name": self.name,
-            "nvml_index": self.nvml_index,
-            "uuid": self.uuid,
-            "total": self.total,
-            "used_all": self.used_all,
-            "used_process": self.used_process,
-            "other_processes": self.other_processes,
-            "free": self.free,
-            "frameworks": [f.to_json() for f in self.frameworks],
-            "allocated": self.allocated,
-            "reserved": self.reserved,
-            "non_framework": self.non_framework,
-            "fragmentation": self.fragmentation,
-            "attributed": self.attributed,
-            "notes": list(self.notes),
-            "time": self.time,
-        }
 
 
 def accelerators() -> list[AcceleratorInfo]:

@@ -28,7 +28,7 @@ from .render import fmt_bytes, purge_html, purge_text
 from .roots import Root
 from .scan_types import ATOMIC
 from .snapshot import released_by_purge
-from ..units import Report
+from ..units import JsonFields, Report, json_field, round6
 
 PURGE_SCHEMA = "jupyter_gpumem.purge/1"
 _MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
@@ -49,8 +49,10 @@ class PurgeError(ValueError):
 
 
 @dataclass
-class Change:
+class Change(JsonFields):
     """One device before and after a purge (bytes, read with ``measure``)."""
+
+    JSON_AFTER = {"freed": "after"}
 
     device: str
     measure: str
@@ -73,29 +75,26 @@ class DeviceChange(Change):
     reserved_before: int | None = None
     reserved_after: int | None = None
 
-    def to_json(self) -> dict:
-        return {"device": self.device, "measure": self.measure, "before": self.before,
-                "after": self.after, "freed": self.freed,
-                "allocated_before": self.allocated_before, "allocated_after": self.allocated_after,
-                "reserved_before": self.reserved_before, "reserved_after": self.reserved_after}
-
 
 @dataclass
-class StillHeld:
+class StillHeld(JsonFields):
     """Memory a purge meant to free that another holder still keeps alive."""
 
     by: str
     path: str | None
-    nbytes: int
-    kind: str = "name"      # name (of the notebook) | library (a module's global) | unnamed
-
-    def to_json(self) -> dict:
-        return {"by": self.by, "path": self.path, "bytes": self.nbytes}
+    nbytes: int = json_field(key="bytes")
+    #: name (of the notebook) | library (a module's global) | unnamed; not in its JSON
+    kind: str = json_field("name", leave_out=True)
 
 
 @dataclass(repr=False)   # the repr is the text report (Report)
-class PurgeResult(Report):
-    """What a purge removed and what it freed, per device."""
+class PurgeResult(JsonFields, Report):
+    """What a purge removed and what it freed, per device; its JSON: the PurgeResult
+    object of docs/PROTOCOL.md."""
+
+    schema = PURGE_SCHEMA
+    JSON_AFTER = {"schema": None, "dry_run": "schema", "before": "predicted",
+                  "after": "before", "freed": "after"}
 
     names: list[str]
     removed: list[str]
@@ -104,23 +103,19 @@ class PurgeResult(Report):
     still_held: list[StillHeld] = field(default_factory=list)
     dry_run: bool = False
     messages: list[str] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float = json_field(0.0, convert=round6)
+
+    @property
+    def before(self) -> dict[str, int | None]:
+        return {c.device: c.before for c in self.changes}
+
+    @property
+    def after(self) -> dict[str, int | None]:
+        return {c.device: c.after for c in self.changes}
 
     @property
     def freed(self) -> dict[str, int | None]:
         return {c.device: c.freed for c in self.changes}
-
-    def to_json(self) -> dict:
-        """The PurgeResult object of docs/PROTOCOL.md."""
-        return {
-            "schema": PURGE_SCHEMA, "dry_run": self.dry_run, "names": list(self.names),
-            "removed": list(self.removed), "predicted": dict(self.predicted),
-            "before": {c.device: c.before for c in self.changes},
-            "after": {c.device: c.after for c in self.changes},
-            "freed": self.freed, "changes": [c.to_json() for c in self.changes],
-            "still_held": [s.to_json() for s in self.still_held],
-            "messages": list(self.messages), "seconds": round(self.seconds, 6),
-        }
 
     _text = purge_text
     _html = purge_html
@@ -128,10 +123,13 @@ class PurgeResult(Report):
 
 @dataclass
 class _Target:
+    """One name a purge was asked for (here and in a cluster purge): its binding, its root
+    and what it holds (storage key -> path node; on a cluster, dask key -> path)."""
+
     text: str
     binding: _paths.Binding | None      # None for hidden holders named directly
     root: Root | None             # the root this name is, if it is one
-    keys: dict = field(default_factory=dict)   # storage key -> path node
+    keys: dict = field(default_factory=dict)
 
 
 # -- planning ------------------------------------------------------------------

@@ -23,34 +23,31 @@ from .render import fmt_bytes, snapshot_html, snapshot_text
 from .paths import resolve
 from .roots import Root, odd_keys
 from .scan_types import is_a, type_name_of
-from ..units import Report
+from ..units import JsonFields, Report, json_field, round6
 
 SNAPSHOT_SCHEMA = "jupyter_gpumem.snapshot/1"
 
 
 @dataclass
-class TensorRow:
-    """One storage inside a named holder (``%gpumem NAME``)."""
+class TensorRow(JsonFields):
+    """One storage inside a named holder (``%gpumem NAME``; its JSON: a ``rows`` entry)."""
 
     path: str
-    nbytes: int
+    nbytes: int = json_field(key="bytes")
     device: str
     framework: str
     what: str | None = None
     shared_with: list[str] = field(default_factory=list)
-    key: tuple | None = None
+    key: tuple | None = json_field(None, leave_out=True)
     #: where it was allocated (``cell [12] line 3: out = model(x)``) while trace is on
     allocated_at: str | None = None
 
-    def to_json(self) -> dict:
-        return {"path": self.path, "bytes": self.nbytes, "device": self.device,
-                "framework": self.framework, "what": self.what,
-                "shared_with": list(self.shared_with), "allocated_at": self.allocated_at}
-
 
 @dataclass
-class Holder:
+class Holder(JsonFields):
     """A name (or hidden holder) and the memory it keeps alive."""
+
+    JSON_AFTER = {"hidden": "label", "aliases": "hidden", "total": "shared"}
 
     name: str
     label: str
@@ -66,7 +63,7 @@ class Holder:
     shared_with: list[str] = field(default_factory=list)
     hint: str | None = None
     purge: str | None = None
-    rows: list[TensorRow] = field(default_factory=list)
+    rows: list[TensorRow] = json_field(default_factory=list, leave_out=True)
 
     @property
     def total(self) -> int:
@@ -74,22 +71,25 @@ class Holder:
 
     def to_json(self, with_rows: bool = False) -> dict:
         """The ``Holder`` object of docs/PROTOCOL.md (``rows`` only for ``details``)."""
-        out = {
-            "name": self.name, "label": self.label, "hidden": self.hidden,
-            "aliases": list(self.aliases), "type": self.type, "unique": self.unique,
-            "shared": self.shared, "total": self.total, "devices": dict(self.devices),
-            "tensors": self.tensors, "largest_path": self.largest_path,
-            "largest_bytes": self.largest_bytes, "shared_with": list(self.shared_with),
-            "hint": self.hint, "purge": self.purge,
-        }
+        out = super().to_json()
         if with_rows:
             out["rows"] = [r.to_json() for r in self.rows]
         return out
 
 
+def _with_rows(holders: list[Holder]) -> list[dict]:
+    return [h.to_json(with_rows=True) for h in holders]
+
+
 @dataclass(repr=False)   # the repr is the text report (Report)
-class Snapshot(Report):
-    """Devices and holders at one moment; renders as text, HTML and JSON."""
+class Snapshot(JsonFields, Report):
+    """Devices and holders at one moment; renders as text, HTML and JSON (the snapshot
+    schema of docs/PROTOCOL.md)."""
+
+    schema = SNAPSHOT_SCHEMA
+    JSON_AFTER = {"schema": None, "time": "schema", "accelerator": "device",
+                  "partial": "accelerator", "scan_seconds": "partial",
+                  "messages": "scan_seconds", "details": "unattributed_sites"}
 
     device: str
     devices: list[_devices.DeviceUsage]
@@ -98,13 +98,13 @@ class Snapshot(Report):
     accelerator: bool
     partial: bool = False
     messages: list[str] = field(default_factory=list)
-    scan_seconds: float = 0.0
+    scan_seconds: float = json_field(0.0, convert=round6)
     time: float = field(default_factory=time.time)
-    details: list[Holder] = field(default_factory=list)
+    details: list[Holder] = json_field(default_factory=list, convert=_with_rows, if_any=True)
     internals: list[Internal] = field(default_factory=list)
     #: while trace is on: device -> what no name reaches, by allocation site, largest first
     #: (``{"text", "bytes", "count", ...}`` of :class:`jupyter_gpumem.trace.SiteGroup`)
-    unattributed_sites: dict[str, list[dict]] = field(default_factory=dict)
+    unattributed_sites: dict[str, list[dict]] = json_field(default_factory=dict, if_any=True)
 
     def internals_of(self, device: str, kinds: tuple = ("allocated", "cached")) -> list[Internal]:
         """The internals on ``device`` of these kinds (``"outside"``: the rest's parts)."""
@@ -116,23 +116,6 @@ class Snapshot(Report):
             if h.name == name or name in h.aliases:
                 return h
         return None
-
-    def to_json(self) -> dict:
-        """The snapshot schema of docs/PROTOCOL.md (JSON-able)."""
-        out = {
-            "schema": SNAPSHOT_SCHEMA, "time": self.time, "device": self.device,
-            "accelerator": self.accelerator, "partial": self.partial,
-            "scan_seconds": round(self.scan_seconds, 6), "messages": list(self.messages),
-            "devices": [d.to_json() for d in self.devices],
-            "holders": [h.to_json() for h in self.holders],
-            "unattributed": dict(self.unattributed),
-            "internals": [i.to_json() for i in self.internals],
-        }
-        if self.unattributed_sites:
-            out["unattributed_sites"] = {k: list(v) for k, v in self.unattributed_sites.items()}
-        if self.details:
-            out["details"] = [h.to_json(with_rows=True) for h in self.details]
-        return out
 
     _text = snapshot_text
     _html = snapshot_html

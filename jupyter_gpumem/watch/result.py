@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from ..core.render import fmt_bytes
+from ..units import JsonFields, json_field, round6
 
 WATCH_SCHEMA = "jupyter_gpumem.watch/1"
 _KIND_WORDS = {"created": "new", "grew": "grew", "shrank": "shrank", "deleted": "deleted"}
@@ -31,8 +32,11 @@ def _delta(a: int | None, b: int | None) -> int | None:
 
 
 @dataclass
-class DeviceWatch:
+class DeviceWatch(JsonFields):
     """One device before, during and after the watched code (bytes)."""
+
+    JSON_AFTER = {"allocated_delta": "allocated_after", "reserved_delta": "reserved_after",
+                  "share_after": "used_all_after"}
 
     id: str
     kind: str
@@ -78,27 +82,12 @@ class DeviceWatch:
             return None
         return used / self.total
 
-    def to_json(self) -> dict:
-        return {
-            "id": self.id, "kind": self.kind, "total": self.total,
-            "allocated_before": self.allocated_before, "allocated_after": self.allocated_after,
-            "allocated_delta": self.allocated_delta, "allocated_measure": self.allocated_measure,
-            "reserved_before": self.reserved_before, "reserved_after": self.reserved_after,
-            "reserved_delta": self.reserved_delta,
-            "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
-            "peak_measure": self.peak_measure, "peak_rss": self.peak_rss,
-            "peak_traced": self.peak_traced, "traced_before": self.traced_before,
-            "process_before": self.process_before, "process_after": self.process_after,
-            "process_peak_sampled": self.process_peak_sampled,
-            "process_measure": self.process_measure, "samples": self.samples,
-            "used_all_after": self.used_all_after, "share_after": self.share_after,
-            "notes": list(self.notes),
-        }
-
 
 @dataclass
-class HolderChange:
+class HolderChange(JsonFields):
     """A name (or hidden holder) the code created, grew, shrank or deleted."""
+
+    JSON_AFTER = {"delta": "after"}
 
     name: str
     change: str                 # created | grew | shrank | deleted
@@ -114,54 +103,51 @@ class HolderChange:
     def delta(self) -> int:
         return self.after - self.before
 
-    def to_json(self) -> dict:
-        return {"name": self.name, "change": self.change, "before": self.before,
-                "after": self.after, "delta": self.delta, "devices": dict(self.devices),
-                "hidden": self.hidden, "shared": self.shared, "type": self.type,
-                "purge": self.purge}
-
 
 @dataclass
-class HolderEntry:
+class HolderEntry(JsonFields):
     """One of the biggest holders, named when the code raised or a device is full."""
 
     name: str
-    nbytes: int
+    nbytes: int = json_field(key="bytes")
     devices: dict[str, int] = field(default_factory=dict)
     hidden: bool = False
     shared: int = 0
     type: str = ""
     purge: str | None = None
 
-    def to_json(self) -> dict:
-        return {"name": self.name, "bytes": self.nbytes, "devices": dict(self.devices),
-                "hidden": self.hidden, "shared": self.shared, "type": self.type,
-                "purge": self.purge}
+
+def _error_json(error: dict | None) -> dict | None:
+    return dict(error) if error else None
 
 
 @dataclass
-class WatchResult:
-    """The report of one watched cell or block; text, HTML and JSON forms."""
+class WatchResult(JsonFields):
+    """The report of one watched cell or block; text, HTML and JSON forms (JSON: the
+    ``jupyter_gpumem.watch/1`` object)."""
+
+    schema = WATCH_SCHEMA
+    JSON_AFTER = {"schema": None, "end": "start", "purge_command": "holders"}
 
     label: str
     source: str                          # "%%gpuwatch" | "watch on" | "watch()"
     execution_count: int | None = None
     start: float = 0.0                   # unix seconds
-    wall: float = 0.0                    # seconds the code ran
+    wall: float = json_field(0.0, convert=round6)        # seconds the code ran
     interval: float = 0.05
     devices: list[DeviceWatch] = field(default_factory=list)
     changes: list[HolderChange] = field(default_factory=list)
     holders_mode: str = "none"
     partial: bool = False
-    error: dict | None = None            # {"type", "message", "oom"}
+    error: dict | None = json_field(None, convert=_error_json)   # {"type", "message", "oom"}
     holders: list[HolderEntry] = field(default_factory=list)
-    purge_names: list[str] = field(default_factory=list)
-    context: str = "ipython"             # "ipython" | "script"
+    purge_names: list[str] = json_field(default_factory=list, leave_out=True)   # purge_command
+    context: str = json_field("ipython", leave_out=True)         # "ipython" | "script"
     warning: str | None = None
     auto_purge: dict | None = None
     messages: list[str] = field(default_factory=list)
-    overhead: float = 0.0                # seconds the watch itself took
-    verbose: bool = False                # text form: every exact figure (``%%gpuwatch -v``)
+    overhead: float = json_field(0.0, convert=round6)    # seconds the watch itself took
+    verbose: bool = json_field(False, leave_out=True)   # text: every figure (``%%gpuwatch -v``)
 
     @property
     def end(self) -> float:
@@ -188,22 +174,6 @@ class WatchResult:
 
     def change(self, name: str) -> HolderChange | None:
         return next((c for c in self.changes if c.name == name), None)
-
-    def to_json(self) -> dict:
-        """The ``jupyter_gpumem.watch/1`` object (JSON-able)."""
-        return {
-            "schema": WATCH_SCHEMA, "label": self.label, "source": self.source,
-            "execution_count": self.execution_count, "start": self.start, "end": self.end,
-            "wall": round(self.wall, 6), "interval": self.interval,
-            "devices": [d.to_json() for d in self.devices],
-            "changes": [c.to_json() for c in self.changes],
-            "holders_mode": self.holders_mode, "partial": self.partial,
-            "error": dict(self.error) if self.error else None,
-            "holders": [h.to_json() for h in self.holders],
-            "purge_command": self.purge_command, "warning": self.warning,
-            "auto_purge": self.auto_purge, "messages": list(self.messages),
-            "overhead": round(self.overhead, 6),
-        }
 
     # -- text ------------------------------------------------------------------------------
     def footer(self) -> str:
