@@ -2,13 +2,9 @@
  * The cluster part of a snapshot (a Dask cluster the notebook drives): worker
  * device bars under the local ones and the names that hold keys on the cluster.
  */
-import { Widget } from '@lumino/widgets';
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { KernelChannel } from '../src/channel';
-import { SidebarModel } from '../src/model';
 import { parseKernelMessage } from '../src/protocol';
-import { GpuMemSidebar } from '../src/sidebar';
 import {
   barSegments,
   clusterWhere,
@@ -18,47 +14,29 @@ import {
   workerLabel
 } from '../src/view';
 import {
+  $,
+  $$,
   cluster,
   clusterHolder,
   clusterWorker,
   device,
+  disposeSidebars,
+  expectProcessScale,
   MiB,
-  RecordingSession,
+  openSidebar,
+  ready,
   snapshot,
   W0,
   W1,
   workerDevice
 } from './helpers';
 
-const widgets: Widget[] = [];
-
-afterEach(() => {
-  while (widgets.length) {
-    widgets.pop()!.dispose();
-  }
-});
-
-const $ = (root: HTMLElement, sel: string) =>
-  root.querySelector(sel) as HTMLElement;
-const $$ = (root: HTMLElement, sel: string) =>
-  Array.from(root.querySelectorAll(sel)) as HTMLElement[];
+afterEach(disposeSidebars);
 
 function sidebarWith(snap = snapshot({ cluster: cluster() })) {
-  const model = new SidebarModel();
-  const channel = new KernelChannel(model);
-  const sidebar = new GpuMemSidebar({
-    model,
-    channel,
-    confirmPurge: async () => true
-  });
-  Widget.attach(sidebar, document.body);
-  widgets.push(sidebar);
-  const session = new RecordingSession();
-  channel.follow(session, 'dask.ipynb');
-  const comm = session.kernel.lastComm;
-  comm.receive({ type: 'hello', version: '0.1.0', device: 'cpu' });
-  comm.receive({ type: 'snapshot', snapshot: snap });
-  return { model, sidebar, comm };
+  const ctx = openSidebar({ notebook: 'dask.ipynb' });
+  ready(ctx, snap, 'cpu');
+  return { model: ctx.model, sidebar: ctx.sidebar, comm: ctx.comm() };
 }
 
 describe('protocol: the cluster part', () => {
@@ -146,16 +124,10 @@ describe('worker device bars', () => {
       bytes: 64 * MiB
     });
     // at the scale of the worker's process (its tensors are not lost in the host's total)
-    const node = renderDevice(dev, W0);
-    const widths = $$(node, '.jp-GpuMem-seg').map(s => [
-      s.className.split('seg-')[1],
-      s.style.width
-    ]);
-    expect(widths).toEqual([
-      ['allocated', '21.33%'],
-      ['non-framework', '78.67%']
-    ]);
-    expect(node.textContent).toContain(
+    expectProcessScale(
+      renderDevice(dev, W0),
+      '21.33%',
+      '78.67%',
       'tracked tensors 64.0 MiB, process 300.0 MiB'
     );
   });

@@ -7,11 +7,8 @@
 import { readFileSync } from 'fs';
 import { describe, expect, it } from 'vitest';
 
-import { KernelChannel } from '../src/channel';
-import { SidebarModel } from '../src/model';
 import { parseKernelMessage } from '../src/protocol';
-import { GpuMemSidebar } from '../src/sidebar';
-import { RecordingSession } from './helpers';
+import { hello, openSidebar } from './helpers';
 
 const path = process.env.GPUMEM_CLUSTER_MESSAGES;
 
@@ -41,17 +38,12 @@ describe.skipIf(!path)('cluster snapshots from the real kernel side', () => {
 
   it('render one bar per worker device and a row per cluster holder', () => {
     for (const { messages, holders, workers } of cases) {
-      const model = new SidebarModel();
-      const channel = new KernelChannel(model);
-      const sidebar = new GpuMemSidebar({
-        model,
-        channel,
-        confirmPurge: async () => true
+      const { sidebar, comm: newest } = openSidebar({
+        attach: false,
+        notebook: 'cluster.ipynb'
       });
-      const session = new RecordingSession();
-      channel.follow(session, 'cluster.ipynb');
-      const comm = session.kernel.lastComm;
-      comm.receive({ type: 'hello', version: '0.1.0', device: 'cpu' });
+      const comm = newest();
+      hello(comm, 'cpu');
       for (const message of messages) {
         comm.receive(message);
       }

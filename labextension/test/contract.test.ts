@@ -6,11 +6,8 @@
 import { readFileSync } from 'fs';
 import { describe, expect, it } from 'vitest';
 
-import { KernelChannel } from '../src/channel';
-import { SidebarModel } from '../src/model';
-import { GpuMemSidebar } from '../src/sidebar';
 import { parseKernelMessage } from '../src/protocol';
-import { RecordingSession } from './helpers';
+import { openSidebar } from './helpers';
 
 const path = process.env.GPUMEM_KERNEL_MESSAGES;
 
@@ -38,16 +35,15 @@ describe.skipIf(!path)('messages from the real kernel side', () => {
   });
 
   it('render: the tensor is listed, then purged', () => {
-    const model = new SidebarModel();
-    const channel = new KernelChannel(model);
-    const sidebar = new GpuMemSidebar({
+    const {
       model,
-      channel,
-      confirmPurge: async () => true
+      sidebar,
+      comm: newest
+    } = openSidebar({
+      attach: false,
+      notebook: 'contract.ipynb'
     });
-    const session = new RecordingSession();
-    channel.follow(session, 'contract.ipynb');
-    const comm = session.kernel.lastComm;
+    const comm = newest();
     let sawBig = false;
     for (const message of messages) {
       comm.receive(message);

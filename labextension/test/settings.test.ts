@@ -1,20 +1,10 @@
-import { Widget } from '@lumino/widgets';
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { KernelChannel } from '../src/channel';
-import { SidebarModel } from '../src/model';
 import { applySettings, readSettings } from '../src/settings';
-import { GpuMemSidebar } from '../src/sidebar';
-import { RecordingSession } from './helpers';
+import { disposeSidebars, hello, openSidebar } from './helpers';
 import schema from '../schema/sidebar.json';
 
-const widgets: Widget[] = [];
-
-afterEach(() => {
-  while (widgets.length) {
-    widgets.pop()!.dispose();
-  }
-});
+afterEach(disposeSidebars);
 
 describe('settings', () => {
   it('has a schema whose defaults are the built-in ones', () => {
@@ -36,28 +26,16 @@ describe('settings', () => {
   });
 
   it('applies the refresh interval and the default device live', () => {
-    const model = new SidebarModel();
-    const channel = new KernelChannel(model);
-    const sidebar = new GpuMemSidebar({
-      model,
-      channel,
-      confirmPurge: async () => false
+    const { model, channel, sidebar, session } = openSidebar({
+      answer: false,
+      attach: false
     });
-    widgets.push(sidebar);
-    const session = new RecordingSession();
-    channel.follow(session, 'demo.ipynb');
-    session.kernel.lastComm.receive({
-      type: 'hello',
-      version: '0.1.0',
-      device: 'auto'
-    });
+    hello(session.kernel.lastComm);
     session.kernel.lastComm.sent = [];
+    const apply = (refreshInterval: number, defaultDevice: string) =>
+      applySettings({ refreshInterval, defaultDevice }, sidebar, channel);
 
-    applySettings(
-      { refreshInterval: 3, defaultDevice: 'cpu' },
-      sidebar,
-      channel
-    );
+    apply(3, 'cpu');
     expect(sidebar.poll.frequency.interval).toBe(3000);
     expect(model.device).toBe('cpu');
     expect(session.kernel.lastComm.sent).toEqual([
@@ -66,11 +44,7 @@ describe('settings', () => {
 
     // the user picks another device; a change of the interval alone keeps it
     channel.setDevice('all');
-    applySettings(
-      { refreshInterval: 5, defaultDevice: 'cpu' },
-      sidebar,
-      channel
-    );
+    apply(5, 'cpu');
     expect(sidebar.poll.frequency.interval).toBe(5000);
     expect(model.device).toBe('all');
   });

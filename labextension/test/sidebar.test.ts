@@ -1,9 +1,6 @@
-import { Widget } from '@lumino/widgets';
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { KernelChannel } from '../src/channel';
-import { ITimelinePoint, SidebarModel } from '../src/model';
-import { GpuMemSidebar } from '../src/sidebar';
+import { ITimelinePoint } from '../src/model';
 import {
   axisBytes,
   timelineData,
@@ -20,53 +17,55 @@ import {
   renderHolders
 } from '../src/view';
 import {
+  $,
+  $$,
   device,
+  disposeSidebars,
+  expectProcessScale,
   flush,
+  hello,
   holder,
   MiB,
+  openSidebar,
   purgeResult,
-  RecordingSession,
+  ready,
+  segmentWidths,
+  SidebarCase,
   snapshot
 } from './helpers';
 
-const widgets: Widget[] = [];
+afterEach(disposeSidebars);
 
-afterEach(() => {
-  while (widgets.length) {
-    widgets.pop()!.dispose();
-  }
-});
+const setUp = (answer = true) => openSidebar({ answer });
 
-function setUp(answer = true) {
-  const model = new SidebarModel();
-  const channel = new KernelChannel(model);
-  const asked: [string[], number][] = [];
-  const sidebar = new GpuMemSidebar({
-    model,
-    channel,
-    confirmPurge: async (names, bytes) => {
-      asked.push([names, bytes]);
-      return answer;
-    }
-  });
-  Widget.attach(sidebar, document.body);
-  widgets.push(sidebar);
-  const session = new RecordingSession();
-  channel.follow(session, 'demo.ipynb');
-  const comm = () => session.kernel.lastComm;
-  return { model, channel, sidebar, session, comm, asked };
+/** A sidebar set to cuda:0 on a kernel that has no such device. */
+function withoutCuda0(): SidebarCase {
+  const ctx = setUp();
+  ctx.channel.setDevice('cuda:0');
+  ready(
+    ctx,
+    snapshot({
+      device: 'cuda:0',
+      devices: [],
+      holders: [],
+      accelerator: false
+    }),
+    'cuda:0'
+  );
+  return ctx;
 }
 
-function ready(ctx: ReturnType<typeof setUp>, snap = snapshot()) {
-  ctx.comm().receive({ type: 'hello', version: '0.1.0', device: 'auto' });
-  ctx.comm().receive({ type: 'snapshot', snapshot: snap });
-  ctx.comm().sent = [];
+/** The kernel answers purge request `id` with the sample result. */
+function purged(ctx: SidebarCase, id: number): void {
+  ctx
+    .comm()
+    .receive({ type: 'purge_result', result: purgeResult(), reply_to: id });
 }
 
-const $ = (root: HTMLElement, sel: string) =>
-  root.querySelector(sel) as HTMLElement;
-const $$ = (root: HTMLElement, sel: string) =>
-  Array.from(root.querySelectorAll(sel)) as HTMLElement[];
+/** The kernel sends a snapshot in which no name holds memory. */
+function emptied(ctx: SidebarCase): void {
+  ctx.comm().receive({ type: 'snapshot', snapshot: snapshot({ holders: [] }) });
+}
 
 describe('device bars', () => {
   it('has the five segments of the protocol, in order', () => {
@@ -102,10 +101,7 @@ describe('device bars', () => {
         free: 15 * MiB
       })
     );
-    const widths = $$(node, '.jp-GpuMem-seg').map(s => [
-      s.className.split('seg-')[1],
-      s.style.width
-    ]);
+    const widths = segmentWidths(node);
     expect(widths).toEqual([
       ['allocated', '25.00%'],
       ['reserved-free', '25.00%'],
@@ -139,15 +135,10 @@ describe('device bars', () => {
       ['rest of the process', 300 * MiB]
     ]);
     const node = renderDevice(host);
-    const widths = $$(node, '.jp-GpuMem-seg').map(s => [
-      s.className.split('seg-')[1],
-      s.style.width
-    ]);
-    expect(widths).toEqual([
-      ['allocated', '25.00%'],
-      ['non-framework', '75.00%']
-    ]);
-    expect(node.textContent).toContain(
+    expectProcessScale(
+      node,
+      '25.00%',
+      '75.00%',
       'tracked tensors 100.0 MiB, process 400.0 MiB'
     );
     expect(node.textContent).toContain('host 23.4 GiB, 21.5 GiB free');
@@ -306,13 +297,11 @@ describe('holders and hints', () => {
 
 describe('GpuMemSidebar', () => {
   it('says when no notebook is in focus', () => {
-    const model = new SidebarModel();
-    const sidebar = new GpuMemSidebar({
-      model,
-      channel: new KernelChannel(model),
-      confirmPurge: async () => false
+    const { sidebar } = openSidebar({
+      answer: false,
+      attach: false,
+      notebook: null
     });
-    widgets.push(sidebar);
     expect(sidebar.node.textContent).toContain('No notebook in focus');
     expect(sidebar.node.textContent).toContain('Open a notebook');
   });
@@ -394,12 +383,8 @@ describe('GpuMemSidebar', () => {
       { type: 'purge', id: 2, names: ['big'], dry_run: false }
     ]);
 
-    ctx
-      .comm()
-      .receive({ type: 'purge_result', result: purgeResult(), reply_to: 2 });
-    ctx
-      .comm()
-      .receive({ type: 'snapshot', snapshot: snapshot({ holders: [] }) });
+    purged(ctx, 2);
+    emptied(ctx);
     expect(ctx.sidebar.node.textContent).toContain(
       'Purged big: freed cpu 4.0 MiB.'
     );
@@ -421,10 +406,9 @@ describe('GpuMemSidebar', () => {
 
   it('on auto with no GPU says plainly that it shows the host, with no button', () => {
     const ctx = setUp();
-    ctx.comm().receive({ type: 'hello', version: '0.1.0', device: 'auto' });
-    ctx.comm().receive({
-      type: 'snapshot',
-      snapshot: snapshot({
+    ready(
+      ctx,
+      snapshot({
         device: 'auto',
         accelerator: false,
         messages: ['no accelerator: showing host tensors (device cpu)'],
@@ -432,7 +416,7 @@ describe('GpuMemSidebar', () => {
           device({ name: 'host memory', allocated: null, reserved: null })
         ]
       })
-    });
+    );
     const text = ctx.sidebar.node.textContent!;
     expect(text).toContain(
       'No GPU in this kernel: showing host memory and the tensors on it.'
@@ -447,19 +431,7 @@ describe('GpuMemSidebar', () => {
   });
 
   it('offers the host when the device chosen is not in this kernel', () => {
-    const ctx = setUp();
-    ctx.channel.setDevice('cuda:0');
-    ctx.comm().receive({ type: 'hello', version: '0.1.0', device: 'cuda:0' });
-    ctx.comm().receive({
-      type: 'snapshot',
-      snapshot: snapshot({
-        device: 'cuda:0',
-        devices: [],
-        holders: [],
-        accelerator: false
-      })
-    });
-    ctx.comm().sent = [];
+    const ctx = withoutCuda0();
     expect(ctx.sidebar.node.textContent).toContain(
       'This kernel has no cuda:0.'
     );
@@ -510,23 +482,15 @@ describe('GpuMemSidebar', () => {
   it('clears an old purge result when a newer snapshot arrives, or on dismiss', () => {
     const ctx = setUp();
     ready(ctx);
-    ctx
-      .comm()
-      .receive({ type: 'purge_result', result: purgeResult(), reply_to: 2 });
+    purged(ctx, 2);
     // the snapshot that follows the purge shows its effect, with the result
-    ctx
-      .comm()
-      .receive({ type: 'snapshot', snapshot: snapshot({ holders: [] }) });
+    emptied(ctx);
     expect($(ctx.sidebar.node, '.jp-GpuMem-purgeResult')).not.toBeNull();
     // the next one (a cell ran, a refresh) is newer than the purge
-    ctx
-      .comm()
-      .receive({ type: 'snapshot', snapshot: snapshot({ holders: [] }) });
+    emptied(ctx);
     expect($(ctx.sidebar.node, '.jp-GpuMem-purgeResult')).toBeNull();
 
-    ctx
-      .comm()
-      .receive({ type: 'purge_result', result: purgeResult(), reply_to: 3 });
+    purged(ctx, 3);
     ($(ctx.sidebar.node, '.jp-GpuMem-dismiss') as HTMLButtonElement).click();
     expect($(ctx.sidebar.node, '.jp-GpuMem-purgeResult')).toBeNull();
     expect(ctx.model.lastPurge).toBeNull();
@@ -536,20 +500,14 @@ describe('GpuMemSidebar', () => {
     const ctx = setUp();
     ctx.sidebar.poll.dispose(); // only the purge's own request is counted here
     ready(ctx);
-    ctx
-      .comm()
-      .receive({ type: 'purge_result', result: purgeResult(), reply_to: 2 });
+    purged(ctx, 2);
     expect(ctx.comm().sent).toEqual([]);
     await new Promise(resolve => setTimeout(resolve, 1600));
     expect(ctx.comm().sent).toEqual([{ type: 'refresh', id: 2 }]);
     // pushed in time: nothing asked
     ctx.comm().sent = [];
-    ctx
-      .comm()
-      .receive({ type: 'purge_result', result: purgeResult(), reply_to: 3 });
-    ctx
-      .comm()
-      .receive({ type: 'snapshot', snapshot: snapshot({ holders: [] }) });
+    purged(ctx, 3);
+    emptied(ctx);
     await new Promise(resolve => setTimeout(resolve, 1600));
     expect(ctx.comm().sent).toEqual([]);
   });
@@ -609,18 +567,7 @@ describe('GpuMemSidebar', () => {
   });
 
   it('keeps its buttons across device readings (a click is not lost)', () => {
-    const ctx = setUp();
-    ctx.channel.setDevice('cuda:0');
-    ctx.comm().receive({ type: 'hello', version: '0.1.0', device: 'cuda:0' });
-    ctx.comm().receive({
-      type: 'snapshot',
-      snapshot: snapshot({
-        device: 'cuda:0',
-        devices: [],
-        holders: [],
-        accelerator: false
-      })
-    });
+    const ctx = withoutCuda0();
     const button = $(ctx.sidebar.node, '.jp-GpuMem-useCpu');
     ctx.comm().receive({ type: 'devices', time: 2000, devices: [device()] });
     expect($(ctx.sidebar.node, '.jp-GpuMem-useCpu')).toBe(button);
@@ -642,23 +589,11 @@ describe('GpuMemSidebar', () => {
   });
 
   it('refreshes through its poll while visible', async () => {
-    const model = new SidebarModel();
-    const channel = new KernelChannel(model);
-    const sidebar = new GpuMemSidebar({
-      model,
-      channel,
-      confirmPurge: async () => false,
+    const { sidebar, session } = openSidebar({
+      answer: false,
       refreshInterval: 20
     });
-    Widget.attach(sidebar, document.body);
-    widgets.push(sidebar);
-    const session = new RecordingSession();
-    channel.follow(session, 'demo.ipynb');
-    session.kernel.lastComm.receive({
-      type: 'hello',
-      version: '0.1.0',
-      device: 'auto'
-    });
+    hello(session.kernel.lastComm);
     session.kernel.lastComm.sent = [];
     await new Promise(resolve => setTimeout(resolve, 150));
     const refreshes = session.kernel.lastComm.sent.filter(
