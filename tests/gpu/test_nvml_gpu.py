@@ -120,16 +120,14 @@ def uncached(index: int, pid: int | None = None) -> dict:
         lists.append(list(nv.nvmlDeviceGetGraphicsRunningProcesses(h)))
     except Exception:  # noqa: BLE001 - as before: a device without graphics lists
         pass
-    figure, unknown = 0, False
-    for procs in lists:
-        values = [p.usedGpuMemory for p in procs if p.pid == pid]
-        if any(v is None for v in values):
-            unknown = True
-        else:
-            figure = max(figure, sum(int(v) for v in values))
+    # per list, this process's bytes (None where the driver gives no figure); the
+    # larger list wins, an unknown one counts only when no list knows any bytes
+    sums = [None if None in values else sum(map(int, values))
+            for values in ([p.usedGpuMemory for p in procs if p.pid == pid] for procs in lists)]
+    known = max((v for v in sums if v is not None), default=0)
     return {"uuid": _text(nv.nvmlDeviceGetUUID(h)), "name": _text(nv.nvmlDeviceGetName(h)),
             "total": int(mem.total), "used": int(mem.used), "free": int(mem.free),
-            "process": None if unknown and not figure else figure}
+            "process": None if None in sums and not known else known}
 
 
 def ours(du) -> dict:
