@@ -325,3 +325,25 @@ def test_a_backend_module_dropped_into_the_package_is_found(tmp_path):
     assert where.startswith(str(copy))
     assert names == str(["torch", "keras", "tensorflow", "zzfw", "jax", "cupy"])
     assert frameworks == "[]" and active == "['zzfw']"
+
+
+def test_leftover_and_broken_files_in_backends_neither_register_twice_nor_stop_the_load(tmp_path):
+    """An editor's copy (``pytorch copy.py``) registers nothing, and a backend module that
+    fails to import is left out with a warning while the others load."""
+    import shutil
+
+    copy = tmp_path / NAME
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(copy / "backends" / "pytorch.py", copy / "backends" / "pytorch copy.py")
+    shutil.copy(copy / "backends" / "pytorch.py", copy / "backends" / "pytorch-old.py")
+    (copy / "backends" / "stale.py").write_text(
+        "from .base import RemovedInThisVersion  # a file a hand upgrade left behind\n")
+    proc = subprocess.run([sys.executable, "-W", "always", "-c", textwrap.dedent(f"""
+        import {NAME}
+        from {NAME} import backends
+        print([b.name for b in backends.REGISTRY.backends])
+    """)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == str(["torch", "keras", "tensorflow", "jax",
+                                                        "cupy"])
+    assert "backend module 'stale' left out: ImportError" in proc.stderr

@@ -21,6 +21,7 @@ from conftest import run  # noqa: E402
 from test_comm import open_sidebar, send  # noqa: E402
 from test_watch import _sampling_threads  # noqa: E402
 
+from jupyter_gpumem.core.monitor import SharedSampler  # noqa: E402
 from jupyter_gpumem.session import session_of  # noqa: E402
 from jupyter_gpumem.views import comm as gpucomm  # noqa: E402
 from jupyter_gpumem.views import panel as panel_mod  # noqa: E402
@@ -216,3 +217,49 @@ def test_a_sampling_thread_that_dies_tells_every_subscriber(thread_tracebacks):
     assert again.is_alive() and sampler.failure is None
     sampler.close()
     assert not again.is_alive() and sampler.thread is None
+
+
+def test_a_call_longer_than_its_interval_still_leaves_the_cell_time_between_calls():
+    """A 3 ms reading at a 2 ms interval: the thread rests most of an interval after
+    each call instead of calling back to back (holding the interpreter lock)."""
+    sampler = SharedSampler(read=None, name="jupyter_gpumem-test")
+    calls: list[float] = []
+
+    def slow():
+        calls.append(time.monotonic())
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.003:
+            pass
+
+    sampler.subscribe(slow, 0.002)
+    try:
+        time.sleep(0.4)
+    finally:
+        sampler.close(2.0)
+    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    assert len(gaps) > 10 and min(gaps) >= 0.003 + 0.002 * 0.75, (len(gaps), min(gaps))
+
+
+def test_a_thread_that_cannot_start_leaves_the_sampler_as_it_was(monkeypatch):
+    """"can't start new thread": the subscription is refused, nothing half made stays, the
+    next subscription starts a thread and closing works."""
+    sampler = SharedSampler(read=None, name="jupyter_gpumem-test")
+    real_start = threading.Thread.start
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(RuntimeError):
+        sampler.subscribe(lambda: None, 0.01)
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    got: list[int] = []
+    sub = sampler.subscribe(lambda: got.append(1), 0.01)
+    try:
+        deadline = time.monotonic() + 2.0
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got and sub.is_alive()
+    finally:
+        sampler.close(2.0)
+    assert not sub.is_alive()

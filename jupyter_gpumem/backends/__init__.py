@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import warnings
 from typing import Iterable
 
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, Registry,
@@ -25,14 +26,21 @@ def discover(path: Iterable[str] | None = None,
              package: str = __name__) -> list[tuple[str, Backend]]:
     """``(module name, backend)`` for each backend that a module of the package lists in
     its ``BACKENDS``, modules in name order (``path``: the package's folders, its
-    ``__path__`` unless given). Subpackages and modules whose name starts with ``_`` are
-    left out."""
+    ``__path__`` unless given). Subpackages, modules whose name starts with ``_`` and
+    files whose name is no module name (``pytorch copy.py``, ``pytorch-old.py``: an
+    editor's or a hand upgrade's leftovers) are left out. A module that fails to import
+    is left out with a warning: one broken file must not stop the extension loading."""
     found: list[tuple[str, Backend]] = []
     for info in sorted(pkgutil.iter_modules(list(__path__ if path is None else path)),
                        key=lambda m: m.name):
-        if info.ispkg or info.name.startswith("_"):
+        if info.ispkg or info.name.startswith("_") or not info.name.isidentifier():
             continue
-        module = importlib.import_module(f"{package}.{info.name}")
+        try:
+            module = importlib.import_module(f"{package}.{info.name}")
+        except Exception as exc:  # noqa: BLE001 - the other backends stand
+            warnings.warn(f"jupyter_gpumem: backend module {info.name!r} left out: "
+                          f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+            continue
         for backend in getattr(module, "BACKENDS", None) or ():
             if not isinstance(backend, Backend):
                 raise TypeError(f"{package}.{info.name}.BACKENDS holds {backend!r}, "

@@ -174,11 +174,17 @@ class SharedSampler:
             self._subs.append(sub)
             if self._thread is None:
                 self._wake = threading.Event()
-                self._thread = threading.Thread(target=self._run, args=(self._wake,),
-                                                name=self.name, daemon=True)
+                thread = threading.Thread(target=self._run, args=(self._wake,),
+                                          name=self.name, daemon=True)
                 self.failure = None
                 self._planned = math.inf
-                self._thread.start()
+                self._thread = thread
+                try:
+                    thread.start()
+                except BaseException:   # "can't start new thread": nothing half made stays
+                    self._thread = None
+                    self._subs.remove(sub)
+                    raise
             elif active:
                 self._woken(sub.due)
         return sub
@@ -331,6 +337,12 @@ class SharedSampler:
                     self._tell(sub)
                 else:
                     sub.calls += 1
+                with self._lock:
+                    # a call that took about its interval or longer still leaves the cell
+                    # most of an interval: the thread never calls back to back
+                    rest = time.monotonic() + interval * (1 - EARLY)
+                    if sub.due is not None and sub.due < rest:
+                        sub.due = rest
         finally:
             local.memo = None
         self.stats["ticks"] += 1
