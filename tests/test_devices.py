@@ -240,6 +240,8 @@ def test_proc_reads_keep_the_interpreter_lock_with_the_c_core():
     assert devices._pread is core.pread_held
     with open("/proc/self/cmdline", "rb") as f:
         assert devices.read_proc("/proc/self/cmdline") == f.read()
+    devices.read_proc("/proc/self/status")   # opened now: opening a file lets go of the lock
+    devices.process_memory()
     ran, go, stop = [0], threading.Lock(), threading.Event()
     go.acquire()
 
@@ -261,9 +263,9 @@ def test_proc_reads_keep_the_interpreter_lock_with_the_c_core():
             devices.process_memory()
         held = ran[0] - before
         fd = os.open("/proc/self/status", os.O_RDONLY)
-        try:
-            before = ran[0]
-            for _ in range(200):
+        try:   # the control: reads that let go of the lock let the other thread in, once
+            before, deadline = ran[0], time.monotonic() + 10.0   # it is scheduled (a busy machine)
+            while ran[0] == before and time.monotonic() < deadline:
                 os.pread(fd, 16384, 0)
             released = ran[0] - before
         finally:
