@@ -61,8 +61,9 @@ def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
     """The user's own names in a namespace (IPython's bookkeeping left out)."""
     hidden_ns = hidden_ns or {}
     # names bound to an atomic value (IPython's ``_iN`` input strings among them, one a
-    # cell) are dropped first, in one comprehension; the rest are looked at one by one
-    keep = [(k, v) for k, v in dict.items(namespace) if type(v) not in ATOMIC]
+    # cell) are dropped first, in one comprehension; the rest are looked at one by one.
+    # The items are taken in one C call: another thread may change the namespace meanwhile
+    keep = [(k, v) for k, v in list(dict.items(namespace)) if type(v) not in ATOMIC]
     out = []
     for name, value in keep:
         if type(name) is not str:
