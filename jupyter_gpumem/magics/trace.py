@@ -7,8 +7,12 @@ from IPython.core.error import UsageError
 
 from ..core.trace import (CONTEXTS, DEFAULT_MAX_ENTRIES, STACKS, is_on, save, start, status, stop,
                           tracer)
-from ..session import session_of
+from ..session import hook_cells, unhook_cells
 from .args import parser
+
+#: how trace hears of cells: through the shell's session (with the footer and the views),
+#: IPython's own events where the extension is not loaded in that shell
+SESSION_HOOKS = (hook_cells, unhook_cells)
 
 
 def _parser():
@@ -36,7 +40,7 @@ def magic_trace(magics: Any, argv: list[str]) -> None:
         print(start(magics.shell, device, stacks=args.stacks or "python",
                     context=args.context or "alloc",
                     max_entries=args.max_entries or DEFAULT_MAX_ENTRIES,
-                    cells=_session_hooks(magics.shell)))
+                    cells=SESSION_HOOKS))
         if hasattr(magics, "trace"):
             magics.trace = True
     elif args.state == "off":
@@ -61,16 +65,4 @@ def on_load(shell: Any, magics: Any) -> None:
         magics.add_cleanup(lambda: stop() if is_on() and tracer().shell is shell else None)
     if getattr(magics, "trace", False) is True and not is_on():
         device = getattr(magics, "default_device", "auto") or "auto"
-        start(shell, device, cells=_session_hooks(shell))
-
-
-def _session_hooks(shell: Any):
-    """The session's cell hooks: trace hears of cells through them, with the footer and
-    the views (None without a session: IPython's own events then)."""
-    session = session_of(shell)
-    return (_hook(session.hook_cells), _hook(session.unhook_cells)) if session is not None \
-        else None
-
-
-def _hook(method):
-    return lambda shell, pre, post: method(pre, post)
+        start(shell, device, cells=SESSION_HOOKS)
