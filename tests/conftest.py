@@ -41,6 +41,18 @@ def run(shell, code: str, *, expect_error: bool = False):
     return result
 
 
+class Fatal(BaseException):
+    """Ends a sampling thread's callback (not an Exception, which a sampler counts and
+    survives)."""
+
+
+def raises_fatal(message: str):
+    """A callback (or method) that raises :class:`Fatal` with ``message``."""
+    def callback(*args):
+        raise Fatal(message)
+    return callback
+
+
 @contextlib.contextmanager
 def two_worker_cluster():
     """A real Dask LocalCluster of two worker processes, one thread each (for a

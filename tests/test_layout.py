@@ -88,12 +88,17 @@ def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+def _trees(modules: dict):
+    """``(module, is_package, syntax tree)`` of each module, by name."""
+    for module, (path, is_package) in sorted(modules.items()):
+        yield module, is_package, ast.parse(path.read_text(), str(path))
+
+
 def imports(other: bool = False) -> list[Import]:
     """Every import of a module of the package by a module of the package
     (``other``: of anything else instead); ``from . import x`` is an edge to ``x``."""
     found = []
-    for module, (path, is_package) in MODULES.items():
-        tree = ast.parse(path.read_text(), str(path))
+    for module, is_package, tree in _trees(MODULES):
         parents = _parents(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -247,10 +252,9 @@ def framework_mentions(modules=None) -> list[str]:
     ``import_module("jax")``, an import hook waiting for ``"torch"``: every lookup
     style). Docstrings and comments may mention them."""
     found = []
-    for module, (path, _) in sorted((modules or MODULES).items()):
+    for module, _, tree in _trees(modules or MODULES):
         if module.split(".")[1:2] == ["backends"]:
             continue
-        tree = ast.parse(path.read_text(), str(path))
         docs = _docstrings(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("ipywidgets")
 pytest.importorskip("comm")
 
-from conftest import run  # noqa: E402
+from conftest import raises_fatal, run  # noqa: E402
 from test_comm import open_sidebar, send  # noqa: E402
 from test_watch import _sampling_threads  # noqa: E402
 
@@ -128,13 +128,7 @@ def test_a_failing_subscriber_leaves_the_others_their_readings(three, monkeypatc
     ip, panel, hub, sidebar = three
     session = session_of(ip)
 
-    class Fatal(BaseException):
-        pass
-
-    def tick(self):
-        raise Fatal("no device")
-
-    monkeypatch.setattr(panel_mod.Panel, "_tick", tick)
+    monkeypatch.setattr(panel_mod.Panel, "_tick", raises_fatal("no device"))
     run(ip, "%gpumem panel --close")
     run(ip, "%gpumem panel --device cpu --interval 0.1")     # its first reading fails
     panel = panel_mod.current(ip)
@@ -201,13 +195,7 @@ def test_a_sampling_thread_that_dies_tells_every_subscriber(thread_tracebacks):
             for n in ("a", "b")]
     thread = sampler.thread
 
-    class Fatal(BaseException):
-        pass
-
-    def dead(due, now):
-        raise Fatal("the loop broke")
-
-    sampler._tick = dead        # the loop itself fails, not a subscriber
+    sampler._tick = raises_fatal("the loop broke")   # the loop itself fails, not a subscriber
     thread.join(2)
     assert not thread.is_alive() and sampler.thread is None
     assert sorted(failures) == [("a", "Fatal: the loop broke"), ("b", "Fatal: the loop broke")]

@@ -20,7 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import run  # noqa: E402
+from conftest import raises_fatal, run  # noqa: E402
 from IPython.core.error import UsageError  # noqa: E402
 
 watch_mod = importlib.import_module("jupyter_gpumem.watch.scope")
@@ -120,14 +120,8 @@ def test_a_sampler_thread_never_dies_with_a_traceback(thread_tracebacks):
     s.stop()
     assert not s.is_alive() and calls and sampler.thread is None
 
-    class Fatal(BaseException):
-        pass
-
-    def boom():
-        raise Fatal("gone")
-
     failures = []
-    s = sampler.subscribe(boom, 0.05, name="test", on_failure=failures.append)
+    s = sampler.subscribe(raises_fatal("gone"), 0.05, name="test", on_failure=failures.append)
     thread = sampler.thread
     s.join(2)
     assert not s.is_alive() and s.stopped
@@ -139,13 +133,7 @@ def test_a_sampler_thread_never_dies_with_a_traceback(thread_tracebacks):
 
 def test_a_sampler_that_stops_is_said_in_the_report_not_in_a_traceback(wip, monkeypatch,
                                                                        thread_tracebacks):
-    class Fatal(BaseException):
-        pass
-
-    def tick(lane):
-        raise Fatal("no more readings")
-
-    monkeypatch.setattr(watch_mod.HUB, "_tick", tick)
+    monkeypatch.setattr(watch_mod.HUB, "_tick", raises_fatal("no more readings"))
     run(wip, "import time")
     run(wip, "%%gpuwatch -o r --device cpu --interval 0.01\ntime.sleep(0.1)")
     r = wip.user_ns["r"]
