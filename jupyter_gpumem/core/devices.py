@@ -192,18 +192,19 @@ def write_proc(path: str, data: bytes) -> None:
 def process_memory() -> tuple[int | None, int | None]:
     """This process's resident set and its peak (``VmRSS``, ``VmHWM``) in bytes, from
     ``/proc/self/status``: the one reader of both for the device lines and the peaks."""
-    rss = hwm = None
     try:
         status = read_proc("/proc/self/status")
-        at = status.find(b"VmRSS:")
-        if at >= 0:
-            rss = int(status[at + 6:status.index(b"\n", at)].split()[0]) * 1024
-        at = status.find(b"VmHWM:")
-        if at >= 0:
-            hwm = int(status[at + 6:status.index(b"\n", at)].split()[0]) * 1024
+        return _kib(status, b"VmRSS:"), _kib(status, b"VmHWM:")
     except (OSError, ValueError, IndexError):
         return None, None
-    return rss, hwm
+
+
+def _kib(text: bytes, label: bytes) -> int | None:
+    """The bytes of a ``Label:   1234 kB`` line of a /proc file; None without that line."""
+    at = text.find(label)
+    if at < 0:
+        return None
+    return int(text[at + len(label):text.index(b"\n", at)].split()[0]) * 1024
 
 
 #: the host's available memory is the whole machine's (other processes' doing too): a
@@ -223,9 +224,10 @@ def _host_memory() -> tuple[int | None, int | None, int | None]:
     try:
         now = time.monotonic()
         if now - _AVAILABLE[0] > AVAILABLE_TTL:
-            info = read_proc("/proc/meminfo")
-            at = info.index(b"MemAvailable:")
-            _AVAILABLE[:] = [now, int(info[at + 13:info.index(b"\n", at)].split()[0]) * 1024]
+            available = _kib(read_proc("/proc/meminfo"), b"MemAvailable:")
+            if available is None:
+                raise ValueError("no MemAvailable in /proc/meminfo")
+            _AVAILABLE[:] = [now, available]
         avail = _AVAILABLE[1]
     except (OSError, ValueError, IndexError, AttributeError):
         pass
