@@ -101,9 +101,23 @@ def rss_mib() -> float:
         return float("nan")
 
 
+TORCH_MODES = [("history, no stacks", dict(enabled="all", context=None)),
+               ("state, python stacks", dict(enabled="state", context="alloc", stacks="python")),
+               ("history + python stacks of allocs (trace's)",
+                dict(enabled="all", context="alloc", stacks="python")),
+               ("history + python stacks of allocs and frees",
+                dict(enabled="all", context="all", stacks="python")),
+               ("history + C++ and python stacks of allocs",
+                dict(enabled="all", context="alloc", stacks="all"))]
+
+
 def breakdown(torch, calls: int = 5000) -> None:
     """Bare 512-byte allocations (each freed at once) under each recording mode of
-    torch's: what the stacks cost apart from the history."""
+    torch's: what the stacks cost apart from the history, at a shallow stack, under
+    40 more Python frames (a notebook's training step is that deep), and on a
+    thread of its own (autograd's backward allocates on its own thread)."""
+    import threading
+
     record = torch.cuda.memory._record_memory_history
     dev = torch.device("cuda", 0)
 
@@ -113,22 +127,45 @@ def breakdown(torch, calls: int = 5000) -> None:
             torch.empty(512, dtype=torch.uint8, device=dev)
         return (time.perf_counter() - t0) / calls * 1e6
 
-    modes = [("off", None), ("history, no stacks", dict(enabled="all", context=None)),
-             ("state, python stacks", dict(enabled="state", context="alloc", stacks="python")),
-             ("history + python stacks of allocs (trace's)",
-              dict(enabled="all", context="alloc", stacks="python")),
-             ("history + python stacks of allocs and frees",
-              dict(enabled="all", context="all", stacks="python")),
-             ("history + C++ and python stacks of allocs",
-              dict(enabled="all", context="alloc", stacks="all"))]
+    def deep(n: int = 40) -> float:
+        return loop() if n == 0 else deep(n - 1)
+
+    def threaded() -> float:
+        out: list[float] = []
+        t = threading.Thread(target=lambda: out.append(loop()))
+        t.start()
+        t.join()
+        return out[0]
+
+    def backward() -> float:
+        """Backward of a chain of 100 small ops: its allocations are on autograd's thread."""
+        x = torch.ones(64, device=dev, requires_grad=True)
+        t0 = time.perf_counter()
+        for _ in range(calls // 100):
+            y = x
+            for _ in range(100):
+                y = y * 1.0001
+            y.sum().backward()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / calls * 1e6
+
     loop()
-    for name, kw in modes:
+    for name, kw in [("off", None)] + TORCH_MODES:
         record(enabled=None)
         if kw:
             record(**kw)
         loop()
-        print(f"  bare allocation, {name}: {min(loop() for _ in range(5)):.2f} µs")
+        figures = {what: min(fn() for _ in range(5)) for what, fn in
+                   (("shallow", loop), ("40 frames deeper", deep), ("own thread", threaded),
+                    ("chain op + its backward", backward))}
+        print(f"  bare allocation, {name}: "
+              + ", ".join(f"{what} {v:.2f} µs" for what, v in figures.items()))
     record(enabled=None)
+
+
+def _quartiles(values: list[float]) -> str:
+    q = statistics.quantiles(values, n=4) if len(values) >= 4 else [min(values), 0, max(values)]
+    return f"{q[0]:.3f}-{q[2]:.3f}"
 
 
 def main() -> int:
@@ -149,6 +186,9 @@ def main() -> int:
     p.add_argument("--quiet", action="store_true", help="no line per round")
     p.add_argument("--breakdown", action="store_true",
                    help="also time bare allocations under each of torch's recording modes")
+    p.add_argument("--torch-modes", action="store_true", dest="torch_modes",
+                   help="on CUDA, also run the loop in every round under each of torch's "
+                        "recording modes (history without stacks, state only, ...)")
     args = p.parse_args()
 
     import torch
@@ -187,18 +227,24 @@ def main() -> int:
         elif mode == "torch":   # torch's own recorder, same settings, without the product
             record(enabled="all", context=args.context, stacks=args.stacks,
                    max_entries=kwargs.get("max_entries", trace.DEFAULT_MAX_ENTRIES))
+        elif mode.startswith("mode "):
+            record(**TORCH_MODES[int(mode.split()[1])][1],
+                   max_entries=kwargs.get("max_entries", trace.DEFAULT_MAX_ENTRIES))
         try:
             run.cell(LOOP)
         finally:
             if mode == "on":
                 trace.stop()
-            elif mode == "torch":
+            elif mode == "torch" or mode.startswith("mode "):
                 record(enabled=None)
         return run.ns["elapsed"]
 
     # on CUDA a third mode in every round: torch's recorder alone, what the mechanism
     # the product reads costs by itself
     modes = ("off", "on", "torch") if cuda else ("off", "on")
+    if cuda and args.torch_modes:
+        modes += tuple(f"mode {i}" for i in range(len(TORCH_MODES)))
+    mode_ratios: dict[str, list[float]] = {m: [] for m in modes if m.startswith("mode ")}
     ratios, offs, ons, torch_ratios = [], [], [], []
     for i in range(args.rounds):
         order = modes[i % len(modes):] + modes[:i % len(modes)]
@@ -209,11 +255,16 @@ def main() -> int:
         ratios.append(got["on"] / got["off"])
         if cuda:
             torch_ratios.append(got["torch"] / got["off"])
+        for m in mode_ratios:
+            mode_ratios[m].append(got[m] / got["off"])
         if not args.quiet:
             print(f"  round {i + 1}: off {got['off'] * 1e3 / args.steps:.2f} ms/step, "
                   f"on {got['on'] * 1e3 / args.steps:.2f} ms/step, "
                   f"ratio {got['on'] / got['off']:.3f}"
                   + (f", torch's recorder alone {got['torch'] / got['off']:.3f}" if cuda else ""))
+    for m, rs in mode_ratios.items():
+        print(f"torch's recorder alone, {TORCH_MODES[int(m.split()[1])][0]}: median ratio "
+              f"{statistics.median(rs):.3f}x (quartiles {_quartiles(rs)})")
     if torch_ratios:
         tq = statistics.median(torch_ratios)
         print(f"torch's recorder alone (no jupyter_gpumem), same settings: median ratio "
