@@ -204,6 +204,9 @@ def test_host_figures_are_read_fresh_from_kept_proc_files_and_a_forked_child_rea
     with open("/proc/self/statm") as f:
         expect = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     assert total > avail > 0 and abs(rss - expect) < 16 << 20
+    assert total == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert abs(devices.process_rss() - devices.process_memory()[0]) < 16 << 20, \
+        "statm's resident set is status's VmRSS"
     grown = _resident(64 << 20)
     assert devices._host_memory()[2] >= rss + (48 << 20), "read again, not a kept figure"
     read, write = os.pipe()

@@ -123,3 +123,38 @@ def test_a_checkout_with_a_compiler_builds_the_c_core():
     if os.environ.get("JUPYTER_GPUMEM_PURE_SCAN") or not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no compiler here, or the Python walk asked for")
     assert scan_reach.NATIVE is not None, "hatch_build.py did not build jupyter_gpumem/core/_reach.c"
+
+
+def test_the_c_filter_of_a_namespace_keeps_what_the_python_filter_keeps_and_asks_no_type(monkeypatch):
+    """user_roots drops the names bound to atomic values in one C pass: the same pairs
+    as the Python fallback, in order, and neither asks a metaclass whose ``__hash__``
+    and ``__eq__`` raise (the types are compared by address; ``type(v) in ATOMIC``
+    would run the user's ``__hash__``)."""
+    from jupyter_gpumem.core import roots
+    from jupyter_gpumem.core.scan_types import ATOMIC
+
+    native = pytest.importorskip("jupyter_gpumem.core._reach")
+
+    class Loud(type):
+        def __hash__(cls):
+            raise AssertionError("the filter ran the metaclass's __hash__")
+
+        def __eq__(cls, other):
+            raise AssertionError("the filter ran the metaclass's __eq__")
+
+    Odd = Loud("Odd", (), {})
+    ns = {f"_i{i}": "x = 1" for i in range(300)}
+    ns.update(a=1, b=[1], c=2.5, d=None, e=torch.ones(2), f=Odd(), g=b"x", h={"k": 1})
+    ns[42] = [2]          # a key that is no name: the filter keeps it for odd_keys' rule
+    python = roots._items_except_py(ns, ATOMIC)
+    got = native.items_except(ns, ATOMIC)
+    assert [k for k, _ in got] == [k for k, _ in python] == ["b", "e", "f", "h", 42]
+    assert all(v is w for (_, v), (_, w) in zip(got, python))
+    assert roots._items_except is native.items_except
+    assert [r.name for r in roots.user_roots(ns)] == ["b", "e", "f", "h"]
+    monkeypatch.setattr(roots, "_items_except", roots._items_except_py)
+    assert [r.name for r in roots.user_roots(ns)] == ["b", "e", "f", "h"]
+    with pytest.raises(TypeError):
+        native.items_except(ns, set(ATOMIC))      # a frozenset only
+    with pytest.raises(ValueError):
+        native.items_except(ns, frozenset(type(f"T{i}", (), {}) for i in range(65)))

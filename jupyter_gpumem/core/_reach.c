@@ -516,7 +516,64 @@ reach_write_held(PyObject *self, PyObject *args)
 }
 #endif
 
+/* items_except(dict, types): the (key, value) pairs of a dict whose value's exact
+ * type is not one of `types` (a frozenset of at most 64 types), in the dict's order.
+ * One pass in C that runs no Python code: the types are compared by address (a
+ * metaclass's __hash__ or __eq__ is never asked), so nothing can change the dict
+ * mid-walk. */
+#define ITEMS_EXCEPT_MAX 64
+static PyObject *
+reach_items_except(PyObject *self, PyObject *args)
+{
+    PyObject *dict, *types;
+    if (!PyArg_ParseTuple(args, "O!O!:items_except", &PyDict_Type, &dict,
+                          &PyFrozenSet_Type, &types))
+        return NULL;
+    PyObject *skip[ITEMS_EXCEPT_MAX];
+    Py_ssize_t nskip = 0;
+    PyObject *it = PyObject_GetIter(types);
+    if (it == NULL)
+        return NULL;
+    PyObject *t;
+    while ((t = PyIter_Next(it)) != NULL) {
+        if (nskip == ITEMS_EXCEPT_MAX) {
+            Py_DECREF(t);
+            Py_DECREF(it);
+            PyErr_SetString(PyExc_ValueError, "items_except takes at most 64 types");
+            return NULL;
+        }
+        skip[nskip++] = t;      /* the frozenset keeps it alive */
+        Py_DECREF(t);
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(dict, &pos, &key, &value)) {
+        PyObject *type = (PyObject *)Py_TYPE(value);
+        Py_ssize_t i = 0;
+        while (i < nskip && skip[i] != type)
+            i++;
+        if (i < nskip)
+            continue;
+        PyObject *pair = PyTuple_Pack(2, key, value);
+        if (pair == NULL || PyList_Append(out, pair) < 0) {
+            Py_XDECREF(pair);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(pair);
+    }
+    return out;
+}
+
 static PyMethodDef reach_functions[] = {
+    {"items_except", reach_items_except, METH_VARARGS,
+     "items_except(dict, types) -> list: the (key, value) pairs whose value's type is not in types"},
 #ifndef _WIN32
     {"pread_held", reach_pread_held, METH_VARARGS,
      "pread_held(fd, size) -> bytes: read from the start of fd without releasing the GIL"},

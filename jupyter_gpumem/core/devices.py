@@ -111,13 +111,13 @@ def _order(acc: AcceleratorInfo):
 def selected_ids(device: str, accs: list[AcceleratorInfo] | None = None) -> list[str]:
     """Device ids a selection covers (``auto``: accelerators, else ``cpu``)."""
     device = parse_device(device)
+    if device == "cpu":
+        return ["cpu"]      # no accelerator needs listing
     ids = [a.id for a in (accelerators() if accs is None else accs)]
     if device == "auto":
         return ids or ["cpu"]
     if device == "all":
         return ids + ["cpu"]
-    if device == "cpu":
-        return ["cpu"]
     if device in ("cuda", "mps"):
         return [i for i in ids if i.startswith(device + ":")]
     return [device]
@@ -161,7 +161,7 @@ def _forget(key: tuple, fd: int) -> None:
         os.close(fd)
 
 
-def read_proc(path: str) -> bytes:
+def read_proc(path: str, size: int = 16384) -> bytes:
     """A /proc file's text now. Opening a /proc file costs far more than reading it
     (tens of µs on a busy machine, several times per cell), so each is opened once
     per process and read again from its start; a forked child opens its own
@@ -170,10 +170,10 @@ def read_proc(path: str) -> bytes:
     thread lets go of it the I/O thread may keep it for a message's sending)."""
     if _pread is None:
         with open(path, "rb") as f:
-            return f.read(16384)
+            return f.read(size)
     key, fd = _proc_fd(path)
     try:
-        return _pread(fd, 16384)
+        return _pread(fd, size)
     except OSError:
         _forget(key, fd)
         raise
@@ -214,12 +214,32 @@ AVAILABLE_TTL = 0.05
 _AVAILABLE: list = [float("-inf"), None]
 
 
+def process_rss() -> int | None:
+    """This process's resident set in bytes, from ``/proc/self/statm`` (the kernel
+    writes that file in a fraction of what ``status`` takes; the same counter as
+    ``VmRSS``): the device line's figure, read after every cell."""
+    try:
+        return int(read_proc("/proc/self/statm", 128).split()[1]) * _page_size()
+    except (OSError, ValueError, IndexError):
+        return process_memory()[0]
+
+
+def _page_size() -> int:
+    if not _PAGES:
+        _PAGES[:] = [os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_PHYS_PAGES")]
+    return _PAGES[0]
+
+
+#: (page size, physical pages): the machine's, read once
+_PAGES: list[int] = []
+
+
 def _host_memory() -> tuple[int | None, int | None, int | None]:
     """(total, available, this process's resident set) of host RAM."""
     total = avail = None
     try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
+        total = _page_size() * _PAGES[1]
+    except (ValueError, OSError, AttributeError, IndexError):
         pass
     try:
         now = time.monotonic()
@@ -231,7 +251,7 @@ def _host_memory() -> tuple[int | None, int | None, int | None]:
         avail = _AVAILABLE[1]
     except (OSError, ValueError, IndexError, AttributeError):
         pass
-    return total, avail, process_memory()[0]
+    return total, avail, process_rss()
 
 
 def _cpu_usage() -> DeviceUsage:
@@ -256,7 +276,8 @@ def read_devices(device: str = "auto", *, detail: bool = False) -> list[DeviceUs
 
 
 def _read_devices(device: str, detail: bool) -> list[DeviceUsage]:
-    accs = accelerators()
+    device = parse_device(device)
+    accs = [] if device == "cpu" else accelerators()
     by_id = {a.id: a for a in accs}
     ids = selected_ids(device, accs)
     backends = active_backends()

@@ -57,13 +57,26 @@ def _is_bookkeeping(name: str) -> bool:
     return known
 
 
+def _items_except_py(namespace: dict, types: frozenset) -> list[tuple[Any, Any]]:
+    """:func:`_items_except` without the C core: the items are taken in one C call
+    (another thread may change the namespace), and the types are compared by address,
+    as the C pass does (a metaclass's ``__hash__`` is never asked)."""
+    skip = frozenset(map(id, types))
+    return [(k, v) for k, v in list(dict.items(namespace)) if id(type(v)) not in skip]
+
+
+try:   # the C core (see _reach.c): one pass over the table, no Python code run
+    from ._reach import items_except as _items_except
+except ImportError:
+    _items_except = _items_except_py
+
+
 def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
     """The user's own names in a namespace (IPython's bookkeeping left out)."""
     hidden_ns = hidden_ns or {}
     # names bound to an atomic value (IPython's ``_iN`` input strings among them, one a
-    # cell) are dropped first, in one comprehension; the rest are looked at one by one.
-    # The items are taken in one C call: another thread may change the namespace meanwhile
-    keep = [(k, v) for k, v in list(dict.items(namespace)) if type(v) not in ATOMIC]
+    # cell) are dropped first, in one pass; the rest are looked at one by one
+    keep = _items_except(namespace, ATOMIC)
     out = []
     for name, value in keep:
         if type(name) is not str:
