@@ -158,3 +158,40 @@ def test_the_c_filter_of_a_namespace_keeps_what_the_python_filter_keeps_and_asks
         native.items_except(ns, set(ATOMIC))      # a frozenset only
     with pytest.raises(ValueError):
         native.items_except(ns, frozenset(type(f"T{i}", (), {}) for i in range(65)))
+
+
+def test_the_c_filter_keeps_its_pairs_whole_when_a_collection_inside_it_changes_the_dict():
+    """Making the pairs allocates, so a collection may run a finalizer mid-call; one that
+    empties the namespace leaves the call its snapshot (it owns what it took before the
+    first allocation), with no object freed under it."""
+    import gc
+
+    native = pytest.importorskip("jupyter_gpumem.core._reach")
+    from jupyter_gpumem.core.scan_types import ATOMIC
+
+    ns = {f"v{i}": [i] for i in range(200)}
+    ns.update(n=1, s="x")
+
+    class Clears:
+        def __del__(self):
+            ns.clear()
+
+    threshold = gc.get_threshold()
+    was = gc.isenabled()
+    call = native.items_except
+    try:
+        gc.enable()
+        gc.collect()                # the young generation's count starts at zero
+        gc.set_threshold(20)        # the call makes 201 objects: a collection inside it
+        garbage = [Clears()]
+        garbage.append(garbage)     # a cycle: only the collector frees it
+        del garbage
+        got = call(ns, ATOMIC)
+    finally:
+        gc.set_threshold(*threshold)
+        if not was:
+            gc.disable()
+    gc.collect()
+    assert not ns, "the finalizer ran during the call"
+    assert [k for k, _ in got] == [f"v{i}" for i in range(200)]
+    assert [v for _, v in got] == [[i] for i in range(200)]

@@ -518,9 +518,8 @@ reach_write_held(PyObject *self, PyObject *args)
 
 /* items_except(dict, types): the (key, value) pairs of a dict whose value's exact
  * type is not one of `types` (a frozenset of at most 64 types), in the dict's order.
- * One pass in C that runs no Python code: the types are compared by address (a
- * metaclass's __hash__ or __eq__ is never asked), so nothing can change the dict
- * mid-walk. */
+ * Types are compared by address: no Python code runs (a metaclass's __hash__ or
+ * __eq__ is never asked, as `type(v) in types` would). */
 #define ITEMS_EXCEPT_MAX 64
 static PyObject *
 reach_items_except(PyObject *self, PyObject *args)
@@ -548,26 +547,48 @@ reach_items_except(PyObject *self, PyObject *args)
     Py_DECREF(it);
     if (PyErr_Occurred())
         return NULL;
-    PyObject *out = PyList_New(0);
-    if (out == NULL)
-        return NULL;
+    /* first the kept keys and values, each taken (a new reference) while the table is
+       read: nothing here allocates an object, so no collection can run a finalizer
+       that changes the dict; the pairs are made afterwards from what was taken */
+    Py_ssize_t size = PyDict_GET_SIZE(dict), kept = 0;
+    PyObject **taken = PyMem_Malloc(sizeof(PyObject *) * 2 * (size ? size : 1));
+    if (taken == NULL)
+        return PyErr_NoMemory();
     Py_ssize_t pos = 0;
     PyObject *key, *value;
-    while (PyDict_Next(dict, &pos, &key, &value)) {
+    while (kept < size && PyDict_Next(dict, &pos, &key, &value)) {
         PyObject *type = (PyObject *)Py_TYPE(value);
         Py_ssize_t i = 0;
         while (i < nskip && skip[i] != type)
             i++;
         if (i < nskip)
             continue;
-        PyObject *pair = PyTuple_Pack(2, key, value);
-        if (pair == NULL || PyList_Append(out, pair) < 0) {
-            Py_XDECREF(pair);
-            Py_DECREF(out);
-            return NULL;
-        }
-        Py_DECREF(pair);
+        Py_INCREF(key);
+        Py_INCREF(value);
+        taken[2 * kept] = key;
+        taken[2 * kept + 1] = value;
+        kept++;
     }
+    PyObject *out = PyList_New(kept);
+    Py_ssize_t j = 0;
+    if (out != NULL) {
+        for (; j < kept; j++) {
+            PyObject *pair = PyTuple_New(2);
+            if (pair == NULL)
+                break;
+            PyTuple_SET_ITEM(pair, 0, taken[2 * j]);        /* the references move in */
+            PyTuple_SET_ITEM(pair, 1, taken[2 * j + 1]);
+            PyList_SET_ITEM(out, j, pair);
+        }
+    }
+    if (j < kept) {             /* out of memory: give back what was not moved */
+        for (Py_ssize_t r = j; r < kept; r++) {
+            Py_DECREF(taken[2 * r]);
+            Py_DECREF(taken[2 * r + 1]);
+        }
+        Py_CLEAR(out);
+    }
+    PyMem_Free(taken);
     return out;
 }
 
