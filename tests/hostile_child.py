@@ -51,6 +51,36 @@ class Meta(type):
         return type.__getattribute__(cls, name)
 
 
+class EqMeta(type):
+    """A metaclass with ``__eq__`` alone: Python makes its classes unhashable."""
+
+    def __eq__(cls, other):
+        called("metaclass __eq__")
+        return cls is other
+
+
+class Unhashable(metaclass=EqMeta):
+    def __init__(self, t):
+        self.t = t
+
+
+class HashMeta(type):
+    """A metaclass with ``__hash__`` and ``__eq__`` of its own: user code on every hash."""
+
+    def __hash__(cls):
+        called("metaclass __hash__")
+        return id(cls) >> 4
+
+    def __eq__(cls, other):
+        called("metaclass __eq__")
+        return cls is other
+
+
+class Hashing(metaclass=HashMeta):
+    def __init__(self, t):
+        self.t = t
+
+
 class WithMeta(metaclass=Meta):
     def __init__(self, t):
         self.t = t

@@ -183,3 +183,39 @@ def test_the_scan_allocates_little_against_what_it_walks():
     before, peak = map(int, line.split()[1:])
     # two million records take ~700 MiB; the scan's growth is a small fraction
     assert peak - before < 0.2 * before, (before, peak)
+
+
+@pytest.mark.parametrize("walk", ["C core", "Python walk"])
+@pytest.mark.parametrize("cls", ["Unhashable", "Hashing"])
+def test_a_class_whose_metaclass_defines_eq_or_hash_is_read_and_never_hashed(
+        ip, capsys, monkeypatch, cls, walk):
+    """A class is a key of the scan's sets and dicts; one whose metaclass defines
+    ``__eq__`` alone is unhashable (every view failed: "unhashable type"), one that
+    defines ``__hash__`` runs user code at each hash. Its instances are now read through
+    their type's traverse and their attributes by C slots: the tensor they hold is
+    blamed with its path, the report, the footer, %%gpuwatch and purge work, and the
+    metaclass is never asked."""
+    from jupyter_gpumem.core import scan_reach
+
+    if walk == "Python walk":
+        monkeypatch.setattr(scan_reach, "NATIVE", None)
+    elif scan_reach.NATIVE is None:
+        pytest.skip("the C core is not built here")
+    hc.CALLS.clear()
+    odd = getattr(hc, cls)(torch.ones(N))
+    ip.user_ns["odd"] = odd
+    ip.user_ns["box"] = {"in": odd, "many": [getattr(hc, cls)(torch.ones(8)) for _ in range(3)],
+                         odd: "an instance as a key"} if cls == "Hashing" else \
+        {"in": odd, "many": [getattr(hc, cls)(torch.ones(8)) for _ in range(3)]}
+    snap = everything_answers(ip)
+    h = snap.holder("odd")
+    assert h.total == 4 * N and h.largest_path == "odd.t" and h.type == cls
+    assert snap.holder("box").total == 4 * N + 3 * 32
+    rows = ip.run_line_magic("gpumem", "odd --device cpu -o").holder("odd").rows
+    assert [r.path for r in rows] == ["odd.t"]
+    freed = ip.run_line_magic("gpumem", "purge odd box --device cpu -o")
+    assert {"odd", "box"} <= set(freed.removed)
+    assert "odd" not in ip.user_ns and "box" not in ip.user_ns
+    out = capsys.readouterr().out
+    assert "unhashable" not in out and "TypeError" not in out, out
+    assert hc.CALLS == [], hc.CALLS

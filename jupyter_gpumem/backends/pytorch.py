@@ -24,6 +24,10 @@ _MODULE_OWN_SET = frozenset(_MODULE_OWN)
 _PLAIN_CONTAINERS = frozenset({dict, OrderedDict, set})
 _ATOMIC_GROUP_VALUES = (int, float, bool, str, type(None))   # lr, eps, flags
 _PLAIN_VALUES = frozenset(_ATOMIC_GROUP_VALUES)
+# the sets above by the types' ids: a value's class is never hashed (a metaclass of the
+# user's may define __hash__ or __eq__; see core.scan_types.keyable_meta)
+_PLAIN_VALUE_IDS = frozenset(map(id, _PLAIN_VALUES))
+_PLAIN_CONTAINER_IDS = frozenset(map(id, _PLAIN_CONTAINERS))
 _GRAD = ("attr", "grad")
 _GRAD_FN, _GRAD_OF = attrgetter("grad_fn"), attrgetter("grad")
 _SECOND, _THIRD = itemgetter(1), itemgetter(2)   # of a _known entry: pointer, storages
@@ -335,11 +339,11 @@ class TorchBackend(Backend):
             for key, value in (dict.items(table) if issubclass(type(table), dict) else ()):
                 if value is not None:
                     yield ("attr", key), value
-        plain, containers, own = _PLAIN_VALUES, _PLAIN_CONTAINERS, _MODULE_OWN_SET
+        plain, containers, own = _PLAIN_VALUE_IDS, _PLAIN_CONTAINER_IDS, _MODULE_OWN_SET
         for key, value in dict.items(d):
             # skip plain values and the many empty hook tables every module carries
-            tp = type(value)
-            if tp in plain or (tp in containers and not len(value)) or key in own:
+            tid = id(type(value))
+            if tid in plain or (tid in containers and not len(value)) or key in own:
                 continue
             yield ("attr", key), value
 
@@ -359,7 +363,7 @@ class TorchBackend(Backend):
             for key, value in dict.items(group):
                 if key == "params" and type(value) is list:
                     out += [(("opt_param", gi, pi), param) for pi, param in enumerate(value)]
-                elif type(value) not in _ATOMIC_GROUP_VALUES:
+                elif id(type(value)) not in _PLAIN_VALUE_IDS:
                     out.append((("opt_group", gi, key), value))
         listed = set(map(id, map(_SECOND, out)))   # parameters are state keys too
         out += [(_STATE_KEY, param) for param in dict.keys(state) if id(param) not in listed]

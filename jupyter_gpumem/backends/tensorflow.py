@@ -516,7 +516,7 @@ class KerasBackend(Backend):
 
 def _items(seq: Any) -> list:
     """Items of a list or tuple; TensorFlow's tracked ``ListWrapper`` keeps them in ``_storage``."""
-    if type(seq) in (list, tuple):
+    if type(seq) is list or type(seq) is tuple:
         return list(seq)
     storage = _instance_dict(seq).get("_storage")
     if isinstance(storage, list):

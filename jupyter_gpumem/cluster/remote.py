@@ -140,9 +140,10 @@ def protocol_backend(values: list, backends: list[Backend], sizeof: Any = None) 
 
     def look(value: Any) -> None:
         tp = type(value)
-        if tp in seen or len(seen) > 10 * _MAX_PROTOCOL_TYPES:
+        # by id: a class is never hashed (a metaclass may define __hash__ or __eq__)
+        if id(tp) in seen or len(seen) > 10 * _MAX_PROTOCOL_TYPES:
             return
-        seen.add(tp)
+        seen.add(id(tp))
         if (known and issubclass(tp, known)) or _top_module(tp) in _HOST_LIBRARIES:
             return
         if len(cai) + len(dlpack) >= _MAX_PROTOCOL_TYPES:
@@ -155,7 +156,7 @@ def protocol_backend(values: list, backends: list[Backend], sizeof: Any = None) 
     for value in values:
         look(value)
         tp = type(value)
-        if tp in (list, tuple):
+        if tp is list or tp is tuple:
             for item in value[:64]:
                 look(item)
         elif tp is dict:

@@ -156,6 +156,19 @@ push(Walker *w, PyObject *o, int depth)
     return 0;
 }
 
+/* Whether the class of an object can be a key of Python's sets and dicts: its
+   metaclass hashes and compares as type does. One that defines __hash__ or __eq__
+   would run that code (or fail: __eq__ alone makes its classes unhashable), so its
+   instances are never handed back to Python: they are walked here, through their
+   type's tp_traverse (see scan_types.keyable_meta, the same rule in Python). */
+static int
+keyable_class(PyTypeObject *tp)
+{
+    PyTypeObject *meta = Py_TYPE(tp);
+    return meta == &PyType_Type || (meta->tp_hash == PyType_Type.tp_hash
+                                    && meta->tp_richcompare == PyType_Type.tp_richcompare);
+}
+
 /* One object met inside a plain one, at ``depth``: entered, handed back, or left. */
 static int
 consider(Walker *w, PyObject *o, int depth)
@@ -167,7 +180,7 @@ consider(Walker *w, PyObject *o, int depth)
         if (w->watch.n == 0 || !pset_has(&w->watch, tp))
             return 0;
     }
-    int plain = pset_has(&w->plain, tp);
+    int plain = pset_has(&w->plain, tp) || !keyable_class(tp);
     if (plain && depth > w->max_depth) {
         w->deep = 1;
         return 0;

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .roots import Root
-from .scan_types import ATOMIC, is_a
+from .scan_types import ATOMIC_IDS as _ATOMIC_IDS, is_a
 
 #: ``add(name, obj, purge)``: what a kind's ``find`` calls for each reference it finds
 Add = Callable[[str, Any, "str | None"], None]
@@ -221,7 +221,7 @@ def hidden_roots(shell: Any = None) -> list[Root]:
     if shell is not None:
         for entry in KINDS:
             def add(name: str, obj: Any, purge: str | None, kind: str = entry.kind) -> None:
-                if obj is None or type(obj) in ATOMIC:
+                if obj is None or id(type(obj)) in _ATOMIC_IDS:   # no class hashed
                     return
                 existing = by_id.get(id(obj))
                 if existing is not None:

@@ -26,7 +26,7 @@ from ..backends import active_backends
 from .hidden import BY_PURGE_ARG
 from .render import fmt_bytes, purge_html, purge_text
 from .roots import Root
-from .scan_types import ATOMIC
+from .scan_types import ATOMIC_IDS
 from .snapshot import released_by_purge
 from ..units import JsonFields, Report, json_field, round6
 
@@ -285,8 +285,9 @@ def _stand_in(owner: Any, bindings: list[_paths.Binding]) -> Any:
             # a new dict hashes its keys: only keys of built-in atomic types go into one
             # (no __hash__ of the user's runs); otherwise the pairs go in a list
             pairs = [(k, v) for k, v in dict.items(owner)
-                     if not (type(k) in (str, int) and (id(owner), k) in drop)]
-            copy: Any = dict(pairs) if all(type(k) in ATOMIC for k, _ in pairs) else pairs
+                     if not ((type(k) is str or type(k) is int) and (id(owner), k) in drop)]
+            # by id: no class of the user's is hashed
+            copy: Any = dict(pairs) if all(id(type(k)) in ATOMIC_IDS for k, _ in pairs) else pairs
         else:
             copy = list(list.__iter__(owner) if issubclass(tp, list) else tuple.__iter__(owner))
             for b in bindings:
@@ -459,7 +460,7 @@ def _library_holders(keys: set, ids, shell, namespace, time_limit: float):
         for k, v in list(dict.items(d)):
             tp = type(v)
             if type(k) is not str or (k.startswith("__") and k.endswith("__")) \
-                    or tp in ATOMIC or issubclass(tp, types.ModuleType):
+                    or id(tp) in ATOMIC_IDS or issubclass(tp, types.ModuleType):
                 continue
             entries[f"{modname}.{k}"] = v
             if issubclass(tp, type):
@@ -468,7 +469,7 @@ def _library_holders(keys: set, ids, shell, namespace, time_limit: float):
                 if type(home) is str and home == modname:
                     for ck, cv in list(cd.items()):
                         if type(ck) is str and not (ck.startswith("__") and ck.endswith("__")) \
-                                and type(cv) not in ATOMIC:
+                                and id(type(cv)) not in ATOMIC_IDS:
                             entries[f"{modname}.{k}.{ck}"] = cv
     result = _scan.scan([Root("", entries)], devices=ids, shell=shell, namespace=namespace,
                         time_limit=time_limit)

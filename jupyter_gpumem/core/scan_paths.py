@@ -39,9 +39,10 @@ from .scan_reach import function_parts, frame_locals, generator_frame, ndarray_i
 from .scan_types import (
     ATOMIC, BUILTIN, CELL, CLASS, CONTAINER, DICT, DICT_SUB, EXCEPTION, FRAME, FUNCTION,
     GENERATOR, INSTANCE, LRU, METHOD, MODULE, MODULE_DICT, NDARRAY, PANDAS, PARTIAL, SEQ,
-    SEQ_SUB, SET, SET_SUB, TENSOR, TRACEBACK, TYPE_DICT, has_native_base, is_a,
-    is_library_module_name, slots_of,
+    SEQ_SUB, SET, SET_SUB, TENSOR, TRACEBACK, TYPE_DICT, classify, has_native_base, is_a,
+    is_library_module_name, keyable, keyable_meta, slots_of,
 )
+from .scan_types import ATOMIC_IDS as _ATOMIC_IDS
 
 #: labels that go through what a user would not type first
 HIDDEN = frozenset({"closure", "default", "local", "graph", "ref", "lru"})
@@ -127,6 +128,7 @@ class PathFinder:
         self._ticks = 0
         self.errors = 0
         self.layouts: dict[type, tuple] = {}
+        self._tensor_ids: tuple | None = None   # (how many tensor types, their ids)
 
     def add_root(self, i: int, name: str, obj: Any, keys: Any, graph: dict) -> None:
         """Root ``i`` reaches the storages ``keys`` (``graph``: its autograd edges)."""
@@ -134,7 +136,7 @@ class PathFinder:
 
     def root_is_met(self, i: int, obj: Any) -> None:
         """A root that is a tensor: its own storages' path is the root's name."""
-        if type(obj) in self.tensor_types:
+        if keyable(obj) and type(obj) in self.tensor_types:
             search = self._search(i)
             self._tensor_met(search, obj, search.root_node, None)
             if not search.want:
@@ -268,8 +270,11 @@ class PathFinder:
         """Meet the tensors among ``pairs`` from ``start`` on: their storages' paths are
         final. Where one met makes ``enough()`` (or all are met), the index to go on
         from; None when every one was looked at."""
-        tensor_types = self.tensor_types
-        mask = list(map(tensor_types.__contains__, map(type, map(_SECOND, pairs))))
+        ids = self._tensor_ids
+        if ids is None or ids[0] != len(self.tensor_types):   # a tensor type learned since
+            ids = self._tensor_ids = (len(self.tensor_types), frozenset(map(id, self.tensor_types)))
+        # by the types' ids: a class whose metaclass defines __hash__ is never hashed
+        mask = list(map(ids[1].__contains__, map(id, map(type, map(_SECOND, pairs)))))
         if not any(mask):
             return None
         for j in compress(range(len(pairs)), mask):
@@ -303,13 +308,16 @@ class PathFinder:
         True when one met was ``enough()``."""
         self._tick()
         tp = type(obj)
-        if tp in ATOMIC or (self.untracked_is_empty and (tp is dict or tp is tuple)
-                            and not is_tracked(obj)):
+        if id(tp) in _ATOMIC_IDS or (self.untracked_is_empty and (tp is dict or tp is tuple)
+                                     and not is_tracked(obj)):
             return False
-        kind = self.kinds.get(tp)
-        if kind is None:
-            self.reacher.learn({tp})
+        if not keyable(obj):
+            kind = classify(tp, ())[0]     # by its C-level layout; the class never hashed
+        else:
             kind = self.kinds.get(tp)
+            if kind is None:
+                self.reacher.learn({tp})
+                kind = self.kinds.get(tp)
         oid = id(obj)
         if oid in s.expanded or (oid in self.stop and kind != TENSOR):
             return False
@@ -384,14 +392,16 @@ _COST = {kind: _cost(kind) for kind in HIDDEN | _ONE_STEP | set(_STEPS) | {
 
 # -- what each kind of object holds, labelled ------------------------------------------------
 def _dict_items(obj: Any):
-    atomic = ATOMIC
+    # types are compared by id here and below: a class whose metaclass defines
+    # ``__hash__`` or ``__eq__`` is never hashed (see scan_types.keyable_meta)
+    atomic = _ATOMIC_IDS
     for k, v in dict.items(obj):
-        if type(v) not in atomic:
-            yield (("item", k) if type(k) in atomic else ("item", ...)), v
+        if id(type(v)) not in atomic:
+            yield (("item", k) if id(type(k)) in atomic else ("item", ...)), v
     keys = dict.keys(obj)
-    if not atomic.issuperset(map(type, keys)):
+    if not atomic.issuperset(map(id, map(type, keys))):
         for k in keys:
-            if type(k) not in atomic:
+            if id(type(k)) not in atomic:
                 yield ("key",), k
 
 
@@ -402,9 +412,9 @@ def _l_dict(f: PathFinder, obj: Any):
 
 
 def _seq_items(obj: Any, base: type):
-    atomic = ATOMIC
+    atomic = _ATOMIC_IDS
     for i, v in enumerate(base.__iter__(obj)):
-        if type(v) not in atomic:
+        if id(type(v)) not in atomic:
             yield ("index", i), v
 
 
@@ -415,9 +425,9 @@ def _l_seq(f: PathFinder, obj: Any):
 
 
 def _set_items(obj: Any, base: type):
-    atomic = ATOMIC
+    atomic = _ATOMIC_IDS
     for v in base.__iter__(obj):
-        if type(v) not in atomic:
+        if id(type(v)) not in atomic:
             yield ("elem",), v
 
 
@@ -545,6 +555,9 @@ def _l_ndarray(f: PathFinder, obj: Any):
 
 def _layout(f: PathFinder, tp: type) -> tuple:
     """``(dict descriptor, slots, a class of the user's, a native base)`` of a type."""
+    if not keyable_meta(type(tp)):
+        return (dict_descriptor(tp), slots_of(tp),
+                not is_library_module_name(TYPE_DICT(tp).get("__module__")), has_native_base(tp))
     layout = f.layouts.get(tp)
     if layout is None:
         layout = f.layouts[tp] = (

@@ -40,7 +40,7 @@ from .scan_types import (
     SEQ_SUB, SET, SET_SUB, SKIP, TENSOR, TRACEBACK, TYPE_DICT, TYPE_FLAGS, HAVE_GC, classify,
     is_library_module_name, untracked_holds_nothing,
 )
-from .scan_types import type_name_of
+from .scan_types import keyable, split_keyable, type_name_of
 
 try:   # the C core (built with the package where a compiler was found)
     from . import _reach as _native
@@ -234,7 +234,7 @@ class Reacher:
         found: dict = {}
         self._found = found
         self._node = node if node is not None else _no_nodes
-        if self.untracked_is_empty and type(obj) in (dict, tuple) and not is_tracked(obj):
+        if self.untracked_is_empty and (type(obj) is dict or type(obj) is tuple) and not is_tracked(obj):
             return found, 1   # atoms only (see untracked_holds_nothing)
         self._seen = {id(obj): obj}
         self._graph_seen = {}
@@ -245,7 +245,7 @@ class Reacher:
         native = self.native
         try:
             tp = type(obj)
-            if tp in self.tensor_backend:   # a tensor (an output, a name): taken at once
+            if keyable(obj) and tp in self.tensor_backend:   # a tensor: taken at once
                 self._next = []
                 self._take_tensors(level, [tp])
                 level, count, depth = self._next, 1, 1
@@ -326,6 +326,11 @@ class Reacher:
 
     # -- a chunk of one level ------------------------------------------------------------
     def _expand(self, part: list) -> None:
+        part, odd = split_keyable(part)
+        if odd:
+            self._keyless(odd)
+            if not part:
+                return
         kset = set(map(type, part))
         if not kset <= self._learned:
             self.learn(kset)
@@ -347,6 +352,18 @@ class Reacher:
         rest = list(compress(part, map(not_, mask)))
         rest_kinds = list(compress(kinds_, map(not_, mask)))
         self._one_by_one(rest, rest_kinds)
+
+    def _keyless(self, objs: list) -> None:
+        """Objects whose class cannot be a key (its metaclass defines ``__eq__`` or
+        ``__hash__``: see :func:`~.scan_types.keyable_meta`): never classified, read
+        through their type's traverse (the C core walks them itself, as plain)."""
+        objs = [o for o in objs if is_tracked(o) and id(o) not in self.stop]
+        if not objs:
+            return
+        if self.native is not None:
+            self.native.push(objs, self._depth)
+        else:
+            self._admit(get_referents(*objs))
 
     def _by_gc(self, objs: list, kinds_: list | None, kset: set) -> None:
         """What the garbage collector sees in ``objs``; a long dict, list, tuple or set
@@ -370,7 +387,9 @@ class Reacher:
         self._admit_referents(objs)
 
     def _admit_referents(self, objs: list) -> None:
-        refs = get_referents(*objs)
+        refs, odd = split_keyable(get_referents(*objs))
+        if odd:
+            self._admit(odd)
         if self._watching and not self._watch.isdisjoint(map(type, refs)):
             self._admit_watched(refs)
         tracked = list(filter(is_tracked, refs))
@@ -412,6 +431,13 @@ class Reacher:
         tensor (a tensor is counted wherever it is met)."""
         if not objs:
             return
+        objs, odd = split_keyable(objs)
+        if odd:
+            fresh_odd = {id(o): o for o in odd if id(o) not in self._seen}
+            self._seen.update(fresh_odd)
+            self._keyless(list(fresh_odd.values()))
+            if not objs:
+                return
         if self._watching:
             kinds_ = set(map(type, objs))
             if not kinds_ <= self._learned:
@@ -444,7 +470,8 @@ class Reacher:
                     self._admit_slice(list.__getitem__(obj, slice(start, start + SLICE)))
             elif tp is dict:
                 keys = dict.keys(obj)
-                if not ATOMIC.issuperset(map(type, keys)):
+                atoms, odd = split_keyable(list(keys))
+                if odd or not ATOMIC.issuperset(map(type, atoms)):
                     self._admit_iter(iter(keys))
                 self._admit_iter(iter(dict.values(obj)))
             else:
@@ -474,6 +501,9 @@ class Reacher:
                 return
 
     def _admit_slice(self, refs: list) -> None:
+        refs, odd = split_keyable(refs)
+        if odd:
+            self._admit(odd)
         if ATOMIC.issuperset(map(type, refs)):
             return   # a slice of atoms (a list of strings): one C-level pass
         if self._watching and not self._watch.isdisjoint(map(type, refs)):

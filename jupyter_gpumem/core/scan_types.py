@@ -12,6 +12,8 @@ import sys
 import sysconfig
 import types
 import weakref
+from itertools import compress
+from operator import not_
 from typing import Any
 
 from ..backends import Backend
@@ -21,6 +23,9 @@ ATOMIC = frozenset({
     int, float, complex, bool, str, bytes, bytearray, type(None), range, slice,
     type(Ellipsis), type(NotImplemented), memoryview,
 })
+#: the atoms' types by id: a membership test that hashes no class of the user's (see
+#: :func:`keyable_meta`)
+ATOMIC_IDS = frozenset(map(id, ATOMIC))
 SKIP_TYPES = frozenset({
     weakref.ref, weakref.ProxyType, weakref.CallableProxyType, types.CodeType,
     types.GetSetDescriptorType, types.MemberDescriptorType, types.WrapperDescriptorType,
@@ -97,6 +102,53 @@ def type_name_of(tp: type) -> str:
     return TYPE_NAME(tp)
 
 
+# -- classes that cannot be keys ----------------------------------------------------
+#: metaclass -> whether the classes it makes hash and compare as ``type``'s do (asking a
+#: metaclass is safe: its own metaclass is ``type``)
+_META_KEYABLE: dict = {type: True}
+
+
+def keyable_meta(meta: type) -> bool:
+    """Whether classes whose metaclass is ``meta`` can be keys of the scan's sets and
+    dicts: no class along ``meta``'s MRO before ``type`` defines ``__eq__`` or
+    ``__hash__``. Hashing such a class would run the user's ``__hash__``, or fail (an
+    ``__eq__`` alone makes the class unhashable)."""
+    known = _META_KEYABLE.get(meta)
+    if known is None:
+        known = True
+        try:
+            for klass in TYPE_MRO(meta):
+                if klass is type:
+                    break
+                d = TYPE_DICT(klass)
+                if "__hash__" in d or "__eq__" in d:
+                    known = False
+                    break
+        except Exception:  # noqa: BLE001 - an odd metaclass: never a key then
+            known = False
+        if len(_META_KEYABLE) < 10_000:
+            _META_KEYABLE[meta] = known
+    return known
+
+
+def keyable(obj: Any) -> bool:
+    """Whether ``type(obj)`` can be a key (see :func:`keyable_meta`)."""
+    meta = type(type(obj))
+    return meta is type or keyable_meta(meta)
+
+
+def split_keyable(objs: list) -> tuple[list, list]:
+    """``objs`` whose type can be a key, and the others (see :func:`keyable_meta`),
+    each in order. In C-level passes; nothing is hashed but metaclasses."""
+    metas = list(map(type, map(type, objs)))
+    if metas.count(type) == len(metas):
+        return objs, []
+    ok = list(map(keyable_meta, metas))
+    if all(ok):
+        return objs, []
+    return list(compress(objs, ok)), list(compress(objs, map(not_, ok)))
+
+
 def is_a(obj: Any, cls: "type | tuple[type, ...]") -> bool:
     """``isinstance`` by the object's real type: never asks ``obj.__class__`` (a
     property of the user's, a mock's spec, a dead weak proxy)."""
@@ -111,7 +163,7 @@ def slots_of(tp: type) -> tuple:
         slots = d.get("__slots__", ())
         if type(slots) is str:
             slots = (slots,)
-        elif type(slots) not in (tuple, list):
+        elif type(slots) is not tuple and type(slots) is not list:
             slots = ()   # what Python made the slots from is gone; their descriptors stay
         for name in slots:
             if type(name) is not str:
@@ -181,6 +233,8 @@ def _by_layout(tp: type) -> str:
 
 def classify(tp: type, backends: list[Backend]) -> "tuple[str, Backend | None]":
     """The kind of ``tp``'s instances, and the backend for tensors and containers."""
+    if not keyable_meta(type(tp)):
+        return _by_layout(tp), None     # never hashed (see keyable_meta)
     if tp in SKIP_TYPES or issubclass(tp, weakref.ref):
         return SKIP, None
     if type(tp) is not type and not is_library_module_name(type_module(type(tp))):

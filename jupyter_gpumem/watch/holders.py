@@ -96,9 +96,11 @@ def identity(root: Root) -> Any:
 def signature(obj: Any, backends=None) -> Any:
     """A cheap fingerprint that changes when an object's memory likely did.
 
-    Reads only C-level slots; never runs user code.
+    Reads only C-level slots; never runs user code (the type is kept by id: comparing
+    two classes could ask a metaclass's ``__eq__``).
     """
     tp = type(obj)
+    tid = id(tp)
     try:
         for backend in backends if backends is not None else active_backends():
             types_ = backend.tensor_types()
@@ -107,13 +109,13 @@ def signature(obj: Any, backends=None) -> Any:
                 fn, grad = backend.graph_and_grad(obj)
                 if grad is not None:
                     grad = tuple((i.key, i.nbytes) for i in backend.storages(grad))
-                return (tp, keys, grad, None if fn is None else id(fn))
+                return (tid, keys, grad, None if fn is None else id(fn))
         for base in (dict, list, tuple, set, frozenset):
             if issubclass(tp, base):
-                return (tp, base.__len__(obj))
+                return (tid, base.__len__(obj))
     except Exception:  # noqa: BLE001 - an object that refuses: compare by type only
-        return (tp,)
-    return (tp,)
+        return (tid,)
+    return (tid,)
 
 
 class HolderTracker:
