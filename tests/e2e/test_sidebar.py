@@ -403,14 +403,19 @@ def _scenario(lab, page) -> None:
     # The host bar draws its segments: the tensors found and the rest of the process.
     bar = sidebar.locator('.jp-GpuMem-device[data-device="cpu"] .jp-GpuMem-bar')
     bar.wait_for()
-    segs = bar.locator(".jp-GpuMem-seg")
     page.wait_for_function(
         "() => document.querySelectorAll('#jupyter-gpumem-sidebar .jp-GpuMem-device[data-device=cpu]"
         " .jp-GpuMem-seg').length === 2", timeout=20000,
     )
-    classes = [segs.nth(i).get_attribute("class") for i in range(segs.count())]
+    # read in one go in the page: the bar is drawn again at each device reading (about
+    # once a second), so an element found by one call may be gone at the next
+    drawn = page.evaluate(
+        "() => Array.from(document.querySelectorAll('#jupyter-gpumem-sidebar "
+        ".jp-GpuMem-device[data-device=cpu] .jp-GpuMem-seg')).map(e => "
+        "[e.getAttribute('class'), e.getBoundingClientRect().width])")
+    classes = [c for c, _ in drawn]
     assert classes == ["jp-GpuMem-seg jp-GpuMem-seg-allocated", "jp-GpuMem-seg jp-GpuMem-seg-non-framework"]
-    widths = [segs.nth(i).bounding_box()["width"] for i in range(2)]
+    widths = [w for _, w in drawn]
     assert all(w >= 3 for w in widths), widths
 
     # Device readings keep coming (about once a second): the timeline grows, drawn by uPlot.
