@@ -501,8 +501,10 @@ class Reacher:
                 return
 
     def _admit_slice(self, refs: list) -> None:
-        refs, odd = split_keyable(refs)
+        kept, odd = split_keyable(refs)
         if odd:
+            refs.clear()    # the split made new lists: the slice's references must not count
+            refs = kept
             self._admit(odd)
         if ATOMIC.issuperset(map(type, refs)):
             return   # a slice of atoms (a list of strings): one C-level pass

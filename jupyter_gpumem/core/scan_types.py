@@ -141,11 +141,9 @@ def split_keyable(objs: list) -> tuple[list, list]:
     """``objs`` whose type can be a key, and the others (see :func:`keyable_meta`),
     each in order. In C-level passes; nothing is hashed but metaclasses."""
     metas = list(map(type, map(type, objs)))
-    if metas.count(type) == len(metas):
-        return objs, []
+    if metas.count(type) == len(metas) or all(map(keyable_meta, set(metas))):
+        return objs, []     # (instances of abstract base classes: ABCMeta, asked once)
     ok = list(map(keyable_meta, metas))
-    if all(ok):
-        return objs, []
     return list(compress(objs, ok)), list(compress(objs, map(not_, ok)))
 
 
