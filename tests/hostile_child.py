@@ -59,26 +59,25 @@ class EqMeta(type):
         return cls is other
 
 
-class Unhashable(metaclass=EqMeta):
-    def __init__(self, t):
-        self.t = t
-
-
-class HashMeta(type):
+class HashMeta(EqMeta):
     """A metaclass with ``__hash__`` and ``__eq__`` of its own: user code on every hash."""
 
     def __hash__(cls):
         called("metaclass __hash__")
         return id(cls) >> 4
 
-    def __eq__(cls, other):
-        called("metaclass __eq__")
-        return cls is other
 
-
-class Hashing(metaclass=HashMeta):
+class _HoldsT:
     def __init__(self, t):
         self.t = t
+
+
+class Unhashable(_HoldsT, metaclass=EqMeta):
+    pass
+
+
+class Hashing(_HoldsT, metaclass=HashMeta):
+    pass
 
 
 class WithMeta(metaclass=Meta):
