@@ -219,3 +219,27 @@ def test_a_class_whose_metaclass_defines_eq_or_hash_is_read_and_never_hashed(
     out = capsys.readouterr().out
     assert "unhashable" not in out and "TypeError" not in out, out
     assert hc.CALLS == [], hc.CALLS
+
+
+def test_a_name_whose_walk_fails_is_one_line_and_the_rest_stands(ip, capsys, monkeypatch):
+    """No real object is known to make the walk raise any more (the last one, a class
+    with an ``__eq__`` metaclass, is read now): the failure is injected into the walk of
+    one name, whatever a future one may be. That name is counted as skipped, in one
+    line; every other name, the footer, %%gpuwatch and purge still answer."""
+    from jupyter_gpumem.core import scan_reach
+
+    bad = [torch.ones(8)]
+    real = scan_reach.Reacher.walk_steps
+
+    def walk_steps(self, obj, node=None, due=None):
+        if obj is bad:
+            raise RuntimeError("a walk that fails")
+        return (yield from real(self, obj, node, due))
+
+    monkeypatch.setattr(scan_reach.Reacher, "walk_steps", walk_steps)
+    ip.user_ns["bad"] = bad
+    snap = everything_answers(ip)
+    assert snap.holder("bad") is None
+    assert "1 object(s) refused introspection and were skipped" in snap.messages, snap.messages
+    out = capsys.readouterr().out
+    assert "could not scan" not in out and "RuntimeError" not in out, out

@@ -210,14 +210,23 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 walked.append(({}, 0, {}))
                 continue
             now = time.perf_counter()
-            walked.append((yield from walk(i, now + max(deadline - now, 0.0) / (len(roots) - i))))
+            try:
+                walked.append((yield from walk(i, now + max(deadline - now, 0.0) / (len(roots) - i))))
+            except Exception:  # noqa: BLE001 - one name that cannot be read: the rest stands
+                walked.append(({}, 0, {}))
+                reacher.errors += 1
+                continue
             if reacher.out_of_time:
                 cut.append(i)
             if steps.due():
                 yield from steps.step()
         for i in cut:
             if time.perf_counter() < deadline:
-                walked[i] = yield from walk(i, deadline)
+                try:
+                    walked[i] = yield from walk(i, deadline)
+                except Exception:  # noqa: BLE001 - as above: what it found before stands
+                    reacher.errors += 1
+                    continue
                 yield from steps.step()
                 if not reacher.out_of_time:
                     continue
@@ -231,7 +240,10 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         for i, (root, (found, count, graph)) in enumerate(zip(roots, walked)):
             if found:
                 finder.add_root(i, root.name, root.obj, found, graph)
-                found = _storages(finder, i, found, root)
+                try:
+                    found = _storages(finder, i, found, root)
+                except Exception:  # noqa: BLE001 - its storages stand, their paths unknown
+                    reacher.errors += 1
                 if steps.due():
                     yield from steps.step()
             reach.append(Reach(found, count))
