@@ -271,8 +271,7 @@ def main() -> int:
               f"{tq:.3f}x (min {min(torch_ratios):.3f}, max {max(torch_ratios):.3f}); "
               f"trace on over it: {statistics.median(ratios) / tq:.3f}x")
     med = statistics.median(ratios)
-    q = statistics.quantiles(ratios, n=4) if len(ratios) >= 4 else [min(ratios), med, max(ratios)]
-    print(f"median ratio {med:.3f}x (quartiles {q[0]:.3f}-{q[2]:.3f}, min {min(ratios):.3f}, "
+    print(f"median ratio {med:.3f}x (quartiles {_quartiles(ratios)}, min {min(ratios):.3f}, "
           f"max {max(ratios):.3f}; median step off {statistics.median(offs) * 1e3 / args.steps:.2f} ms, "
           f"on {statistics.median(ons) * 1e3 / args.steps:.2f} ms, ratio of medians "
           f"{statistics.median(ons) / statistics.median(offs):.3f})"

@@ -7,6 +7,7 @@ CUDA context (frameworks are asked only once they have initialised one).
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -219,27 +220,24 @@ def process_rss() -> int | None:
     writes that file in a fraction of what ``status`` takes; the same counter as
     ``VmRSS``): the device line's figure, read after every cell."""
     try:
-        return int(read_proc("/proc/self/statm", 128).split()[1]) * _page_size()
+        return int(read_proc("/proc/self/statm", 128).split()[1]) * _machine_pages()[0]
     except (OSError, ValueError, IndexError):
         return process_memory()[0]
 
 
-def _page_size() -> int:
-    if not _PAGES:
-        _PAGES[:] = [os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_PHYS_PAGES")]
-    return _PAGES[0]
-
-
-#: (page size, physical pages): the machine's, read once
-_PAGES: list[int] = []
+@functools.cache
+def _machine_pages() -> tuple[int, int]:
+    """(page size, physical pages): the machine's, read once."""
+    return os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_PHYS_PAGES")
 
 
 def _host_memory() -> tuple[int | None, int | None, int | None]:
     """(total, available, this process's resident set) of host RAM."""
     total = avail = None
     try:
-        total = _page_size() * _PAGES[1]
-    except (ValueError, OSError, AttributeError, IndexError):
+        size, pages = _machine_pages()
+        total = size * pages
+    except (ValueError, OSError, AttributeError):
         pass
     try:
         now = time.monotonic()

@@ -554,16 +554,19 @@ def _l_ndarray(f: PathFinder, obj: Any):
 
 
 def _layout(f: PathFinder, tp: type) -> tuple:
-    """``(dict descriptor, slots, a class of the user's, a native base)`` of a type."""
+    """``(dict descriptor, slots, a class of the user's, a native base)`` of a type, kept
+    per type (read anew for a class that cannot be a key: see keyable_meta)."""
     if not keyable_meta(type(tp)):
-        return (dict_descriptor(tp), slots_of(tp),
-                not is_library_module_name(TYPE_DICT(tp).get("__module__")), has_native_base(tp))
+        return _read_layout(tp)
     layout = f.layouts.get(tp)
     if layout is None:
-        layout = f.layouts[tp] = (
-            dict_descriptor(tp), slots_of(tp),
-            not is_library_module_name(TYPE_DICT(tp).get("__module__")), has_native_base(tp))
+        layout = f.layouts[tp] = _read_layout(tp)
     return layout
+
+
+def _read_layout(tp: type) -> tuple:
+    return (dict_descriptor(tp), slots_of(tp),
+            not is_library_module_name(TYPE_DICT(tp).get("__module__")), has_native_base(tp))
 
 
 def _l_instance(f: PathFinder, obj: Any, covered: bool = False):
