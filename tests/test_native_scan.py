@@ -195,3 +195,100 @@ def test_the_c_filter_keeps_its_pairs_whole_when_a_collection_inside_it_changes_
     assert not ns, "the finalizer ran during the call"
     assert [k for k, _ in got] == [f"v{i}" for i in range(200)]
     assert [v for _, v in got] == [[i] for i in range(200)]
+
+
+#: tensors met many at once, where the C core's batch loop takes them: a model and its
+#: optimizer (every parameter reached twice, once per root), gradients, views of one
+#: base (one storage, many tensors: the first met stands for it), tensors of no bytes,
+#: a batch where some tensors carry an autograd graph (the batch goes by halves), and
+#: parameters that moved to a new storage between two scans (``.data =``)
+BATCH_SHAPES = (
+    "net = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(12)])\n"
+    "adam = torch.optim.Adam(net.parameters())\n"
+    "net(torch.ones(3, 16)).sum().backward()\nadam.step()\n"
+    "base = torch.arange(4096.0)\nviews = [base[i * 64:(i + 1) * 64] for i in range(64)]\n"
+    "empties = [torch.ones(0) for _ in range(20)] + [torch.ones(3) for _ in range(20)]\n"
+    "_w = torch.ones(5, requires_grad=True)\n"
+    "mixed = [torch.ones(7) * i for i in range(30)] + [_w * 2] + [torch.ones(9) for _ in range(30)]\n"
+    "params = list(net.parameters())"
+)
+
+
+def _rows(ip, names):
+    out = {}
+    for name in names:
+        snap = ip.run_line_magic("gpumem", f"{name} --device cpu -o")
+        out[name] = sorted((r.path, r.nbytes, tuple(r.shared_with)) for h in snap.details
+                           for r in h.rows)
+    return out
+
+
+@needs_native
+def test_the_c_batch_loop_finds_what_the_python_passes_find(ip, monkeypatch):
+    """Every holder's bytes, largest path and sharing, and every row of ``%gpumem NAME``
+    (each storage's path), the same with the C core's batch loop and without it; again
+    after parameters moved to new storages (the backend's cache of storages is then
+    asked again, in both)."""
+    run(ip, "import torch")
+    run(ip, BATCH_SHAPES)
+    names = ["net", "adam", "views", "empties", "mixed", "params"]
+    calls = []
+    real = scan_reach.TAKE_BATCH
+    monkeypatch.setattr(scan_reach, "TAKE_BATCH", lambda *a: calls.append(len(a[0])) or real(*a))
+    with_c = _report(ip), _rows(ip, names)
+    assert calls and max(calls) >= 48, calls       # the loop ran, on the big batches
+    monkeypatch.setattr(scan_reach, "TAKE_BATCH", None)
+    without = _report(ip), _rows(ip, names)
+    assert with_c == without
+    (rows, partial, _), _ = with_c
+    assert not partial and sum(rows["views"][:2]) == 4096 * 4   # one storage, counted once
+    run(ip, "for _p in params[:5]:\n    _p.data = _p.data.clone()")
+    monkeypatch.setattr(scan_reach, "TAKE_BATCH", real)
+    moved = _report(ip), _rows(ip, names)
+    monkeypatch.setattr(scan_reach, "TAKE_BATCH", None)
+    assert moved == (_report(ip), _rows(ip, names))
+    assert moved != with_c      # the moved parameters are new storages
+
+
+@needs_native
+def test_the_c_batch_loop_writes_nothing_for_a_graph_and_passes_errors_on():
+    """take_batch itself: a batch with a tensor that has a graph answers None before
+    anything is written (the caller goes by halves); a getter that raises is the
+    caller's error; the devices filter and the nodes; bad arguments are a TypeError."""
+    from jupyter_gpumem.backends.pytorch import TorchBackend
+    from jupyter_gpumem.core.scan_paths import LazyNode
+
+    native = pytest.importorskip("jupyter_gpumem.core._reach")
+    backend = TorchBackend()
+    spec = backend.batch_spec()
+    plain = [torch.ones(4) for _ in range(10)]
+    leaf = torch.ones(2, requires_grad=True)
+    memo, found = {}, {}
+    assert native.take_batch(plain + [leaf * 3], memo, *spec, found, None, None, None) is None
+    assert memo == {} and found == {}
+
+    leaf.grad = torch.ones(2)
+    held = native.take_batch(plain + [leaf], memo, *spec, found, {"cpu"}, LazyNode, ("f", 7))
+    assert held == [leaf.grad] and held[0] is leaf.grad
+    assert len(found) == 11 and set(memo) == set(map(id, plain + [leaf]))
+    key = backend.storages(plain[0])[0][0]
+    info, node, what = found[key]
+    assert type(node) is LazyNode and tuple.__getitem__(node, slice(None)) == ("f", 7, key)
+    assert info[0] == key and what is None
+
+    elsewhere = {}
+    assert native.take_batch(plain, {}, *spec, elsewhere, {"cuda:0"}, None, None) == []
+    assert elsewhere == {}
+
+    class Boom(Exception):
+        pass
+
+    def refuses(t):
+        raise Boom
+
+    with pytest.raises(Boom):
+        native.take_batch(plain, {}, *spec[:3], refuses, *spec[4:], {}, None, None, None)
+    with pytest.raises(TypeError):
+        native.take_batch(plain, {}, *spec, {}, ["cpu"], None, None)
+    with pytest.raises(TypeError):
+        native.take_batch(plain, {}, *spec, {}, None, list, ())

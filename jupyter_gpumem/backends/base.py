@@ -251,6 +251,16 @@ class Backend:
         an autograd graph, say."""
         return None
 
+    def batch_spec(self) -> "tuple | None":
+        """:meth:`take_many` as the C core's one loop runs it (``_reach.take_batch``):
+        ``(known, get_fn, get_ptr, get_held, storages, label)``. For each tensor, an
+        autograd graph where ``get_fn(t)`` is not None (the batch then goes the long
+        way); its storages ``known[id(t)][2]`` where ``known[id(t)][1] == get_ptr(t)``
+        (the backend's own cache), else ``storages(t)``; the one tensor it holds
+        ``get_held(t)`` (or None) under ``label``. None: :meth:`take_many` is called.
+        The getters must run no user code on :meth:`batch_types`' exact types."""
+        return None
+
     def start_scan(self, deadline: float) -> None:
         """A scan begins; it must end by ``deadline`` (``time.perf_counter()``)."""
 

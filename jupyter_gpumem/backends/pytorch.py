@@ -322,6 +322,11 @@ class TorchBackend(Backend):
             infos = list(map(_THIRD, recs))
         return infos, _GRAD, list(map(_GRAD_OF, values))
 
+    def batch_spec(self) -> tuple:
+        # take_many's passes, as one loop of the C core runs them
+        self.tensor_types()
+        return self._known, _GRAD_FN, self._data_ptr, _GRAD_OF, self.storages, _GRAD
+
     def tensor_edges(self, obj: Any, seen: dict):
         if type(obj) not in self._plain and not issubclass(type(obj), self.torch.Tensor):
             return ()   # a storage

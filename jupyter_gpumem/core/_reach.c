@@ -605,9 +605,209 @@ reach_items_except(PyObject *self, PyObject *args)
     return out;
 }
 
+/* take_batch(values, memo, known, get_fn, get_ptr, get_held, storages, label, found,
+ *            devices, node_type, node_head) -> list | None
+ *
+ * Many tensors of a backend's plain types at once (an optimizer's state, a model's
+ * parameters): the Python walk's C-level passes over them fused into one loop.
+ * `values` is a list; `memo` maps id(value) -> (storages, label, held) for the values
+ * taken before in this scan. For each value not in `memo`: get_fn(value) is asked
+ * first, for all of them (any answer other than None, an autograd graph, returns None
+ * before anything is written: the caller takes those the long way); then its storages
+ * are `known[id(value)][2]` where `known[id(value)][1] == get_ptr(value)` (the backend's
+ * own cache, kept while the tensor lives and its data pointer stays), else
+ * storages(value); what it holds is get_held(value) (its gradient), recorded under
+ * `label`; the entry goes into `memo`. Then each storage `info` (a tuple: key, bytes,
+ * device, ...) whose device is in `devices` (None: every device) and whose key is not
+ * in `found` yet goes in as found[key] = (info, node, None), node made here as
+ * node_type(node_head + (key,)) (a tuple subclass) or None. The first value met with a
+ * key stands for it. Returns the held values that are not None, in order.
+ *
+ * Only a backend's own getters run (no user code): the values are of the exact types
+ * the backend named, the keys are tuples of strings and integers. */
+static PyObject *
+reach_take_batch(PyObject *self, PyObject *args)
+{
+    PyObject *values, *memo, *known, *get_fn, *get_ptr, *get_held, *storages, *label;
+    PyObject *found, *devices, *node_type, *node_head;
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOOOO!OOO:take_batch", &PyList_Type, &values,
+                          &PyDict_Type, &memo, &PyDict_Type, &known, &get_fn, &get_ptr,
+                          &get_held, &storages, &label, &PyDict_Type, &found, &devices,
+                          &node_type, &node_head))
+        return NULL;
+    if (devices != Py_None && !PyAnySet_Check(devices)) {
+        PyErr_SetString(PyExc_TypeError, "take_batch: devices must be a set or None");
+        return NULL;
+    }
+    Py_ssize_t head = 0;
+    if (node_type != Py_None) {
+        if (!PyType_Check(node_type) ||
+                !PyType_IsSubtype((PyTypeObject *)node_type, &PyTuple_Type) ||
+                !PyTuple_Check(node_head)) {
+            PyErr_SetString(PyExc_TypeError,
+                            "take_batch: node_type must be a tuple subclass, node_head a tuple");
+            return NULL;
+        }
+        head = PyTuple_GET_SIZE(node_head);
+    }
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    /* each value, its id and its memo entry, held here: the getters may allocate, and
+       a collection's finalizer must not take anything from under the loop */
+    PyObject **vals = PyMem_Calloc(3 * (size_t)(n ? n : 1), sizeof(PyObject *));
+    if (vals == NULL)
+        return PyErr_NoMemory();
+    PyObject **ids = vals + n, **entries = vals + 2 * n;
+    PyObject *result = NULL, *out = NULL;
+    Py_ssize_t i;
+    for (i = 0; i < n && i < PyList_GET_SIZE(values); i++) {
+        vals[i] = Py_NewRef(PyList_GET_ITEM(values, i));
+    }
+    n = i;
+    for (i = 0; i < n; i++) {
+        ids[i] = PyLong_FromVoidPtr(vals[i]);
+        if (ids[i] == NULL)
+            goto done;
+        PyObject *entry = PyDict_GetItemWithError(memo, ids[i]);
+        if (entry != NULL) {
+            entries[i] = Py_NewRef(entry);
+            continue;
+        }
+        if (PyErr_Occurred())
+            goto done;
+        PyObject *fn = PyObject_CallOneArg(get_fn, vals[i]);
+        if (fn == NULL)
+            goto done;
+        int graph = fn != Py_None;
+        Py_DECREF(fn);
+        if (graph) {
+            result = Py_NewRef(Py_None);   /* nothing written yet */
+            goto done;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        if (entries[i] != NULL)
+            continue;
+        PyObject *infos = NULL;
+        PyObject *rec = PyDict_GetItemWithError(known, ids[i]);
+        if (rec == NULL && PyErr_Occurred())
+            goto done;
+        if (rec != NULL && PyTuple_Check(rec) && PyTuple_GET_SIZE(rec) >= 3) {
+            Py_INCREF(rec);
+            PyObject *ptr = PyObject_CallOneArg(get_ptr, vals[i]);
+            int same = ptr == NULL ? -1 :
+                PyObject_RichCompareBool(PyTuple_GET_ITEM(rec, 1), ptr, Py_EQ);
+            Py_XDECREF(ptr);
+            if (same > 0)
+                infos = Py_NewRef(PyTuple_GET_ITEM(rec, 2));
+            Py_DECREF(rec);
+            if (same < 0)
+                goto done;
+        }
+        if (infos == NULL) {
+            infos = PyObject_CallOneArg(storages, vals[i]);   /* first met, or moved */
+            if (infos == NULL)
+                goto done;
+        }
+        PyObject *held = PyObject_CallOneArg(get_held, vals[i]);
+        if (held == NULL) {
+            Py_DECREF(infos);
+            goto done;
+        }
+        PyObject *entry = PyTuple_Pack(3, infos, label, held);
+        Py_DECREF(infos);
+        Py_DECREF(held);
+        if (entry == NULL)
+            goto done;
+        entries[i] = entry;
+        if (PyDict_SetItem(memo, ids[i], entry) < 0)
+            goto done;
+    }
+    out = PyList_New(0);
+    if (out == NULL)
+        goto done;
+    for (i = 0; i < n; i++) {
+        PyObject *entry = entries[i];
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < 3) {
+            PyErr_SetString(PyExc_TypeError, "take_batch: a memo entry is not (storages, label, held)");
+            goto fail;
+        }
+        PyObject *infos = PySequence_Fast(PyTuple_GET_ITEM(entry, 0),
+                                          "take_batch: storages must be a sequence");
+        if (infos == NULL)
+            goto fail;
+        Py_ssize_t m = PySequence_Fast_GET_SIZE(infos);
+        for (Py_ssize_t j = 0; j < m; j++) {
+            PyObject *info = PySequence_Fast_GET_ITEM(infos, j);
+            if (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) < 3) {
+                PyErr_SetString(PyExc_TypeError, "take_batch: a storage is not (key, bytes, device, ...)");
+                Py_DECREF(infos);
+                goto fail;
+            }
+            PyObject *key = PyTuple_GET_ITEM(info, 0);
+            if (devices != Py_None) {
+                int on = PySet_Contains(devices, PyTuple_GET_ITEM(info, 2));
+                if (on < 0) {
+                    Py_DECREF(infos);
+                    goto fail;
+                }
+                if (!on)
+                    continue;
+            }
+            int have = PyDict_Contains(found, key);
+            if (have != 0) {
+                if (have < 0) {
+                    Py_DECREF(infos);
+                    goto fail;
+                }
+                continue;
+            }
+            PyObject *node;
+            if (node_type == Py_None) {
+                node = Py_NewRef(Py_None);
+            } else {
+                node = ((PyTypeObject *)node_type)->tp_alloc((PyTypeObject *)node_type, head + 1);
+                if (node == NULL) {
+                    Py_DECREF(infos);
+                    goto fail;
+                }
+                for (Py_ssize_t h = 0; h < head; h++)
+                    PyTuple_SET_ITEM(node, h, Py_NewRef(PyTuple_GET_ITEM(node_head, h)));
+                PyTuple_SET_ITEM(node, head, Py_NewRef(key));
+            }
+            PyObject *value = PyTuple_Pack(3, info, node, Py_None);
+            Py_DECREF(node);
+            if (value == NULL || PyDict_SetItem(found, key, value) < 0) {
+                Py_XDECREF(value);
+                Py_DECREF(infos);
+                goto fail;
+            }
+            Py_DECREF(value);
+        }
+        Py_DECREF(infos);
+        PyObject *held = PyTuple_GET_ITEM(entry, 2);
+        if (held != Py_None && PyList_Append(out, held) < 0)
+            goto fail;
+    }
+    result = out;
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    for (i = 0; i < n; i++) {
+        Py_XDECREF(vals[i]);
+        Py_XDECREF(ids[i]);
+        Py_XDECREF(entries[i]);
+    }
+    PyMem_Free(vals);
+    return result;
+}
+
 static PyMethodDef reach_functions[] = {
     {"items_except", reach_items_except, METH_VARARGS,
      "items_except(dict, types) -> list: the (key, value) pairs whose value's type is not in types"},
+    {"take_batch", reach_take_batch, METH_VARARGS,
+     "take_batch(values, memo, known, get_fn, get_ptr, get_held, storages, label, found, "
+     "devices, node_type, node_head) -> list | None: many plain tensors at once"},
 #ifndef _WIN32
     {"pread_held", reach_pread_held, METH_VARARGS,
      "pread_held(fd, size) -> bytes: read from the start of fd without releasing the GIL"},

@@ -21,12 +21,12 @@ import gc
 import time
 import weakref
 from dataclasses import dataclass, field
-from itertools import islice, repeat
+from itertools import islice
 from operator import itemgetter
 from typing import Any
 
 from ..backends import Backend, active_backends
-from .scan_paths import LazyNode, PathFinder
+from .scan_paths import Nodes, PathFinder
 from .hidden import hidden_roots
 from .roots import Root, format_key, stop_ids_for, user_roots
 from .scan_reach import Reacher
@@ -180,10 +180,8 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         for backend in backends:
             backend.set_deadline(until)
 
-        def nodes(keys, i=i):   # each storage's path, found when it is read
-            return map(LazyNode, zip(repeat(finder), repeat(i), keys))
-
-        walking = reacher.walk_steps(root.obj, nodes, steps.due)
+        # each storage's path, found when it is read
+        walking = reacher.walk_steps(root.obj, Nodes(finder, i), steps.due)
         while True:
             try:
                 next(walking)

@@ -30,7 +30,7 @@ import sys
 import time
 import types
 from collections import deque
-from itertools import chain, compress
+from itertools import chain, compress, repeat
 from operator import itemgetter
 from typing import Any
 
@@ -73,6 +73,21 @@ class LazyNode(tuple):
     def __iter__(self):
         finder, root, key = tuple.__iter__(self)
         return iter(finder.node(root, key))
+
+
+class Nodes:
+    """``nodes(keys)``: the :class:`LazyNode` of each storage key found in root ``root``
+    of ``finder``. ``args`` (the node type and its head) lets the C core's batch loop
+    make the same nodes itself."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, finder: Any, root: int) -> None:
+        self.args = (LazyNode, (finder, root))
+
+    def __call__(self, keys: Any) -> Any:
+        finder, root = self.args[1]
+        return map(LazyNode, zip(repeat(finder), repeat(root), keys))
 
 
 class _Search:

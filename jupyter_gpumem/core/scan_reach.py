@@ -99,6 +99,9 @@ _BASE = _refcount_base()
 NATIVE = _native.Walker if _native is not None and _BASE is not None \
     and not os.environ.get("JUPYTER_GPUMEM_PURE_SCAN") else None
 NATIVE_SLICE = 0.004   # seconds of one C run: the walk can yield (or stop) between two
+#: the C core's loop over many plain tensors (see Backend.batch_spec), or None: the
+#: backend's take_many and the C-level passes of :meth:`Reacher._take_batch`
+TAKE_BATCH = getattr(_native, "take_batch", None) if NATIVE is not None else None
 
 
 class Reacher:
@@ -155,10 +158,14 @@ class Reacher:
         self._batched: dict[int, tuple] = {}
         self._probe: tuple | None = None    # (storages looked for, graph) in leads_to
         self._batch_types: dict[int, frozenset] = {}
+        self._batch_specs: dict[int, tuple | None] = {}   # id(backend) -> its batch_spec()
         self._seen: dict[int, Any] = {}
         self._next: list = []
         self._found: dict = {}
         self._node: Any = _no_nodes
+        # how TAKE_BATCH makes the path nodes: (node type, its head) or (None, None) for
+        # none; None where only self._node knows (the C loop is then not used)
+        self._node_args: tuple | None = (None, None)
         self._graph_seen: dict = {}
         self.graph_edges: dict[int, list] = {}   # of the root being walked: id(tensor) -> edges
         self.children_of: dict[int, tuple] = {}  # id(model or optimizer) -> (it, its children)
@@ -166,6 +173,8 @@ class Reacher:
         self.native = None if NATIVE is None else NATIVE(
             self._by_referents, self._watch, self.stop, self.check_singles, max_depth,
             time.perf_counter)
+        # the C core's loop over many plain tensors, with the C walker (or neither)
+        self._c_batch = TAKE_BATCH if self.native is not None else None
         if self.native is not None:
             for tp in self._learned:
                 self.native.learn(tp, tp in self._by_referents, tp in self._watch)
@@ -234,6 +243,7 @@ class Reacher:
         found: dict = {}
         self._found = found
         self._node = node if node is not None else _no_nodes
+        self._node_args = (None, None) if node is None else getattr(node, "args", None)
         if self.untracked_is_empty and (type(obj) is dict or type(obj) is tuple) and not is_tracked(obj):
             return found, 1   # atoms only (see untracked_holds_nothing)
         self._seen = {id(obj): obj}
@@ -285,6 +295,7 @@ class Reacher:
             self._graph_seen = {}
             self._found = {}
             self._node = _no_nodes   # it refers to the path finder, which refers back here
+            self._node_args = (None, None)
         return found, count
 
     def leads_to(self, objs: list, wanted: set, graph: dict, deadline: float) -> bool | None:
@@ -616,21 +627,28 @@ class Reacher:
             self._admit(list(map(_SECOND, edges)))
 
     def _take_batch(self, backend: Backend, values: list) -> None:
-        """Many tensors at once (an optimizer's state, a model's parameters), in C-level
-        passes over lists; the tensors that need the long way (an autograd graph) are
-        found by halves."""
+        """Many tensors at once (an optimizer's state, a model's parameters): in one loop
+        of the C core where the backend allows (:meth:`Backend.batch_spec`), else in
+        C-level passes over lists; the tensors that need the long way (an autograd
+        graph) are found by halves."""
+        spec = self._batch_specs.get(id(backend), ())
+        if spec == ():
+            spec = self._batch_specs[id(backend)] = \
+                backend.batch_spec() if self._c_batch is not None else None
+        if spec is not None and self._node_args is not None:
+            held = self._c_batch(values, self._batched, *spec, self._found, self.devices,
+                              *self._node_args)
+            if held is None:
+                self._split_batch(backend, values)
+            else:
+                self._take_held(backend, held)
+            return
         memo = self._batched
         seen = list(map(memo.get, map(id, values)))
         taken = self._take_fresh(backend, values, seen) if None in seen else (
             list(map(_FIRST, seen)), seen[0][1], list(map(_THIRD, seen)))
         if taken is None:
-            n = len(values)
-            if n >= 2 * BATCH:
-                self._take_batch(backend, values[:n // 2])
-                self._take_batch(backend, values[n // 2:])
-                return
-            for value in values:
-                self._take_one(backend, value)
+            self._split_batch(backend, values)
             return
         infos, held_label, held = taken
         devices = self.devices
@@ -656,14 +674,26 @@ class Reacher:
                     if info[0] not in found:
                         node, = self._node((info[0],))
                         found[info[0]] = (info, node, None)
-        # no memo entry: the path search asks the backend again for the few it meets.
-        # What they hold (gradients) is taken at once, in the same way
         if any(map(is_not, held, repeat(None))):
-            held = [h for h in held if h is not None]
-            if len(held) >= BATCH and set(map(type, held)) <= self._batch_types[id(backend)]:
-                self._take_batch(backend, held)
-            else:
-                self._admit(held)
+            self._take_held(backend, [h for h in held if h is not None])
+
+    def _split_batch(self, backend: Backend, values: list) -> None:
+        """A batch where some tensor has an autograd graph: by halves, then one by one."""
+        n = len(values)
+        if n >= 2 * BATCH:
+            self._take_batch(backend, values[:n // 2])
+            self._take_batch(backend, values[n // 2:])
+            return
+        for value in values:
+            self._take_one(backend, value)
+
+    def _take_held(self, backend: Backend, held: list) -> None:
+        """What a batch's tensors hold (gradients), taken at once in the same way. (No
+        memo entry: the path search asks the backend again for the few it meets.)"""
+        if len(held) >= BATCH and set(map(type, held)) <= self._batch_types[id(backend)]:
+            self._take_batch(backend, held)
+        elif held:
+            self._admit(held)
 
     def _take_fresh(self, backend: Backend, values: list, seen: list) -> tuple | None:
         """:meth:`Backend.take_many` of the values not met before in this scan (``seen``
