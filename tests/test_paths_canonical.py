@@ -181,3 +181,47 @@ def test_a_model_beside_a_long_list_is_found_in_time(ip):
     assert not snap.partial, snap.messages
     assert {r.path for r in snap.details[0].rows} == {
         "d.model.0.weight", "d.model.0.bias", "d.model.1.weight", "d.model.1.bias"}
+
+
+def test_tensors_far_into_a_long_block_keep_their_paths(ip):
+    """The search looks at a long block of children a slice at a time: tensors past the
+    first slices (a list's 700th and last item, an optimizer's last state) keep their
+    exact paths, and the largest is still the first in order among its size."""
+    run(ip, "import torch\nlong = [0] * 2000\nfor _i in (0, 700, 1999):\n"
+            "    long[_i] = torch.ones(_i + 1)\n"
+            "net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(300)])\n"
+            "adam = torch.optim.Adam(net.parameters())\n"
+            "net(torch.ones(1, 4)).sum().backward()\nadam.step()")
+    assert rows(ip, "long") == {"long[0]": 4, "long[700]": 2804, "long[1999]": 8000}
+    got = rows(ip, "adam")
+    assert got["adam.param_groups[0]['params'][599]"] == 16       # the last bias
+    assert got["adam.param_groups[0]['params'][599].grad"] == 16
+    snap = ip.run_line_magic("gpumem", "adam --device cpu -o")
+    paths = [r.path for r in snap.details[0].rows]
+    assert sorted(set(p for p in paths if p.startswith("adam.state"))) == [
+        "adam.state[...]['exp_avg']", "adam.state[...]['exp_avg_sq']", "adam.state[...]['step']"]
+    assert len(paths) == 600 * 5 and "→…" not in " ".join(paths)   # each found, none unknown
+    assert largest(ip, "adam") == "adam.state[...]['exp_avg']"
+
+
+def test_the_groups_of_children_by_step_are_the_same_by_runs_and_by_kinds():
+    """_split groups a block's children by the cost of their step; runs of one kind (an
+    optimizer's children) are grouped as slices, anything else pair by pair: the same
+    groups, in the same order, either way."""
+    from jupyter_gpumem.core import scan_paths
+
+    def reference(pairs):
+        costs = [(0, 1) if label is None else scan_paths._cost(label[0]) for label, _ in pairs]
+        order = list(dict.fromkeys(costs))
+        return [(c, [p for p, pc in zip(pairs, costs) if pc == c]) for c in order]
+
+    def labelled(kinds):
+        return [((kind, i), f"v{i}") for i, kind in enumerate(kinds)]
+
+    runs = ["opt_param"] * 50 + ["state_key"] * 3 + ["opt_state"] * 100 + ["attr"] * 4
+    mixed = ["attr", "item", "opt_state", "attr", "graph"] * 10      # many short runs
+    for kinds in (runs, mixed, ["attr"] * 9, runs + [None]):
+        pairs = labelled(k for k in kinds if k is not None)
+        if None in kinds:
+            pairs.append((None, "cell"))
+        assert scan_paths._split(pairs) == reference(pairs), kinds

@@ -753,14 +753,8 @@ reach_take_batch(PyObject *self, PyObject *args)
                 if (!on)
                     continue;
             }
-            int have = PyDict_Contains(found, key);
-            if (have != 0) {
-                if (have < 0) {
-                    Py_DECREF(infos);
-                    goto fail;
-                }
-                continue;
-            }
+            /* one look-up where the key is new (the common case): the entry is made
+               first and set only if the key is not there (the first met stands) */
             PyObject *node;
             if (node_type == Py_None) {
                 node = Py_NewRef(Py_None);
@@ -776,7 +770,7 @@ reach_take_batch(PyObject *self, PyObject *args)
             }
             PyObject *value = PyTuple_Pack(3, info, node, Py_None);
             Py_DECREF(node);
-            if (value == NULL || PyDict_SetItem(found, key, value) < 0) {
+            if (value == NULL || PyDict_SetDefault(found, key, value) == NULL) {
                 Py_XDECREF(value);
                 Py_DECREF(infos);
                 goto fail;

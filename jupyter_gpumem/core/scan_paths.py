@@ -30,7 +30,7 @@ import sys
 import time
 import types
 from collections import deque
-from itertools import chain, compress, repeat
+from itertools import chain, compress, groupby, islice, repeat
 from operator import itemgetter
 from typing import Any
 
@@ -53,6 +53,7 @@ _ONE_STEP = frozenset({"root", "attr", "item", "index", "elem"})
 UNKNOWN = ("unknown",)
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 _PROBE = 1024      # a container this long is first asked whether it leads anywhere
+_LOOK_SLICE = 512  # children looked at in one C-level pass, for the tensors among them
 _BASES = {DICT: (dict,), SEQ: (list, tuple), SET: (set, frozenset), DICT_SUB: (dict,),
           SEQ_SUB: (list, tuple), SET_SUB: (set, frozenset)}
 _CLASS_SKIP_KEYS = frozenset({"__dict__", "__weakref__", "__module__", "__doc__", "__slots__"})
@@ -288,17 +289,21 @@ class PathFinder:
         ids = self._tensor_ids
         if ids is None or ids[0] != len(self.tensor_types):   # a tensor type learned since
             ids = self._tensor_ids = (len(self.tensor_types), frozenset(map(id, self.tensor_types)))
-        # by the types' ids: a class whose metaclass defines __hash__ is never hashed
-        mask = list(map(ids[1].__contains__, map(id, map(type, map(_SECOND, pairs)))))
-        if not any(mask):
-            return None
-        for j in compress(range(len(pairs)), mask):
-            if j < start:
+        is_tensor = ids[1].__contains__
+        n = len(pairs)
+        # in slices: the first storage looked for is often near the start of a long
+        # block (an optimizer's ten thousand children), so most of it is never read
+        for lo in range(start, n, _LOOK_SLICE):
+            hi = min(lo + _LOOK_SLICE, n)
+            # by the types' ids: a class whose metaclass defines __hash__ is never hashed
+            mask = list(map(is_tensor, map(id, map(type, map(_SECOND, islice(pairs, lo, hi))))))
+            if not any(mask):
                 continue
-            label, child = pairs[j]
-            if self._tensor_met(s, child, (parent, label) if label is not None else parent,
-                                on_found) and (not s.want or enough()):
-                return j + 1
+            for j in compress(range(lo, hi), mask):
+                label, child = pairs[j]
+                if self._tensor_met(s, child, (parent, label) if label is not None else parent,
+                                    on_found) and (not s.want or enough()):
+                    return j + 1
         return None
 
     def _tensor_met(self, s: _Search, obj: Any, node: tuple, on_found) -> bool:
@@ -381,19 +386,36 @@ class PathFinder:
 def _split(pairs: list) -> list:
     """``pairs`` in groups by the cost of their step: ``((hidden steps, steps), pairs)``,
     in the order of the first of each group. In C-level passes: an optimizer's children
-    are ten thousand pairs of a few kinds."""
+    are ten thousand pairs of a few kinds, each kind in one run (then the groups are
+    slices of the runs)."""
     labels = list(map(_FIRST, pairs))
-    costs = None
     if None not in labels:
-        costs = list(map(_COST.get, map(_FIRST, labels)))
+        kinds = list(map(_FIRST, labels))
+        runs = [(kind, len(list(run))) for kind, run in islice(groupby(kinds), _RUNS + 1)]
+        if len(runs) <= _RUNS and all(kind in _COST for kind, _ in runs):
+            groups: dict = {}
+            at = 0
+            for kind, n in runs:
+                groups.setdefault(_COST[kind], []).append(slice(at, at + n))
+                at += n
+            if len(groups) == 1:
+                return [(next(iter(groups)), list(pairs))]
+            return [(cost, list(chain.from_iterable(map(pairs.__getitem__, cuts))))
+                    for cost, cuts in groups.items()]
+        costs = list(map(_COST.get, kinds))
         if None in costs:
             costs = None
+    else:
+        costs = None
     if costs is None:   # a step the path does not show (a cell, a frame), or a new kind
         costs = [(0, 1) if label is None else _cost(label[0]) for label in labels]
     kinds = list(dict.fromkeys(costs))
     if len(kinds) == 1:
         return [(kinds[0], list(pairs))]
     return [(cost, list(compress(pairs, map(cost.__eq__, costs)))) for cost in kinds]
+
+
+_RUNS = 16   # more runs of one kind than this: the pairs are grouped by compress
 
 
 def _cost(kind: str) -> tuple:

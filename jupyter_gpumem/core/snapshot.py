@@ -140,6 +140,7 @@ def type_name(obj: Any) -> str:
 _INFO = itemgetter(0)        # (storage info, path node, description) -> info
 _NBYTES = itemgetter(1)      # StorageInfo -> bytes
 _PLACE = itemgetter(2, 3)    # StorageInfo -> (device, framework)
+_DEVICE, _FRAMEWORK = itemgetter(2), itemgetter(3)
 _PAIRWISE = 16               # up to this many sharing roots, compare them pairwise
 
 
@@ -179,7 +180,11 @@ class Sharing:
         if out is None:
             infos = list(map(_INFO, self.result.reach[i].storages.values()))
             sizes = list(map(_NBYTES, infos))
-            out = self._stats[i] = (infos, sizes, sum(sizes), set(map(_PLACE, infos)))
+            devices, frameworks = set(map(_DEVICE, infos)), set(map(_FRAMEWORK, infos))
+            # one device and framework (the common case) without a pair per storage
+            places = {(devices.pop(), frameworks.pop())} if len(devices) == len(frameworks) == 1 \
+                else set(map(_PLACE, infos))
+            out = self._stats[i] = (infos, sizes, sum(sizes), places)
         return out
 
     @property
