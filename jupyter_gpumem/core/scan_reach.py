@@ -102,6 +102,7 @@ NATIVE_SLICE = 0.004   # seconds of one C run: the walk can yield (or stop) betw
 #: the C core's loop over many plain tensors (see Backend.batch_spec), or None: the
 #: backend's take_many and the C-level passes of :meth:`Reacher._take_batch`
 TAKE_BATCH = getattr(_native, "take_batch", None) if NATIVE is not None else None
+_UNASKED = object()   # a backend whose batch_spec() the scan has not asked yet
 
 
 class Reacher:
@@ -631,8 +632,8 @@ class Reacher:
         of the C core where the backend allows (:meth:`Backend.batch_spec`), else in
         C-level passes over lists; the tensors that need the long way (an autograd
         graph) are found by halves."""
-        spec = self._batch_specs.get(id(backend), ())
-        if spec == ():
+        spec = self._batch_specs.get(id(backend), _UNASKED)
+        if spec is _UNASKED:
             spec = self._batch_specs[id(backend)] = \
                 backend.batch_spec() if self._c_batch is not None else None
         if spec is not None and self._node_args is not None:
