@@ -164,9 +164,6 @@ class Reacher:
         self._next: list = []
         self._found: dict = {}
         self._node: Any = _no_nodes
-        # how TAKE_BATCH makes the path nodes: (node type, its head) or (None, None) for
-        # none; None where only self._node knows (the C loop is then not used)
-        self._node_args: tuple | None = (None, None)
         self._graph_seen: dict = {}
         self.graph_edges: dict[int, list] = {}   # of the root being walked: id(tensor) -> edges
         self.children_of: dict[int, tuple] = {}  # id(model or optimizer) -> (it, its children)
@@ -244,7 +241,6 @@ class Reacher:
         found: dict = {}
         self._found = found
         self._node = node if node is not None else _no_nodes
-        self._node_args = (None, None) if node is None else getattr(node, "args", None)
         if self.untracked_is_empty and (type(obj) is dict or type(obj) is tuple) and not is_tracked(obj):
             return found, 1   # atoms only (see untracked_holds_nothing)
         self._seen = {id(obj): obj}
@@ -296,7 +292,6 @@ class Reacher:
             self._graph_seen = {}
             self._found = {}
             self._node = _no_nodes   # it refers to the path finder, which refers back here
-            self._node_args = (None, None)
         return found, count
 
     def leads_to(self, objs: list, wanted: set, graph: dict, deadline: float) -> bool | None:
@@ -636,9 +631,12 @@ class Reacher:
         if spec is _UNASKED:
             spec = self._batch_specs[id(backend)] = \
                 backend.batch_spec() if self._c_batch is not None else None
-        if spec is not None and self._node_args is not None:
+        # how the C loop makes the path nodes: (node type, its head), (None, None) for
+        # none; None where only the walk's node callable knows (then the passes below)
+        node_args = (None, None) if self._node is _no_nodes else getattr(self._node, "args", None)
+        if spec is not None and node_args is not None:
             held = self._c_batch(values, self._batched, *spec, self._found, self.devices,
-                              *self._node_args)
+                                 *node_args)
             if held is None:
                 self._split_batch(backend, values)
             else:
