@@ -207,6 +207,41 @@ def test_footer_line_after_every_cell(wip, capsys):
     assert capsys.readouterr().out == ""
 
 
+def test_back_to_back_cells_start_from_the_last_end_unless_a_pause_or_purge_came(
+        wip, capsys, monkeypatch):
+    """Cells run one right after another (run-all) start from the last cell's end readings
+    and names; after a pause, or a purge between cells (the sidebar's), the devices and
+    the names are read again, and the purged name is nobody's cell's doing."""
+    run(wip, "import torch")
+    run(wip, "%gpumem watch on --device cpu")
+    reads = []
+    real = watch_mod._read_devices
+    monkeypatch.setattr(watch_mod, "_read_devices", lambda ids, read=None: (
+        reads.append(list(ids)), real(ids, read))[1])
+
+    def cell(code: str) -> int:
+        del reads[:]
+        run(wip, code)
+        return len(reads)
+
+    assert cell("a = torch.ones(250_000)") in (1, 2)
+    assert cell("b = torch.ones(500_000)") == 1       # the start: the last cell's end
+    first, second = watch_mod.history_for(wip)[-2:]
+    assert second.devices[0].process_before == first.devices[0].process_after
+    assert second.devices[0].allocated_before == first.devices[0].allocated_after
+    assert [c.name for c in second.changes] == ["b"]
+    time.sleep(watch_footer.ARM_TTL * 2)
+    assert cell("c = 1") == 2                          # read again after a pause
+    from jupyter_gpumem.core.purge import purge
+    monkeypatch.setattr(watch_footer, "ARM_TTL", 600.0)   # however long the purge takes
+    assert cell("pass") in (1, 2)
+    purge(["b"], shell=wip)                           # between cells, as the sidebar does
+    assert cell("d = torch.ones(10)") == 2
+    last = watch_mod.history_for(wip)[-1]
+    assert [c.name for c in last.changes] == ["d"] and "b" not in wip.user_ns
+    capsys.readouterr()
+
+
 def test_watch_trait_turns_the_footer_on(wip, capsys):
     run(wip, "%config GpuMemMagics.watch = True")
     run(wip, "import torch\nq = torch.ones(1000)")

@@ -698,6 +698,10 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
                  skipped, in_list)
 
 
+#: purges begun in this process (not dry runs): what says a reading taken before is stale
+PURGES = [0]
+
+
 def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bool = False,
           dry_run: bool = False, device: str = "auto", time_limit: float = 3.0) -> PurgeResult:
     """Delete ``names`` (or, with none, only the hidden holders) and free their memory.
@@ -731,6 +735,7 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bo
         result.messages += _still_messages(result.still_held)
         result.seconds = time.perf_counter() - start
         return result
+    PURGES[0] += 1
     try:
         before = _read(device)
         # _execute empties the plan: after it, nothing here refers to the purged objects.

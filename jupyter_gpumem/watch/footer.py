@@ -39,6 +39,11 @@ def _parse_share(value: Any) -> float | None:
 
 _UNSET = object()
 
+#: seconds after a cell's end within which the next cell (run-all, a queue of cells)
+#: starts from that end's readings instead of reading the devices and the names again:
+#: what happens in between (a reply sent, the next request read) counts for that cell
+ARM_TTL = 0.05
+
 
 def _patch(obj: Any, name: str, make) -> tuple | None:
     """Set ``obj.name = make(current)`` on the instance; (obj, name, previous, patched) or None
@@ -144,6 +149,16 @@ class _Footer:
         self.state = state
         self.cells = _monitor.CellEvents(state.shell)
         self._pre_cost = 0.0
+        #: (when, purges so far, the last cell's ``Watch.end``): a cell that starts within
+        #: ARM_TTL of the last one's end, no purge between, starts from that end
+        self._armed: tuple | None = None
+
+    def _take_armed(self) -> tuple | None:
+        armed, self._armed = self._armed, None
+        if armed is None or time.perf_counter() - armed[0] > ARM_TTL \
+                or armed[1] != _purge.PURGES[0]:
+            return None
+        return armed[2]
 
     @property
     def magics(self):
@@ -176,7 +191,8 @@ class _Footer:
                       interval=getattr(magics, "sample_interval", 0.05),
                       label=f"In [{count}]", report=False,
                       time_limit=getattr(magics, "scan_time_limit", 3.0),
-                      source="watch on", state=self.state, record=True).start()
+                      source="watch on", state=self.state, record=True
+                      ).start(self._take_armed())
             line = _OpenLine(shell)
         except Exception as exc:  # noqa: BLE001 - never in the user's way
             _complain("watch footer failed", exc)
@@ -217,6 +233,8 @@ class _Footer:
                 lines = _traced_lines(count)
                 if lines:
                     print(lines)
+                if w.end is not None and r.auto_purge is None:
+                    self._armed = (time.perf_counter(), _purge.PURGES[0], w.end)
         except Exception as exc:  # noqa: BLE001
             _complain("watch footer failed", exc)
         self.state.costs.append(self._pre_cost + time.perf_counter() - t)

@@ -391,6 +391,9 @@ class Watch:
         self._state = state
         self._started = False
         self._extra_roots: list[Root] = []
+        #: ``(device ids selected, readings)`` at :meth:`stop` (None before): what a
+        #: next watch's :meth:`start` may take as its own (``armed``)
+        self.end: tuple | None = None
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> "Watch":
@@ -466,17 +469,24 @@ class Watch:
             return None
 
     # -- start / stop ---------------------------------------------------------------------
-    def start(self) -> "Watch":
-        """Measure from now on."""
+    def start(self, armed: tuple | None = None) -> "Watch":
+        """Measure from now on. ``armed``: ``(device ids, readings)`` as the previous
+        watch of this state ended them, where that end is recent enough to stand for this
+        start (the ``watch on`` footer, cells run back to back): the readings and the
+        tracker's holders are taken as they are, unread and unchecked."""
         t = time.perf_counter()
         self._ids0 = _devices.selected_ids(self.device)
-        usages = _read_devices(_ordered(self._ids0 + ["cpu"]))
         state = self._state
         self._messages = []
-        if not (state.tracker.seeded and state.ns_mark is not None
-                and state.ns_mark == self._ns_mark()):
-            if self._update(usages).partial:
-                self._messages.append("holders: partial scan before the code ran")
+        if armed is not None and armed[0] == self._ids0 and state.tracker.seeded \
+                and state.ns_mark is not None:
+            usages = armed[1]
+        else:
+            usages = _read_devices(_ordered(self._ids0 + ["cpu"]))
+            if not (state.tracker.seeded and state.ns_mark is not None
+                    and state.ns_mark == self._ns_mark()):
+                if self._update(usages).partial:
+                    self._messages.append("holders: partial scan before the code ran")
         self._tracked0 = dict(self._state.tracker.totals)
         self._roots0 = dict(self._state.tracker.roots)   # RootInfos are replaced, never changed
         self._usages0 = usages
@@ -519,8 +529,10 @@ class Watch:
             return None
         self._started = False
         wall = t1 - self._t0
-        ids = _ordered(self._ids0 + _devices.selected_ids(self.device))
+        now_ids = _devices.selected_ids(self.device)
+        ids = _ordered(self._ids0 + now_ids)
         usages = _read_devices(_ordered(ids + ["cpu"]))
+        self.end = (now_ids, usages)
         HUB.remove(self._sampling, usages)
         LEDGER.close(self._scope, ids)
         upd = self._update(usages, error=error, force_full=error is not None,
