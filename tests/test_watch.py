@@ -530,6 +530,27 @@ def test_the_sampler_runs_only_while_watched_code_runs(wip):
     assert len(watch_mod.series_for(wip)) >= 5
 
 
+def test_between_watched_cells_the_sampler_pauses_on_its_own(wip, capsys):
+    """With ``watch on`` the sampling subscription outlives a cell (a cell right after
+    finds it running), pauses at its first tick with no cell running, and then is not
+    called until the next cell."""
+    run(wip, "%gpumem watch on --device cpu")
+    run(wip, "x = 1")
+    lane = next(iter(watch_mod.HUB._lanes.values()))
+    sub = lane.sub
+    assert sub.active and not lane.open                 # kept running past the cell's end
+    deadline = time.monotonic() + 5
+    while sub.active and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not sub.active and not sub.stopped           # paused itself, thread kept
+    calls = sub.calls
+    time.sleep(0.2)                                     # four intervals: nobody is called
+    assert sub.calls == calls
+    run(wip, "y = 2")
+    assert lane.sub is sub and sub.active               # resumed by the next cell
+    capsys.readouterr()
+
+
 def test_gpuwatch_report_is_short_and_exact_with_v(wip, capsys):
     run(wip, "import torch")
     capsys.readouterr()

@@ -16,6 +16,7 @@ from ..core import purge as _purge
 from ..core.render import fmt_bytes
 from ..session import hook_cells, unhook_cells
 from .result import WatchResult
+from .peaks import LEDGER
 from .scope import HUB, Watch, _complain, _current_count, _ordered, _read_devices, _State
 
 def _parse_share(value: Any) -> float | None:
@@ -229,10 +230,13 @@ class _Footer:
                 if count is not None:
                     r.label = f"In [{count}]"
                 self._thresholds(w, r)
-                print(("\n" if newline else "") + r.footer())
+                text = ("\n" if newline else "") + r.footer()
                 lines = _traced_lines(count)
                 if lines:
-                    print(lines)
+                    text += "\n" + lines
+                out = sys.stdout
+                if out is not None:
+                    out.write(text + "\n")   # one write, not print's two (text, then end)
                 if w.end is not None and r.auto_purge is None:
                     self._armed = (time.perf_counter(), _purge.PURGES[0], w.end)
         except Exception as exc:  # noqa: BLE001
@@ -284,6 +288,7 @@ def _start_footer(state: _State) -> None:
     hook_cells(state.shell, footer.pre, footer.post)
     state.footer = footer
     HUB.hold()
+    LEDGER.hold()
     if state.magics is not None:
         _seed(state, state.magics)
 
@@ -295,6 +300,7 @@ def _stop_footer(state: _State) -> None:
     unhook_cells(state.shell, footer.pre, footer.post)
     footer.abandon()
     HUB.release()
+    LEDGER.release()
 
 
 def _seed(state: _State, magics) -> None:

@@ -24,8 +24,9 @@ A reset that bypasses the wrappers (``torch._C._cuda_resetPeakMemoryStats``
 called directly, or a reset function imported before the first scope
 opened) is detected when the counter's peak is found lower than last seen:
 open scopes then note that their peak covers only the time since, and the
-user view drops what it kept. Patches are installed while a scope is open
-or the user view keeps something the real counter lost, and removed after.
+user view drops what it kept. Patches are installed while a scope is open,
+the user view keeps something the real counter lost, or the ``watch on``
+footer holds them (it opens a scope every cell), and removed after.
 
 Counters: each framework's (a backend's ``peak_counters``, with the
 wrappers of its own reset and read functions, ``peak_patches``: torch's CUDA
@@ -115,9 +116,10 @@ def counters_for(device_ids) -> list[Counter]:
     framework's (which never creates a device context to get one)."""
     ids = list(device_ids)
     out: list[Counter] = []
-    for backend in active_backends():
+    accelerators = [d for d in ids if d != "cpu"]
+    for backend in active_backends() if accelerators else ():
         try:
-            out += backend.peak_counters([d for d in ids if d != "cpu"])
+            out += backend.peak_counters(accelerators)
         except Exception:  # noqa: BLE001 - no exact peak from that framework then
             pass
     if "cpu" in ids:
@@ -164,6 +166,7 @@ class PeakLedger(PeakLedgerView):
         self._open: list[PeakScope] = []
         self._base: dict[tuple, Peaks] = {}
         self._last: dict[tuple, Peaks | None] = {}
+        self._holds = 0
 
     # -- scopes ------------------------------------------------------------------------
     def open(self, device_ids) -> PeakScope:
@@ -200,7 +203,8 @@ class PeakLedger(PeakLedgerView):
         with self._lock:
             if scope.closed:
                 return scope
-            for counter in counters_for(device_ids):
+            # only a framework's allocator begins lazily: the host's counters are not asked
+            for counter in counters_for([d for d in device_ids if d != "cpu"]):
                 if counter.key in scope.start:
                     continue
                 if not counter.born_lazily:
@@ -217,8 +221,21 @@ class PeakLedger(PeakLedgerView):
                 self._open.remove(scope)
             if not self._open:
                 self._drop_redundant_base()
-                _PATCHES.uninstall_unneeded(self._needed_families())
+                if not self._holds:
+                    _PATCHES.uninstall_unneeded(self._needed_families())
         return scope
+
+    def hold(self) -> None:
+        """Keep the patches between scopes (the ``watch on`` footer opens one a cell:
+        putting them in and taking them out each time costs the cell)."""
+        with self._lock:
+            self._holds += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._holds = max(self._holds - 1, 0)
+            if not self._holds and not self._open:
+                _PATCHES.uninstall_unneeded(self._needed_families())
 
     def tick(self) -> None:
         """Fold every open counter's peak into the open scopes (the sampler calls this).
@@ -328,6 +345,8 @@ class _Patches:
         self._lock = threading.RLock()
 
     def install(self, family: str) -> None:
+        if family in self._installed:
+            return      # every scope asks: most find them in place (read without the lock)
         with self._lock:
             if family in self._installed:
                 return

@@ -186,7 +186,9 @@ class _SamplerHub:
     session's thread (:attr:`Session.sampler`, shared with the panel and the
     sidebar); a script's watch on the watch's own (:data:`_OWN_SAMPLER`). The
     subscription is called while a watch is open; ``hold()`` (the ``watch on``
-    footer) keeps it, paused, between cells; without holders it ends. Should
+    footer) keeps it between cells, where its first tick with no watch open
+    pauses it (a cell that starts before, run-all, finds it running); without
+    holders it ends. Should
     it end on its own, the open watches say so in their reports (``failure``)
     and the next watch subscribes again. It reads counters only.
     """
@@ -240,7 +242,8 @@ class _SamplerHub:
             sub = lane.sub
             if self._holds and sub is not None and not sub.stopped \
                     and lane.sampler is not _OWN_SAMPLER:
-                sub.pause()     # the footer's next cell resumes it
+                # kept for the footer's next cell: its next tick, finding no watch open,
+                # pauses it (so a cell that follows at once, run-all, resumes nothing)
                 return
             del self._lanes[lane.sampler]
             stop = sub
@@ -275,9 +278,13 @@ class _SamplerHub:
     def _tick(self, lane: _Lane) -> None:
         with self._lock:
             opens = list(lane.open)
-        if opens:
-            self.sample(opens, read=lane.sampler.read)
-            LEDGER.tick()
+            if not opens:
+                sub = lane.sub
+                if sub is not None:
+                    sub.pause()     # between cells: until the next watch resumes it
+                return
+        self.sample(opens, read=lane.sampler.read)
+        LEDGER.tick()
 
     @staticmethod
     def sample(opens: list[_Sampling], usages: dict | None = None,
