@@ -242,6 +242,24 @@ def test_back_to_back_cells_start_from_the_last_end_unless_a_pause_or_purge_came
     capsys.readouterr()
 
 
+def test_a_name_bound_between_cells_is_not_the_next_cells_doing(wip, capsys, monkeypatch):
+    """A widget's callback binds a name between two cells: after a pause the next cell's
+    footer does not list it (the tracker takes it in before the cell runs); a cell that
+    starts at once after the last one (run-all) counts what came in between."""
+    run(wip, "import torch")
+    run(wip, "%gpumem watch on --device cpu")
+    run(wip, "pass")
+    time.sleep(watch_footer.ARM_TTL * 2)
+    wip.user_ns["by_callback"] = torch.ones(1000)        # as a callback would, between cells
+    run(wip, "mine = torch.ones(2000)")
+    assert [c.name for c in watch_mod.history_for(wip)[-1].changes] == ["mine"]
+    monkeypatch.setattr(watch_footer, "ARM_TTL", 600.0)   # "at once", however slow the machine
+    wip.user_ns["at_once"] = torch.ones(1000)
+    run(wip, "pass")
+    assert [c.name for c in watch_mod.history_for(wip)[-1].changes] == ["at_once"]
+    capsys.readouterr()
+
+
 def test_watch_trait_turns_the_footer_on(wip, capsys):
     run(wip, "%config GpuMemMagics.watch = True")
     run(wip, "import torch\nq = torch.ones(1000)")

@@ -59,7 +59,7 @@ from ..backends import REGISTRY
 from ..core import devices as _devices
 from ..core import monitor as _monitor
 from ..core import scan as _scan
-from ..core.hidden import traceback_objects, traceback_root
+from ..core.hidden import traceback_root
 from ..core.roots import Root
 from ..session import session_of
 from .holders import HolderTracker, RootInfo
@@ -86,8 +86,9 @@ class _State:
         self.footer: Any = None   # the watch-on footer (watch.footer) while it is on
         self.footer_device: str | None = None
         self.costs: deque = deque(maxlen=2000)   # seconds each footer cost (pre + post)
-        self.ns_mark: tuple | None = None
-        self.mark_names: tuple = ()   # the user's names the mark follows
+        #: the tracker's holders are as the last watch's end left them (no error since):
+        #: a watch that starts right after may take them as they are (``Watch.start``)
+        self.fresh = False
 
     def record(self, result: WatchResult) -> None:
         self.history.append(result)
@@ -446,34 +447,10 @@ class Watch:
         upd = state.tracker.update(roots, shell=self.shell, namespace=self._ns(),
                                    marks=_marks(usages), time_limit=self.time_limit,
                                    extra_stop=state.internal_ids() | {id(self)}, **kwargs)
-        if self._frame is not None or error is not None:
-            state.ns_mark = None
-        else:
-            state.mark_names = tuple(r.name for r in roots if r.kind == "user")
-            state.ns_mark = self._ns_mark()
+        # a watch of a function's locals, or one that ended in an error (its frames are
+        # dropped after), leaves nothing a next watch may start from as it is
+        state.fresh = self._frame is None and error is None
         return upd
-
-    def _ns_mark(self) -> tuple | None:
-        """What says, cheaply, that nothing ran since the tracker's last update (a cell's
-        start right after the last cell's end): as many names, the user's names with
-        memory still bound to the same objects, as many outputs, the same ``_``/``__``/
-        ``___`` and last traceback. Only names and identities are kept, never an object.
-        (A name of an int rebound to a tensor between cells, by a widget's callback say,
-        goes unseen until the cell's end, which then counts it for the cell.)"""
-        shell = self.shell
-        ns = shell.user_ns if shell is not None else self._ns()
-        try:
-            get = dict.get
-            parts: list = [len(ns), tuple([id(get(ns, n)) for n in self._state.mark_names])]
-            if shell is not None:
-                out = shell.history_manager.output_hist
-                hook = shell.displayhook
-                parts += [len(out), next(reversed(out), None),
-                          tuple(id(getattr(hook, n, None)) for n in ("_", "__", "___")),
-                          tuple(map(id, traceback_objects(shell)))]
-            return tuple(parts)
-        except Exception:  # noqa: BLE001
-            return None
 
     # -- start / stop ---------------------------------------------------------------------
     def start(self, armed: tuple | None = None) -> "Watch":
@@ -486,14 +463,14 @@ class Watch:
         state = self._state
         self._messages = []
         if armed is not None and armed[0] == self._ids0 and state.tracker.seeded \
-                and state.ns_mark is not None:
+                and state.fresh:
             usages = armed[1]
         else:
+            # what changed since the last watch (between cells: a widget's callback, say)
+            # is the tracker's before this code runs, not this code's doing
             usages = _read_devices(_ordered(self._ids0 + ["cpu"]))
-            if not (state.tracker.seeded and state.ns_mark is not None
-                    and state.ns_mark == self._ns_mark()):
-                if self._update(usages).partial:
-                    self._messages.append("holders: partial scan before the code ran")
+            if self._update(usages).partial:
+                self._messages.append("holders: partial scan before the code ran")
         self._tracked0 = dict(self._state.tracker.totals)
         self._roots0 = dict(self._state.tracker.roots)   # RootInfos are replaced, never changed
         self._usages0 = usages
