@@ -327,6 +327,32 @@ def resource_maxrss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+@needs_rss
+def test_a_scope_started_from_the_last_close_reads_only_what_it_must(monkeypatch):
+    """LEDGER.open with the last close's readings (cells back to back): a counter whose
+    peak was its current value starts from it unread; one whose peak was above is read
+    and reset as usual; either way the scope's peak covers what comes after."""
+    reads = []
+    real = RssCounter.read
+    monkeypatch.setattr(RssCounter, "read", lambda self: (reads.append(1), real(self))[1])
+    first = LEDGER.open(["cpu"])
+    LEDGER.close(first, ["cpu"])
+    (rss, hwm), = first.end[RssCounter.key].values()
+    del reads[:]
+    flat = {RssCounter.key: {"rss": (rss, rss)}}
+    second = LEDGER.open(["cpu"], readings=flat)
+    assert reads == [] and second.start[RssCounter.key] == {"rss": rss}
+    _transient(64)
+    LEDGER.close(second, ["cpu"])
+    assert second.peak(RssCounter.key, "rss") >= rss + 60 * MB
+    del reads[:]
+    above = {RssCounter.key: {"rss": (rss, rss + 64 * MB)}}
+    third = LEDGER.open(["cpu"], readings=above)
+    assert reads                                   # read now: the old peak is not this one's
+    LEDGER.close(third, ["cpu"])
+    assert LEDGER.open_count() == 0
+
+
 def test_nested_scopes_and_a_user_reset_with_tracemalloc():
     np = pytest.importorskip("numpy")
     import jupyter_gpumem

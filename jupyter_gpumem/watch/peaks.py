@@ -139,6 +139,8 @@ class PeakScope:
         self.labels: dict[tuple, str] = {}
         self.notes: list[str] = []
         self.closed = False
+        #: each counter's reading at the close (what a scope right after may start from)
+        self.end: dict[tuple, Reading] = {}
 
     def fold(self, key: tuple, peaks: Peaks) -> None:
         mine = self.peaks.setdefault(key, {})
@@ -169,11 +171,22 @@ class PeakLedger(PeakLedgerView):
         self._holds = 0
 
     # -- scopes ------------------------------------------------------------------------
-    def open(self, device_ids) -> PeakScope:
-        """Start a scope on every counter available for ``device_ids``."""
+    def open(self, device_ids, readings: dict | None = None) -> PeakScope:
+        """Start a scope on every counter available for ``device_ids``. ``readings``: the
+        counters as the last scope's close read them (:attr:`PeakScope.end`), where this
+        scope starts from that close (cells run back to back): a counter whose peak was
+        its current value then starts from it unread (nothing to reset); the others are
+        read now."""
         scope = PeakScope()
         with self._lock:
             for counter in counters_for(device_ids):
+                given = readings.get(counter.key) if readings else None
+                if given is not None and all(p <= c for c, p in given.values()):
+                    current = {f: c for f, (c, _) in given.items()}
+                    scope.start[counter.key] = current
+                    scope.labels[counter.key] = counter.exact_label
+                    scope.fold(counter.key, current)
+                    continue
                 reading = counter.read()
                 if reading is None:
                     continue
@@ -215,7 +228,9 @@ class PeakLedger(PeakLedgerView):
                     s.labels.setdefault(counter.key, counter.exact_label)
                 _PATCHES.install(counter.family)
             for key in list(scope.start):
-                self._fold_now(key, also=scope)
+                reading = self._fold_now(key, also=scope)
+                if reading is not None:
+                    scope.end[key] = reading
             scope.closed = True
             if scope in self._open:
                 self._open.remove(scope)
@@ -273,17 +288,18 @@ class PeakLedger(PeakLedgerView):
             return len(self._open)
 
     # -- internals ---------------------------------------------------------------------
-    def _fold_now(self, key: tuple, also: PeakScope | None = None) -> None:
+    def _fold_now(self, key: tuple, also: PeakScope | None = None) -> Reading | None:
         """Read the counter of ``key`` and fold its peaks into every open scope that
-        watches it (and into ``also``)."""
+        watches it (and into ``also``); the reading."""
         counter = counter_for(key)
         reading = counter.read() if counter is not None else None
         if reading is None:
-            return
+            return None
         peaks = self._observe(key, reading)
         for s in self._open:
             if key in s.start or s is also:
                 s.fold(key, peaks)
+        return reading
 
     def _observe(self, key: tuple, reading: Reading) -> Peaks:
         """Peaks of ``reading``; notice a reset done behind the ledger's back."""

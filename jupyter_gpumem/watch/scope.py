@@ -201,9 +201,11 @@ class _SamplerHub:
         #: why the last subscription ended on its own; None once a new one runs
         self.failure: str | None = None
 
-    def add(self, sampling: _Sampling, usages: dict | None = None) -> None:
+    def add(self, sampling: _Sampling, usages: dict | None = None,
+            point: dict | None = None) -> None:
         """Open ``sampling``; its first sample is ``usages`` where the caller has just read
-        the devices (a watch's start), else a reading now."""
+        the devices (a watch's start), else a reading now; or ``point``, a sample the
+        timeline has already (the last watch's end, which this one starts from)."""
         sampler = sampling.sampler
         with self._lock:
             lane = self._lanes.get(sampler)
@@ -221,12 +223,16 @@ class _SamplerHub:
                 if sub.interval != interval:
                     sub.interval = interval
                 sub.resume()
-        self.sample([sampling], usages)
-
-    def remove(self, sampling: _Sampling, usages: dict | None = None) -> None:
-        """Close ``sampling`` after a last sample (``usages``, as for :meth:`add`)."""
-        try:
+        if point is not None:
+            sampling.observe(point)
+        else:
             self.sample([sampling], usages)
+
+    def remove(self, sampling: _Sampling, usages: dict | None = None) -> dict | None:
+        """Close ``sampling`` after a last sample (``usages``, as for :meth:`add`); that
+        sample's point."""
+        try:
+            return self.sample([sampling], usages)
         finally:
             self._drop(sampling)
 
@@ -289,7 +295,7 @@ class _SamplerHub:
 
     @staticmethod
     def sample(opens: list[_Sampling], usages: dict | None = None,
-               read: Any = None) -> None:
+               read: Any = None) -> dict:
         ids = sorted(set().union(*(s.devices for s in opens)))
         if usages is None or not set(ids) <= set(usages):
             usages = _read_devices(ids, read)
@@ -303,6 +309,7 @@ class _SamplerHub:
             if id(s.series) not in seen:
                 seen.add(id(s.series))
                 s.series.append(t, {d: v for d, v in point.items()})
+        return point
 
 
 HUB = _SamplerHub()
@@ -399,8 +406,9 @@ class Watch:
         self._state = state
         self._started = False
         self._extra_roots: list[Root] = []
-        #: ``(device ids selected, readings)`` at :meth:`stop` (None before): what a
-        #: next watch's :meth:`start` may take as its own (``armed``)
+        #: ``(device ids selected, readings, the timeline's point of them, the peak
+        #: counters' readings)`` at :meth:`stop` (None before): what a next watch's
+        #: :meth:`start` may take as its own (``armed``)
         self.end: tuple | None = None
 
     # -- context manager ------------------------------------------------------------------
@@ -454,17 +462,20 @@ class Watch:
 
     # -- start / stop ---------------------------------------------------------------------
     def start(self, armed: tuple | None = None) -> "Watch":
-        """Measure from now on. ``armed``: ``(device ids, readings)`` as the previous
-        watch of this state ended them, where that end is recent enough to stand for this
-        start (the ``watch on`` footer, cells run back to back): the readings and the
-        tracker's holders are taken as they are, unread and unchecked."""
+        """Measure from now on. ``armed``: the previous watch's :attr:`end` (device ids,
+        readings, their timeline point, the peak counters' readings) where that end is
+        recent enough to stand for this start (the ``watch on`` footer, cells run back to
+        back): the readings and the tracker's holders are taken as they are, unread and
+        unchecked, and the peak counters whose peak was their current value then start
+        from it."""
         t = time.perf_counter()
         self._ids0 = _devices.selected_ids(self.device)
         state = self._state
         self._messages = []
+        point = readings = None
         if armed is not None and armed[0] == self._ids0 and state.tracker.seeded \
                 and state.fresh:
-            usages = armed[1]
+            usages, point, readings = armed[1:]
         else:
             # what changed since the last watch (between cells: a widget's callback, say)
             # is the tracker's before this code runs, not this code's doing
@@ -474,11 +485,11 @@ class Watch:
         self._tracked0 = dict(self._state.tracker.totals)
         self._roots0 = dict(self._state.tracker.roots)   # RootInfos are replaced, never changed
         self._usages0 = usages
-        self._scope: PeakScope = LEDGER.open(self._ids0)
+        self._scope: PeakScope = LEDGER.open(self._ids0, readings)
         try:
             self._sampling = _Sampling(self._ids0, self._state.series, self.interval,
                                        _sampler_of(self.shell))
-            HUB.add(self._sampling, usages)
+            HUB.add(self._sampling, usages, point)
         except BaseException:
             self.abandon()   # leave no open scope or sampling entry behind
             raise
@@ -516,9 +527,9 @@ class Watch:
         now_ids = _devices.selected_ids(self.device)
         ids = _ordered(self._ids0 + now_ids)
         usages = _read_devices(_ordered(ids + ["cpu"]))
-        self.end = (now_ids, usages)
-        HUB.remove(self._sampling, usages)
+        point = HUB.remove(self._sampling, usages)
         LEDGER.close(self._scope, ids)
+        self.end = (now_ids, usages, point, self._scope.end)
         upd = self._update(usages, error=error, force_full=error is not None,
                            full_budget=self.exact_budget * wall)
         self._frame = None
