@@ -119,22 +119,18 @@ _SYS_LAST = ("last_exc", "last_value", "last_traceback", "last_type")
 
 def traceback_objects(shell: Any = None) -> list[Any]:
     """Objects that keep the last error's frames alive (distinct, in order)."""
+    found = [getattr(sys, name, None) for name in _SYS_LAST[:3]]
+    if shell is not None:
+        tb = getattr(shell, "InteractiveTB", None)
+        found += (getattr(tb, "tb", None),
+                  getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None),
+                  getattr(getattr(tb, "pdb", None), "curframe", None))
     out: list[Any] = []
     ids: set[int] = set()
-
-    def add(obj):
+    for obj in found:
         if obj is not None and id(obj) not in ids:
             ids.add(id(obj))
             out.append(obj)
-
-    for name in _SYS_LAST[:3]:
-        add(getattr(sys, name, None))
-    if shell is not None:
-        add(getattr(getattr(shell, "InteractiveTB", None), "tb", None))
-        result = getattr(shell, "last_execution_result", None)
-        add(getattr(result, "error_in_exec", None))
-        pdb = getattr(getattr(shell, "InteractiveTB", None), "pdb", None)
-        add(getattr(pdb, "curframe", None))
     return out
 
 
@@ -213,27 +209,41 @@ def what(root: Root) -> str | None:
     return entry.what if entry is not None else None
 
 
+class _Found:
+    """What :func:`hidden_roots` gathers: one root per object, its other names aliases."""
+
+    __slots__ = ("roots", "by_id", "kind")
+
+    def __init__(self) -> None:
+        self.roots: list[Root] = []
+        self.by_id: dict[int, Root] = {}
+        self.kind = ""
+
+    def add(self, name: str, obj: Any, purge: str | None) -> None:
+        if obj is None or id(type(obj)) in _ATOMIC_IDS:   # no class hashed
+            return
+        existing = self.by_id.get(id(obj))
+        if existing is not None:
+            if name != existing.name and name not in existing.aliases:
+                existing.aliases.append(name)
+            return
+        if self.kind == "output" and not name.startswith("Out["):
+            return   # _N only names an Out[N] already found
+        root = Root(name, obj, hidden=True, purge=purge, kind=self.kind)
+        self.roots.append(root)
+        self.by_id[id(obj)] = root
+
+
 def hidden_roots(shell: Any = None) -> list[Root]:
     """IPython's hidden holders, under names a user can type: one root per object (its
     other names are aliases), then the last traceback."""
-    roots: list[Root] = []
-    by_id: dict[int, Root] = {}
+    found = _Found()
     if shell is not None:
+        add = found.add
         for entry in KINDS:
-            def add(name: str, obj: Any, purge: str | None, kind: str = entry.kind) -> None:
-                if obj is None or id(type(obj)) in _ATOMIC_IDS:   # no class hashed
-                    return
-                existing = by_id.get(id(obj))
-                if existing is not None:
-                    if name != existing.name and name not in existing.aliases:
-                        existing.aliases.append(name)
-                    return
-                if kind == "output" and not name.startswith("Out["):
-                    return   # _N only names an Out[N] already found
-                root = Root(name, obj, hidden=True, purge=purge, kind=kind)
-                roots.append(root)
-                by_id[id(obj)] = root
+            found.kind = entry.kind
             entry.find(shell, add)
+    roots = found.roots
     objs = traceback_objects(shell)
     if objs:
         roots.append(traceback_root(objs))
