@@ -99,20 +99,32 @@ def signature(obj: Any, backends=None) -> Any:
     Reads only C-level slots; never runs user code (the type is kept by id: comparing
     two classes could ask a metaclass's ``__eq__``).
     """
+    return _signature(obj, _typed(active_backends() if backends is None else backends))
+
+
+def _typed(backends) -> list[tuple[Any, tuple]]:
+    """(backend, its tensor types) for the backends that have some."""
+    return [(b, t) for b in backends for t in (b.tensor_types(),) if t]
+
+
+_SIZED = (dict, list, tuple, set, frozenset)
+
+
+def _signature(obj: Any, typed: list[tuple[Any, tuple]]) -> Any:
     tp = type(obj)
     tid = id(tp)
     try:
-        for backend in backends if backends is not None else active_backends():
-            types_ = backend.tensor_types()
-            if types_ and issubclass(tp, types_):
+        for backend, types_ in typed:
+            if issubclass(tp, types_):
                 keys = tuple((i.key, i.nbytes) for i in backend.storages(obj))
                 fn, grad = backend.graph_and_grad(obj)
                 if grad is not None:
                     grad = tuple((i.key, i.nbytes) for i in backend.storages(grad))
                 return (tid, keys, grad, None if fn is None else id(fn))
-        for base in (dict, list, tuple, set, frozenset):
-            if issubclass(tp, base):
-                return (tid, base.__len__(obj))
+        if issubclass(tp, _SIZED):
+            for base in _SIZED:
+                if issubclass(tp, base):
+                    return (tid, base.__len__(obj))
     except Exception:  # noqa: BLE001 - an object that refuses: compare by type only
         return (tid,)
     return (tid,)
@@ -180,9 +192,9 @@ class HolderTracker:
         rescanned roots do not explain prompts a full scan.
         """
         start = time.perf_counter()
-        backends = active_backends()
+        typed = _typed(active_backends())
         before = dict(self.roots)
-        fingerprints = {r.name: (identity(r), signature(r.obj, backends)) for r in roots}
+        fingerprints = {r.name: (identity(r), _signature(r.obj, typed)) for r in roots}
         reasons: list[str] = []
         partial = False
         scanned = 0
