@@ -269,6 +269,8 @@ def read_devices(device: str = "auto", *, detail: bool = False) -> list[DeviceUs
     One NVML reading: each device's memory info and process list are asked once,
     however many parts (the device lines, the backends) want them.
     """
+    if device == "cpu":
+        return _read_devices(device, detail)     # no NVML to ask (the footer's, every cell)
     with nvml.reading():
         return _read_devices(device, detail)
 
