@@ -47,3 +47,30 @@ def test_the_snapshot_after_a_cell_carries_that_cells_start_end_and_number(ip):
         assert view.snapshots[-1]["cell"]["execution_count"] == ip.execution_count - 1
     finally:
         session.remove_view(view)
+
+
+def test_the_stack_is_walked_once_a_cell_for_every_pairing_of_its_events(ip, monkeypatch):
+    """The session, the footer and the panel each pair a cell's events (CellEvents); the
+    first to hear a cell's "pre" walks the stack for the frames of the running cells,
+    the others take what it found for that same cell."""
+    from jupyter_gpumem.core import monitor
+
+    walks = []
+    real = monitor._running_cell_frames
+    monkeypatch.setattr(monitor, "_running_cell_frames", lambda: (walks.append(1), real())[1])
+    first, second = monitor.CellEvents(ip), monitor.CellEvents(ip)
+    seen = []
+
+    def pre(info):
+        seen.append((first.pre(info)[0], second.pre(info)[0]))
+
+    ip.events.register("pre_run_cell", pre)
+    try:
+        ip.run_cell("x = 1")
+        ip.run_cell("y = 2")
+    finally:
+        ip.events.unregister("pre_run_cell", pre)
+    assert len(walks) == 2                          # one walk per cell, not per pairing
+    (a1, b1), (a2, b2) = seen
+    assert a1.frame == b1.frame is not None and a1.outer and b1.outer
+    assert a1.info is not a2.info and a2.frame == b2.frame

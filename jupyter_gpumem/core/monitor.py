@@ -444,6 +444,22 @@ def _run_cell_async_code():
     return _RUN_CELL_ASYNC[0]
 
 
+#: (the ExecutionInfo of the cell whose "pre" walked the stack last, what it found): the
+#: session's pairing, the footer's and the panel's all hear that cell's "pre" from the same
+#: frame of IPython's events, so the stack is walked once for them all
+_LAST_WALK: list = [None, None]
+
+
+def _cell_frames_for(info: object) -> list[int]:
+    """:func:`_running_cell_frames` for the "pre" of the cell of ``info``; one walk per
+    cell (main thread only: the events are heard there)."""
+    if info is not None and _LAST_WALK[0] is info:
+        return list(_LAST_WALK[1])
+    frames = _running_cell_frames()
+    _LAST_WALK[:] = [info, frames] if info is not None else [None, None]
+    return list(frames)
+
+
 def _running_cell_frames() -> list[int]:
     """ids of the frames of IPython's ``run_cell_async`` on this stack, innermost first."""
     code = _run_cell_async_code()
@@ -511,7 +527,7 @@ class CellEvents:
 
     def pre(self, info: object) -> tuple[Cell, list]:
         """A cell begins: (its :class:`Cell`, payloads of cells found to have ended unseen)."""
-        frames = _running_cell_frames()
+        frames = _cell_frames_for(info)
         current = frames[0] if frames else None
         enclosing = set(frames[1:])
         last = getattr(getattr(self.shell, "last_execution_result", None), "info", None)
