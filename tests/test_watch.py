@@ -224,13 +224,14 @@ def test_back_to_back_cells_start_from_the_last_end_unless_a_pause_or_purge_came
         run(wip, code)
         return len(reads)
 
+    monkeypatch.setattr(watch_footer, "ARM_TTL", 0.5)    # "right after", on a slow machine too
     assert cell("a = torch.ones(250_000)") in (1, 2)
     assert cell("b = torch.ones(500_000)") == 1       # the start: the last cell's end
     first, second = watch_mod.history_for(wip)[-2:]
     assert second.devices[0].process_before == first.devices[0].process_after
     assert second.devices[0].allocated_before == first.devices[0].allocated_after
     assert [c.name for c in second.changes] == ["b"]
-    time.sleep(watch_footer.ARM_TTL * 2)
+    time.sleep(1.0)
     assert cell("c = 1") == 2                          # read again after a pause
     from jupyter_gpumem.core.purge import purge
     monkeypatch.setattr(watch_footer, "ARM_TTL", 600.0)   # however long the purge takes
@@ -578,6 +579,7 @@ def test_between_watched_cells_the_sampler_pauses_on_its_own(wip, capsys):
     """With ``watch on`` the sampling subscription outlives a cell (a cell right after
     finds it running), pauses at its first tick with no cell running, and then is not
     called until the next cell."""
+    _magics(wip).sample_interval = 0.5      # no tick between the cell's end and the check
     run(wip, "%gpumem watch on --device cpu")
     run(wip, "x = 1")
     lane = next(iter(watch_mod.HUB._lanes.values()))
@@ -588,7 +590,7 @@ def test_between_watched_cells_the_sampler_pauses_on_its_own(wip, capsys):
         time.sleep(0.01)
     assert not sub.active and not sub.stopped           # paused itself, thread kept
     calls = sub.calls
-    time.sleep(0.2)                                     # four intervals: nobody is called
+    time.sleep(1.2)                                     # two intervals: nobody is called
     assert sub.calls == calls
     run(wip, "y = 2")
     assert lane.sub is sub and sub.active               # resumed by the next cell
