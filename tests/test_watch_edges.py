@@ -285,6 +285,29 @@ class _Kernel:
     def __init__(self, kc):
         self.kc = kc
 
+    def messages(self, code: str, timeout: float = 120) -> list[tuple[str, str, str]]:
+        """The cell's output messages in order: (type, stream name, text), and
+        ("idle", "", "") at the end."""
+        msg_id = self.kc.execute(code)
+        seen = []
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                seen.append((kind, content["name"], content["text"]))
+            elif kind in ("display_data", "execute_result", "error"):
+                seen.append((kind, "", ""))
+            elif kind == "status" and content["execution_state"] == "idle":
+                seen.append(("idle", "", ""))
+                return seen
+        raise TimeoutError("the kernel did not finish")
+
     def execute(self, code: str, timeout: float = 120) -> tuple[str, list[str]]:
         """stdout of the cell, and the names of the errors it raised."""
         msg_id = self.kc.execute(code)
@@ -324,6 +347,18 @@ def test_in_a_real_kernel_await_footer_and_newlines(monkeypatch):
         assert k.execute("%gpumem watch on --device cpu")[1] == []
         out, errors = k.execute("print('x', end='')")
         assert errors == [] and out.startswith("x\n+0 B tensors"), out
+        # the footer is a stream message of its own, after the cell's text on both streams
+        # (a cell that wrote nothing too), and before the kernel is idle again
+        seen = k.messages("import sys\nprint('a')\nprint('b', file=sys.stderr)\nprint('c', end='')")
+        streams = [(name, text) for kind, name, text in seen if kind == "stream"]
+        assert [name for name, _ in streams][-1] == "stdout", seen
+        assert "".join(t for n, t in streams if n == "stdout").startswith("a\nc\n+0 B tensors"), seen
+        assert "".join(t for n, t in streams if n == "stderr") == "b\n", seen
+        assert streams[-1][1].startswith("\n+0 B tensors"), seen   # after stderr's text; c ended no line
+        assert seen[-1][0] == "idle", seen
+        seen = k.messages("y = 1")
+        assert [(kind, text.split(" ")[0]) for kind, _, text in seen] == [
+            ("stream", "+0"), ("idle", "")], seen
         out, errors = k.execute("code = 'inner = torch.ones(1000)'\n"
                                 "await get_ipython().run_cell_async(code, transformed_cell=code)")
         assert errors == [] and "new: inner" in out, out

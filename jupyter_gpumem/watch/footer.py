@@ -5,6 +5,7 @@ and reads its settings from the magics' configurable.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -76,20 +77,31 @@ def _unpatch(patch: tuple | None) -> None:
 
 
 class _OpenLine:
-    """Whether a cell's output left the cursor in the middle of a line (``print('x', end='')``).
+    """Whether a cell's output left the cursor in the middle of a line (``print('x', end='')``),
+    and whether the cell wrote to stdout or stderr at all.
 
-    For the cell's duration it wraps ``write`` of ``sys.stdout`` on the
-    instance, as IPython's own ``run_cell`` does to keep a cell's output, and
-    notes whether the last text ended with a newline; a display (its own
-    output area in a notebook, its own lines in a terminal) ends the line too.
-    Where the stream takes no attribute it knows nothing and says no.
+    From each cell's :meth:`begin` to its :meth:`end` it wraps ``write`` of
+    ``sys.stdout`` and ``sys.stderr`` on the instance, as IPython's own
+    ``run_cell`` does to keep a cell's output (and IPython, putting its own back
+    at the cell's end, takes ours away with it: :meth:`begin` wraps again where
+    ours is gone), and notes whether the last text ended with a newline; a
+    display (its own output area in a notebook, its own lines in a terminal)
+    ends the line too. The display's wrappers stay while the footer is on (they
+    only pass the call on between cells). Where a stream takes no attribute it
+    knows nothing and says no (and that the cell may have written).
     """
 
     def __init__(self, shell: Any) -> None:
         self.open = False
-        self.active = True
-        self.stream = sys.stdout
-        self._patches = [_patch(self.stream, "write", self._write)]
+        self.active = False
+        #: whether the cell wrote to stdout or stderr (text a kernel may hold unsent)
+        self.wrote = False
+        self.stream, self.errors = sys.stdout, sys.stderr
+        #: (stream, its patch, or False where it refused one) for stdout, then stderr
+        self._streams = [[self.stream, None, self._write]]
+        if self.errors is not None and self.errors is not self.stream:
+            self._streams.append([self.errors, None, self._wrote])
+        self._patches = []
         for owner, name in ((getattr(shell, "display_pub", None), "publish"),
                             (getattr(shell, "displayhook", None), "finish_displayhook")):
             if owner is not None:
@@ -100,7 +112,15 @@ class _OpenLine:
             result = original(data, *args, **kwargs)
             if self.active and isinstance(data, str) and data:
                 self.open = not data.endswith("\n")
+                self.wrote = True
             return result
+        return write
+
+    def _wrote(self, original):
+        def write(*args, **kwargs):
+            if self.active:
+                self.wrote = True
+            return original(*args, **kwargs)
         return write
 
     def _ends_line(self, original):
@@ -112,12 +132,39 @@ class _OpenLine:
                     self.open = False
         return call
 
-    def needs_newline(self) -> bool:
-        return self.open and self._patches[0] is not None and sys.stdout is self.stream
+    def begin(self) -> None:
+        """A cell starts: nothing written yet; the streams' wrappers in place."""
+        self.open = self.wrote = False
+        for entry in self._streams:
+            stream, patch, make = entry
+            if patch is False:
+                continue
+            try:
+                if patch is not None and vars(stream).get("write") is patch[3]:
+                    continue
+            except TypeError:   # no instance dict
+                entry[1] = False
+                continue
+            entry[1] = _patch(stream, "write", make) or False
+        self.active = True
+
+    def end(self) -> tuple[bool, bool]:
+        """The cell ended: (whether the footer needs a newline first, whether the cell may
+        have written text a kernel holds unsent)."""
+        self.active = False
+        same = self.fits()
+        seen = [entry[1] for entry in self._streams]
+        return (self.open and same and bool(seen[0]),
+                self.wrote or not (same and all(seen)))
+
+    def fits(self) -> bool:
+        """Whether it still watches the streams the cell writes to."""
+        return sys.stdout is self.stream and sys.stderr is self.errors
 
     def remove(self) -> None:
         self.active = False
-        patches, self._patches = self._patches, [None]
+        patches = [entry[1] or None for entry in self._streams] + self._patches
+        self._streams, self._patches = [], []
         for patch in reversed(patches):
             _unpatch(patch)
 
@@ -132,7 +179,7 @@ class _FooterCell:
     def abandon(self) -> None:
         line, self.line = self.line, None
         if line is not None:
-            line.remove()
+            line.active = False
         w, self.watch = self.watch, None
         if w is not None:
             w.abandon()
@@ -150,6 +197,9 @@ class _Footer:
         self.state = state
         self.cells = _monitor.CellEvents(state.shell)
         self._pre_cost = 0.0
+        #: the cells' output watcher, made at the first cell and kept while the footer is on
+        #: (a new one when the cell's ``sys.stdout`` is another stream)
+        self._line: _OpenLine | None = None
         #: (when, purges so far, the last cell's ``Watch.end``): a cell that starts within
         #: ARM_TTL of the last one's end, no purge between, starts from that end
         self._armed: tuple | None = None
@@ -194,7 +244,12 @@ class _Footer:
                       time_limit=getattr(magics, "scan_time_limit", 3.0),
                       source="watch on", state=self.state, record=True
                       ).start(self._take_armed())
-            line = _OpenLine(shell)
+            line = self._line
+            if line is None or not line.fits():
+                if line is not None:
+                    line.remove()
+                line = self._line = _OpenLine(shell)
+            line.begin()
         except Exception as exc:  # noqa: BLE001 - never in the user's way
             _complain("watch footer failed", exc)
         cell.payload = _FooterCell(w, line)
@@ -212,10 +267,9 @@ class _Footer:
             return      # an inner cell, or the cell that turned watching on
         line, payload.line = payload.line, None
         w, payload.watch = payload.watch, None
-        newline = False
+        newline, wrote = False, True    # unknown: as if the cell had written
         if line is not None:
-            newline = line.needs_newline()
-            line.remove()
+            newline, wrote = line.end()
         if w is None:
             return
         t = time.perf_counter()
@@ -234,9 +288,7 @@ class _Footer:
                 lines = _traced_lines(count)
                 if lines:
                     text += "\n" + lines
-                out = sys.stdout
-                if out is not None:
-                    out.write(text + "\n")   # one write, not print's two (text, then end)
+                _emit(text + "\n", wrote)
                 if w.end is not None and r.auto_purge is None:
                     self._armed = (time.perf_counter(), _purge.PURGES[0], w.end)
         except Exception as exc:  # noqa: BLE001
@@ -246,6 +298,9 @@ class _Footer:
     def abandon(self) -> None:
         for payload in self.cells.clear():
             payload.abandon()
+        line, self._line = self._line, None
+        if line is not None:
+            line.remove()
 
     def _thresholds(self, w: Watch, r: WatchResult) -> None:
         magics = self.magics
@@ -313,6 +368,48 @@ def _seed(state: _State, magics) -> None:
         w._update(_read_devices(_ordered(ids + ["cpu"])), force_full=not state.tracker.seeded)
     except Exception as exc:  # noqa: BLE001
         _complain("could not scan the holders", exc)
+
+
+def _emit(text: str, wrote: bool) -> None:
+    """Write the footer to ``sys.stdout``. In a kernel it goes out as a stream message of
+    its own, built and sent on the kernel's I/O thread as the stream's own text is (after
+    the cell's text, when the cell wrote some: that is sent first, as a ``display()``
+    does), in one step handed to that thread: written to the stream, it would wake that
+    thread once more and have it build the message while the cell's reply waits."""
+    out = sys.stdout
+    if out is None:
+        return
+    kernel_io = sys.modules.get("ipykernel.iostream")
+    stream_type = getattr(kernel_io, "OutStream", None)
+    try:
+        direct = (stream_type is not None and isinstance(out, stream_type)
+                  and getattr(out, "name", None) == "stdout"
+                  # hooks that see (or take) its messages, registered on the stream: theirs
+                  and not getattr(out, "_hooks", ())
+                  and getattr(out, "echo", None) is None
+                  and getattr(out.session, "pid", None) == os.getpid())
+        if direct:
+            session, thread, topic = out.session, out.pub_thread, out.topic
+            socket, parent = thread.socket, out.parent_header
+    except Exception:  # noqa: BLE001 - not the stream we know: write to it
+        direct = False
+    if not direct:
+        out.write(text)   # one write, not print's two (text, then end)
+        return
+    if wrote:
+        for stream in (out, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    content = {"name": "stdout", "text": text}
+
+    def send() -> None:   # on the I/O thread, the socket's own
+        try:
+            session.send(socket, "stream", content, parent=parent, ident=topic)
+        except Exception as exc:  # noqa: BLE001 - never stop the kernel's I/O thread
+            print(f"jupyter_gpumem: the footer could not be sent: {type(exc).__name__}: {exc}",
+                  file=sys.__stderr__)
+
+    thread.schedule(send)
 
 
 def _traced_lines(count: int | None) -> str | None:
