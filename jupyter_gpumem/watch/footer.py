@@ -409,7 +409,10 @@ def _emit(text: str, wrote: bool) -> None:
             print(f"jupyter_gpumem: the footer could not be sent: {type(exc).__name__}: {exc}",
                   file=sys.__stderr__)
 
-    thread.schedule(send)
+    try:
+        thread.schedule(send)
+    except Exception:  # noqa: BLE001 - the stream's own way, then
+        out.write(text)
 
 
 def _traced_lines(count: int | None) -> str | None:
