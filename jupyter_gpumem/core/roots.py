@@ -99,7 +99,6 @@ def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
 _ABSENT = object()
 
 
-
 def odd_keys(namespace: dict | None = None, shell: Any = None) -> list[str]:
     """Keys of the namespace that are not names (``globals()[42] = ...``): the scan
     skips them, and the report says so."""

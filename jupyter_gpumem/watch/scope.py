@@ -89,7 +89,6 @@ class _State:
         #: the tracker's holders are as the last watch's end left them (no error since):
         #: a watch that starts right after may take them as they are (``Watch.start``)
         self.fresh = False
-        self._internal: tuple | None = None
 
     def record(self, result: WatchResult) -> None:
         self.history.append(result)
@@ -97,16 +96,10 @@ class _State:
             del self.history[: len(self.history) - MAX_HISTORY]
 
     def internal_ids(self) -> set[int]:
-        """Objects of this extension a scan must not walk into (frames of ours hold them);
-        a set of its own for the caller to add to (made again when the footer or the
-        magics change, the rest being fixed)."""
-        key = (self.footer, self.magics)
-        cached = self._internal
-        if cached is None or cached[0][0] is not key[0] or cached[0][1] is not key[1]:
-            objs = [self, self.tracker, self.history, self.series, self.costs, HUB, LEDGER,
-                    self.footer, self.magics]
-            cached = self._internal = (key, frozenset(id(o) for o in objs if o is not None))
-        return set(cached[1])
+        """Objects of this extension a scan must not walk into (frames of ours hold them)."""
+        objs = [self, self.tracker, self.history, self.series, self.costs, HUB, LEDGER,
+                self.footer, self.magics]
+        return {id(o) for o in objs if o is not None}
 
 
 _ns_states: OrderedDict = OrderedDict()
