@@ -285,11 +285,10 @@ class _Kernel:
     def __init__(self, kc):
         self.kc = kc
 
-    def messages(self, code: str, timeout: float = 120) -> list[tuple[str, str, str]]:
-        """The cell's output messages in order: (type, stream name, text), and
-        ("idle", "", "") at the end."""
+    def _cell(self, code: str, timeout: float = 120):
+        """(type, content) of each iopub message of the cell, up to its idle status (not
+        yielded)."""
         msg_id = self.kc.execute(code)
-        seen = []
         deadline = time.time() + timeout
         while time.time() < deadline:
             try:
@@ -299,35 +298,31 @@ class _Kernel:
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
+            if kind == "status" and content["execution_state"] == "idle":
+                return
+            yield kind, content
+        raise TimeoutError("the kernel did not finish")
+
+    def messages(self, code: str, timeout: float = 120) -> list[tuple[str, str, str]]:
+        """The cell's output messages in order: (type, stream name, text), and
+        ("idle", "", "") at the end."""
+        seen = []
+        for kind, content in self._cell(code, timeout):
             if kind == "stream":
                 seen.append((kind, content["name"], content["text"]))
             elif kind in ("display_data", "execute_result", "error"):
                 seen.append((kind, "", ""))
-            elif kind == "status" and content["execution_state"] == "idle":
-                seen.append(("idle", "", ""))
-                return seen
-        raise TimeoutError("the kernel did not finish")
+        return seen + [("idle", "", "")]
 
     def execute(self, code: str, timeout: float = 120) -> tuple[str, list[str]]:
         """stdout of the cell, and the names of the errors it raised."""
-        msg_id = self.kc.execute(code)
         out, errors = [], []
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                msg = self.kc.get_iopub_msg(timeout=1)
-            except queue.Empty:
-                continue
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind, content = msg["msg_type"], msg["content"]
+        for kind, content in self._cell(code, timeout):
             if kind == "stream" and content["name"] == "stdout":
                 out.append(content["text"])
             elif kind == "error":
                 errors.append(f"{content['ename']}: {content['evalue']}")
-            elif kind == "status" and content["execution_state"] == "idle":
-                return "".join(out), errors
-        raise TimeoutError("the kernel did not finish")
+        return "".join(out), errors
 
 
 def test_in_a_real_kernel_await_footer_and_newlines(monkeypatch):
