@@ -87,8 +87,7 @@ def _find_underscore(shell: Any, add: Add) -> None:
     hook = getattr(shell, "displayhook", None)
     for name in _UNDERSCORES:
         for value in (ns.get(name), hidden_ns.get(name), getattr(hook, name, None)):
-            if value is not None and id(type(value)) not in _ATOMIC_IDS:   # as add() would
-                add(name, value, name)
+            add(name, value, name)
 
 
 def _clear_underscore(name: str, obj: Any, shell: Any) -> bool:

@@ -12,7 +12,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from .scan_types import ATOMIC, MODULE_DICT, is_library_module_name
+from .scan_types import ATOMIC, MODULE_DICT, is_a, is_library_module_name
 
 #: IPython's own bookkeeping in ``user_ns``: not the user's names
 _HIDDEN_NAME = re.compile(r"^(_|__|___|_\d+|_i|_ii|_iii|_i\d+|_ih|_oh|_dh|In|Out|_exit_code)$")
@@ -78,25 +78,18 @@ def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
     # cell) are dropped first, in one pass; the rest are looked at one by one
     keep = _items_except(namespace, ATOMIC)
     out = []
-    known = _BOOKKEEPING.get      # the cache of _is_bookkeeping, read first (every cell)
-    hidden = hidden_ns.get
-    module = types.ModuleType
     for name, value in keep:
         if type(name) is not str:
             continue   # ``globals()[42] = ...``: no name to type (see odd_keys)
-        bookkeeping = known(name)
-        if bookkeeping or (bookkeeping is None and _is_bookkeeping(name)):
+        if _is_bookkeeping(name):
             continue
-        if hidden(name, _ABSENT) is value:
+        if name in hidden_ns and hidden_ns[name] is value:
             continue
-        if issubclass(type(value), module) \
-                and is_library_module_name(MODULE_DICT(value).get("__name__")):
+        if is_a(value, types.ModuleType) and is_library_module_name(MODULE_DICT(value).get("__name__")):
             continue
         out.append(Root(name, value, purge=name))
     return out
 
-
-_ABSENT = object()
 
 
 def odd_keys(namespace: dict | None = None, shell: Any = None) -> list[str]:
