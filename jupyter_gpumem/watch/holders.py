@@ -74,28 +74,15 @@ class RootChange:
     after: RootInfo | None
 
 
+@dataclass
 class Update:
-    """How one :meth:`HolderTracker.update` went: ``mode`` ("none", "incremental" or
-    "full"), ``partial``, ``seconds``, ``reasons``, and ``changes`` (the roots whose bytes
-    differ from before the update), worked out when first asked (a watch diffs against
-    its own start instead)."""
+    """How one :meth:`HolderTracker.update` went (what changed: :meth:`HolderTracker.diff`
+    against a copy of :attr:`HolderTracker.roots` taken before)."""
 
-    __slots__ = ("mode", "partial", "seconds", "reasons", "_diff", "_changes")
-
-    def __init__(self, mode: str, diff, partial: bool = False, seconds: float = 0.0,
-                 reasons: list[str] | None = None) -> None:
-        self.mode = mode
-        self.partial = partial
-        self.seconds = seconds
-        self.reasons = reasons if reasons is not None else []
-        self._diff = diff          # () -> list[RootChange]
-        self._changes: list[RootChange] | None = None
-
-    @property
-    def changes(self) -> list[RootChange]:
-        if self._changes is None:
-            self._changes, self._diff = self._diff(), None
-        return self._changes
+    mode: str                      # "none", "incremental" or "full"
+    partial: bool = False
+    seconds: float = 0.0
+    reasons: list[str] = field(default_factory=list)
 
 
 def identity(root: Root) -> Any:
@@ -206,7 +193,7 @@ class HolderTracker:
         """
         start = time.perf_counter()
         typed = _typed(active_backends())
-        before = dict(self.roots)
+        count0 = len(self.roots)
         fingerprints = {r.name: (identity(r), _signature(r.obj, typed)) for r in roots}
         reasons: list[str] = []
         partial = False
@@ -240,11 +227,9 @@ class HolderTracker:
             self.seeded = True
         if marks is not None:
             self.marks = dict(marks)
-        mode = "full" if full else ("incremental" if scanned or len(before) != len(self.roots)
+        mode = "full" if full else ("incremental" if scanned or count0 != len(self.roots)
                                     else "none")
-        after = dict(self.roots)     # RootInfos are replaced, never changed
-        return Update(mode, lambda: _diff(before, after), partial,
-                      time.perf_counter() - start, reasons)
+        return Update(mode, partial, time.perf_counter() - start, reasons)
 
     def _unexplained(self, marks: dict[str, int] | None, totals0: dict[str, int]) -> str | None:
         if not marks or not self.marks:
@@ -305,17 +290,12 @@ class HolderTracker:
 
     def diff(self, before: dict[str, RootInfo]) -> list[RootChange]:
         """Roots whose bytes differ between ``before`` (a copy of :attr:`roots`) and now."""
-        return _diff(before, self.roots)
-
-
-def _diff(before: dict[str, RootInfo], after: dict[str, RootInfo]) -> list[RootChange]:
-    """Roots whose bytes differ between two copies of :attr:`HolderTracker.roots`."""
-    out = []
-    for name in list(before) + [n for n in after if n not in before]:
-        old, new = before.get(name), after.get(name)
-        if old is new:
-            continue
-        if (old.by_device() if old else {}) == (new.by_device() if new else {}):
-            continue
-        out.append(RootChange(name, old, new))
-    return out
+        out = []
+        for name in list(before) + [n for n in self.roots if n not in before]:
+            old, new = before.get(name), self.roots.get(name)
+            if old is new:
+                continue
+            if (old.by_device() if old else {}) == (new.by_device() if new else {}):
+                continue
+            out.append(RootChange(name, old, new))
+        return out
