@@ -160,6 +160,72 @@ def test_the_c_filter_of_a_namespace_keeps_what_the_python_filter_keeps_and_asks
         native.items_except(ns, frozenset(type(f"T{i}", (), {}) for i in range(65)))
 
 
+def test_the_c_filter_remembers_ipythons_names_and_answers_as_the_python_filter_through_changes(
+        ip, monkeypatch):
+    """With its memo the C pass does not read again the names it left out last time
+    (IPython adds an ``_iN`` every cell): in a real shell after 300 cells, a pass asks
+    the judge only about the cell's new names, and at every step of a run of changes
+    (names added, deleted, rebound, IPython's names rebound to tensors, a table rebuilt
+    by growth, a key that is no name) user_roots gives what the Python filter gives."""
+    from jupyter_gpumem.core import roots
+    from jupyter_gpumem.core.scan_types import ATOMIC
+
+    native = pytest.importorskip("jupyter_gpumem.core._reach")
+    if sys.implementation.name == "cpython" and (3, 11) <= sys.version_info[:2] <= (3, 13):
+        assert native.DICT_TABLE == 1, "the table's known layout did not check out at import"
+
+    judged: list[str] = []
+
+    def judge(name):
+        judged.append(name)
+        return roots._is_bookkeeping(name)
+
+    shell = ip
+    ns = shell.user_ns
+    memo = [[], []]
+    shell.run_cell("import torch", store_history=True)
+    for _ in range(300):
+        shell.run_cell("x = 1", store_history=True)
+    native.items_except(ns, ATOMIC, memo, judge)
+    assert len(judged) > 300
+    assert all(type(k) is str for k in memo[0] + memo[1] if k is not None)
+    judged.clear()
+    shell.run_cell("x = 2", store_history=True)
+    native.items_except(ns, ATOMIC, memo, judge)
+    assert len(judged) == 1 and judged[0].startswith("_i"), judged   # the new _iN alone
+
+    def python_names():
+        kept = roots._items_except_py(ns, ATOMIC)
+        return [k for k, v in kept if type(k) is str and not roots._is_bookkeeping(k)]
+
+    steps = ["t = torch.ones(3)", "l = [torch.ones(2)]", "del t", "t = torch.ones(4)",
+             "_i5 = torch.ones(2)", "_ = [torch.ones(2)]", "x = [1]", "del x",
+             "for i in range(400): globals()[f'v{i}'] = [i]",      # grows the table
+             "for i in range(0, 400, 2): del globals()[f'v{i}']",
+             "globals()[7] = [1]", "del globals()[7]", "In = [torch.ones(1)]"]
+    for step in steps:
+        shell.run_cell(step, store_history=True)
+        want = python_names()
+        got = [k for k, v in native.items_except(ns, ATOMIC, memo, roots._is_bookkeeping)
+               if type(k) is str and not roots._is_bookkeeping(k)]
+        assert got == want, step
+        with_memo = [r.name for r in roots.user_roots(ns, shell.user_ns_hidden)]
+        with monkeypatch.context() as m:
+            m.setattr(roots, "_items_except", roots._items_except_py)
+            assert [r.name for r in roots.user_roots(ns, shell.user_ns_hidden)] == with_memo, step
+    assert {"l", "t", "v1", "v399"} <= set(with_memo) and not {"x", "v0", "_i5", "_", "In"} & set(with_memo)
+    with pytest.raises(TypeError):
+        native.items_except(ns, ATOMIC, [[]], judge)         # two lists
+    with pytest.raises(TypeError):
+        native.items_except(ns, ATOMIC, [[], []])            # and a judge
+
+    def refuses(name):
+        raise LookupError(name)
+
+    with pytest.raises(LookupError):
+        native.items_except({"fresh_name": [1]}, ATOMIC, [[], []], refuses)
+
+
 def test_the_c_filter_keeps_its_pairs_whole_when_a_collection_inside_it_changes_the_dict():
     """Making the pairs allocates, so a collection may run a finalizer mid-call; one that
     empties the namespace leaves the call its snapshot (it owns what it took before the

@@ -529,18 +529,171 @@ reach_write_held(PyObject *self, PyObject *args)
 }
 #endif
 
-/* items_except(dict, types): the (key, value) pairs of a dict whose value's exact
- * type is not one of `types` (a frozenset of at most 64 types), in the dict's order.
- * Types are compared by address: no Python code runs (a metaclass's __hash__ or
- * __eq__ is never asked, as `type(v) in types` would). */
+/* -- a dict's entry table, read in place -------------------------------------------------
+ * PyDict_Next reads each key's hash from the key object itself, so a pass over a table
+ * touches every key: a cache miss apiece once the table is cold (a notebook's namespace
+ * after a cell), and a namespace gains IPython's `_iN` names every cell. For the
+ * interpreters whose table layout is known (CPython 3.11 to 3.13 with the GIL; the same
+ * in all three, Include/internal/pycore_dict.h), a combined table of str keys is read in
+ * place instead, its key and value pointers only. The module checks at import that this
+ * reading gives what PyDict_Next gives (dict_table_ok); elsewhere PyDict_Next is used. */
+#if defined(PY_VERSION_HEX) && PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 \
+    && !defined(Py_GIL_DISABLED) && !defined(Py_LIMITED_API) && !defined(PYPY_VERSION)
+#define DICT_TABLE 1
+typedef struct {                /* struct _dictkeysobject */
+    Py_ssize_t dk_refcnt;
+    uint8_t dk_log2_size;
+    uint8_t dk_log2_index_bytes;
+    uint8_t dk_kind;            /* DICT_KEYS_UNICODE: 1 */
+    uint32_t dk_version;
+    Py_ssize_t dk_usable;
+    Py_ssize_t dk_nentries;
+    char dk_indices[];
+} table_keys;
+typedef struct {                /* PyDictUnicodeEntry */
+    PyObject *me_key;
+    PyObject *me_value;
+} table_entry;
+
+/* The entries of a combined table of str keys, and their count; NULL for any other */
+static table_entry *
+dict_table(PyObject *dict, Py_ssize_t *count)
+{
+    PyDictObject *mp = (PyDictObject *)dict;
+    table_keys *keys = (table_keys *)mp->ma_keys;
+    if (mp->ma_values != NULL || keys == NULL || keys->dk_kind != 1)
+        return NULL;
+    *count = keys->dk_nentries;
+    return (table_entry *)(&keys->dk_indices[(size_t)1 << keys->dk_log2_index_bytes]);
+}
+#endif
+static int dict_table_ok = 0;   /* set by check_dict_table() at import */
+
+/* Whether reading tables in place gives what PyDict_Next gives, on dicts of several
+ * sizes with deleted entries (then in place reading is used). */
+static int
+check_dict_table(void)
+{
+#ifdef DICT_TABLE
+    int ok = 1;
+    for (int size = 1; size <= 200 && ok; size = size * 3 + 1) {
+        PyObject *d = PyDict_New();
+        if (d == NULL)
+            return -1;
+        for (int i = 0; i < size && ok; i++) {
+            PyObject *k = PyUnicode_FromFormat("k%d", i), *v = PyLong_FromLong(i);
+            ok = k != NULL && v != NULL && PyDict_SetItem(d, k, v) == 0;
+            Py_XDECREF(k);
+            Py_XDECREF(v);
+        }
+        for (int i = 0; i < size && ok; i += 3) {
+            PyObject *k = PyUnicode_FromFormat("k%d", i);
+            ok = k != NULL && PyDict_DelItem(d, k) == 0;
+            Py_XDECREF(k);
+        }
+        if (!ok) {
+            Py_DECREF(d);
+            return -1;
+        }
+        Py_ssize_t count = 0, pos = 0, i = 0;
+        table_entry *e = dict_table(d, &count);
+        PyObject *key, *value;
+        ok = e != NULL && count >= PyDict_GET_SIZE(d);
+        while (ok && PyDict_Next(d, &pos, &key, &value)) {
+            while (i < count && e[i].me_value == NULL)
+                i++;
+            ok = i < count && e[i].me_key == key && e[i].me_value == value && pos == i + 1;
+            i++;
+        }
+        while (ok && i < count && e[i].me_value == NULL)
+            i++;
+        ok = ok && i == count;
+        Py_DECREF(d);
+    }
+    dict_table_ok = ok;
+#endif
+    return 0;
+}
+
+/* items_except(dict, types[, memo, judge]): the (key, value) pairs of a dict whose
+ * value's exact type is not one of `types` (a frozenset of at most 64 types), in the
+ * dict's order. Types are compared by address: no Python code runs while the table is
+ * read (a metaclass's __hash__ or __eq__ is never asked, as `type(v) in types` would).
+ *
+ * With `memo` (a list of two lists, [out, kept], that the caller keeps from call to
+ * call) and `judge` (a callable that says of an exact str key whether the caller leaves
+ * its name out, whatever its value): out[i] holds the key found at position i of the
+ * table when judge left it out, kept[i] the key found there when judge did not. A later
+ * call that finds that same key object there in `out` skips the entry without reading
+ * its key or its value (with the table read in place, see above): IPython's `_iN`
+ * names, one more every cell, then cost no cache miss apiece after every cell; one found
+ * in `kept` is not judged again. The memo holds its keys (strings) by strong references,
+ * so a key found at its position is the very object judged, and the verdict holds (it
+ * depends on the name alone); a table rebuilt, or another dict, only costs the memo its
+ * hits. judge is asked after the table is read, for the str keys the memo did not know. */
 #define ITEMS_EXCEPT_MAX 64
+typedef struct {
+    PyObject **taken;       /* key, value (new references) per entry taken */
+    Py_ssize_t *where;      /* its position in the table */
+    char *dropped;          /* left out: by its value's type (or, later, by judge) */
+    Py_ssize_t n;
+} taking;
+
+static inline void
+take_entry(taking *t, PyObject *key, PyObject *value, Py_ssize_t at, PyObject *const *skip,
+           Py_ssize_t nskip, int judging)
+{
+    /* judging: 1 where this key is to be judged, 0 where it is known to stay in */
+    PyObject *type = (PyObject *)Py_TYPE(value);
+    Py_ssize_t i = 0;
+    while (i < nskip && skip[i] != type)
+        i++;
+    if (i < nskip && !(judging && PyUnicode_CheckExact(key)))
+        return;                 /* dropped by its type, with no name to judge */
+    Py_INCREF(key);
+    Py_INCREF(value);
+    t->taken[2 * t->n] = key;
+    t->taken[2 * t->n + 1] = value;
+    t->where[t->n] = at;
+    t->dropped[t->n] = i < nskip;
+    t->n++;
+}
+
+/* list[at] = item, the list first grown with None as far as `at` (it lets go of what was
+ * there); -1 with an error set */
+static int
+note_key(PyObject *list, Py_ssize_t at, PyObject *item)
+{
+    if (item == Py_None && at >= PyList_GET_SIZE(list))
+        return 0;
+    while (PyList_GET_SIZE(list) <= at)
+        if (PyList_Append(list, Py_None) < 0)
+            return -1;
+    if (PyList_GET_ITEM(list, at) == item)
+        return 0;
+    Py_INCREF(item);
+    return PyList_SetItem(list, at, item);
+}
+
 static PyObject *
 reach_items_except(PyObject *self, PyObject *args)
 {
-    PyObject *dict, *types;
-    if (!PyArg_ParseTuple(args, "O!O!:items_except", &PyDict_Type, &dict,
-                          &PyFrozenSet_Type, &types))
+    PyObject *dict, *types, *memo = Py_None, *judge = Py_None;
+    if (!PyArg_ParseTuple(args, "O!O!|OO:items_except", &PyDict_Type, &dict,
+                          &PyFrozenSet_Type, &types, &memo, &judge))
         return NULL;
+    PyObject *out_memo = NULL, *kept_memo = NULL;
+    if (memo != Py_None) {
+        if (!PyList_CheckExact(memo) || PyList_GET_SIZE(memo) != 2
+                || !PyList_CheckExact(PyList_GET_ITEM(memo, 0))
+                || !PyList_CheckExact(PyList_GET_ITEM(memo, 1)) || judge == Py_None) {
+            PyErr_SetString(PyExc_TypeError,
+                            "items_except: memo is a list of two lists, given with judge");
+            return NULL;
+        }
+        out_memo = PyList_GET_ITEM(memo, 0);
+        kept_memo = PyList_GET_ITEM(memo, 1);
+    }
     PyObject *skip[ITEMS_EXCEPT_MAX];
     Py_ssize_t nskip = 0;
     PyObject *it = PyObject_GetIter(types);
@@ -560,48 +713,98 @@ reach_items_except(PyObject *self, PyObject *args)
     Py_DECREF(it);
     if (PyErr_Occurred())
         return NULL;
-    /* first the kept keys and values, each taken (a new reference) while the table is
+    /* first the entries to look at, each taken (new references) while the table is
        read: nothing here allocates an object, so no collection can run a finalizer
-       that changes the dict; the pairs are made afterwards from what was taken */
-    Py_ssize_t size = PyDict_GET_SIZE(dict), kept = 0;
-    PyObject **taken = PyMem_Malloc(sizeof(PyObject *) * 2 * (size ? size : 1));
-    if (taken == NULL)
+       that changes the dict; judge is asked and the pairs are made afterwards, from
+       what was taken */
+    Py_ssize_t size = PyDict_GET_SIZE(dict);
+    Py_ssize_t nout = out_memo != NULL ? PyList_GET_SIZE(out_memo) : 0;
+    Py_ssize_t nkept = kept_memo != NULL ? PyList_GET_SIZE(kept_memo) : 0;
+    PyObject **outs = out_memo != NULL ? ((PyListObject *)out_memo)->ob_item : NULL;
+    PyObject **keeps = kept_memo != NULL ? ((PyListObject *)kept_memo)->ob_item : NULL;
+    taking tk = {PyMem_Malloc(sizeof(PyObject *) * 2 * (size ? size : 1)),
+                 PyMem_Malloc(sizeof(Py_ssize_t) * (size ? size : 1)),
+                 PyMem_Malloc(size ? size : 1), 0};
+    if (tk.taken == NULL || tk.where == NULL || tk.dropped == NULL) {
+        PyMem_Free(tk.taken);
+        PyMem_Free(tk.where);
+        PyMem_Free(tk.dropped);
         return PyErr_NoMemory();
-    Py_ssize_t pos = 0;
+    }
+    int judging = out_memo != NULL;
     PyObject *key, *value;
-    while (kept < size && PyDict_Next(dict, &pos, &key, &value)) {
-        PyObject *type = (PyObject *)Py_TYPE(value);
-        Py_ssize_t i = 0;
-        while (i < nskip && skip[i] != type)
-            i++;
-        if (i < nskip)
+#ifdef DICT_TABLE
+    Py_ssize_t count = 0;
+    table_entry *entries = dict_table_ok ? dict_table(dict, &count) : NULL;
+#else
+    void *entries = NULL;
+#endif
+    if (entries != NULL) {
+#ifdef DICT_TABLE
+        for (Py_ssize_t at = 0; at < count && tk.n < size; at++) {
+            key = entries[at].me_key;
+            value = entries[at].me_value;
+            if (value == NULL)
+                continue;       /* a deleted entry */
+            if (at < nout && outs[at] == key)
+                continue;       /* the same key object the memo judged: left out */
+            take_entry(&tk, key, value, at, skip, nskip,
+                       judging && !(at < nkept && keeps[at] == key));
+        }
+#endif
+    } else {
+        Py_ssize_t pos = 0;
+        while (tk.n < size && PyDict_Next(dict, &pos, &key, &value)) {
+            Py_ssize_t at = pos - 1;
+            if (at < nout && outs[at] == key)
+                continue;
+            take_entry(&tk, key, value, at, skip, nskip,
+                       judging && !(at < nkept && keeps[at] == key));
+        }
+    }
+    int failed = 0;
+    for (Py_ssize_t j = 0; judging && j < tk.n; j++) {
+        PyObject *k = tk.taken[2 * j];
+        Py_ssize_t at = tk.where[j];
+        if (!PyUnicode_CheckExact(k) || (at < nkept && keeps[at] == k))
+            continue;           /* no name, or known to stay in */
+        PyObject *verdict = PyObject_CallOneArg(judge, k);
+        int out_of_it = verdict == NULL ? -1 : PyObject_IsTrue(verdict);
+        Py_XDECREF(verdict);
+        if (out_of_it < 0
+                || note_key(out_memo, at, out_of_it ? k : Py_None) < 0
+                || note_key(kept_memo, at, out_of_it ? Py_None : k) < 0) {
+            failed = 1;
+            break;
+        }
+        if (out_of_it)
+            tk.dropped[j] = 1;
+    }
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t j = 0; j < tk.n; j++)
+        kept += !tk.dropped[j];
+    PyObject *out = failed ? NULL : PyList_New(kept);
+    Py_ssize_t made = 0;
+    for (Py_ssize_t j = 0; out != NULL && j < tk.n; j++) {
+        if (tk.dropped[j])
             continue;
-        Py_INCREF(key);
-        Py_INCREF(value);
-        taken[2 * kept] = key;
-        taken[2 * kept + 1] = value;
-        kept++;
-    }
-    PyObject *out = PyList_New(kept);
-    Py_ssize_t j = 0;
-    if (out != NULL) {
-        for (; j < kept; j++) {
-            PyObject *pair = PyTuple_New(2);
-            if (pair == NULL)
-                break;
-            PyTuple_SET_ITEM(pair, 0, taken[2 * j]);        /* the references move in */
-            PyTuple_SET_ITEM(pair, 1, taken[2 * j + 1]);
-            PyList_SET_ITEM(out, j, pair);
+        PyObject *pair = PyTuple_New(2);
+        if (pair == NULL) {
+            Py_CLEAR(out);
+            break;
         }
+        PyTuple_SET_ITEM(pair, 0, tk.taken[2 * j]);        /* the references move in */
+        PyTuple_SET_ITEM(pair, 1, tk.taken[2 * j + 1]);
+        tk.taken[2 * j] = tk.taken[2 * j + 1] = NULL;
+        PyList_SET_ITEM(out, made++, pair);
     }
-    if (j < kept) {             /* out of memory: give back what was not moved */
-        for (Py_ssize_t r = j; r < kept; r++) {
-            Py_DECREF(taken[2 * r]);
-            Py_DECREF(taken[2 * r + 1]);
-        }
-        Py_CLEAR(out);
+    for (Py_ssize_t j = 0; j < tk.n; j++) {     /* what was not moved into a pair */
+        Py_XDECREF(tk.taken[2 * j]);
+        Py_XDECREF(tk.taken[2 * j + 1]);
     }
-    PyMem_Free(taken);
+    PyMem_Free(tk.taken);
+    PyMem_Free(tk.where);
+    PyMem_Free(tk.dropped);
     return out;
 }
 
@@ -798,7 +1001,8 @@ done:
 
 static PyMethodDef reach_functions[] = {
     {"items_except", reach_items_except, METH_VARARGS,
-     "items_except(dict, types) -> list: the (key, value) pairs whose value's type is not in types"},
+     "items_except(dict, types[, memo, judge]) -> list: the (key, value) pairs whose value's type is "
+     "not in types (and whose name judge does not leave out)"},
     {"take_batch", reach_take_batch, METH_VARARGS,
      "take_batch(values, memo, known, get_fn, get_ptr, get_held, storages, label, found, "
      "devices, node_type, node_head) -> list | None: many plain tensors at once"},
@@ -822,9 +1026,15 @@ PyInit__reach(void)
 {
     if (PyType_Ready(&WalkerType) < 0)
         return NULL;
+    if (check_dict_table() < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&reach_module);
     if (m == NULL)
         return NULL;
+    if (PyModule_AddIntConstant(m, "DICT_TABLE", dict_table_ok) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&WalkerType);
     if (PyModule_AddObject(m, "Walker", (PyObject *)&WalkerType) < 0) {
         Py_DECREF(&WalkerType);

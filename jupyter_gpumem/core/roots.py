@@ -57,10 +57,12 @@ def _is_bookkeeping(name: str) -> bool:
     return known
 
 
-def _items_except_py(namespace: dict, types: frozenset) -> list[tuple[Any, Any]]:
+def _items_except_py(namespace: dict, types: frozenset, memo: list | None = None,
+                     judge: Any = None) -> list[tuple[Any, Any]]:
     """:func:`_items_except` without the C core: the items are taken in one C call
     (another thread may change the namespace), and the types are compared by address,
-    as the C pass does (a metaclass's ``__hash__`` is never asked)."""
+    as the C pass does (a metaclass's ``__hash__`` is never asked). It keeps no memo:
+    what ``judge`` would leave out stays in, for the caller's own check."""
     skip = frozenset(map(id, types))
     return [(k, v) for k, v in list(dict.items(namespace)) if id(type(v)) not in skip]
 
@@ -70,13 +72,28 @@ try:   # the C core (see _reach.c): one pass over the table, no Python code run
 except ImportError:
     _items_except = _items_except_py
 
+#: id(namespace) -> the C pass's memo of where in its table it found which names (the
+#: ones left out, the ones kept: ``items_except`` in _reach.c), key strings only
+_MEMOS: dict[int, list] = {}
+_MEMOS_MAX = 16
+
+
+def _memo_for(namespace: dict) -> list:
+    memo = _MEMOS.get(id(namespace))
+    if memo is None:
+        if len(_MEMOS) >= _MEMOS_MAX:
+            _MEMOS.clear()
+        memo = _MEMOS[id(namespace)] = [[], []]
+    return memo
+
 
 def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
     """The user's own names in a namespace (IPython's bookkeeping left out)."""
     hidden_ns = hidden_ns or {}
-    # names bound to an atomic value (IPython's ``_iN`` input strings among them, one a
-    # cell) are dropped first, in one pass; the rest are looked at one by one
-    keep = _items_except(namespace, ATOMIC)
+    # names bound to an atomic value and IPython's own names are dropped first, in one
+    # pass that does not read again the names it left out last time (IPython adds an
+    # ``_iN`` every cell); the rest are looked at one by one
+    keep = _items_except(namespace, ATOMIC, _memo_for(namespace), _is_bookkeeping)
     out = []
     for name, value in keep:
         if type(name) is not str:
