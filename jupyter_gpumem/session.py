@@ -3,9 +3,11 @@
 The live views (the panel, the sidebar's comm channels) do not scan on their
 own. Each registers with the session of its shell; after a cell the session
 builds one snapshot per device the views show and hands it to every view of
-that device. In a kernel this happens after the cell's reply has gone, on the
-kernel's event loop, in steps (:func:`jupyter_gpumem.snapshot.build_steps`):
-between steps the loop runs whatever came in, and when a new cell ran
+that device (views whose selections cover the same devices, ``auto`` and ``cpu`` on a
+machine without accelerators, share one scan). In a kernel this happens after the
+cell's reply has gone, on the kernel's event loop, in steps
+(:func:`jupyter_gpumem.snapshot.build_many_steps`): between steps the loop runs
+whatever came in, and when a new cell ran
 meanwhile the refresh is dropped, since the next cell's end brings a new one.
 Without an event loop (a terminal IPython, a script) it happens at once, in
 ``post_run_cell``. The snapshot honours the user's settings
@@ -37,7 +39,7 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
-from .core.snapshot import build, build_steps
+from .core.snapshot import build, build_many_steps
 from .core import monitor as _monitor
 from .core.devices import read_devices
 from .core.monitor import CellEvents
@@ -290,23 +292,25 @@ class Session:
         views = list(self._views)
         devices = list(dict.fromkeys(v.device for v in views))
         built: dict[str, dict] = {}
-        for device in devices:
-            try:
-                steps = build_steps(shell=self.shell, device=device,
-                                    time_limit=self.time_limit)
-                while True:
-                    try:
-                        next(steps)
-                    except StopIteration as done:
-                        built[device] = done.value.to_json()
+        try:
+            # views of selections that cover the same devices share one scan
+            steps = build_many_steps(shell=self.shell, devices=devices,
+                                     time_limit=self.time_limit)
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    for device, snapshot in done.value.items():
+                        built[device] = snapshot.to_json()
                         if self._last_cell is not None:
                             built[device]["cell"] = dict(self._last_cell)
-                        break
-                    yield
-                    if generation != self._generation:
-                        steps.close()
-                        return
-            except Exception as exc:  # noqa: BLE001 - the views say so; the cell stands
+                    break
+                yield
+                if generation != self._generation:
+                    steps.close()
+                    return
+        except Exception as exc:  # noqa: BLE001 - the views say so; the cell stands
+            for device in devices:
                 self._tell(device, f"scan failed: {type(exc).__name__}: {exc}")
         if built:
             try:

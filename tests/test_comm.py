@@ -323,3 +323,45 @@ def test_unload_is_quick_and_leaves_no_thread(shell):
     assert not any(t.name == "jupyter_gpumem-sampler" for t in threading.enumerate())
     assert hub.thread is None or not hub.thread.is_alive()
     gpucomm.register_comm(shell)
+
+
+def test_the_sidebar_and_a_panel_on_selections_alike_share_one_scan_after_a_cell(monkeypatch):
+    """The sidebar shows ``auto``, the panel ``cpu``: on a machine without accelerators
+    both cover the host alone, so the refresh after a cell scans once and each view gets
+    its own snapshot, under its own selection (with that selection's message)."""
+    from jupyter_gpumem.core import devices as _devices
+    from jupyter_gpumem.core import scan as _scan
+    from jupyter_gpumem.views import panel as panel_mod
+
+    if _devices.accelerators():
+        pytest.skip("here auto covers accelerators, not the host")
+    ip = InteractiveShell.instance()
+    if "jupyter_gpumem" in ip.extension_manager.loaded:
+        ip.run_line_magic("unload_ext", "jupyter_gpumem")
+    ip.run_line_magic("load_ext", "jupyter_gpumem")
+    try:
+        c = open_sidebar()
+        ip.run_line_magic("gpumem", "panel --device cpu")
+        panel = panel_mod.current(ip)
+        scanned: list[set] = []
+        real = _scan.iter_scan
+
+        def counting(*args, **kwargs):
+            scanned.append(kwargs.get("devices"))
+            return (yield from real(*args, **kwargs))
+
+        monkeypatch.setattr(_scan, "iter_scan", counting)
+        c.clear()
+        ip.run_cell("import torch; shared_t = torch.ones(256, 1024)", store_history=True)
+        assert scanned == [{"cpu"}]
+        (pushed,) = c.messages("snapshot")
+        side, own = pushed["snapshot"], panel.snapshot
+        assert (side["device"], own["device"]) == ("auto", "cpu")
+        assert holder(side, "shared_t")["unique"] == MiB == holder(own, "shared_t")["unique"]
+        assert [h["name"] for h in side["holders"]] == [h["name"] for h in own["holders"]]
+        assert "no accelerator: showing host tensors (device cpu)" in side["messages"]
+        assert "no accelerator found" in own["messages"]
+    finally:
+        panel_mod.close(ip)
+        ip.run_line_magic("unload_ext", "jupyter_gpumem")
+        ip.user_ns.pop("shared_t", None)

@@ -361,7 +361,7 @@ def test_a_failing_refresh_never_breaks_the_cell(shell, monkeypatch):
         raise RuntimeError("scan exploded")
 
     # the shell's session builds the snapshot after each cell for every view
-    monkeypatch.setattr(session, "build_steps", broken)
+    monkeypatch.setattr(session, "build_many_steps", broken)
     result = run(shell, "v = 1 + 1\nv")
     assert result.result == 2
     assert "scan failed: RuntimeError: scan exploded" in panel.status.value
