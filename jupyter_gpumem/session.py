@@ -292,10 +292,12 @@ class Session:
         views = list(self._views)
         devices = list(dict.fromkeys(v.device for v in views))
         built: dict[str, dict] = {}
+        failed: dict[str, BaseException] = {}
         try:
-            # views of selections that cover the same devices share one scan
+            # views of selections that cover the same devices share one scan; one that
+            # fails leaves the others' snapshots standing
             steps = build_many_steps(shell=self.shell, devices=devices,
-                                     time_limit=self.time_limit)
+                                     time_limit=self.time_limit, errors=failed)
             while True:
                 try:
                     next(steps)
@@ -310,8 +312,9 @@ class Session:
                     steps.close()
                     return
         except Exception as exc:  # noqa: BLE001 - the views say so; the cell stands
-            for device in devices:
-                self._tell(device, f"scan failed: {type(exc).__name__}: {exc}")
+            failed.update({device: exc for device in devices if device not in built})
+        for device, exc in failed.items():
+            self._tell(device, f"scan failed: {type(exc).__name__}: {exc}")
         if built:
             try:
                 parts = yield from self._cluster_steps(list(built), generation)

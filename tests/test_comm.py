@@ -361,7 +361,27 @@ def test_the_sidebar_and_a_panel_on_selections_alike_share_one_scan_after_a_cell
         assert [h["name"] for h in side["holders"]] == [h["name"] for h in own["holders"]]
         assert "no accelerator: showing host tensors (device cpu)" in side["messages"]
         assert "no accelerator found" in own["messages"]
+
+        # a selection whose reading fails (the sidebar moved to cuda) costs the other
+        # view nothing: the panel's snapshot still comes, the sidebar is told
+        send(c, {"type": "set_device", "device": "cuda"})
+        real_read = _devices.read_devices
+
+        def read(device="auto", **kwargs):
+            if device == "cuda":
+                raise OSError("the driver went away")
+            return real_read(device, **kwargs)
+
+        monkeypatch.setattr(_devices, "read_devices", read)
+        c.clear()
+        before = panel.snapshot
+        ip.run_cell("other_t = torch.ones(256, 1024)", store_history=True)
+        assert panel.snapshot is not before and holder(panel.snapshot, "other_t") is not None
+        assert any("scan failed: OSError: the driver went away" in m["message"]
+                   for m in c.messages("error"))
+        assert not c.messages("snapshot")
     finally:
         panel_mod.close(ip)
         ip.run_line_magic("unload_ext", "jupyter_gpumem")
         ip.user_ns.pop("shared_t", None)
+        ip.user_ns.pop("other_t", None)

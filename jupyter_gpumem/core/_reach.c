@@ -635,9 +635,11 @@ check_dict_table(void)
 typedef struct {
     PyObject **taken;       /* key, value (new references) per entry taken */
     Py_ssize_t *where;      /* its position in the table */
-    char *dropped;          /* left out: by its value's type (or, later, by judge) */
+    char *flags;            /* LEFT_OUT (by its value's type, or later by judge), TO_JUDGE */
     Py_ssize_t n;
 } taking;
+#define LEFT_OUT 1
+#define TO_JUDGE 2
 
 static inline void
 take_entry(taking *t, PyObject *key, PyObject *value, Py_ssize_t at, PyObject *const *skip,
@@ -655,7 +657,7 @@ take_entry(taking *t, PyObject *key, PyObject *value, Py_ssize_t at, PyObject *c
     t->taken[2 * t->n] = key;
     t->taken[2 * t->n + 1] = value;
     t->where[t->n] = at;
-    t->dropped[t->n] = i < nskip;
+    t->flags[t->n] = (i < nskip ? LEFT_OUT : 0) | (judging && PyUnicode_CheckExact(key) ? TO_JUDGE : 0);
     t->n++;
 }
 
@@ -725,10 +727,10 @@ reach_items_except(PyObject *self, PyObject *args)
     taking tk = {PyMem_Malloc(sizeof(PyObject *) * 2 * (size ? size : 1)),
                  PyMem_Malloc(sizeof(Py_ssize_t) * (size ? size : 1)),
                  PyMem_Malloc(size ? size : 1), 0};
-    if (tk.taken == NULL || tk.where == NULL || tk.dropped == NULL) {
+    if (tk.taken == NULL || tk.where == NULL || tk.flags == NULL) {
         PyMem_Free(tk.taken);
         PyMem_Free(tk.where);
-        PyMem_Free(tk.dropped);
+        PyMem_Free(tk.flags);
         return PyErr_NoMemory();
     }
     int judging = out_memo != NULL;
@@ -762,12 +764,13 @@ reach_items_except(PyObject *self, PyObject *args)
                        judging && !(at < nkept && keeps[at] == key));
         }
     }
+    /* the memo's lists grow from here on: outs and keeps are read no more */
     int failed = 0;
-    for (Py_ssize_t j = 0; judging && j < tk.n; j++) {
+    for (Py_ssize_t j = 0; j < tk.n; j++) {
+        if (!(tk.flags[j] & TO_JUDGE))
+            continue;           /* no name, or known to stay in */
         PyObject *k = tk.taken[2 * j];
         Py_ssize_t at = tk.where[j];
-        if (!PyUnicode_CheckExact(k) || (at < nkept && keeps[at] == k))
-            continue;           /* no name, or known to stay in */
         PyObject *verdict = PyObject_CallOneArg(judge, k);
         int out_of_it = verdict == NULL ? -1 : PyObject_IsTrue(verdict);
         Py_XDECREF(verdict);
@@ -778,15 +781,15 @@ reach_items_except(PyObject *self, PyObject *args)
             break;
         }
         if (out_of_it)
-            tk.dropped[j] = 1;
+            tk.flags[j] |= LEFT_OUT;
     }
     Py_ssize_t kept = 0;
     for (Py_ssize_t j = 0; j < tk.n; j++)
-        kept += !tk.dropped[j];
+        kept += !(tk.flags[j] & LEFT_OUT);
     PyObject *out = failed ? NULL : PyList_New(kept);
     Py_ssize_t made = 0;
     for (Py_ssize_t j = 0; out != NULL && j < tk.n; j++) {
-        if (tk.dropped[j])
+        if (tk.flags[j] & LEFT_OUT)
             continue;
         PyObject *pair = PyTuple_New(2);
         if (pair == NULL) {
@@ -804,7 +807,7 @@ reach_items_except(PyObject *self, PyObject *args)
     }
     PyMem_Free(tk.taken);
     PyMem_Free(tk.where);
-    PyMem_Free(tk.dropped);
+    PyMem_Free(tk.flags);
     return out;
 }
 

@@ -383,37 +383,50 @@ def build_steps(*, shell: Any = None, namespace: dict | None = None, device: str
 
 def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
                      devices: list[str], names: list[str] | None = None,
-                     time_limit: float = 3.0):
+                     time_limit: float = 3.0, errors: dict | None = None):
     """:func:`build_steps` for several device selections (the views of one shell): a
     generator that returns selection -> Snapshot, in the order given. Selections that
     cover the same devices (``auto`` and ``cpu`` where no accelerator is seen, ``cuda``
     and ``auto`` on a machine of GPUs) share one reading and one scan; each still gets
-    its own snapshot, under its own name."""
+    its own snapshot, under its own name. With ``errors`` (a dict), a selection whose
+    snapshot fails gets its exception there and the others go on; without, it raises."""
     accs = _devices.accelerators()
     groups: dict[tuple[str, ...], list[str]] = {}
-    for text in dict.fromkeys(devices):
-        ids = tuple(_devices.selected_ids(_devices.parse_device(text), accs))
-        groups.setdefault(ids, []).append(text)
     out: dict[str, Snapshot] = {}
+    for text in dict.fromkeys(devices):
+        try:
+            ids = tuple(_devices.selected_ids(_devices.parse_device(text), accs))
+        except Exception as exc:  # noqa: BLE001 - that selection's failure alone
+            if errors is None:
+                raise
+            errors[text] = exc
+            continue
+        groups.setdefault(ids, []).append(text)
     for ids, selections in groups.items():
-        usages = _devices.read_devices(_devices.parse_device(selections[0]), detail=True)
-        roots = _scan.collect_roots(namespace, shell)
-        extra: list[Root] = []
-        if names:
-            by_name = {r.name: r for r in roots}
-            for text in names:
-                target = resolve(text, shell=shell, namespace=namespace)
-                if text in by_name and by_name[text].obj is target.obj:
-                    continue
-                extra.append(Root(text, target.obj, purge=text, kind="path"))
-        result = yield from _scan.iter_scan(roots + extra, devices=set(ids), shell=shell,
-                                            namespace=namespace, time_limit=time_limit,
-                                            describe=bool(names))
-        result = fold_own_aliases(result)
-        for text in selections:
-            out[text] = _assemble(text, list(ids), accs, usages, result, names, extra,
-                                  shell, namespace)
-    return {text: out[text] for text in dict.fromkeys(devices)}
+        try:
+            usages = _devices.read_devices(_devices.parse_device(selections[0]), detail=True)
+            roots = _scan.collect_roots(namespace, shell)
+            extra: list[Root] = []
+            if names:
+                by_name = {r.name: r for r in roots}
+                for text in names:
+                    target = resolve(text, shell=shell, namespace=namespace)
+                    if text in by_name and by_name[text].obj is target.obj:
+                        continue
+                    extra.append(Root(text, target.obj, purge=text, kind="path"))
+            result = yield from _scan.iter_scan(roots + extra, devices=set(ids), shell=shell,
+                                                namespace=namespace, time_limit=time_limit,
+                                                describe=bool(names))
+            result = fold_own_aliases(result)
+            for text in selections:
+                out[text] = _assemble(text, list(ids), accs, usages, result, names, extra,
+                                      shell, namespace)
+        except Exception as exc:  # noqa: BLE001 - that group's failure alone
+            if errors is None:
+                raise
+            for text in selections:
+                errors[text] = exc
+    return {text: out[text] for text in dict.fromkeys(devices) if text in out}
 
 
 def _assemble(selection: str, ids: list[str], accs, usages, result, names, extra,
