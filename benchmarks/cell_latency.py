@@ -10,14 +10,16 @@ For each it prints
 - the wall time of 20 such cells sent back to back (run-all), the median of
   ``--run-all-rounds`` runs that alternate between the kernels,
 
-and the ratios. Round trips alternate between the two kernels, so load on the
-machine falls on both alike.
+and the ratios, then what the views' refreshes after the cells cost (they run
+after each cell's reply, off its path: ``Session.stats``). Round trips alternate
+between the two kernels, so load on the machine falls on both alike.
 
     python benchmarks/cell_latency.py [--records 1000000] [--repeat 30] [--pause 0.5]
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import statistics
 import sys
@@ -74,6 +76,20 @@ class Kernel:
             pending.discard(reply["parent_header"].get("msg_id"))
         return time.perf_counter() - start
 
+    def stats(self) -> dict:
+        """The session's refresh figures (``Session.stats``), read through the reply."""
+        msg_id = self.kc.execute("", user_expressions={"stats": (
+            "dict(__import__('jupyter_gpumem.session', fromlist=['_'])"
+            ".session_of(get_ipython()).stats)")})
+        while True:
+            reply = self.kc.get_shell_msg(timeout=60)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        value = reply["content"]["user_expressions"]["stats"]
+        if value.get("status") != "ok":
+            raise RuntimeError(f"{self.name}: {value}")
+        return ast.literal_eval(value["data"]["text/plain"])
+
     def open_sidebar(self) -> None:
         """Open a comm on the sidebar's target, as the JupyterLab sidebar does."""
         msg = self.kc.session.msg("comm_open", {"comm_id": uuid.uuid4().hex,
@@ -118,9 +134,7 @@ def main() -> None:
         # each round's two runs are seconds apart: their ratio does not see the machine
         # drift over minutes (on a shared machine the pace of one core moves by 30 %)
         paired = [v / p for v, p in zip(runs["views"], runs["plain"])]
-        refresh = views.run("from jupyter_gpumem.session import session_of\n"
-                            "_s = session_of(get_ipython()).stats")
-        del refresh
+        refresh = views.stats()
     finally:
         plain.stop()
         views.stop()
@@ -136,6 +150,10 @@ def main() -> None:
           f"ratio {ratio:.2f}x; median of the rounds' own ratios "
           f"{statistics.median(paired):.2f}x (quartiles {_quartiles(paired)}) "
           f"(target at most 1.2x)")
+    if refresh["refreshes"]:
+        print(f"the views' refreshes after cells: {refresh['refreshes']}, "
+              f"{refresh['seconds'] / refresh['refreshes'] * 1e3:.0f} ms each on average "
+              f"(off the cells' path), {refresh['dropped']} dropped for a newer cell")
     sys.stdout.flush()
 
 
