@@ -76,19 +76,23 @@ class Kernel:
             pending.discard(reply["parent_header"].get("msg_id"))
         return time.perf_counter() - start
 
-    def stats(self) -> dict:
-        """The session's refresh figures (``Session.stats``), read through the reply."""
-        msg_id = self.kc.execute("", user_expressions={"stats": (
-            "dict(__import__('jupyter_gpumem.session', fromlist=['_'])"
-            ".session_of(get_ipython()).stats)")})
+    def evaluate(self, expression: str) -> object:
+        """The value of a Python literal ``expression`` gives in the kernel, read through
+        the reply's ``user_expressions`` (no output message to look for)."""
+        msg_id = self.kc.execute("", user_expressions={"value": expression})
         while True:
             reply = self.kc.get_shell_msg(timeout=60)
             if reply["parent_header"].get("msg_id") == msg_id:
                 break
-        value = reply["content"]["user_expressions"]["stats"]
+        value = reply["content"]["user_expressions"]["value"]
         if value.get("status") != "ok":
             raise RuntimeError(f"{self.name}: {value}")
         return ast.literal_eval(value["data"]["text/plain"])
+
+    def stats(self) -> dict:
+        """The session's refresh figures (``Session.stats``)."""
+        return self.evaluate("dict(__import__('jupyter_gpumem.session', fromlist=['_'])"
+                             ".session_of(get_ipython()).stats)")
 
     def open_sidebar(self) -> None:
         """Open a comm on the sidebar's target, as the JupyterLab sidebar does."""

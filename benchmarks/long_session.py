@@ -20,7 +20,6 @@ and their ratio: what reading every name again each cell costs, as the cells add
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -34,26 +33,19 @@ from jupyter_gpumem.core import roots as _roots
 _forgetful = _roots._items_except
 _roots._items_except = lambda ns, types, memo=None, judge=None: _forgetful(ns, types)
 """
-COSTS = ("__import__('json').dumps(list(__import__('jupyter_gpumem.watch.scope', "
-         "fromlist=['_'])._state_of(get_ipython()).costs))")
+COSTS = ("list(__import__('jupyter_gpumem.watch.scope', fromlist=['_'])"
+         "._state_of(get_ipython()).costs)")
 
 
 def costs(k: Kernel) -> list[float]:
-    """The footer's own cost of each cell so far (seconds), read through the reply."""
-    msg_id = k.kc.execute("", user_expressions={"costs": COSTS})
-    while True:
-        reply = k.kc.get_shell_msg(timeout=60)
-        if reply["parent_header"].get("msg_id") == msg_id:
-            break
-    value = reply["content"]["user_expressions"]["costs"]
-    if value.get("status") != "ok":
-        raise RuntimeError(f"{k.name}: {value}")
+    """The footer's own cost of each cell so far (seconds)."""
+    value = k.evaluate(COSTS)
     while True:                 # the kernel's messages so far are not needed
         try:
             k.kc.get_iopub_msg(timeout=0.01)
         except Exception:  # noqa: BLE001 - queue.Empty: drained
             break
-    return json.loads(__import__("ast").literal_eval(value["data"]["text/plain"]))
+    return value
 
 
 def main() -> None:
@@ -64,8 +56,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=20)
     args = ap.parse_args()
     kernels = {"memo": Kernel("memo"), "no memo": Kernel("no memo")}
-    marks = sorted({min(args.window * 2 ** i, args.cells) for i in range(16)
-                    if args.window * 2 ** (i - 1) < args.cells})
+    marks = []      # the cells run at each point read: window, twice that, ..., cells
+    mark = args.window
+    while mark < args.cells:
+        marks.append(mark)
+        mark *= 2
+    marks.append(args.cells)
     seen: dict[int, dict[str, float]] = {}     # cells run -> kernel -> median footer cost
     try:
         for name, k in kernels.items():

@@ -391,20 +391,21 @@ def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
     its own snapshot, under its own name. With ``errors`` (a dict), a selection whose
     snapshot fails gets its exception there and the others go on; without, it raises."""
     accs = _devices.accelerators()
-    groups: dict[tuple[str, ...], list[str]] = {}
+    groups: dict[tuple[str, ...], list[tuple[str, str]]] = {}   # ids -> (as given, parsed)
     out: dict[str, Snapshot] = {}
     for text in dict.fromkeys(devices):
         try:
-            ids = tuple(_devices.selected_ids(_devices.parse_device(text), accs))
+            device = _devices.parse_device(text)
+            ids = tuple(_devices.selected_ids(device, accs))
         except Exception as exc:  # noqa: BLE001 - that selection's failure alone
             if errors is None:
                 raise
             errors[text] = exc
             continue
-        groups.setdefault(ids, []).append(text)
+        groups.setdefault(ids, []).append((text, device))
     for ids, selections in groups.items():
         try:
-            usages = _devices.read_devices(_devices.parse_device(selections[0]), detail=True)
+            usages = _devices.read_devices(selections[0][1], detail=True)
             roots = _scan.collect_roots(namespace, shell)
             extra: list[Root] = []
             if names:
@@ -418,21 +419,21 @@ def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
                                                 namespace=namespace, time_limit=time_limit,
                                                 describe=bool(names))
             result = fold_own_aliases(result)
-            for text in selections:
-                out[text] = _assemble(text, list(ids), accs, usages, result, names, extra,
+            for text, device in selections:
+                out[text] = _assemble(device, list(ids), accs, usages, result, names, extra,
                                       shell, namespace)
         except Exception as exc:  # noqa: BLE001 - that group's failure alone
             if errors is None:
                 raise
-            for text in selections:
+            for text, _ in selections:
                 errors[text] = exc
     return {text: out[text] for text in dict.fromkeys(devices) if text in out}
 
 
-def _assemble(selection: str, ids: list[str], accs, usages, result, names, extra,
+def _assemble(device: str, ids: list[str], accs, usages, result, names, extra,
               shell: Any, namespace: dict | None) -> Snapshot:
-    """One selection's Snapshot from a scan of its devices (shared by selections alike)."""
-    device = _devices.parse_device(selection)
+    """One selection's Snapshot (``device``, parsed) from a scan of its devices (shared
+    by selections alike)."""
     sharing = Sharing(result)
     detail_names = set(names or ())
     all_holders = attribute(result, rows_for=detail_names, sharing=sharing)
