@@ -576,6 +576,31 @@ def test_the_sampler_runs_only_while_watched_code_runs(wip):
     assert len(watch_mod.series_for(wip)) >= 5
 
 
+def test_settings_changed_while_the_footer_is_on_count_from_the_next_cell(wip, capsys):
+    """The footer keeps the settings it reads every cell until one of them changes:
+    ``%config``, the trait and ``watch on`` again each count from the next cell."""
+    run(wip, "%gpumem watch on --device cpu")
+    run(wip, "x = 1")
+    assert watch_mod.history_for(wip)[-1].interval == 0.05
+    run(wip, "%config GpuMemMagics.sample_interval = 0.2")
+    run(wip, "x = 2")
+    assert watch_mod.history_for(wip)[-1].interval == 0.2
+    _magics(wip).warn_at = "1%"
+    out = capsys.readouterr().out
+    run(wip, "import torch\nkeep = torch.ones(1000)")
+    out = capsys.readouterr().out
+    assert "warning: cpu is" in out and "above 1%" in out, out
+    run(wip, "%gpumem watch on --device cpu --warn-at off")
+    capsys.readouterr()
+    run(wip, "del keep")
+    assert "warning" not in capsys.readouterr().out
+    footer = watch_mod._state_for_shell(wip).footer
+    run(wip, "%gpumem watch off")
+    assert footer._observed is None and footer._kept is None    # nothing left observed
+    notifiers = _magics(wip)._trait_notifiers.get("warn_at", {}).get("change", [])
+    assert footer._forget not in notifiers
+
+
 def test_between_watched_cells_the_sampler_pauses_on_its_own(wip, capsys):
     """With ``watch on`` the sampling subscription outlives a cell (a cell right after
     finds it running), pauses at its first tick with no cell running, and then is not

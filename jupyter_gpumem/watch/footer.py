@@ -41,6 +41,10 @@ def _parse_share(value: Any) -> float | None:
 
 _UNSET = object()
 
+#: the magics' settings the footer reads every cell, and their defaults without magics
+_SETTINGS = {"default_device": "auto", "sample_interval": 0.05, "scan_time_limit": 3.0,
+             "warn_at": None}
+
 #: seconds after a cell's end within which the next cell (run-all, a queue of cells)
 #: starts from that end's readings instead of reading the devices and the names again:
 #: what happens in between (a reply sent, the next request read) counts for that cell
@@ -203,6 +207,9 @@ class _Footer:
         #: (when, purges so far, the last cell's ``Watch.end``): a cell that starts within
         #: ARM_TTL of the last one's end, no purge between, starts from that end
         self._armed: tuple | None = None
+        #: (the magics, their settings the footer reads) until one of them changes
+        self._kept: tuple | None = None
+        self._observed: Any = None      # the magics whose settings it observes
 
     def _take_armed(self) -> tuple | None:
         armed, self._armed = self._armed, None
@@ -214,6 +221,36 @@ class _Footer:
     @property
     def magics(self):
         return self.state.magics
+
+    def settings(self) -> dict:
+        """The magics' settings the footer reads every cell (``_SETTINGS``): read once, and
+        again after one of them changes (traitlets tells; reading a trait costs more than
+        anything else the footer reads)."""
+        magics = self.state.magics
+        kept = self._kept
+        if kept is not None and kept[0] is magics:
+            return kept[1]
+        values = {name: getattr(magics, name, default) for name, default in _SETTINGS.items()}
+        if self._observed is not magics:
+            self._unobserve()
+            try:
+                magics.observe(self._forget, names=list(_SETTINGS))
+                self._observed = magics
+            except Exception:  # noqa: BLE001 - not a HasTraits: read them every cell
+                return values
+        self._kept = (magics, values)
+        return values
+
+    def _forget(self, change: Any = None) -> None:
+        self._kept = None
+
+    def _unobserve(self) -> None:
+        magics, self._observed, self._kept = self._observed, None, None
+        if magics is not None:
+            try:
+                magics.unobserve(self._forget, names=list(_SETTINGS))
+            except Exception:  # noqa: BLE001
+                pass
 
     @property
     def watch(self) -> Watch | None:
@@ -236,12 +273,12 @@ class _Footer:
         w = line = None
         try:
             count = _current_count(shell)
-            magics = self.magics
-            device = self.state.footer_device or getattr(magics, "default_device", "auto")
+            settings = self.settings()
+            device = self.state.footer_device or settings["default_device"]
             w = Watch(shell=shell, device=device,
-                      interval=getattr(magics, "sample_interval", 0.05),
+                      interval=settings["sample_interval"],
                       label=f"In [{count}]", report=False,
-                      time_limit=getattr(magics, "scan_time_limit", 3.0),
+                      time_limit=settings["scan_time_limit"],
                       source="watch on", state=self.state, record=True
                       ).start(self._take_armed())
             line = self._line
@@ -296,6 +333,7 @@ class _Footer:
         self.state.costs.append(self._pre_cost + time.perf_counter() - t)
 
     def abandon(self) -> None:
+        self._unobserve()
         for payload in self.cells.clear():
             payload.abandon()
         line, self._line = self._line, None
@@ -305,7 +343,7 @@ class _Footer:
     def _thresholds(self, w: Watch, r: WatchResult) -> None:
         magics = self.magics
         try:
-            share = _parse_share(getattr(magics, "warn_at", None))
+            share = _parse_share(self.settings()["warn_at"])
         except ValueError as exc:
             r.messages.append(f"warn_at ignored: {exc}")
             return
