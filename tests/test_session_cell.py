@@ -57,20 +57,27 @@ def test_the_stack_is_walked_once_a_cell_for_every_pairing_of_its_events(ip, mon
 
     walks = []
     real = monitor._running_cell_frames
-    monkeypatch.setattr(monitor, "_running_cell_frames", lambda: (walks.append(1), real())[1])
+    monkeypatch.setattr(monitor, "_running_cell_frames",
+                        lambda first_only=False: (walks.append(first_only), real(first_only))[1])
     first, second = monitor.CellEvents(ip), monitor.CellEvents(ip)
     seen = []
 
     def pre(info):
         seen.append((first.pre(info)[0], second.pre(info)[0]))
 
+    def post(result):
+        first.post(result), second.post(result)
+
     ip.events.register("pre_run_cell", pre)
+    ip.events.register("post_run_cell", post)
     try:
         ip.run_cell("x = 1")
         ip.run_cell("y = 2")
     finally:
         ip.events.unregister("pre_run_cell", pre)
-    assert len(walks) == 2                          # one walk per cell, not per pairing
+        ip.events.unregister("post_run_cell", post)
+    # one walk per cell, not per pairing; with no cell of theirs open, up to the innermost
+    assert walks == [True, True]
     (a1, b1), (a2, b2) = seen
     assert a1.frame == b1.frame is not None and a1.outer and b1.outer
     assert a1.info is not a2.info and a2.frame == b2.frame

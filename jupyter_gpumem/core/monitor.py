@@ -450,18 +450,21 @@ def _run_cell_async_code():
 _LAST_WALK: list = [None, None]
 
 
-def _cell_frames_for(info: object) -> list[int]:
+def _cell_frames_for(info: object, whole: bool = True) -> list[int]:
     """:func:`_running_cell_frames` for the "pre" of the cell of ``info``; one walk per
-    cell (main thread only: the events are heard there)."""
-    if info is not None and _LAST_WALK[0] is info:
-        return list(_LAST_WALK[1])
-    frames = _running_cell_frames()
-    _LAST_WALK[:] = [info, frames] if info is not None else [None, None]
-    return list(frames)
+    cell (main thread only: the events are heard there). Without ``whole`` only the
+    innermost frame is sure to be there: the walk stops at it (a cell that begins
+    while none of ours is open needs no more, and that is every cell but nested ones)."""
+    if info is not None and _LAST_WALK[0] is info and (not whole or _LAST_WALK[1][1]):
+        return _LAST_WALK[1][0]
+    frames = _running_cell_frames(first_only=not whole)
+    _LAST_WALK[:] = [info, (frames, whole or not frames)] if info is not None else [None, None]
+    return frames
 
 
-def _running_cell_frames() -> list[int]:
-    """ids of the frames of IPython's ``run_cell_async`` on this stack, innermost first."""
+def _running_cell_frames(first_only: bool = False) -> list[int]:
+    """ids of the frames of IPython's ``run_cell_async`` on this stack, innermost first
+    (``first_only``: the innermost alone)."""
     code = _run_cell_async_code()
     if code is None:
         return []
@@ -470,6 +473,8 @@ def _running_cell_frames() -> list[int]:
     while frame is not None:
         if frame.f_code is code:
             ids.append(id(frame))
+            if first_only:
+                break
         frame = frame.f_back
     del frame
     return ids
@@ -527,7 +532,7 @@ class CellEvents:
 
     def pre(self, info: object) -> tuple[Cell, list]:
         """A cell begins: (its :class:`Cell`, payloads of cells found to have ended unseen)."""
-        frames = _cell_frames_for(info)
+        frames = _cell_frames_for(info, whole=bool(self._open))
         current = frames[0] if frames else None
         enclosing = set(frames[1:])
         last = getattr(getattr(self.shell, "last_execution_result", None), "info", None)
