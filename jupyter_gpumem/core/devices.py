@@ -21,13 +21,24 @@ _DEVICE_RE = re.compile(r"^(auto|all|cpu|cuda|gpu|cuda:\d+|mps|mps:\d+)$")
 DEVICE_CHOICES = "auto, all, cpu, cuda or cuda:N"
 
 
+#: selection text -> the selection it names (the footer parses its selection a few times
+#: a cell); only valid ones, and only so many
+_PARSED: dict[str, str] = {}
+
+
 def parse_device(text: str) -> str:
     """Validate a device selection (``auto``, ``all``, ``cpu``, ``cuda``, ``cuda:N``)."""
+    if type(text) is str:
+        known = _PARSED.get(text)
+        if known is not None:
+            return known
     value = str(text).strip().lower()
     if value == "gpu":
         value = "cuda"
     if not _DEVICE_RE.match(value):
         raise ValueError(f"unknown device {text!r}: use {DEVICE_CHOICES}")
+    if type(text) is str and len(_PARSED) < 64:
+        _PARSED[text] = value
     return value
 
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Callable
 
 from .roots import Root
 from .scan_types import ATOMIC_IDS as _ATOMIC_IDS, is_a
+
+_FIRST = itemgetter(0)
 
 #: ``add(name, obj, purge)``: what a kind's ``find`` calls for each reference it finds
 Add = Callable[[str, Any, "str | None"], None]
@@ -51,12 +54,16 @@ def _out_hist(shell: Any) -> dict:
 
 def _find_output(shell: Any, add: Add) -> None:
     ns = shell.user_ns
-    out_hist = _out_hist(shell)
-    for n, value in sorted(dict.items(out_hist), key=lambda kv: kv[0]):
+    # the values a root can be (most outputs are numbers and text), in the cells' order
+    found = [(n, value) for n, value in dict.items(_out_hist(shell))
+             if value is not None and id(type(value)) not in _ATOMIC_IDS]
+    found.sort(key=_FIRST)
+    for n, value in found:
         add(f"Out[{n}]", value, f"Out[{n}]")
-    for n in list(out_hist):
-        if f"_{n}" in ns:
-            add(f"_{n}", ns[f"_{n}"], f"_{n}")   # only an alias of an Out[N] found above
+    for n, _ in found:
+        alias = f"_{n}"
+        if alias in ns:
+            add(alias, ns[alias], alias)    # only an alias of an Out[N] found above
 
 
 def _owns_output(name: str) -> bool:
@@ -87,7 +94,8 @@ def _find_underscore(shell: Any, add: Add) -> None:
     hook = getattr(shell, "displayhook", None)
     for name in _UNDERSCORES:
         for value in (ns.get(name), hidden_ns.get(name), getattr(hook, name, None)):
-            add(name, value, name)
+            if value is not None and id(type(value)) not in _ATOMIC_IDS:   # most often ''
+                add(name, value, name)
 
 
 def _clear_underscore(name: str, obj: Any, shell: Any) -> bool:
@@ -125,10 +133,13 @@ def traceback_objects(shell: Any = None) -> list[Any]:
         found += (getattr(tb, "tb", None),
                   getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None),
                   getattr(getattr(tb, "pdb", None), "curframe", None))
+    found = [obj for obj in found if obj is not None]
+    if len(found) < 2:
+        return found        # no error since the session began, most often
     out: list[Any] = []
     ids: set[int] = set()
     for obj in found:
-        if obj is not None and id(obj) not in ids:
+        if id(obj) not in ids:
             ids.add(id(obj))
             out.append(obj)
     return out

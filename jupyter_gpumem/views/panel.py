@@ -599,14 +599,13 @@ def _watch_cells(shell: Any, after: float = float("-inf")) -> list[list] | None:
             start = _field(entry, _WATCH_START)
             if start is not None and start <= after:
                 break
-            entries.append(entry)
+            entries.append((start, entry))
             if len(entries) >= 500:
                 break
     except Exception:  # noqa: BLE001 - optional, never in the way
         return None
     spans = []
-    for entry in reversed(entries):
-        start = _field(entry, _WATCH_START)
+    for start, entry in reversed(entries):
         if start is None or start < 1e9:  # not unix seconds: cannot place it on the timeline
             return None
         spans.append([start, _field(entry, _WATCH_END)])
