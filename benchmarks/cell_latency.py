@@ -8,7 +8,11 @@ For each it prints
 - the median round trip of ``x = 1`` (execute request to reply), one cell at a
   time with a pause between cells as a person leaves (``--pause``),
 - the wall time of 20 such cells sent back to back (run-all), the median of
-  ``--run-all-rounds`` runs that alternate between the kernels,
+  ``--run-all-rounds`` runs that alternate between the kernels, and the median of
+  each round's own ratio (its two runs are a fraction of a second apart, so it
+  does not see the machine's pace drift; with 81 rounds it repeats within about
+  0.01 from run to run, with 21 within about 0.05),
+- the kernels' CPU per run-all cell (Linux): the main thread's and all threads',
 
 and the ratios, then what the views' refreshes after the cells cost (they run
 after each cell's reply, off its path: ``Session.stats``). Round trips alternate
@@ -100,6 +104,24 @@ class Kernel:
                                                 "target_name": "jupyter_gpumem", "data": {}})
         self.kc.shell_channel.send(msg)
 
+    def cpu_seconds(self) -> tuple[float, float] | None:
+        """(main thread, all threads) CPU seconds the kernel has used, from /proc (Linux;
+        None elsewhere)."""
+        try:
+            pid = self.km.provisioner.process.pid
+            tick = os.sysconf("SC_CLK_TCK")
+            main = whole = 0.0
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                seconds = (int(fields[11]) + int(fields[12])) / tick
+                whole += seconds
+                if tid == str(pid):
+                    main = seconds
+            return main, whole
+        except (OSError, AttributeError, ValueError, IndexError):
+            return None
+
     def stop(self) -> None:
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
@@ -111,8 +133,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--pause", type=float, default=0.5)
     ap.add_argument("--run-all", type=int, default=20)
-    ap.add_argument("--run-all-rounds", type=int, default=9,
+    ap.add_argument("--run-all-rounds", type=int, default=81,
                     help="run-all measurements per kernel (the median is printed)")
+    ap.add_argument("--run-all-pause", type=float, default=0.3,
+                    help="seconds between two run-all measurements (the views' refresh "
+                         "after a run, about 0.1 s with 1M records, fits in it)")
     args = ap.parse_args()
     plain, views = Kernel("plain"), Kernel("views")
     try:
@@ -130,10 +155,16 @@ def main() -> None:
                 trips[k.name].append(k.run("x = 1"))
                 time.sleep(args.pause)
         runs: dict[str, list[float]] = {"plain": [], "views": []}
+        cpu: dict[str, list[float]] = {"plain": [0.0, 0.0], "views": [0.0, 0.0]}
         for i in range(args.run_all_rounds):   # alternating, the order turning each round
             for k in ((plain, views) if i % 2 == 0 else (views, plain)):
-                time.sleep(max(args.pause, 1.0))
+                time.sleep(args.run_all_pause)
+                before = k.cpu_seconds()
                 runs[k.name].append(k.back_to_back("x = 1", args.run_all))
+                after = k.cpu_seconds()
+                if before is not None and after is not None:
+                    cpu[k.name][0] += after[0] - before[0]
+                    cpu[k.name][1] += after[1] - before[1]
         run_all = {name: statistics.median(v) for name, v in runs.items()}
         # each round's two runs are seconds apart: their ratio does not see the machine
         # drift over minutes (on a shared machine the pace of one core moves by 30 %)
@@ -154,6 +185,12 @@ def main() -> None:
           f"ratio {ratio:.2f}x; median of the rounds' own ratios "
           f"{statistics.median(paired):.2f}x (quartiles {_quartiles(paired)}) "
           f"(target at most 1.2x)")
+    cells = args.run_all * args.run_all_rounds
+    if cpu["plain"][1]:
+        main, whole = ({n: v[j] / cells * 1e3 for n, v in cpu.items()} for j in (0, 1))
+        print(f"kernel CPU per run-all cell: main thread {main['plain']:.2f} -> "
+              f"{main['views']:.2f} ms, all threads {whole['plain']:.2f} -> "
+              f"{whole['views']:.2f} ms (x{whole['views'] / whole['plain']:.2f})")
     if refresh["refreshes"]:
         print(f"the views' refreshes after cells: {refresh['refreshes']}, "
               f"{refresh['seconds'] / refresh['refreshes'] * 1e3:.0f} ms each on average "
