@@ -10,8 +10,8 @@ For each it prints
 - the wall time of 20 such cells sent back to back (run-all), the median of
   ``--run-all-rounds`` runs that alternate between the kernels, and the median of
   each round's own ratio (its two runs are a fraction of a second apart, so it
-  does not see the machine's pace drift; with 81 rounds it repeats within about
-  0.01 from run to run, with 21 within about 0.05),
+  does not see the machine's pace drift; over some 80 rounds two identical kernels
+  gave it within 0.01 of each other, where 21 rounds moved it by about 0.05),
 - the kernels' CPU per run-all cell (Linux): the main thread's and all threads',
 
 and the ratios, then what the views' refreshes after the cells cost (they run

@@ -586,7 +586,7 @@ def test_settings_changed_while_the_footer_is_on_count_from_the_next_cell(wip, c
     run(wip, "x = 2")
     assert watch_mod.history_for(wip)[-1].interval == 0.2
     _magics(wip).warn_at = "1%"
-    out = capsys.readouterr().out
+    capsys.readouterr()
     run(wip, "import torch\nkeep = torch.ones(1000)")
     out = capsys.readouterr().out
     assert "warning: cpu is" in out and "above 1%" in out, out
