@@ -395,8 +395,7 @@ class Registry:
     backends: list[Backend] = field(default_factory=list)
 
     def active(self) -> list[Backend]:
-        modules = sys.modules    # what Backend.is_active asks, without a call per backend
-        return [b for b in self.backends if b.module in modules]
+        return [b for b in self.backends if b.is_active()]
 
     def add(self, found: "Iterable[tuple[str, Backend]]") -> None:
         """Take in ``(module name, backend)`` pairs, placed by :attr:`Backend.order`, then by

@@ -19,6 +19,12 @@ from .scan_types import ATOMIC_IDS as _ATOMIC_IDS, is_a
 
 _FIRST = itemgetter(0)
 
+
+def _may_hold(obj: Any) -> bool:
+    """Whether a hidden holder's value can be a root: not None, not atomic (the type is
+    looked up by id: no class is hashed)."""
+    return obj is not None and id(type(obj)) not in _ATOMIC_IDS
+
 #: ``add(name, obj, purge)``: what a kind's ``find`` calls for each reference it finds
 Add = Callable[[str, Any, "str | None"], None]
 
@@ -55,8 +61,7 @@ def _out_hist(shell: Any) -> dict:
 def _find_output(shell: Any, add: Add) -> None:
     ns = shell.user_ns
     # the values a root can be (most outputs are numbers and text), in the cells' order
-    found = [(n, value) for n, value in dict.items(_out_hist(shell))
-             if value is not None and id(type(value)) not in _ATOMIC_IDS]
+    found = [(n, value) for n, value in dict.items(_out_hist(shell)) if _may_hold(value)]
     found.sort(key=_FIRST)
     for n, value in found:
         add(f"Out[{n}]", value, f"Out[{n}]")
@@ -94,8 +99,7 @@ def _find_underscore(shell: Any, add: Add) -> None:
     hook = getattr(shell, "displayhook", None)
     for name in _UNDERSCORES:
         for value in (ns.get(name), hidden_ns.get(name), getattr(hook, name, None)):
-            if value is not None and id(type(value)) not in _ATOMIC_IDS:   # most often ''
-                add(name, value, name)
+            add(name, value, name)
 
 
 def _clear_underscore(name: str, obj: Any, shell: Any) -> bool:
@@ -231,7 +235,7 @@ class _Found:
         self.kind = ""
 
     def add(self, name: str, obj: Any, purge: str | None) -> None:
-        if obj is None or id(type(obj)) in _ATOMIC_IDS:   # no class hashed
+        if not _may_hold(obj):
             return
         existing = self.by_id.get(id(obj))
         if existing is not None:
