@@ -37,6 +37,7 @@ import concurrent.futures
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any, Callable, Protocol
 
 from .core.snapshot import build, build_many_steps
@@ -63,6 +64,8 @@ SAMPLER_JOIN_TIMEOUT = 5.0
 CLUSTER_MIN_WAIT = 0.05
 #: keys held by no name that a snapshot's cluster part lists (the rest are counted)
 CLUSTER_UNCLAIMED_SHOWN = 50
+#: the outer cells whose spans the session keeps (the panel's timeline marks them)
+CELL_SPANS = 500
 
 
 class Offload:
@@ -137,6 +140,11 @@ class Session:
         self._cell_hooks: list[tuple[Callable, Callable]] = []
         self._views: list[View] = []
         self._cells = CellEvents(shell)
+        #: the outer cells' spans ``[start, end]`` (unix s; end None while the cell runs),
+        #: oldest first, and a count that moves whenever one begins or ends: the panel's
+        #: timeline reads them from its thread (spans are appended and ended here only)
+        self.cells: deque = deque(maxlen=CELL_SPANS)
+        self.cells_version = 0
         self._generation = 0          # cells ended so far; a refresh from an older one is dropped
         self._task: asyncio.Task | None = None    # the refresher waiting or refreshing
         #: the cell that just ended, for its snapshots: start/end (unix s), execution count
@@ -199,9 +207,13 @@ class Session:
             self._cell_hooks.remove((pre, post))
 
     def _pre_run_cell(self, info: Any = None) -> None:
-        cell, _ = self._cells.pre(info)
-        if cell.outer:
-            cell.payload = time.time()      # the cell's start, for the snapshot's ``cell``
+        cell, ended = self._cells.pre(info)
+        for span in ended:      # cells whose "post" never came: their end is unknown
+            _end_span(span, span[0])
+        if cell.outer:      # a cell run from inside a cell is part of the outer one
+            cell.payload = span = [time.time(), None]
+            self.cells.append(span)
+        self.cells_version += 1
         for pre, _ in list(self._cell_hooks):
             _guarded(pre, info)
 
@@ -212,13 +224,19 @@ class Session:
 
     def _after_cell(self, result: Any) -> None:
         try:
-            started, _ = self._cells.post(result)
+            span, ended = self._cells.post(result)
+            now = time.time()
+            for other in ended:
+                _end_span(other, other[0])
+            if span is not None:
+                _end_span(span, now)
+            self.cells_version += 1
             if self._cells.running():
                 return      # an inner cell's end: the outer cell's end brings the refresh
             self._generation += 1
             count = getattr(result, "execution_count", None)
-            self._last_cell = None if started is None else {
-                "start": started, "end": time.time(),
+            self._last_cell = None if span is None else {
+                "start": span[0], "end": now,
                 "execution_count": count if type(count) is int else None}
             if not self._views:
                 return
@@ -394,6 +412,11 @@ class Session:
             self._cluster_threads.clear()
         self._cell_hooks.clear()
         _monitor.unhook_cells(self.shell, self._pre_run_cell, self._post_run_cell)
+
+
+def _end_span(span: list, end: float) -> None:
+    if span[1] is None:
+        span[1] = end
 
 
 def _guarded(fn: Callable, arg: Any) -> None:

@@ -23,11 +23,23 @@ from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
 from jupyter_gpumem.views import panel as panel_mod  # noqa: E402
 from jupyter_gpumem.views import panel_render  # noqa: E402
+from jupyter_gpumem.session import session_of  # noqa: E402
 
 MiB = 1 << 20
 
 
 SAMPLING = ("jupyter_gpumem-sampler", "jupyter_gpumem-panel")   # the session's, a panel's own
+
+
+def _hooked(shell, owner) -> bool:
+    """Whether a cell event of ``shell`` calls a method of ``owner`` (directly or through
+    the session)."""
+    session = session_of(shell)
+    hooks = [fn for name in ("pre_run_cell", "post_run_cell")
+             for fn in shell.events.callbacks[name]]
+    if session is not None:
+        hooks += [fn for pair in session._cell_hooks for fn in pair]
+    return any(getattr(fn, "__self__", None) is owner for fn in hooks)
 
 
 def _panel_threads() -> list[threading.Thread]:
@@ -371,18 +383,19 @@ def test_cell_marks_pair_nested_and_unpaired_cell_events(shell):
     from IPython.core.async_helpers import _pseudo_sync_runner
 
     panel = open_panel(shell)
-    count, refreshes = len(panel._cells), panel.refreshes
+    count, refreshes = len(panel.cell_spans()), panel.refreshes
     run(shell, "get_ipython().run_cell('')\n"          # IPython fires only "post" for it
                "get_ipython().run_cell('inner = 1')\n"  # a cell inside the cell
                "time.sleep(0.1)")
-    assert len(panel._cells) == count + 1           # one mark: the outer cell
-    start, end = panel._cells[-1]
+    assert len(panel.cell_spans()) == count + 1           # one mark: the outer cell
+    start, end = panel.cell_spans()[-1]
     assert end is not None and end - start >= 0.1  # it ends with the outer cell
     assert panel.refreshes == refreshes + 1         # holders once, after the outer cell
     _pseudo_sync_runner(shell.run_cell_async("x = 1", transformed_cell="x = 1"))  # "pre" only
     run(shell, "y = 2")
-    assert len(panel._cells) == count + 3
-    assert all(end is not None for _, end in panel._cells)   # no mark stays open
+    assert len(panel.cell_spans()) == count + 3
+    assert all(end is not None for _, end in panel.cell_spans())   # no mark stays open
+    assert not _hooked(shell, panel)    # the marks are the session's: the panel hooks nothing
 
 
 def test_a_device_thread_that_stops_says_so_in_the_panel(shell, monkeypatch):
@@ -408,19 +421,20 @@ def test_timeline_adds_cells_from_gpuwatch_history_when_there_is_one(shell, monk
     # the shell is shared: cells watched by earlier tests would be merged when the panel
     # opens, and the panel reads only history newer than what it merged
     panel_mod.history_for(shell).clear()
+    session_of(shell).cells.clear()
     panel = open_panel(shell)
     now = time.time()
     monkeypatch.setattr(panel_mod, "history_for", lambda sh: [
         types.SimpleNamespace(start=now - 500, end=now - 499),  # before the panel existed
         {"start": now - 5, "end": now - 4}])
     run(shell, "pass")
-    starts = [c[0] for c in panel._cells]
+    starts = [c[0] for c in panel.cell_spans()]
     assert starts[:2] == [now - 500, now - 5] and len(starts) >= 3  # ours: the last cell too
-    assert starts == sorted(starts) and panel._cells[-1][1] is not None
-    count = len(panel._cells)
+    assert starts == sorted(starts) and panel.cell_spans()[-1][1] is not None
+    count = len(panel.cell_spans())
     monkeypatch.setattr(panel_mod, "history_for", lambda sh: [])
-    run(shell, "pass")  # without that history the panel keeps its own marks
-    assert len(panel._cells) == count + 1 and panel._cells[-1][0] > now
+    run(shell, "pass")  # without that history the panel keeps the session's marks
+    assert len(panel.cell_spans()) == count + 1 and panel.cell_spans()[-1][0] > now
 
 
 # -- lifetime ------------------------------------------------------------------------------------------
@@ -443,7 +457,7 @@ def test_closing_the_widget_stops_its_thread_and_hooks(shell):
     panel.widget.close()
     assert panel.closed and not thread.is_alive()
     assert panel_mod.current(shell) is None
-    assert panel._post_run_cell not in shell.events.callbacks["post_run_cell"]
+    assert not _hooked(shell, panel) and panel not in session_of(shell)._views
     assert panel.widget.comm is None and panel.bars.comm is None  # the models are closed
     refreshes = panel.refreshes
     run(shell, "after = torch.zeros(10)")
@@ -467,7 +481,7 @@ def test_unloading_the_extension_stops_the_thread(shell):
     assert _panel_threads()
     run(shell, "%unload_ext jupyter_gpumem")
     assert panel.closed and not panel.sampler.is_alive() and not _panel_threads()
-    assert panel._pre_run_cell not in shell.events.callbacks["pre_run_cell"]
+    assert not _hooked(shell, panel)
     run(shell, "%load_ext jupyter_gpumem")  # the fixture unloads again
 
 

@@ -4,15 +4,16 @@ Device bars and a timeline move about once a second from the shell's
 sampling thread (the panel subscribes to its session's
 :class:`~jupyter_gpumem.core.monitor.SharedSampler`), which only reads device
 counters and sets widget values. The holders table is rebuilt on the main
-thread after each cell (IPython's ``post_run_cell`` event), the only place
-the user's namespace is read. Everything shown is drawn from the JSON of
+thread after each cell, from the snapshot its session builds once the cell's
+reply has gone, the only place the user's namespace is read; the timeline's
+cell marks are the session's record of the cells, so the panel itself adds
+nothing to a cell's run. Everything shown is drawn from the JSON of
 docs/PROTOCOL.md, the schema the sidebar and ``-o`` use too. One panel per
 shell: showing it again shows the running one. ipywidgets is imported only
 when a panel is made; without it the command prints the text report.
 """
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 import weakref
@@ -22,8 +23,8 @@ from typing import Any
 from ..core import devices as _devices
 from ..core import purge as _purge
 from ..core import snapshot as _snapshot
-from ..core.monitor import CellEvents, SharedSampler, Subscription, Series, device_point
-from ..session import hook_cells, session_of, unhook_cells
+from ..core.monitor import SharedSampler, Subscription, Series, device_point
+from ..session import session_of
 from ..watch.scope import history_for
 from ..units import one_line
 from . import panel_render as _render
@@ -118,15 +119,15 @@ class Panel:
         self.stats = {"ticks": 0, "tick_cpu_seconds": 0.0, "scans": 0, "scan_seconds": 0.0}
         self._lock = threading.RLock()
         self._attributed: dict[str, int] = {}
-        self._cells: deque = deque(maxlen=500)
-        self._cell_events = CellEvents(shell)
+        #: spans from the watch's history that none of the session's cells covers (a
+        #: ``with jupyter_gpumem.watch()`` block, cells from before the session)
+        self._extra: deque = deque(maxlen=500)
         self._checked: set[str] = set()
         self._row_names: list[str | None] = []
         self._rows: list[tuple[Any, Any]] = []
         self._syncing = False
         self._pending: list[str] | None = None
         self._thread_error: str | None = None
-        self._cells_version = 0
         self._watched_until = float("-inf")   # start of the newest watched span merged in
         self._drawn: tuple | None = None  # (time, point, cells version) of the last timeline
         self._build_widgets()
@@ -223,8 +224,7 @@ class Panel:
 
     # -- lifetime --------------------------------------------------------------------------
     def start(self) -> None:
-        """Hook the cell events, scan once, and start the device thread."""
-        hook_cells(self.shell, self._pre_run_cell, self._post_run_cell)
+        """Join the session's views, scan once, and start the device thread."""
         if self.session is not None:
             self.session.add_view(self)
         self.refresh()
@@ -285,7 +285,6 @@ class Panel:
             self._own_sampler.close()
         if self.session is not None:
             self.session.remove_view(self)
-        unhook_cells(self.shell, self._pre_run_cell, self._post_run_cell)
         if self.session is not None and self.session.panel is self:
             self.session.panel = None
         _close_tree(self.widget)
@@ -314,9 +313,8 @@ class Panel:
             self.series.append(t, device_point(usages))
             devices = [d.to_json() for d in usages]
             point = device_point(usages)
+            cells, version = self._spans()
             with self._lock:
-                cells = [tuple(c) for c in self._cells]
-                version = self._cells_version
                 attributed = dict(self._attributed)
             bars = _render.bars_html(devices, attributed)
             timeline = None
@@ -358,51 +356,35 @@ class Panel:
                     return True
         return False
 
-    # -- main thread: cell events, holders, purge --------------------------------------------
-    def _pre_run_cell(self, info: Any = None) -> None:
-        cell, ended = self._cell_events.pre(info)
-        now = time.time()
-        with self._lock:
-            for start in ended:     # cells whose "post" never came: their end is unknown
-                self._end_cell(start, start)
-            if cell.outer:      # a cell run from inside a cell is part of the outer one
-                cell.payload = now
-                self._cells.append([now, None])
-            self._cells_version += 1
+    # -- main thread: cell marks, holders, purge ------------------------------------------
+    def cell_spans(self) -> list[tuple[float, float | None]]:
+        """The cells the timeline marks, ``(start, end)`` in unix seconds (end None while
+        the cell runs), oldest first: the session's cells and the watched spans none of
+        them covers."""
+        return self._spans()[0]
 
-    def _end_cell(self, start: float, end: float) -> None:
-        for span in reversed(self._cells):
-            if span[0] == start:
-                if span[1] is None:
-                    span[1] = end
-                return
+    def _spans(self) -> tuple[list[tuple], tuple]:
+        """(the cell spans, a version that moves whenever one of them does); any thread."""
+        session = self.session
+        own = [tuple(c) for c in session.cells] if session is not None else []
+        extra = list(self._extra)
+        version = (session.cells_version if session is not None else 0, len(extra),
+                   self._watched_until)
+        if extra:
+            own = sorted(own + extra, key=lambda c: c[0])
+        return own, version
 
-    def _post_run_cell(self, result: Any = None) -> None:
-        if self.closed:
-            return
-        start, ended = self._cell_events.post(result)
-        now = time.time()
-        with self._lock:
-            for other in ended:
-                self._end_cell(other, other)
-            if start is not None:
-                self._end_cell(start, now)
-            self._cells_version += 1
-        if start is None and self._cell_events.running():
-            return      # an inner cell's event: the holders wait for the outer cell's end
+    def _merge_watched(self) -> None:
+        """Add the watch's history newer than what was merged before (main thread)."""
         watched = _watch_cells(self.shell, after=self._watched_until)
-        if watched:
-            self._watched_until = max(start for start, _ in watched)
+        if not watched:
+            return
+        self._watched_until = max(start for start, _ in watched)
+        own = [list(c) for c in self.session.cells] if self.session is not None else []
+        added = _uncovered(own + list(self._extra), watched)
+        if added:
             with self._lock:
-                merged = _merge_cells(list(self._cells), watched)
-                if merged is not None:
-                    self._cells = deque(merged, maxlen=500)
-        if self.session is not None:
-            return      # the session refreshes every view after the cell's reply
-        try:
-            self.refresh()
-        except Exception as exc:  # noqa: BLE001 - never raise into the user's cell
-            self._say(f"refresh failed: {type(exc).__name__}: {exc}", error=True)
+                self._extra.extend(added)
 
     def refresh(self) -> None:
         """Scan the holders now (main thread only) and redraw table and bars; with a
@@ -433,6 +415,7 @@ class Panel:
     def apply_snapshot(self, data: dict) -> None:
         """Show a PROTOCOL snapshot: holders table, bars, notes; with a ``cluster`` part,
         the workers' device bars under the local ones and the cluster's holders."""
+        self._merge_watched()
         holders = data.get("holders") or []
         while len(self._rows) < len(holders):
             self._new_row()
@@ -571,22 +554,16 @@ def _field(entry: Any, names: tuple[str, ...]) -> float | None:
     return None
 
 
-def _merge_cells(own, watched: list[list]) -> list[list] | None:
-    """The panel's own cell spans (in order) plus watched spans that none of them
-    covers (``with jupyter_gpumem.watch():`` blocks, cells from before the panel), in
-    order; None when every watched span is covered (the footer's cells: the panel saw
-    them). After a cell only its own span is new: it is checked against the last few."""
-    recent = list(itertools.islice(reversed(own), 8))
-    if recent and all(start >= recent[-1][0] for start, _ in watched):
-        near = recent
-    else:
-        near = list(own)
-    added = [[start, end] for start, end in watched
-             if not any(s - 0.5 <= start <= (e if e is not None else start) + 0.5
-                        for s, e in near)]
-    if not added:
-        return None
-    return sorted([list(c) for c in own] + added, key=lambda c: c[0])
+def _uncovered(own: list[list], watched: list[list]) -> list[list]:
+    """The watched spans that none of ``own`` covers, give or take half a second (a
+    ``with jupyter_gpumem.watch():`` block, a cell from before the session); the spans a
+    cell adds are new ones: checked against the last few of ``own``."""
+    own = sorted(own, key=lambda c: c[0])
+    recent = own[-8:]
+    near = recent if recent and all(start >= recent[0][0] for start, _ in watched) else own
+    return [[start, end] for start, end in watched
+            if not any(s - 0.5 <= start <= (e if e is not None else start) + 0.5
+                       for s, e in near)]
 
 
 def _watch_cells(shell: Any, after: float = float("-inf")) -> list[list] | None:

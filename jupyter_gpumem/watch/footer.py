@@ -260,6 +260,7 @@ class _Footer:
 
     def pre(self, info=None) -> None:
         t = time.perf_counter()
+        send_pending()      # the last cell's footer, if no flush has sent it yet
         try:
             cell, ended = self.cells.pre(info)
         except Exception as exc:  # noqa: BLE001 - never in the user's way
@@ -333,6 +334,7 @@ class _Footer:
         self.state.costs.append(self._pre_cost + time.perf_counter() - t)
 
     def abandon(self) -> None:
+        send_pending()
         self._unobserve()
         for payload in self.cells.clear():
             payload.abandon()
@@ -410,13 +412,17 @@ def _seed(state: _State, magics) -> None:
 
 def _emit(text: str, wrote: bool) -> None:
     """Write the footer to ``sys.stdout``. In a kernel it goes out as a stream message of
-    its own, built and sent on the kernel's I/O thread as the stream's own text is (after
-    the cell's text, when the cell wrote some: that is sent first, as a ``display()``
-    does), in one step handed to that thread: written to the stream, it would wake that
-    thread once more and have it build the message while the cell's reply waits."""
+    its own, built and sent on the kernel's I/O thread as the stream's own text is, and
+    handed to that thread once the kernel has flushed the cell's text (``sys.stderr``'s
+    next flush, which the kernel makes before the cell's reply): so it comes after the
+    cell's text on both streams and before the kernel says it is idle, and the kernel's
+    main thread, which waits for its flushes, does not wait for the footer's message
+    too. Written to the stream instead, it would wake that thread once more and have it
+    build the message while the cell's reply waits."""
     out = sys.stdout
     if out is None:
         return
+    send_pending()      # a footer still waiting (its flush never came) goes first
     kernel_io = sys.modules.get("ipykernel.iostream")
     stream_type = getattr(kernel_io, "OutStream", None)
     try:
@@ -434,10 +440,6 @@ def _emit(text: str, wrote: bool) -> None:
     if not direct:
         out.write(text)   # one write, not print's two (text, then end)
         return
-    if wrote:
-        for stream in (out, sys.stderr):
-            if stream is not None:
-                stream.flush()
     content = {"name": "stdout", "text": text}
 
     def send() -> None:   # on the I/O thread, the socket's own
@@ -447,10 +449,52 @@ def _emit(text: str, wrote: bool) -> None:
             print(f"jupyter_gpumem: the footer could not be sent: {type(exc).__name__}: {exc}",
                   file=sys.__stderr__)
 
-    try:
-        thread.schedule(send)
-    except Exception:  # noqa: BLE001 - the stream's own way, then
-        out.write(text)
+    def hand_over() -> None:
+        try:
+            thread.schedule(send)
+        except Exception:  # noqa: BLE001 - the stream's own way, then
+            out.write(text)
+
+    errors = sys.stderr
+    if isinstance(errors, stream_type) and _after_next_flush(errors, hand_over):
+        return
+    if wrote:
+        for stream in (out, errors):
+            if stream is not None:
+                stream.flush()
+    hand_over()
+
+
+#: the footer waiting for the kernel's flush of ``sys.stderr``: [the stream's patch, send]
+_PENDING: list = []
+
+
+def _after_next_flush(stream: Any, then) -> bool:
+    """Call ``then()`` right after the next ``stream.flush()`` (once; the stream's own
+    ``flush`` is back as soon as it is called); False where the stream takes no patch."""
+    def make(original):
+        def flush(*args, **kwargs):
+            try:
+                return original(*args, **kwargs)
+            finally:
+                send_pending()
+        return flush
+
+    patch = _patch(stream, "flush", make)
+    if patch is None:
+        return False
+    _PENDING[:] = [patch, then]
+    return True
+
+
+def send_pending() -> None:
+    """Hand over a footer that waits for a flush now (it is due, or the footer stops)."""
+    if not _PENDING:
+        return
+    patch, then = _PENDING
+    _PENDING.clear()
+    _unpatch(patch)
+    then()
 
 
 def _traced_lines(count: int | None) -> str | None:
