@@ -465,25 +465,30 @@ def _emit(text: str, wrote: bool) -> None:
     hand_over()
 
 
-#: the footer waiting for the kernel's flush of ``sys.stderr``: [the stream's patch, send]
+#: the footer waiting for the kernel's flush of ``sys.stderr``: [the stream, its
+#: ``flush`` of ours, what hands the footer over]
 _PENDING: list = []
 
 
 def _after_next_flush(stream: Any, then) -> bool:
-    """Call ``then()`` right after the next ``stream.flush()`` (once; the stream's own
-    ``flush`` is back as soon as it is called); False where the stream takes no patch."""
-    def make(original):
+    """Call ``then()`` right after the next ``stream.flush()`` (once: the stream's own
+    ``flush`` is back as soon as it is called); False where the stream takes no
+    attribute or someone else's ``flush`` is set on it (nothing is stacked on theirs)."""
+    try:
+        if "flush" in vars(stream):
+            return False
+        original = stream.flush
+
         def flush(*args, **kwargs):
             try:
                 return original(*args, **kwargs)
             finally:
                 send_pending()
-        return flush
 
-    patch = _patch(stream, "flush", make)
-    if patch is None:
+        stream.flush = flush
+    except Exception:  # noqa: BLE001 - a stream without an instance dict
         return False
-    _PENDING[:] = [patch, then]
+    _PENDING[:] = [stream, flush, then]
     return True
 
 
@@ -491,9 +496,13 @@ def send_pending() -> None:
     """Hand over a footer that waits for a flush now (it is due, or the footer stops)."""
     if not _PENDING:
         return
-    patch, then = _PENDING
+    stream, flush, then = _PENDING
     _PENDING.clear()
-    _unpatch(patch)
+    try:
+        if vars(stream).get("flush") is flush:
+            del stream.flush
+    except Exception:  # noqa: BLE001
+        pass
     then()
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..core import hidden as _hidden
 from ..core import scan as _scan
@@ -130,6 +130,11 @@ def _signature(obj: Any, typed: list[tuple[Any, tuple]]) -> Any:
     return (tid,)
 
 
+def _ids(extra_stop: Any) -> set[int] | None:
+    """:meth:`HolderTracker.update`'s ``extra_stop`` as ids (a function is called now)."""
+    return extra_stop() if callable(extra_stop) else extra_stop
+
+
 class HolderTracker:
     """Per-root storages, kept up to date cheaply; see the module docstring."""
 
@@ -138,6 +143,9 @@ class HolderTracker:
         self._keys: dict[tuple, list] = {}      # key -> [roots holding it, nbytes, device]
         self.totals: dict[str, int] = {}        # bytes per device reached by any root
         self.seeded = False
+        #: moves whenever :attr:`roots` does (a root replaced, gone or rescanned in full):
+        #: while it stands, a diff against an earlier copy of the roots finds nothing
+        self.version = 0
         self.full_cost: float | None = None
         self.marks: dict[str, int] = {}
 
@@ -184,13 +192,16 @@ class HolderTracker:
     def update(self, roots: list[Root], *, shell: Any = None, namespace: dict | None = None,
                marks: dict[str, int] | None = None, force_full: bool = False,
                full_budget: float | None = None, time_limit: float = 3.0,
-               extra_stop: set[int] | None = None) -> Update:
+               extra_stop: "set[int] | Callable[[], set[int]] | None" = None) -> Update:
         """Bring the tracker up to date with ``roots``; return what changed since last time.
 
         ``marks`` are per-device measures that move with memory (allocator
         ``allocated`` for accelerators, resident set for ``cpu``); a move the
-        rescanned roots do not explain prompts a full scan.
+        rescanned roots do not explain prompts a full scan. ``extra_stop``: ids the
+        walk never enters, or a function that gives them (called only if a root is
+        walked, which most cells need not).
         """
+
         start = time.perf_counter()
         typed = _typed(active_backends())
         count0 = len(self.roots)
@@ -210,9 +221,10 @@ class HolderTracker:
             gone = [n for n in self.roots if n not in fingerprints]
             for n in gone:
                 self._remove(self.roots.pop(n).keys)
+                self.version += 1
             if changed:
                 result = _scan.scan(changed, devices=None, shell=shell, namespace=namespace,
-                                    time_limit=time_limit, extra_stop=extra_stop)
+                                    time_limit=time_limit, extra_stop=_ids(extra_stop))
                 partial = result.partial
                 scanned = len(changed)
                 for root, reach in zip(changed, result.reach):
@@ -250,7 +262,7 @@ class HolderTracker:
               extra_stop) -> tuple[int, bool]:
         t0 = time.perf_counter()
         result = _scan.scan(roots, devices=None, shell=shell, namespace=namespace,
-                            time_limit=time_limit, extra_stop=extra_stop)
+                            time_limit=time_limit, extra_stop=_ids(extra_stop))
         new: dict[str, RootInfo] = {}
         for root, reach in zip(roots, result.reach):
             old = self.roots.get(root.name)
@@ -261,6 +273,7 @@ class HolderTracker:
         self.roots = {}
         self._keys = {}
         self.totals = {}
+        self.version += 1
         for info in new.values():
             self.roots[info.name] = info
             self._add(info.keys)
@@ -269,6 +282,7 @@ class HolderTracker:
         return len(roots), result.partial
 
     def _replace(self, info: RootInfo) -> None:
+        self.version += 1
         old = self.roots.get(info.name)
         if old is not None:
             self._remove(old.keys)

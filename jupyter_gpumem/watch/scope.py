@@ -454,7 +454,8 @@ class Watch:
         roots = self._roots(error)
         upd = state.tracker.update(roots, shell=self.shell, namespace=self._ns(),
                                    marks=_marks(usages), time_limit=self.time_limit,
-                                   extra_stop=state.internal_ids() | {id(self)}, **kwargs)
+                                   extra_stop=lambda: state.internal_ids() | {id(self)},
+                                   **kwargs)
         # a watch of a function's locals, or one that ended in an error (its frames are
         # dropped after), leaves nothing a next watch may start from as it is
         state.fresh = self._frame is None and error is None
@@ -484,6 +485,7 @@ class Watch:
                 self._messages.append("holders: partial scan before the code ran")
         self._tracked0 = dict(self._state.tracker.totals)
         self._roots0 = dict(self._state.tracker.roots)   # RootInfos are replaced, never changed
+        self._version0 = self._state.tracker.version
         self._usages0 = usages
         self._scope: PeakScope = LEDGER.open(self._ids0, readings)
         try:
@@ -534,7 +536,10 @@ class Watch:
                            full_budget=self.exact_budget * wall)
         self._frame = None
         self._extra_roots = []
-        changes = self._changes(self._state.tracker.diff(self._roots0), ids)
+        tracker = self._state.tracker
+        # no root replaced since the start (most cells): nothing to diff
+        changes = (self._changes(tracker.diff(self._roots0), ids)
+                   if tracker.version != self._version0 else [])
         self._roots0 = {}
         result = WatchResult(
             label=self.label or self.source, source=self.source, execution_count=execution_count,
