@@ -14,6 +14,7 @@ when a panel is made; without it the command prints the text report.
 """
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 import weakref
@@ -556,14 +557,23 @@ def _field(entry: Any, names: tuple[str, ...]) -> float | None:
 
 def _uncovered(own: list[list], watched: list[list]) -> list[list]:
     """The watched spans that none of ``own`` covers, give or take half a second (a
-    ``with jupyter_gpumem.watch():`` block, a cell from before the session); the spans a
-    cell adds are new ones: checked against the last few of ``own``."""
+    ``with jupyter_gpumem.watch():`` block, a cell from before the session). Each watched
+    span is checked against the few spans of ``own`` that start just before it (cells
+    follow one another), found by bisection: a run of cells costs no more than a cell."""
     own = sorted(own, key=lambda c: c[0])
-    recent = own[-8:]
-    near = recent if recent and all(start >= recent[0][0] for start, _ in watched) else own
-    return [[start, end] for start, end in watched
-            if not any(s - 0.5 <= start <= (e if e is not None else start) + 0.5
-                       for s, e in near)]
+    starts = [c[0] for c in own]
+    added = []
+    for start, end in watched:
+        i = bisect.bisect_right(starts, start + 0.5)
+        if not any(s - 0.5 <= start <= (e if e is not None else s) + 0.5
+                   for s, e in own[max(i - _NEAR, 0):i]):
+            added.append([start, end])
+    return added
+
+
+#: how many spans starting before a watched span may cover it (spans of nested
+#: ``watch()`` blocks and cells from before the session may overlap a few)
+_NEAR = 4
 
 
 def _watch_cells(shell: Any, after: float = float("-inf")) -> list[list] | None:

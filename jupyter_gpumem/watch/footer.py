@@ -465,8 +465,8 @@ def _emit(text: str, wrote: bool) -> None:
     hand_over()
 
 
-#: the footer waiting for the kernel's flush of ``sys.stderr``: [the stream, its
-#: ``flush`` of ours, what hands the footer over]
+#: the footer waiting for the kernel's flush of ``sys.stderr``: at most one
+#: (the stream, its ``flush`` of ours, what hands the footer over)
 _PENDING: list = []
 
 
@@ -488,16 +488,17 @@ def _after_next_flush(stream: Any, then) -> bool:
         stream.flush = flush
     except Exception:  # noqa: BLE001 - a stream without an instance dict
         return False
-    _PENDING[:] = [stream, flush, then]
+    _PENDING.append((stream, flush, then))
     return True
 
 
 def send_pending() -> None:
-    """Hand over a footer that waits for a flush now (it is due, or the footer stops)."""
-    if not _PENDING:
+    """Hand over a footer that waits for a flush now (it is due, or the footer stops);
+    any thread (a thread of the user's may flush the stream first): one of them takes it."""
+    try:
+        stream, flush, then = _PENDING.pop()
+    except IndexError:
         return
-    stream, flush, then = _PENDING
-    _PENDING.clear()
     try:
         if vars(stream).get("flush") is flush:
             del stream.flush
