@@ -98,8 +98,11 @@ def _find_underscore(shell: Any, add: Add) -> None:
     ns, hidden_ns = shell.user_ns, getattr(shell, "user_ns_hidden", {})
     hook = getattr(shell, "displayhook", None)
     for name in _UNDERSCORES:
-        for value in (ns.get(name), hidden_ns.get(name), getattr(hook, name, None)):
-            add(name, value, name)
+        first = ns.get(name)
+        add(name, first, name)
+        for value in (hidden_ns.get(name), getattr(hook, name, None)):
+            if value is not first:      # most often the same object: added once is enough
+                add(name, value, name)
 
 
 def _clear_underscore(name: str, obj: Any, shell: Any) -> bool:
