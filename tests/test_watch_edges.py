@@ -354,6 +354,17 @@ def test_in_a_real_kernel_await_footer_and_newlines(monkeypatch):
         seen = k.messages("y = 1")
         assert [(kind, text.split(" ")[0]) for kind, _, text in seen] == [
             ("stream", "+0"), ("idle", "")], seen
+        # the footer waits for the kernel's own flush of stderr (after the cell's hooks,
+        # before its reply), so the main thread does not wait for it at that flush: a hook
+        # after the footer's finds it waiting; it is out before the kernel is idle, and the
+        # stream's own flush is back
+        assert k.execute("pending = []\nget_ipython().events.register('post_run_cell', "
+                         "lambda r: pending.append('flush' in vars(sys.stderr)))")[1] == []
+        seen = k.messages("z = 1")
+        assert [(kind, text.split(" ")[0]) for kind, _, text in seen] == [
+            ("stream", "+0"), ("idle", "")], seen
+        out, errors = k.execute("print(pending[-1], 'flush' in vars(sys.stderr))")
+        assert (out.split()[:2], errors) == (["True", "False"], []), out
         out, errors = k.execute("code = 'inner = torch.ones(1000)'\n"
                                 "await get_ipython().run_cell_async(code, transformed_cell=code)")
         assert errors == [] and "new: inner" in out, out
