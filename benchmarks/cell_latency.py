@@ -18,7 +18,13 @@ and the ratios, then what the views' refreshes after the cells cost (they run
 after each cell's reply, off its path: ``Session.stats``). Round trips alternate
 between the two kernels, so load on the machine falls on both alike.
 
+``--against DIR`` adds a third kernel with the same views from another checkout of
+the project (``git worktree add DIR <commit>``; build its C core or copy this one's),
+run in the same rounds: its run-all ratios, and this checkout's against it round by
+round, measure a change side by side.
+
     python benchmarks/cell_latency.py [--records 1000000] [--repeat 30] [--pause 0.5]
+                                      [--against DIR]
 """
 from __future__ import annotations
 
@@ -48,10 +54,10 @@ VIEWS = """
 
 
 class Kernel:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, root: Path = ROOT) -> None:
         self.name = name
         self.km = jupyter_client.KernelManager(kernel_name="python3")
-        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.km.start_kernel(env=env)
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -138,13 +144,19 @@ def main() -> None:
     ap.add_argument("--run-all-pause", type=float, default=0.3,
                     help="seconds between two run-all measurements (the views' refresh "
                          "after a run, about 0.1 s with 1M records, fits in it)")
+    ap.add_argument("--against", type=Path, default=None,
+                    help="another checkout of the project: a third kernel with the same "
+                         "views on its code, in the same run-all rounds")
     args = ap.parse_args()
     plain, views = Kernel("plain"), Kernel("views")
+    other = Kernel("against", args.against.resolve()) if args.against else None
+    kernels = [plain, views] + ([other] if other else [])
     try:
-        for k in (plain, views):
+        for k in kernels:
             k.run(SETUP.format(n=args.records))
-        views.run(VIEWS)
-        views.open_sidebar()
+        for k in kernels[1:]:
+            k.run(VIEWS)
+            k.open_sidebar()
         time.sleep(max(args.pause, 1.0))
         for k in (plain, views):      # warm up
             k.run("x = 1")
@@ -154,10 +166,10 @@ def main() -> None:
             for k in (plain, views):
                 trips[k.name].append(k.run("x = 1"))
                 time.sleep(args.pause)
-        runs: dict[str, list[float]] = {"plain": [], "views": []}
-        cpu: dict[str, list[float]] = {"plain": [0.0, 0.0], "views": [0.0, 0.0]}
-        for i in range(args.run_all_rounds):   # alternating, the order turning each round
-            for k in ((plain, views) if i % 2 == 0 else (views, plain)):
+        runs: dict[str, list[float]] = {k.name: [] for k in kernels}
+        cpu: dict[str, list[float]] = {k.name: [0.0, 0.0] for k in kernels}
+        for i in range(args.run_all_rounds):   # the order turning each round
+            for k in kernels[i % len(kernels):] + kernels[:i % len(kernels)]:
                 time.sleep(args.run_all_pause)
                 before = k.cpu_seconds()
                 runs[k.name].append(k.back_to_back("x = 1", args.run_all))
@@ -171,8 +183,8 @@ def main() -> None:
         paired = [v / p for v, p in zip(runs["views"], runs["plain"])]
         refresh = views.stats()
     finally:
-        plain.stop()
-        views.stop()
+        for k in kernels:
+            k.stop()
     med = {name: statistics.median(v) * 1e3 for name, v in trips.items()}
     print(f"records held: {args.records:,} · pause between cells {args.pause:g} s · "
           f"{args.repeat} round trips each, alternating")
@@ -185,6 +197,12 @@ def main() -> None:
           f"ratio {ratio:.2f}x; median of the rounds' own ratios "
           f"{statistics.median(paired):.2f}x (quartiles {_quartiles(paired)}) "
           f"(target at most 1.2x)")
+    if other is not None:
+        theirs = [a / p for a, p in zip(runs["against"], runs["plain"])]
+        ours = [v / a for v, a in zip(runs["views"], runs["against"])]
+        print(f"the same views from {args.against}: run-all {statistics.median(runs['against']) * 1e3:.0f} ms, "
+              f"median of the rounds' own ratios {statistics.median(theirs):.2f}x against the plain "
+              f"kernel; this checkout against it, round by round: {statistics.median(ours):.3f}x")
     cells = args.run_all * args.run_all_rounds
     if cpu["plain"][1]:
         main, whole = ({n: v[j] / cells * 1e3 for n, v in cpu.items()} for j in (0, 1))
