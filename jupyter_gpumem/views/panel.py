@@ -21,9 +21,7 @@ import weakref
 from collections import deque
 from typing import Any
 
-from ..core import devices as _devices
 from ..core import purge as _purge
-from ..core import snapshot as _snapshot
 from ..core.monitor import SharedSampler, Subscription, Series, device_point
 from ..session import session_of
 from ..watch.scope import history_for
@@ -92,7 +90,10 @@ def _panel_box(w) -> type:
 
 
 class Panel:
-    """The live panel of one shell: widgets, sampling thread and event hooks.
+    """The live panel of one shell: widgets and a subscription to the session's
+    sampling thread. ``session`` is the shell's :class:`~jupyter_gpumem.session.Session`:
+    it refreshes the holders after each cell, keeps the cells the timeline marks and
+    owns the sampling thread.
 
     ``widget`` is the box to display. ``series`` holds the readings of the
     device bars (``(time, {device: {field: bytes}})``), ``snapshot`` the last
@@ -100,7 +101,10 @@ class Panel:
     """
 
     def __init__(self, shell: Any, device: str = "auto", *, interval: float = INTERVAL,
-                 window: float = WINDOW, time_limit: float = 3.0, session: Any = None):
+                 window: float = WINDOW, time_limit: float = 3.0, session: Any):
+        if session is None:
+            raise ValueError("the live panel needs its shell's session: "
+                             "`%load_ext jupyter_gpumem` first")
         self.shell = shell
         #: the shell's session: it builds the snapshot after each cell for every view
         self.session = session
@@ -113,7 +117,6 @@ class Panel:
         self.closed = False
         #: its subscription to the session's sampling thread while the panel runs
         self.sampler: Subscription | None = None
-        self._own_sampler: SharedSampler | None = None   # without a session only
         self.refreshes = 0
         #: what the panel itself costs: device readings and their CPU seconds (in
         #: its thread), holders scans and their wall seconds (on the main thread)
@@ -225,21 +228,15 @@ class Panel:
 
     # -- lifetime --------------------------------------------------------------------------
     def start(self) -> None:
-        """Join the session's views, scan once, and start the device thread."""
-        if self.session is not None:
-            self.session.add_view(self)
+        """Join the session's views, scan once, and subscribe to its sampling thread."""
+        self.session.add_view(self)
         self.refresh()
         self._start_sampler()
 
     def _source(self) -> SharedSampler:
         """The sampling thread the panel subscribes to: its session's (shared with the
-        watch and the sidebar), else one of its own."""
-        if self.session is not None:
-            return self.session.sampler
-        if self._own_sampler is None:
-            self._own_sampler = SharedSampler(read=_devices.read_devices,
-                                              name="jupyter_gpumem-panel")
-        return self._own_sampler
+        watch and the sidebar)."""
+        return self.session.sampler
 
     def _start_sampler(self) -> None:
         self.sampler = self._source().subscribe(self._tick, self.interval, name="panel",
@@ -282,11 +279,8 @@ class Panel:
             self.closed = True
         if self.sampler is not None:
             self.sampler.stop()
-        if self._own_sampler is not None:
-            self._own_sampler.close()
-        if self.session is not None:
-            self.session.remove_view(self)
-        if self.session is not None and self.session.panel is self:
+        self.session.remove_view(self)
+        if self.session.panel is self:
             self.session.panel = None
         _close_tree(self.widget)
         for checkbox, html in self._rows:
@@ -366,11 +360,9 @@ class Panel:
 
     def _spans(self) -> tuple[list[tuple], tuple]:
         """(the cell spans, a version that moves whenever one of them does); any thread."""
-        session = self.session
-        own = [tuple(c) for c in session.cells] if session is not None else []
+        own = [tuple(c) for c in self.session.cells]
         extra = list(self._extra)
-        version = (session.cells_version if session is not None else 0, len(extra),
-                   self._watched_until)
+        version = (self.session.cells_version, len(extra), self._watched_until)
         if extra:
             own = sorted(own + extra, key=lambda c: c[0])
         return own, version
@@ -381,24 +373,20 @@ class Panel:
         if not watched:
             return
         self._watched_until = max(start for start, _ in watched)
-        own = [list(c) for c in self.session.cells] if self.session is not None else []
+        own = [list(c) for c in self.session.cells]
         added = _uncovered(own + list(self._extra), watched)
         if added:
             with self._lock:
                 self._extra.extend(added)
 
     def refresh(self) -> None:
-        """Scan the holders now (main thread only) and redraw table and bars; with a
-        session, every other view of the shell (the sidebar) gets the new snapshot too."""
+        """Scan the holders now (main thread only) and redraw table and bars: the session
+        builds the snapshot, and every other view of the shell (the sidebar) gets it too."""
         if self.closed:
             return
         t0 = time.perf_counter()
         try:
-            if self.session is not None:
-                self.session.refresh_now()
-            else:
-                self.apply_snapshot(_snapshot.build(shell=self.shell, device=self.device,
-                                          time_limit=self.time_limit).to_json())
+            self.session.refresh_now()
         except Exception as exc:  # noqa: BLE001
             self._say(f"scan failed: {type(exc).__name__}: {exc}", error=True)
             return

@@ -201,7 +201,6 @@ class HolderTracker:
         walk never enters, or a function that gives them (called only if a root is
         walked, which most cells need not).
         """
-
         start = time.perf_counter()
         typed = _typed(active_backends())
         count0 = len(self.roots)
