@@ -437,6 +437,15 @@ def test_timeline_adds_cells_from_gpuwatch_history_when_there_is_one(shell, monk
     assert len(panel.cell_spans()) == count + 1 and panel.cell_spans()[-1][0] > now
 
 
+def test_watched_spans_are_checked_against_the_cells_just_before_them():
+    own = [[float(t), t + 0.2] for t in range(1000)]          # a thousand cells, in order
+    watched = [[5.1, 5.15], [999.9, 1000.0], [1500.0, 1501.0], [-10.0, -9.0], [300.6, 300.7]]
+    assert panel_mod._uncovered(own[::-1], watched) == [          # any order of ``own``
+        [999.9, 1000.0], [1500.0, 1501.0], [-10.0, -9.0]]     # within half a second: covered
+    assert panel_mod._uncovered([[0.0, 100.0], [100.1, 100.2]], [[50.0, 51.0]]) == []
+    assert panel_mod._uncovered([[0.0, None]], [[0.3, None], [0.6, None]]) == [[0.6, None]]
+
+
 # -- lifetime ------------------------------------------------------------------------------------------
 def test_showing_again_reuses_the_running_panel(shell, capsys):
     panel = open_panel(shell)

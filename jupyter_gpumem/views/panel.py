@@ -543,6 +543,11 @@ def _field(entry: Any, names: tuple[str, ...]) -> float | None:
     return None
 
 
+#: how many spans starting before a watched span may cover it (spans of nested
+#: ``watch()`` blocks and cells from before the session may overlap a few)
+_NEAR = 4
+
+
 def _uncovered(own: list[list], watched: list[list]) -> list[list]:
     """The watched spans that none of ``own`` covers, give or take half a second (a
     ``with jupyter_gpumem.watch():`` block, a cell from before the session). Each watched
@@ -557,11 +562,6 @@ def _uncovered(own: list[list], watched: list[list]) -> list[list]:
                    for s, e in own[max(i - _NEAR, 0):i]):
             added.append([start, end])
     return added
-
-
-#: how many spans starting before a watched span may cover it (spans of nested
-#: ``watch()`` blocks and cells from before the session may overlap a few)
-_NEAR = 4
 
 
 def _watch_cells(shell: Any, after: float = float("-inf")) -> list[list] | None:
