@@ -139,7 +139,7 @@ class Session:
         #: magics give trace.start the session's hooks)
         self._cell_hooks: list[tuple[Callable, Callable]] = []
         self._views: list[View] = []
-        self._cells = CellEvents(shell)
+        self._pairing = CellEvents(shell)
         #: the outer cells' spans ``[start, end]`` (unix s; end None while the cell runs),
         #: oldest first, and a count that moves whenever one begins or ends: the panel's
         #: timeline reads them from its thread (spans are appended and ended here only)
@@ -207,7 +207,7 @@ class Session:
             self._cell_hooks.remove((pre, post))
 
     def _pre_run_cell(self, info: Any = None) -> None:
-        cell, ended = self._cells.pre(info)
+        cell, ended = self._pairing.pre(info)
         for span in ended:      # cells whose "post" never came: their end is unknown
             _end_span(span, span[0])
         if cell.outer:      # a cell run from inside a cell is part of the outer one
@@ -224,14 +224,14 @@ class Session:
 
     def _after_cell(self, result: Any) -> None:
         try:
-            span, ended = self._cells.post(result)
+            span, ended = self._pairing.post(result)
             now = time.time()
             for other in ended:
                 _end_span(other, other[0])
             if span is not None:
                 _end_span(span, now)
             self.cells_version += 1
-            if self._cells.running():
+            if self._pairing.running():
                 return      # an inner cell's end: the outer cell's end brings the refresh
             self._generation += 1
             count = getattr(result, "execution_count", None)
