@@ -158,7 +158,7 @@ def main() -> None:
             k.run(VIEWS)
             k.open_sidebar()
         time.sleep(max(args.pause, 1.0))
-        for k in (plain, views):      # warm up
+        for k in kernels:      # warm up
             k.run("x = 1")
         time.sleep(args.pause)
         trips: dict[str, list[float]] = {"plain": [], "views": []}
