@@ -466,29 +466,25 @@ def _emit(text: str, wrote: bool) -> None:
 
 
 #: the footer waiting for the kernel's flush of ``sys.stderr``: at most one
-#: (the stream, its ``flush`` of ours, what hands the footer over)
+#: (the stream's patch, as :func:`_patch` gives it, and what hands the footer over)
 _PENDING: list = []
 
 
 def _after_next_flush(stream: Any, then) -> bool:
     """Call ``then()`` right after the next ``stream.flush()`` (once: the stream's own
-    ``flush`` is back as soon as it is called); False where the stream takes no
-    attribute or someone else's ``flush`` is set on it (nothing is stacked on theirs)."""
-    try:
-        if "flush" in vars(stream):
-            return False
-        original = stream.flush
-
+    ``flush`` is back as soon as it is called); False where the stream takes no patch."""
+    def make(original):
         def flush(*args, **kwargs):
             try:
                 return original(*args, **kwargs)
             finally:
                 send_pending()
+        return flush
 
-        stream.flush = flush
-    except Exception:  # noqa: BLE001 - a stream without an instance dict
+    patch = _patch(stream, "flush", make)
+    if patch is None:
         return False
-    _PENDING.append((stream, flush, then))
+    _PENDING.append((patch, then))
     return True
 
 
@@ -496,14 +492,10 @@ def send_pending() -> None:
     """Hand over a footer that waits for a flush now (it is due, or the footer stops);
     any thread (a thread of the user's may flush the stream first): one of them takes it."""
     try:
-        stream, flush, then = _PENDING.pop()
+        patch, then = _PENDING.pop()
     except IndexError:
         return
-    try:
-        if vars(stream).get("flush") is flush:
-            del stream.flush
-    except Exception:  # noqa: BLE001
-        pass
+    _unpatch(patch)
     then()
 
 
