@@ -104,6 +104,11 @@ class Kernel:
         return self.evaluate("dict(__import__('jupyter_gpumem.session', fromlist=['_'])"
                              ".session_of(get_ipython()).stats)")
 
+    def open_views(self) -> None:
+        """``VIEWS`` (watch on, the panel) and a sidebar's comm: the views measured."""
+        self.run(VIEWS)
+        self.open_sidebar()
+
     def open_sidebar(self) -> None:
         """Open a comm on the sidebar's target, as the JupyterLab sidebar does."""
         msg = self.kc.session.msg("comm_open", {"comm_id": uuid.uuid4().hex,
@@ -155,8 +160,7 @@ def main() -> None:
         for k in kernels:
             k.run(SETUP.format(n=args.records))
         for k in kernels[1:]:
-            k.run(VIEWS)
-            k.open_sidebar()
+            k.open_views()
         time.sleep(max(args.pause, 1.0))
         for k in kernels:      # warm up
             k.run("x = 1")

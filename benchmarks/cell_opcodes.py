@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cell_latency import SETUP, VIEWS, Kernel  # noqa: E402
+from cell_latency import SETUP, Kernel  # noqa: E402
 
 # the tracer keeps its counts on ``sys``, not in the user's namespace (where the footer would
 # see a name that grows every cell and rescan it)
@@ -64,8 +64,7 @@ def count(name: str, records: int, cells: int) -> list[tuple[str, str, int]]:
     try:
         kernel.run(SETUP.format(n=records))
         if name == "views":
-            kernel.run(VIEWS)
-            kernel.open_sidebar()
+            kernel.open_views()
         time.sleep(1.5)
         for _ in range(5):          # warm up: the caches, the tracker, the first refreshes
             kernel.back_to_back("x = 1", 20)

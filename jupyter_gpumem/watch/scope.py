@@ -40,7 +40,8 @@ s), ``wall`` (s), ``interval`` (s), ``devices`` (per device: ``id``, ``kind``,
 (cpu: the process's exact peak resident set), ``peak_traced`` (cpu, with
 tracemalloc on) and ``traced_before`` (the traced bytes at the start),
 ``process_before/after``, ``process_peak_sampled``, ``process_measure``
-(``"NVML"`` or ``"RSS"``), ``samples``, ``used_all_after``, ``share_after``, ``notes``), ``changes`` (``name``,
+(``"NVML"`` or ``"RSS"``), ``samples``, ``used_all_after``, ``share_after``,
+``notes``), ``changes`` (``name``,
 ``change`` created|grew|shrank|deleted, ``before``, ``after``, ``delta``,
 ``devices``, ``hidden``, ``shared``, ``type``, ``purge``), ``holders_mode``
 (none|incremental|full), ``partial``, ``error`` (``type``, ``message``,
