@@ -20,9 +20,17 @@ torch = pytest.importorskip("torch")
 from conftest import run  # noqa: E402
 from jupyter_gpumem.backends import active_backends  # noqa: E402
 from jupyter_gpumem.core import scan as _scan  # noqa: E402
+from jupyter_gpumem.core import native as native_switch  # noqa: E402
 from jupyter_gpumem.core import scan_reach  # noqa: E402
 
 needs_native = pytest.mark.skipif(scan_reach.NATIVE is None, reason="the C core is not built here")
+
+
+def core_or_skip():
+    """The C core's module as the package loaded it, or a skip where it runs without."""
+    if native_switch.CORE is None:
+        pytest.skip("the C core is not built here, or JUPYTER_GPUMEM_PURE_SCAN=1")
+    return native_switch.CORE
 
 SHAPES = {
     "records": "records = [{'id': i, 'text': str(i), 'tags': [i, i + 1], "
@@ -133,7 +141,7 @@ def test_the_c_filter_of_a_namespace_keeps_what_the_python_filter_keeps_and_asks
     from jupyter_gpumem.core import roots
     from jupyter_gpumem.core.scan_types import ATOMIC
 
-    native = pytest.importorskip("jupyter_gpumem.core._reach")
+    native = core_or_skip()
 
     class Loud(type):
         def __hash__(cls):
@@ -170,7 +178,7 @@ def test_the_c_filter_remembers_ipythons_names_and_answers_as_the_python_filter_
     from jupyter_gpumem.core import roots
     from jupyter_gpumem.core.scan_types import ATOMIC
 
-    native = pytest.importorskip("jupyter_gpumem.core._reach")
+    native = core_or_skip()
     if sys.implementation.name == "cpython" and (3, 11) <= sys.version_info[:2] <= (3, 13):
         assert native.DICT_TABLE == 1, "the table's known layout did not check out at import"
 
@@ -232,7 +240,7 @@ def test_the_c_filter_keeps_its_pairs_whole_when_a_collection_inside_it_changes_
     first allocation), with no object freed under it."""
     import gc
 
-    native = pytest.importorskip("jupyter_gpumem.core._reach")
+    native = core_or_skip()
     from jupyter_gpumem.core.scan_types import ATOMIC
 
     ns = {f"v{i}": [i] for i in range(200)}
@@ -324,7 +332,7 @@ def test_the_c_batch_loop_writes_nothing_for_a_graph_and_passes_errors_on():
     from jupyter_gpumem.backends.pytorch import TorchBackend
     from jupyter_gpumem.core.scan_paths import LazyNode
 
-    native = pytest.importorskip("jupyter_gpumem.core._reach")
+    native = core_or_skip()
     backend = TorchBackend()
     spec = backend.batch_spec()
     plain = [torch.ones(4) for _ in range(10)]

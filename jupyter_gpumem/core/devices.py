@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from ..backends import nvml
 from ..backends import AcceleratorInfo, FrameworkUsage, active_backends
 from ..units import JsonFields
+from . import native
 
 _DEVICE_RE = re.compile(r"^(auto|all|cpu|cuda|gpu|cuda:\d+|mps|mps:\d+)$")
 DEVICE_CHOICES = "auto, all, cpu, cuda or cuda:N"
@@ -148,13 +149,15 @@ def _nvml_index(acc: AcceleratorInfo) -> tuple[int | None, bool]:
     return (visible[ordinal] if ordinal < len(visible) else None), False
 
 
-try:   # the C core (built with the package where a compiler was found): see _reach.c
-    from ._reach import pread_held as _pread, write_held as _write
-except ImportError:
-    _pread = os.pread if hasattr(os, "pread") else None
+def _pread_py(fd: int, size: int) -> bytes:
+    """Up to ``size`` bytes of ``fd`` from its start (the C core's ``pread_held``
+    without the C core: the same bytes, the interpreter lock let go meanwhile)."""
+    return os.pread(fd, size, 0)
 
-    def _write(fd: int, data: bytes) -> int:
-        return os.write(fd, data)
+
+# the C core (built with the package where a compiler was found): see _reach.c
+_pread = native.function("pread_held") or (_pread_py if hasattr(os, "pread") else None)
+_write = native.function("write_held") or os.write
 
 _PROC_FDS: dict[tuple[int, str, int], int] = {}   # (pid, path, flags) -> an open descriptor
 

@@ -12,6 +12,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import native
 from .scan_types import ATOMIC, MODULE_DICT, is_a, is_library_module_name
 
 #: IPython's own bookkeeping in ``user_ns``: not the user's names
@@ -67,10 +68,8 @@ def _items_except_py(namespace: dict, types: frozenset, memo: list | None = None
     return [(k, v) for k, v in list(dict.items(namespace)) if id(type(v)) not in skip]
 
 
-try:   # the C core (see _reach.c): one pass over the table, no Python code run
-    from ._reach import items_except as _items_except
-except ImportError:
-    _items_except = _items_except_py
+# the C core (see _reach.c): one pass over the table, no Python code run
+_items_except = native.function("items_except") or _items_except_py
 
 #: id(namespace) -> the C pass's memo of where in its table it found which names (the
 #: ones left out, the ones kept: ``items_except`` in _reach.c), key strings only

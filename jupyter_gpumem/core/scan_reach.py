@@ -23,7 +23,6 @@ storages (:mod:`jupyter_gpumem.scan_paths`).
 from __future__ import annotations
 
 import gc
-import os
 import sys
 import time
 import types
@@ -34,6 +33,7 @@ from typing import Any
 
 from ..backends import Backend
 from ..backends.base import dict_descriptor
+from . import native
 from .scan_types import (
     ATOMIC, CELL, CLASS, CONTAINER, DICT, DICT_SUB, EXCEPTION, FRAME, FUNCTION, GENERATOR,
     INSTANCE, LRU, METHOD, BUILTIN, MODULE, MODULE_DICT, NDARRAY, PANDAS, PARTIAL, SEQ,
@@ -42,10 +42,7 @@ from .scan_types import (
 )
 from .scan_types import keyable, split_keyable, type_name_of
 
-try:   # the C core (built with the package where a compiler was found)
-    from . import _reach as _native
-except ImportError:
-    _native = None
+_native = native.CORE   # the C core (built with the package where a compiler was found)
 
 CHUNK = 4096            # objects whose referents are read in one call
 BIG = 1 << 15           # an exact dict, list, tuple or set longer than this is read in slices
@@ -95,9 +92,9 @@ def _probe(objs: list) -> list:
 _BASE = _refcount_base()
 
 #: the C walker's type, or None: the walk is then all Python (the same objects, the same
-#: answers). It needs exact reference counts; JUPYTER_GPUMEM_PURE_SCAN=1 turns it off.
-NATIVE = _native.Walker if _native is not None and _BASE is not None \
-    and not os.environ.get("JUPYTER_GPUMEM_PURE_SCAN") else None
+#: answers). It needs exact reference counts; JUPYTER_GPUMEM_PURE_SCAN=1 turns it off
+#: (and every other use of the C core: see :mod:`.native`).
+NATIVE = _native.Walker if _native is not None and _BASE is not None else None
 NATIVE_SLICE = 0.004   # seconds of one C run: the walk can yield (or stop) between two
 #: the C core's loop over many plain tensors (see Backend.batch_spec), or None: the
 #: backend's take_many and the C-level passes of :meth:`Reacher._take_batch`
