@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import shlex
+from typing import Any
 from dataclasses import dataclass, field
 
 from ..core.render import fmt_bytes
@@ -31,6 +32,15 @@ def _delta(a: int | None, b: int | None) -> int | None:
     return None if a is None or b is None else b - a
 
 
+def allocator_measure(usage: Any) -> str:
+    """How a device's allocated figure was measured: the allocators of the frameworks
+    that report it there (``torch allocator``, ``cupy + jax allocators``)."""
+    names = [f.name for f in getattr(usage, "frameworks", None) or () if f.allocated is not None]
+    if not names:
+        return "no framework allocator"
+    return " + ".join(names) + (" allocator" if len(names) == 1 else " allocators")
+
+
 @dataclass
 class DeviceWatch(JsonFields):
     """One device before, during and after the watched code (bytes)."""
@@ -43,7 +53,7 @@ class DeviceWatch(JsonFields):
     total: int | None = None
     allocated_before: int | None = None
     allocated_after: int | None = None
-    allocated_measure: str = "torch allocator"
+    allocated_measure: str = "no framework allocator"
     reserved_before: int | None = None
     reserved_after: int | None = None
     peak_allocated: int | None = None
@@ -292,7 +302,7 @@ def device_lines(d: DeviceWatch, interval: float) -> list[str]:
         facts.append("no allocator peak for tensors on cpu")
     else:
         facts = [f"allocated {signed(d.allocated_delta)} "
-                 f"({_range(d.allocated_before, d.allocated_after)})"]
+                 f"({_range(d.allocated_before, d.allocated_after)}, {d.allocated_measure})"]
         facts += _one(d.reserved_before is not None or d.reserved_after is not None,
                       lambda: f"reserved {signed(d.reserved_delta)} "
                       f"({_range(d.reserved_before, d.reserved_after)})")

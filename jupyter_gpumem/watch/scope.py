@@ -65,7 +65,7 @@ from ..core.roots import Root
 from ..session import session_of
 from .holders import HolderTracker, RootInfo
 from .peaks import LEDGER, PeakScope, counter_for
-from .result import DeviceWatch, HolderChange, HolderEntry, WatchResult
+from .result import DeviceWatch, HolderChange, HolderEntry, WatchResult, allocator_measure
 
 MAX_HISTORY = 10000
 SERIES_POINTS = 20000
@@ -330,7 +330,7 @@ def _read_devices(ids: list[str], read: Any = None) -> dict[str, _devices.Device
 _OWN_SAMPLER = _monitor.SharedSampler(read=_devices.read_devices, name="jupyter_gpumem-watch")
 
 
-def _sampler_of(shell: Any) -> _monitor.SharedSampler:
+def sampler_of(shell: Any) -> _monitor.SharedSampler:
     """The sampling thread a watch in ``shell`` subscribes to: its session's, else the
     watch's own."""
     session = session_of(shell) if shell is not None else None
@@ -491,7 +491,7 @@ class Watch:
         self._scope: PeakScope = LEDGER.open(self._ids0, readings)
         try:
             self._sampling = _Sampling(self._ids0, self._state.series, self.interval,
-                                       _sampler_of(self.shell))
+                                       sampler_of(self.shell))
             HUB.add(self._sampling, usages, point)
         except BaseException:
             self.abandon()   # leave no open scope or sampling entry behind
@@ -596,6 +596,7 @@ class Watch:
             d.allocated_after = getattr(u1, "allocated", None)
             d.reserved_before = 0 if born_inside else getattr(u0, "reserved", None)
             d.reserved_after = getattr(u1, "reserved", None)
+            d.allocated_measure = allocator_measure(u1 or u0)
             if counter is not None and counter.allocated_field:
                 d.peak_allocated = scope.peak(key, counter.allocated_field)
             if counter is not None and counter.reserved_field:

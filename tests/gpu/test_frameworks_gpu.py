@@ -93,6 +93,18 @@ def test_cupy_array_is_blamed_and_freed(ip, cupy):
     assert_at_most_floor(after, base, "cupy array after %gpumem purge x v")
 
 
+def test_a_cupy_watch_names_the_cupy_allocator_as_its_measure(ip, cupy):
+    """A cell that allocates with CuPy alone is measured by CuPy's pool, and says so."""
+    from conftest import run
+
+    run(ip, "%%gpuwatch -o r --device cuda:0\nimport cupy as cp\ny = cp.ones(1 << 26, dtype=cp.float32)")
+    d = ip.user_ns["r"].devices[0]
+    print(f"\ncupy watch: measure {d.allocated_measure!r}, +{d.allocated_delta} bytes")
+    assert "cupy" in d.allocated_measure and d.allocated_delta >= 1 << 28
+    assert "cupy allocator" in ip.user_ns["r"].verbose_text()
+    ip.run_line_magic("gpumem", "purge y --device cuda:0")
+
+
 def test_cupy_and_torch_sharing_through_dlpack_count_once(ip, cupy):
     from conftest import run
 
