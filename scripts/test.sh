@@ -1,8 +1,28 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run every test that runs without a GPU.
+# Set up (scripts/setup.sh) and run every test that runs without a GPU, twice: once
+# with the scan's C core (built by the editable install) and once with it kept out
+# (JUPYTER_GPUMEM_PURE_SCAN=1: every use of core/_reach takes its Python form, as on a
+# machine without a compiler). The second pass leaves out the browser and frontend
+# tests, which run no Python path of the C core. Arguments go to both pytest runs;
+# GPUMEM_TEST_PASSES=native or =pure runs one pass only.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
-python -m pytest -q "$@"
+passes=${GPUMEM_TEST_PASSES:-native pure}
+status=0
+for pass in $passes; do
+  case "$pass" in
+    native)
+      echo "== tests with the C core"
+      env -u JUPYTER_GPUMEM_PURE_SCAN python -m pytest -q "$@" || status=$? ;;
+    pure)
+      echo "== tests without the C core (JUPYTER_GPUMEM_PURE_SCAN=1)"
+      JUPYTER_GPUMEM_PURE_SCAN=1 python -m pytest -q -p no:cacheprovider \
+        --ignore=tests/e2e --ignore=tests/test_labextension.py \
+        --ignore=tests/test_labextension_lint.py "$@" || status=$? ;;
+    *) echo "unknown pass: $pass (native, pure)" >&2; exit 2 ;;
+  esac
+done
+exit $status
