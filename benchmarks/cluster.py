@@ -1,18 +1,21 @@
 """How long the cluster snapshot (``%gpumem --cluster``) takes, beside Dask's own round trip.
 
 A ``distributed.LocalCluster`` of 4 worker processes (one thread each) holds
-1,000 futures of small torch tensors (host memory, ``--device cpu``), held by the
-notebook's names: a list of 996 futures, three single futures and a persisted bag.
+1,000 futures of small torch tensors (host memory with ``--device cpu``, the
+default; on the workers' GPU with ``--device cuda``, where the 4 workers share the
+machine's GPU, each with a CUDA context of its own), held by the notebook's names:
+a list of 996 futures, three single futures and a persisted bag.
 Printed, measured side by side in one run (the two alternate, after a warm-up):
 
 - the median time of :func:`jupyter_gpumem.cluster.snapshot` (target: under 300 ms);
 - the median time of a plain ``Client.run(lambda: 0)`` round trip to all workers.
 
-Run: ``python benchmarks/cluster.py [--workers 4] [--futures 1000] [--repeat 15]``.
+Run: ``python benchmarks/cluster.py [--workers 4] [--futures 1000] [--repeat 15] [--device cpu|cuda]``.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -37,16 +40,20 @@ def main() -> int:
 
     from jupyter_gpumem import cluster as jc
 
+    # the futures' tensors live where the snapshot looks: the workers' GPU for cuda (all
+    # workers of a LocalCluster share the machine's GPUs), host memory for cpu
+    tensor_device = "cpu" if args.device in ("cpu", "auto") else args.device.replace("all", "cuda")
     started = time.perf_counter()
     with LocalCluster(n_workers=args.workers, processes=True, threads_per_worker=1,
                       dashboard_address=None) as cluster, Client(cluster) as client:
         print(f"{args.workers}-worker LocalCluster up in {time.perf_counter() - started:.1f} s")
         n_list = args.futures - 4
         ns = {"client": client}
-        ns["futs"] = client.map(torch.ones, [1024] * n_list, pure=False)
+        make = functools.partial(torch.ones, device=tensor_device)
+        ns["futs"] = client.map(make, [1024] * n_list, pure=False)
         for i in range(3):
-            ns[f"f{i}"] = client.submit(torch.ones, 1 << 16, pure=False)
-        ns["bag"] = db.from_sequence([1 << 16] * 4, npartitions=1).map(torch.ones).persist()
+            ns[f"f{i}"] = client.submit(make, 1 << 16, pure=False)
+        ns["bag"] = db.from_sequence([1 << 16] * 4, npartitions=1).map(make).persist()
         wait(ns["futs"] + [ns["f0"], ns["f1"], ns["f2"]])
         wait(ns["bag"])
 
