@@ -20,7 +20,10 @@ sweep's cost per heap object (``gc.get_objects()``), and whether the report
 was partial at the default 3 s limit. Targets: 100k records under 60 ms and
 at most 2x the sweep's cost per object; 1M records under 600 ms, never partial.
 
-Run: ``python benchmarks/scan.py [--device cpu|cuda] [--repeat 15] [--only NAME ...]``.
+With ``--forms`` it also runs each scenario with the C core and in Python, side by
+side (``benchmarks/scan_forms.py``).
+
+Run: ``python benchmarks/scan.py [--device cpu|cuda] [--repeat 15] [--only NAME ...] [--forms]``.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 HEAP: list = []          # the unrelated objects: reachable from no user name
 
@@ -222,6 +226,9 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=None,
                     help="scenarios to run: model and/or the plain-data titles' first word "
                          "with their size (records-100k, records-1M, dict, strings)")
+    ap.add_argument("--forms", action="store_true",
+                    help="then each scenario with the C core and in Python, side by side "
+                         "(benchmarks/scan_forms.py)")
     args = ap.parse_args()
 
     from IPython.core.interactiveshell import InteractiveShell
@@ -251,6 +258,10 @@ def main() -> int:
     for title in PLAIN:
         if wanted(title):
             ok &= _plain_scenario(shell, gpumem, snap_of, args, title)
+    if args.forms:       # before the model: that one grows the unrelated heap tenfold
+        import scan_forms
+
+        ok &= scan_forms.run_all(shell, args.device, max(3, args.repeat // 2))
     if wanted("model"):   # last: it grows the unrelated heap tenfold
         ok &= _tensor_scenario(shell, gpumem, snap_of, args)
     return 0 if ok else 1
