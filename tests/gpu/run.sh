@@ -42,7 +42,7 @@ done
 unset JUPYTER_GPUMEM_PURE_SCAN
 
 if [ -z "${GPU_SKIP_BENCH:-}" ]; then
-  timeout 200 python3 benchmarks/scan.py --device cuda --repeat 9 > "$OUT/scan_cuda.log" 2>&1
+  timeout 300 python3 benchmarks/scan.py --device cuda --repeat 9 --forms > "$OUT/scan_cuda.log" 2>&1
   echo "scan benchmark rc=$? $(tail -n 3 "$OUT/scan_cuda.log" | tr '\n' ' ')" >> "$summary"
 fi
 cat "$summary"
