@@ -33,7 +33,7 @@ if torch.cuda.device_count() < 1:   # counts devices without creating a CUDA con
 
 from distributed import Client, wait  # noqa: E402
 
-from conftest import run  # noqa: E402
+from conftest import run, spawnable_main  # noqa: E402
 from jupyter_gpumem import cluster as jc  # noqa: E402
 from jupyter_gpumem.backends import nvml  # noqa: E402
 from jupyter_gpumem.cluster import remote  # noqa: E402
@@ -77,7 +77,9 @@ def _warm(client, workers) -> None:
 @pytest.fixture(scope="module")
 def shared():
     """(client, [w0, w1]): two workers on physical GPU 0, warmed up."""
-    with _spec_cluster((0, 0)) as made, Client(made) as client:
+    with spawnable_main():      # an IPython shell made earlier stands in for __main__
+        made = _spec_cluster((0, 0))
+    with made, Client(made) as client:
         client.wait_for_workers(2, timeout=120)
         workers = _by_name(client)
         _warm(client, workers)
@@ -162,11 +164,13 @@ def cluster():
     if importlib.util.find_spec("dask_cuda") is not None:
         from dask_cuda import LocalCUDACluster
 
-        made = LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", threads_per_worker=1,
-                                dashboard_address=None, silence_logs=50)
+        with spawnable_main():
+            made = LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", threads_per_worker=1,
+                                    dashboard_address=None, silence_logs=50)
         kind = "dask_cuda.LocalCUDACluster"
     else:
-        made = _spec_cluster()
+        with spawnable_main():
+            made = _spec_cluster()
         kind = "SpecCluster of Nanny workers with CUDA_VISIBLE_DEVICES"
     print(f"\ncluster: {kind}")
     with made as c:
