@@ -16,18 +16,13 @@ from types import ModuleType
 PURE_ENV = "JUPYTER_GPUMEM_PURE_SCAN"
 
 
-def _load() -> ModuleType | None:
-    if os.environ.get(PURE_ENV, "").strip() not in ("", "0"):
-        return None
-    try:
-        from . import _reach
-    except ImportError:
-        return None
-    return _reach
-
-
 #: the C core's module, or None (see the module docstring)
-CORE = _load()
+CORE: ModuleType | None = None
+if os.environ.get(PURE_ENV, "").strip() in ("", "0"):
+    try:
+        from . import _reach as CORE
+    except ImportError:
+        CORE = None
 
 
 def function(name: str):
