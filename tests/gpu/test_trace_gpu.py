@@ -247,7 +247,7 @@ def test_trace_on_with_cuda_in_use(ip):
             "pre = torch.ones(1 << 20, device='cuda')\n_ = pre @ pre")
     line = trace.start(ip, "cuda:0")
     figures("trace on, cost line", line=line)
-    assert line.startswith("trace is on: CUDA recording (python stacks")
+    assert line.startswith("trace is on: CUDA recording (lines: python stacks")
     assert "cost +" in line and "per CUDA allocation" in line and "\n" not in line
     try:
         r = run(ip, "post = torch.zeros(1 << 20, device='cuda')\nz = pre + post\n"
