@@ -272,3 +272,25 @@ def test_save_says_what_is_wrong_with_the_path(tip, tmp_path):
         assert not txt.exists() and not list(tmp_path.iterdir())
     finally:
         trace_magics.magic_trace(magics, ["off"])
+
+
+def test_cell_depth_names_blocks_whose_events_left_the_ring(tip, tmp_path):
+    """A training cell turns the history's ring over: the blocks of the cells before keep
+    the sites read after those cells, and a block the training cell made at its start
+    (Adam's state) is named by the one cell that ran since."""
+    feed = HostTensorFeed()
+    _start(tip, feed, max_entries=100)
+    ra = run(tip, "model = [fake.alloc(4096) for _ in range(5)]")
+    rb = run(tip, "state = fake.alloc(8192)\nfor _ in range(200):\n    fake.free(fake.alloc(512))")
+    ns = tip.user_ns
+    assert not any(e["addr"] in (ns["state"], *ns["model"]) for e in feed.traces[0])
+    assert trace.site_of(("cuda:0", ns["state"])).text == f"cell [{rb.execution_count}]"
+    assert {trace.site_of(("cuda:0", p)).text for p in ns["model"]} == {
+        f"cell [{ra.execution_count}]"}
+    path = tmp_path / "ring.pickle"
+    trace.save(str(path))
+    data = pickle.loads(path.read_bytes())
+    named = {b["address"]: b["frames"][0]["filename"] for s in data["segments"]
+             for b in s["blocks"] if b["state"] == "active_allocated" and b["frames"]}
+    assert named[ns["state"]] == f"In[{rb.execution_count}]"
+    assert {named[p] for p in ns["model"]} == {f"In[{ra.execution_count}]"}

@@ -152,6 +152,10 @@ class CellSpans:
                 self._offset += span.count - n
             span.count = n
 
+    def clear(self) -> None:
+        self._spans.clear()
+        self._version += 1
+
     # -- reading (any thread) -----------------------------------------------------------
     def __iter__(self) -> Iterator[CellSpan]:
         return iter(list(self._spans))

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 from .cells import BETWEEN as AT_BETWEEN, CellNames
 from .index import ALLOC, FREE, Block, DeviceIndex, SnapshotIndex
-from .sites import BEFORE, BETWEEN, ROUNDING, CellLines, LineAlloc, Resolver, Site, SiteGroup
+from .sites import BEFORE, BETWEEN, ROUNDING_NOTE, CellLines, LineAlloc, Resolver, Site, SiteGroup
 
 NEAREST_NOTE = ("allocated on a thread with no Python frame (a C++ thread such as autograd's "
                 "backward, or a cuBLAS workspace of that thread); the line is the cell's last "
@@ -240,22 +240,28 @@ class Queries:
         if d is None:
             return []
         res = Resolver(self.cells)
-        rounding = 0
+        rounding: dict[Any, SiteGroup] = {}
         for b in d.blocks:
             lo = bisect_right(ranges, b.addr - 1)
             hi = bisect_right(ranges, b.addr + b.size - 1)
             if hi > lo:       # names reach storages in this block: what is past them
                 held = [sizes[p] for p in ranges[lo:hi]]
-                if all(type(n) is int for n in held):
-                    rounding += max(b.size - sum(held), 0)
+                past = b.size - sum(held) if all(type(n) is int for n in held) else 0
+                if past > 0:
+                    cell = self.block_site(d, b, res).cell
+                    g = rounding.get(cell)
+                    if g is None:
+                        rounding[cell] = SiteGroup(
+                            Site(cell, None, how="rounding", note=ROUNDING_NOTE), past, 1, device)
+                    else:
+                        g.nbytes += past
+                        g.count += 1
                 continue
             if b.addr in internals:
                 continue      # shown as a framework internal already
             add(self.block_site(d, b, res), b.size)
-        out = sorted(groups.values(), key=lambda g: (-g.nbytes, g.site.text))
-        if rounding:
-            out.append(SiteGroup(ROUNDING, rounding, 0, device))
-        return out
+        key = lambda g: (-g.nbytes, g.site.text)  # noqa: E731
+        return sorted(groups.values(), key=key) + sorted(rounding.values(), key=key)
 
     def cell_lines(self, n: int, device: str | None = None, top: int | None = None) -> CellLines:
         totals: dict[tuple, int] = {}

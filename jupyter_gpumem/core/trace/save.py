@@ -74,10 +74,12 @@ def cell_frame(n: int) -> dict:
     return {"filename": f"In[{n}]", "line": 0, "name": f"cell [{n}]"}
 
 
-def frame_cells_by_time(data: dict, cell_at: Callable[[float], Any]) -> int:
+def frame_cells_by_time(data: dict, cell_at: Callable[[float], Any],
+                        block_cells: dict | None = None) -> int:
     """Trace at cell depth: give each event and block that has no frame the frame of the
     cell during which it was allocated (from the event's ``time_us``), in place; a block
-    gets its last allocation event's. Returns how many were given one."""
+    gets its cell from ``block_cells`` (``(device, address)`` -> cell, what trace found
+    for it), else its last allocation event's. Returns how many were given one."""
     frames: dict[int, list] = {}
     count = 0
 
@@ -107,7 +109,8 @@ def frame_cells_by_time(data: dict, cell_at: Callable[[float], Any]) -> int:
         at_addr = last[dev] if dev < len(last) else {}
         for b in seg.get("blocks") or ():
             if not b.get("frames") and b.get("state") == "active_allocated":
-                fr = at_addr.get(b.get("address"))
+                fr = of((block_cells or {}).get((dev, b.get("address")))) \
+                    or at_addr.get(b.get("address"))
                 if fr is not None:
                     b["frames"] = fr
                     count += 1

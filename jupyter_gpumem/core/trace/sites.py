@@ -49,8 +49,11 @@ class Site:
             return BEFORE_TEXT
         if self.how == "between":
             return BETWEEN_TEXT
-        if self.how in ("unknown", "rounding"):
+        if self.how == "unknown":
             return self.note or "no allocation site recorded"
+        if self.how == "rounding":
+            return ROUNDING_TEXT + (f" allocated in cell [{self.cell}]"
+                                    if self.cell is not None else "")
         if self.cell is not None and self.line is None:
             head = f"cell [{self.cell}]"
         elif self.cell is not None:
@@ -82,9 +85,9 @@ BEFORE = Site(None, None, how="before",
 BETWEEN = Site(None, None, how="between",
                note="allocated while no cell ran: a thread of the user's or a library's, or a "
                     "callback of the event loop")
-ROUNDING = Site(None, None, how="rounding",
-                note="the allocator's rounding: the part of named storages' blocks past their "
-                     "size (blocks are whole multiples of 512 bytes)")
+ROUNDING_TEXT = "the allocator's rounding past named storages in their blocks"
+ROUNDING_NOTE = ("blocks are whole multiples of 512 bytes: the part of a named storage's block "
+                 "past its size is allocated, and reached by no name")
 
 
 @dataclass

@@ -11,7 +11,9 @@ from ...backends.base import TraceCost as Cost
 from ..monitor import hook_cells, unhook_cells
 from ..scan import collect_roots, scan
 from .cells import CellNames, CellSpans
+from .sites import Resolver
 from .hook import AfterImport
+from .index import SnapshotIndex
 from .queries import Queries
 from .save import dump, frame_cells_by_time, host_snapshot, rename_cells
 
@@ -319,8 +321,10 @@ class Tracer(Queries):
         if device in (None, "all") or str(device).startswith("cuda"):
             if self.cuda == "on":
                 data = self.feed.snapshot()
+                timed = 0
+                if self.depth == "cell":
+                    timed = frame_cells_by_time(data, self.spans.at, self.block_cells(data))
                 renamed = rename_cells(data, self.cells)
-                timed = frame_cells_by_time(data, self.spans.at) if self.depth == "cell" else 0
                 dump(path, data)
                 what = (f"{timed} block(s) and event(s) given their cell's frame In[N] (cell "
                         f"depth: no stacks)" if self.depth == "cell"
@@ -336,6 +340,18 @@ class Tracer(Queries):
             return (f"saved {n} host storage(s) with their sites to {path}, in the format of "
                     f"torch.cuda.memory._snapshot() (device 0 stands for the host)")
         raise RuntimeError("nothing recorded: turn trace on first (`%gpumem trace on`)")
+
+    def block_cells(self, data: dict) -> dict:
+        """``(device, address)`` -> the cell of each active block of a snapshot, as the
+        queries find it (its event's time, or what was kept once its event left)."""
+        res = Resolver(self.cells)
+        out = {}
+        for dev in SnapshotIndex(data).devices.values():
+            for b in dev.blocks:
+                n = self.block_site(dev, b, res).cell
+                if n is not None:
+                    out[(dev.index, b.addr)] = n
+        return out
 
     def host_snapshot(self) -> dict:
         """The host's records shaped like ``torch.cuda.memory._snapshot()``."""
