@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import pickle
 import threading
 
@@ -35,7 +36,14 @@ MiB = 1 << 20
 
 class HostTensorFeed(FakeAllocator):
     """torch's allocator format over real host tensors: each allocation is a real
-    ``torch.empty`` whose storage is the block (its pointer the block's address)."""
+    ``torch.empty`` whose storage is the block (its pointer the block's address). As
+    torch does, a block or event recorded without a stack has no ``frames`` key."""
+
+    def _event(self, device: int, action: str, addr: int, size: int, frames) -> None:
+        super()._event(device, action, addr, size, frames)
+        t = self.traces[device]
+        if self.recording and t and not t[-1]["frames"]:
+            del t[-1]["frames"]
 
     def __init__(self) -> None:
         super().__init__()
@@ -54,6 +62,8 @@ class HostTensorFeed(FakeAllocator):
             "active_size": block, "requested_size": size, "stream": 0,
             "segment_type": "small" if block <= 2 * MiB else "large",
             "segment_pool_id": (0, 0), "is_expandable": False, "frames": fr, "blocks": blocks})
+        if not fr:
+            del blocks[0]["frames"], self.segments[-1]["frames"]
         self.counter += 1
         self.allocated += block
         self._event(device, "alloc", addr, size, fr)
@@ -62,6 +72,17 @@ class HostTensorFeed(FakeAllocator):
     def free(self, addr: int) -> None:
         super().free(addr)
         self.tensors.pop(addr, None)
+
+
+@contextlib.contextmanager
+def traced(ip, args: str = ""):
+    """``%gpumem trace on ARGS --device cpu`` around the block, torch imported first."""
+    run(ip, "import torch")
+    run(ip, f"%gpumem trace on {args} --device cpu".replace("  ", " "))
+    try:
+        yield
+    finally:
+        run(ip, "%gpumem trace off")
 
 
 @pytest.fixture
@@ -90,7 +111,7 @@ def test_cell_depth_maps_each_block_to_its_cell_by_time(tip):
     ra = run(tip, "a = fake.alloc(1 << 20)")
     rb = run(tip, "def make(n):\n    return fake.alloc(n)\nb = make(4096)\n"
                   "c = fake.in_thread(8192)")            # a thread, while the cell runs
-    assert not any(e["frames"] for e in feed.traces[0]), "no frame was taken"
+    assert not any(e.get("frames") for e in feed.traces[0]), "no frame was taken"
     ns = tip.user_ns
     sites = trace.sites_of([("cuda:0", ns[k]) for k in ("a", "b", "c")])
     got = {k: sites[("cuda:0", ns[k])] for k in ("a", "b", "c")}
@@ -179,9 +200,7 @@ def test_snapshot_rows_sum_the_sites_left_off(tip):
 
 # -- the host at cell depth, through the magics -------------------------------------------------
 def test_host_at_cell_depth_names_the_cell(tip, capsys):
-    run(tip, "import torch")
-    run(tip, "%gpumem trace on --device cpu")
-    try:
+    with traced(tip):
         status = trace.status()
         assert "host recording torch calls' results (cell depth: no stacks)" in status, status
         r = run(tip, "h = torch.zeros(1000)")
@@ -192,8 +211,6 @@ def test_host_at_cell_depth_names_the_cell(tip, capsys):
         run(tip, "%%gpuwatch --device cpu\nw = torch.zeros(1 << 20)\n")
         out = capsys.readouterr().out
         assert "allocated 4.0 MiB" in out and "run_cell_magic" not in out, out
-    finally:
-        run(tip, "%gpumem trace off")
 
 
 def test_setting_validates_its_value(tip):
@@ -208,9 +225,7 @@ def test_setting_validates_its_value(tip):
 
 # -- issue points: the rough edges ----------------------------------------------------------------
 def test_a_cell_magic_names_the_users_line_not_ipythons_rewriting(tip, capsys):
-    run(tip, "import torch")
-    run(tip, "%gpumem trace on --lines --device cpu")
-    try:
+    with traced(tip, "--lines"):
         capsys.readouterr()
         r = run(tip, "%%gpuwatch --device cpu\nk = 1\nz = torch.zeros(4 << 20)\n")
         out = capsys.readouterr().out
@@ -218,32 +233,23 @@ def test_a_cell_magic_names_the_users_line_not_ipythons_rewriting(tip, capsys):
         assert "line 2 16.0 MiB (z = torch.zeros(4 << 20))" in out, out
         s = trace.site_of(("cpu", tip.ev("z.untyped_storage().data_ptr()")))
         assert (s.cell, s.line, s.source) == (r.execution_count, 2, "z = torch.zeros(4 << 20)")
-    finally:
-        run(tip, "%gpumem trace off")
 
 
 def test_an_earlier_host_tensor_says_allocated_before_trace(tip, capsys):
     run(tip, "import torch\nearly = torch.ones(1000)")
-    run(tip, "%gpumem trace on --device cpu")
-    try:
+    with traced(tip):
         capsys.readouterr()
         run(tip, "%gpumem early --device cpu")
         out = capsys.readouterr().out
-        assert "allocated before trace was on" in out, out
-    finally:
-        run(tip, "%gpumem trace off")
+    assert "allocated before trace was on" in out, out
 
 
 def test_saved_frames_are_each_there_once(tip, tmp_path):
-    run(tip, "import torch")
-    run(tip, "%gpumem trace on --lines --device cpu")
-    try:
+    with traced(tip, "--lines"):
         run(tip, "%%gpuwatch --device cpu\ng = torch.zeros(1 << 20)\n")
         run(tip, "def f():\n    return torch.zeros(1 << 18)\nq = f()")
         path = tmp_path / "s.pickle"
         run(tip, f"%gpumem trace --save {path}")
-    finally:
-        run(tip, "%gpumem trace off")
     data = pickle.loads(path.read_bytes())
     assert data["segments"]
     for seg in data["segments"]:

@@ -17,7 +17,8 @@ of feeds, recorders, cells, frames and sites:
   ``state()`` (``absent``: the framework is not imported; ``unavailable``: no device;
   ``lazy``: not initialised yet; ``ready``), ``on_init(fn)`` (run ``fn`` inside the
   framework's lazy init, before its first allocation; returns how to take it back),
-  ``enable(stacks=, context=, max_entries=, clear=)``, ``disable()``, ``snapshot()``
+  ``enable(stacks=, context=, max_entries=, clear=)`` (``context=None`` at cell depth:
+  the history with its times, no stack), ``disable()``, ``snapshot()``
   (segments and blocks with the frames of their allocation, and the history of
   allocator events per device, in the format of ``torch.cuda.memory._snapshot()``),
   ``devices()``, ``key()`` (what changes whenever any device's blocks do),
@@ -28,7 +29,8 @@ of feeds, recorders, cells, frames and sites:
   framework is imported and no CUDA context is created here.
 * **a host recorder** (``Backend.host_recorder``, for frameworks with no allocator
   history on the CPU): ``push()``/``pop()`` on the shell's thread, ``record(ptr)`` and
-  ``live()`` (records with ``nbytes`` and the frames ``inner``, ``cin``, ``cout``),
+  ``live()`` (records with ``nbytes``, ``time`` and the frames ``inner``, ``cin``, ``cout``;
+  ``frames = False`` at cell depth: the time alone),
   ``by_cell`` (cell -> (filename, line) -> bytes), ``events``, ``sweep()``, ``clear()``,
   ``measure()``. Storages it does not see (torch's autograd gradients) have no site.
 

@@ -95,7 +95,8 @@ def frame_cells_by_time(data: dict, cell_at: Callable[[float], Any],
     for trace in data.get("device_traces") or ():
         at_addr: dict = {}
         for e in trace:
-            if e.get("frames") or not e.get("time_us"):
+            e.setdefault("frames", [])    # torch leaves the key out where it took no stack
+            if e["frames"] or not e.get("time_us"):
                 continue
             if e.get("action") == ALLOC:
                 fr = of(cell_at(e["time_us"] / 1e6))
@@ -107,7 +108,9 @@ def frame_cells_by_time(data: dict, cell_at: Callable[[float], Any],
     for seg in data.get("segments") or ():
         dev = int(seg.get("device", 0))
         at_addr = last[dev] if dev < len(last) else {}
+        seg.setdefault("frames", [])
         for b in seg.get("blocks") or ():
+            b.setdefault("frames", [])
             if not b.get("frames") and b.get("state") == "active_allocated":
                 fr = of((block_cells or {}).get((dev, b.get("address")))) \
                     or at_addr.get(b.get("address"))
