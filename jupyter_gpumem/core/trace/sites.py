@@ -160,8 +160,6 @@ class CellLines(list):
                 at = " outside its lines"
             parts.append(f"peak +{fmt_bytes(self.peak.bytes)}{at}"
                          + (f" ({self.peak.source})" if self.peak.source else ""))
-        if parts and not self.lines:
-            parts.append("lines: `%gpumem trace on --lines`")
         return f"cell [{self.cell}] " + " · ".join(parts) if parts else ""
 
     def to_json(self) -> dict:
