@@ -300,3 +300,13 @@ def test_cell_depth_names_blocks_whose_events_left_the_ring(tip, tmp_path):
              for b in s["blocks"] if b["state"] == "active_allocated" and b["frames"]}
     assert named[ns["state"]] == f"In[{rb.execution_count}]"
     assert {named[p] for p in ns["model"]} == {f"In[{ra.execution_count}]"}
+
+
+def test_a_cell_run_without_history_is_no_numbered_cell(tip):
+    feed = HostTensorFeed()
+    _start(tip, feed)
+    tip.run_cell("quiet = fake.alloc(4096)", store_history=False)
+    r = run(tip, "loud = fake.alloc(4096)")
+    quiet = trace.site_of(("cuda:0", tip.user_ns["quiet"]))
+    assert quiet.cell is None and "outside the numbered cells" in quiet.text, quiet
+    assert trace.site_of(("cuda:0", tip.user_ns["loud"])).cell == r.execution_count

@@ -130,9 +130,11 @@ class CellSpans:
     # -- the record (main thread) -------------------------------------------------------
     def begin(self, shell: Any, info: Any, start: float) -> CellSpan:
         count = getattr(shell, "execution_count", None)
-        if type(count) is int and getattr(info, "store_history", False):
+        if type(count) is not int or (info is not None and not getattr(info, "store_history", True)):
+            count = None            # run without history: no number of its own
+        else:
             count -= self._offset
-        span = CellSpan(start, count if type(count) is int else None)
+        span = CellSpan(start, count)
         self._spans.append(span)
         self._version += 1
         return span
@@ -144,13 +146,17 @@ class CellSpans:
         self._version += 1
         if end > span[0]:
             self.seconds += end - span[0]
+        if result is None or not isinstance(span, CellSpan):
+            return
         n = getattr(result, "execution_count", None)
-        if type(n) is int and isinstance(span, CellSpan):
-            if getattr(getattr(result, "info", None), "store_history", False) \
-                    and span.count is not None:
-                # IPython 9 counts the cell before pre_run_cell, older ones after it
-                self._offset += span.count - n
-            span.count = n
+        info = getattr(result, "info", None)
+        if type(n) is not int or (info is not None and not getattr(info, "store_history", True)):
+            span.count = None       # a cell run without history has no number of its own
+            return
+        if span.count is not None:
+            # IPython 9 counts the cell before pre_run_cell, older ones after it
+            self._offset += span.count - n
+        span.count = n
 
     def clear(self) -> None:
         self._spans.clear()

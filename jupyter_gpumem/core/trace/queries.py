@@ -25,6 +25,11 @@ NEAREST_NOTE = ("allocated on a thread with no Python frame (a C++ thread such a
                 "line that allocated before it")
 
 
+UNNUMBERED = Site(None, None, how="unknown",
+                  note="allocated while code ran outside the numbered cells (run without "
+                       "history, as a widget's or the sidebar's requests are)")
+
+
 def split_key(key: Any) -> tuple[str | None, int | None]:
     """``(device, pointer)`` of a storage key, or ``(None, pointer)`` for a bare pointer."""
     if isinstance(key, tuple) and len(key) == 2 and type(key[1]) is int:
@@ -93,6 +98,8 @@ class Queries:
         if where == AT_BETWEEN:
             return BETWEEN
         cell = where if type(where) is int else None
+        if t and where is None and self.depth == "cell":
+            return UNNUMBERED
         if self.depth == "lines":
             # no Python frame: the cell line that allocated last before it, in the same cell
             k = dev.nearest_cell_alloc(i, res)
