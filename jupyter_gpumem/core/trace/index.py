@@ -32,6 +32,8 @@ class DeviceIndex:
             if e.get("action") == ALLOC:
                 self.last_alloc[e.get("addr")] = i
         self._times: list | None = None
+        #: ((after, before), site) of the blocks whose events left the ring (see queries)
+        self.lost_site: tuple | None = None
         self._nearest: dict[int, int | None] = {}
 
     def block_at(self, ptr: int) -> Block | None:

@@ -152,14 +152,17 @@ class Queries:
         one alone ran in that time."""
         lo = self._refreshed_at if self._refreshed_at is not None else self.started
         hi = dev.oldest_time()
-        if hi is None or hi < lo:
-            return None
-        cells = self.spans.overlapping(lo, hi)
-        if len(cells) != 1 or type(getattr(cells[0], "count", None)) is not int:
-            return None
-        return Site(cells[0].count, None, how="time",
-                    note="its event has left the history kept; the only cell that ran "
-                         "between the last look and the oldest event kept")
+        memo = dev.lost_site
+        if memo is not None and memo[0] == (lo, hi):
+            return memo[1]
+        site = None
+        cells = self.spans.overlapping(lo, hi) if hi is not None and hi >= lo else []
+        if len(cells) == 1 and type(getattr(cells[0], "count", None)) is int:
+            site = Site(cells[0].count, None, how="time",
+                        note="its event has left the history kept; the only cell that ran "
+                             "between the last look and the oldest event kept")
+        dev.lost_site = ((lo, hi), site)     # the same for every such block of the device
+        return site
 
     # -- queries --------------------------------------------------------------------------
     def host_site(self, r: Any) -> Site | None:
