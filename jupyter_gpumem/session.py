@@ -37,13 +37,14 @@ import concurrent.futures
 import sys
 import threading
 import time
-from collections import deque
 from typing import Any, Callable, Protocol
 
 from .core.snapshot import build, build_many_steps
 from .core import monitor as _monitor
 from .core.devices import read_devices
 from .core.monitor import CellEvents
+from .core import trace as _trace
+from .core.trace import CellSpans
 from . import cluster
 from .settings import GpuMemSettings
 
@@ -140,11 +141,16 @@ class Session:
         self._cell_hooks: list[tuple[Callable, Callable]] = []
         self._views: list[View] = []
         self._pairing = CellEvents(shell)
-        #: the outer cells' spans ``[start, end]`` (unix s; end None while the cell runs),
-        #: oldest first, and a count that moves whenever one begins or ends: the panel's
-        #: timeline reads them from its thread (spans are appended and ended here only)
-        self.cells: deque = deque(maxlen=CELL_SPANS)
+        #: the outer cells' spans ``[start, end]`` (unix s; end None while the cell runs)
+        #: with their execution counts (``span.count``), oldest first, and a count that
+        #: moves whenever one begins or ends: the panel's timeline reads them from its
+        #: thread, trace maps allocation times to cells with them (spans are begun and
+        #: ended here only)
+        self.cells = CellSpans(CELL_SPANS)
         self.cells_version = 0
+        #: the allocation trace this shell's ``%gpumem trace on`` started (a
+        #: :class:`~jupyter_gpumem.core.trace.Tracer`), stopped when the session closes
+        self.tracer: Any = None
         self._generation = 0          # cells ended so far; a refresh from an older one is dropped
         self._task: asyncio.Task | None = None    # the refresher waiting or refreshing
         #: the cell that just ended, for its snapshots: start/end (unix s), execution count
@@ -209,10 +215,9 @@ class Session:
     def _pre_run_cell(self, info: Any = None) -> None:
         cell, ended = self._pairing.pre(info)
         for span in ended:      # cells whose "post" never came: their end is unknown
-            _end_span(span, span[0])
+            self.cells.end(span, span[0])
         if cell.outer:      # a cell run from inside a cell is part of the outer one
-            cell.payload = span = [time.time(), None]
-            self.cells.append(span)
+            cell.payload = self.cells.begin(self.shell, info, time.time())
         self.cells_version += 1
         for pre, _ in list(self._cell_hooks):
             _guarded(pre, info)
@@ -227,9 +232,9 @@ class Session:
             span, ended = self._pairing.post(result)
             now = time.time()
             for other in ended:
-                _end_span(other, other[0])
+                self.cells.end(other, other[0])
             if span is not None:
-                _end_span(span, now)
+                self.cells.end(span, now, result)
             self.cells_version += 1
             if self._pairing.running():
                 return      # an inner cell's end: the outer cell's end brings the refresh
@@ -410,13 +415,16 @@ class Session:
                 if thread is not threading.current_thread():
                     thread.join(self.time_limit + 1.0)
             self._cluster_threads.clear()
+        self.stop_trace()
         self._cell_hooks.clear()
         _monitor.unhook_cells(self.shell, self._pre_run_cell, self._post_run_cell)
 
-
-def _end_span(span: list, end: float) -> None:
-    if span[1] is None:
-        span[1] = end
+    def stop_trace(self) -> str:
+        """Stop the allocation trace this shell started, if it still records."""
+        tracer, self.tracer = self.tracer, None
+        if tracer is None:
+            return "trace was off"
+        return _trace.stop() if _trace.tracer() is tracer else tracer.stop()
 
 
 def _guarded(fn: Callable, arg: Any) -> None:

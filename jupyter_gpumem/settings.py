@@ -30,8 +30,18 @@ class GpuMemSettings(Configurable):
                             "watched cell runs").tag(config=True)
     tame = Bool(False, help="on load, make JAX and TensorFlow allocate on demand "
                 "instead of grabbing the card").tag(config=True)
-    trace = Bool(False, help="record where each block was allocated (cell and line) "
-                 "from the first cell: %gpumem trace on at load").tag(config=True)
+    trace = Union([Bool(), Unicode()], default_value=False,
+                  help="record where each block was allocated from the first cell: True or "
+                  "'cell' (the cell, nearly free: %gpumem trace on at load), 'lines' (the "
+                  "line too, with Python stacks: %gpumem trace on --lines)").tag(config=True)
+
+    @validate("trace")
+    def _check_trace(self, proposal):
+        value = proposal["value"]
+        if value in (True, False, "cell", "lines"):
+            return value
+        raise TraitError(f"GpuMemMagics.trace must be True, False, 'cell' or 'lines' "
+                         f"(got {value!r})")
 
     @validate("sample_interval")
     def _check_sample_interval(self, proposal) -> float:

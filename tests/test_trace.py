@@ -70,6 +70,7 @@ class FakeAllocator:
         self.allocated = 0
         self.init_calls: list = []
         self.enables: list[dict] = []
+        self.context = None
 
     # what Tracer asks
     def state(self) -> str:
@@ -90,6 +91,7 @@ class FakeAllocator:
         self.enables.append(dict(stacks=stacks, context=context, max_entries=max_entries,
                                  clear=clear))
         self.recording, self.max_entries = True, max_entries
+        self.context = context      # None: torch records the history without stacks
         if clear:
             self.traces = [[] for _ in self.traces]
 
@@ -154,7 +156,7 @@ class FakeAllocator:
         total = max(block, 2 * MiB if block <= MiB else block)
         addr = self.next_addr
         self.next_addr += total + 0x100000
-        fr = self._frames(1) if (self.recording and frames) else []   # this frame first
+        fr = self._frames(1) if (self.recording and frames and self.context) else []  # this frame first
         if self.recording and cpp:
             fr = CPP_FRAMES + fr
         blocks = [{"address": addr, "size": block, "requested_size": size,
@@ -226,6 +228,7 @@ def _ptr(ip, expr: str) -> int:
 
 def _cuda(ip, feed: FakeAllocator, **kw) -> str:
     ip.user_ns["fake"] = feed
+    kw.setdefault("depth", "lines")
     return trace.start(ip, "cuda", feed=feed, **kw)
 
 
@@ -263,7 +266,7 @@ def test_ipykernel_cell_files_map_to_cells(tip):
 # -- the host path, for real ----------------------------------------------------------------------
 def test_host_sites_name_cell_line_and_source(tip):
     run(tip, "import torch")
-    line = trace.start(tip, "cpu")
+    line = trace.start(tip, "cpu", depth="lines")
     assert line.startswith("trace is on: host recording")
     assert "cost +" in line and "per torch call on the host" in line   # measured, one line
     assert "\n" not in line
@@ -295,7 +298,7 @@ def test_host_sites_name_cell_line_and_source(tip):
 
 def test_host_does_not_misattribute(tip):
     run(tip, "import torch")
-    trace.start(tip, "cpu")
+    trace.start(tip, "cpu", depth="lines")
     r = run(tip, "m = torch.nn.Linear(8, 4)\nloss = m(torch.randn(2, 8)).sum()\nloss.backward()")
     run(tip, "g = m.weight.grad\ng2 = m.weight.grad.detach()\nw = m.weight.data")
     n = r.execution_count
@@ -311,7 +314,7 @@ def test_host_does_not_misattribute(tip):
 
 def test_host_pointer_reuse_gets_the_new_site(tip):
     run(tip, "import torch")
-    trace.start(tip, "cpu")
+    trace.start(tip, "cpu", depth="lines")
     seen = {}
     for i in range(30):
         r = run(tip, f"t = torch.empty(4096)  # round {i}")
@@ -326,7 +329,7 @@ def test_host_pointer_reuse_gets_the_new_site(tip):
 
 def test_host_unattributed_grouped_by_site(tip):
     run(tip, "import torch")
-    trace.start(tip, "cpu")
+    trace.start(tip, "cpu", depth="lines")
     r = run(tip, "keep = [torch.zeros(256) for _ in range(3)]\nbig = torch.zeros(4096)\n"
                  "named = torch.ones(10)")
     n = r.execution_count
@@ -345,7 +348,7 @@ def test_host_save_loads_in_memory_viz(tip, tmp_path):
     from torch.cuda import _memory_viz as mv
 
     run(tip, "import torch")
-    trace.start(tip, "cpu")
+    trace.start(tip, "cpu", depth="lines")
     r = run(tip, "h1 = torch.zeros(1 << 18)\nh2 = torch.ones(100)\ntmp = h2 * 3\ndel tmp")
     path = tmp_path / "host.pickle"
     msg = trace.save(str(path))
@@ -374,7 +377,7 @@ def test_host_mode_leaves_the_stack_as_it_was(tip):
 
     run(tip, "import torch")
     base = _stack_len()
-    trace.start(tip, "cpu")
+    trace.start(tip, "cpu", depth="lines")
     assert _stack_len() == base + 1
     mine = Mine()
     torch._C._push_on_torch_function_stack(mine)     # the user's mode, above ours
@@ -391,7 +394,7 @@ def test_host_mode_leaves_the_stack_as_it_was(tip):
 
 def test_host_recording_never_fails_a_cell(tip):
     run(tip, "import torch")
-    trace.start(tip, "cpu")
+    trace.start(tip, "cpu", depth="lines")
     rec = trace.tracer().host
     rec._strided = object()   # every check below it now fails inside the mode ...
     rec.note = lambda *a: 1 / 0
@@ -413,7 +416,7 @@ def test_host_cost_on_a_small_training_loop(tip):
     ratios = []
     for _ in range(5):
         run(tip, "t_off = steps(40)")
-        trace.start(tip, "cpu", measure=False)
+        trace.start(tip, "cpu", depth="lines", measure=False)
         run(tip, "t_on = steps(40)")
         trace.stop()
         ratios.append(tip.user_ns["t_on"] / tip.user_ns["t_off"])
@@ -427,7 +430,7 @@ def test_host_cost_on_a_small_training_loop(tip):
 def test_cuda_sites_from_frames(tip):
     feed = FakeAllocator()
     line = _cuda(tip, feed)
-    assert line.startswith("trace is on: CUDA recording (python stacks")
+    assert line.startswith("trace is on: CUDA recording (lines: python stacks")
     assert "cost +" in line and "per CUDA allocation" in line
     assert feed.enables[-1] == dict(stacks="python", context="alloc",
                                     max_entries=trace.DEFAULT_MAX_ENTRIES, clear=True)
@@ -452,7 +455,7 @@ def test_cuda_before_trace_and_frameless_blocks(tip):
     feed = FakeAllocator()
     tip.user_ns["fake"] = feed
     run(tip, "early = fake.alloc(5 * 1024 * 1024)")        # before trace was on
-    trace.start(tip, "cuda:0", feed=feed)
+    trace.start(tip, "cuda:0", feed=feed, depth="lines")
     r = run(tip, "seed = fake.alloc(512)  # loss.backward(): its ones_like\n"
                  "grad = fake.in_thread(2 * 1024 * 1024)\nafter = fake.alloc(1024)")
     n = r.execution_count
@@ -495,9 +498,16 @@ def test_cuda_frameless_sites_outlive_torchs_ring_buffer(tip):
     run(tip, "for _ in range(40):\n    fake.free(fake.alloc(256))")    # 120 events: rotated
     assert all(e["addr"] != tip.user_ns["grad"] for e in feed.traces[0])
     assert trace.site_of(("cuda:0", tip.user_ns["grad"])) == first     # kept from before
-    run(tip, "late = fake.in_thread(4096)\nfor _ in range(40):\n    fake.free(fake.alloc(256))")
+    # its event gone before any look: allocated after the last look, before the oldest
+    # event kept; one cell ran then: that cell
+    r = run(tip, "late = fake.in_thread(4096)\nfor _ in range(40):\n    fake.free(fake.alloc(256))")
     s = trace.site_of(("cuda:0", tip.user_ns["late"]))
-    assert s.how == "unknown" and "raise max_entries" in s.text
+    assert (s.how, s.cell, s.line) == ("time", r.execution_count, None), s
+    # the history is read after a cell while it is small: the site is kept from then
+    r = run(tip, "late2 = fake.in_thread(4096)")
+    run(tip, "for _ in range(40):\n    fake.free(fake.alloc(256))")
+    s = trace.site_of(("cuda:0", tip.user_ns["late2"]))
+    assert (s.how, s.cell) == ("cell", r.execution_count), s
 
 
 def test_cuda_unattributed_grouped_largest_first(tip):
@@ -508,11 +518,14 @@ def test_cuda_unattributed_grouped_largest_first(tip):
                  "ws = fake.alloc(32 * 1024 * 1024)\nsmall = fake.alloc(4096)")
     n = r.execution_count
     ns = tip.user_ns
-    groups = trace.unattributed_sites({ns["named"]}, "cuda:0", labels={ns["ws"]: "cuBLAS workspace"})
-    assert [(g.label, g.site.line, g.nbytes, g.count) for g in groups] == [
-        ("cuBLAS workspace", 3, 32 * MiB, 1), (None, 2, 3 * MiB, 3), (None, 4, 4096, 1)]
-    assert groups[0].text == (f"32.0 MiB in 1 block · cuBLAS workspace, first allocated at "
+    groups = trace.unattributed_sites({ns["named"]}, "cuda:0")
+    assert [(g.site.line, g.nbytes, g.count) for g in groups] == [
+        (3, 32 * MiB, 1), (2, 3 * MiB, 3), (4, 4096, 1)]
+    assert groups[0].text == (f"32.0 MiB in 1 block · "
                               f"cell [{n}] line 3: ws = fake.alloc(32 * 1024 * 1024)")
+    # a block shown as a framework internal (a cuBLAS workspace) is not listed again
+    groups = trace.unattributed_sites({ns["named"]}, "cuda:0", {ns["ws"]: "cuBLAS workspace"})
+    assert [(g.site.line, g.nbytes) for g in groups] == [(2, 3 * MiB), (4, 4096)]
     # storage keys work as well as pointers; a key of another device reaches nothing here
     by_key = trace.unattributed_sites([("cuda:0", ns["named"]), ("cuda:1", ns["small"])], "cuda:0")
     assert sum(g.nbytes for g in by_key) == 35 * MiB + 4096
@@ -626,13 +639,16 @@ def test_cuda_snapshot_is_read_once_while_counters_stay(tip):
     feed.snapshot = lambda: calls.append(1) or real()
     sites = trace.sites_of(tip.user_ns["keys"])
     assert len(sites) == 50 and all(s.line == 1 for s in sites.values())
+    once = len(calls)
+    assert once <= 1      # none where the history was read after the cell already
     trace.unattributed_sites([], "cuda:0")
     trace.cell_lines(1)
     assert trace.segments() is not None
-    assert len(calls) == 1
-    run(tip, "fake.alloc(1)")
+    assert len(calls) == once
+    run(tip, "fake.alloc(1)")       # read after the cell (the history is small), once
     trace.unattributed_sites([], "cuda:0")
-    assert len(calls) == 2
+    trace.sites_of(tip.user_ns["keys"])
+    assert len(calls) == once + 1
 
 
 # -- the magic and the setting -----------------------------------------------------------------------
@@ -661,17 +677,19 @@ def test_magic_trace_on_status_save_off(tip, tmp_path, capsys):
 
 def test_setting_starts_trace_at_load_and_unload_stops_it(tip):
     run(tip, "import torch")
-    cleanups = []
-    fake_magics = types.SimpleNamespace(trace=True, default_device="cpu",
-                                        add_cleanup=cleanups.append)
-    trace_magics.on_load(tip, fake_magics)
-    assert trace.is_on() and trace.tracer().host_state == "on"
-    r = run(tip, "first = torch.ones(7)")
-    assert trace.site_of(("cpu", _ptr(tip, "first"))).cell == r.execution_count
-    for fn in cleanups:
-        fn()
-    assert not trace.is_on()
-    trace_magics.on_load(tip, types.SimpleNamespace(trace=False, add_cleanup=cleanups.append))
+    from jupyter_gpumem.session import session_of
+
+    for setting, site_line in ((True, None), ("cell", None), ("lines", 1)):
+        trace_magics.on_load(tip, types.SimpleNamespace(trace=setting, default_device="cpu"))
+        assert trace.is_on() and trace.tracer().host_state == "on"
+        assert session_of(tip).tracer is trace.tracer(), "the shell's session owns it"
+        r = run(tip, "first = torch.ones(7)")
+        s = trace.site_of(("cpu", _ptr(tip, "first")))
+        assert (s.cell, s.line) == (r.execution_count, site_line)
+        tip.run_line_magic("unload_ext", "jupyter_gpumem")      # the session's teardown
+        assert not trace.is_on()
+        tip.run_line_magic("load_ext", "jupyter_gpumem")
+    trace_magics.on_load(tip, types.SimpleNamespace(trace=False))
     assert not trace.is_on()
 
 
@@ -682,7 +700,7 @@ CHILD = textwrap.dedent("""
     sh = InteractiveShell.instance()
     from jupyter_gpumem.core import trace
     assert "torch" not in sys.modules
-    line = trace.start(sh, "auto")
+    line = trace.start(sh, "auto", depth="lines")
     hooks = [type(f).__name__ for f in sys.meta_path]
     r = sh.run_cell("import torch\\nfirst = torch.arange(10.)", store_history=True)
     assert r.success, r.error_in_exec
@@ -702,8 +720,8 @@ def test_trace_on_before_import_torch(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert "waiting for `import torch`" in got["line"]
-    assert "_AfterImport" in got["hooks"] and "_AfterImport" not in got["after"]
-    assert got["loader"] != "_PostExecLoader"
+    assert "AfterImport" in got["hooks"] and "AfterImport" not in got["after"]
+    assert got["loader"] != "PostExecLoader"
     assert got["site"]["cell"] == got["count"] and got["site"]["line"] == 2
     assert got["site"]["source"] == "first = torch.arange(10.)"
     assert "host recording" in got["status"]
@@ -718,7 +736,7 @@ def test_trace_follows_the_backend_that_gives_a_feed(tip, monkeypatch, tmp_path)
     from jupyter_gpumem.backends.torch_trace import CudaFeed
 
     run(tip, "import torch")
-    trace.start(tip, "cpu")
+    trace.start(tip, "cpu", depth="lines")
     tr = trace.tracer()
     assert tr.backend.name == "torch" and type(tr.feed) is CudaFeed
     assert type(tr.host).__module__ == "jupyter_gpumem.backends.torch_trace"
@@ -737,7 +755,7 @@ def test_trace_follows_the_backend_that_gives_a_feed(tip, monkeypatch, tmp_path)
     (tmp_path / "otherfw_runtime.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "otherfw_runtime", raising=False)
-    line = trace.start(tip, "all")
+    line = trace.start(tip, "all", depth="lines")
     tr = trace.tracer()
     assert tr.backend is other and tr.feed is feed
     assert "waiting for `import otherfw_runtime`" in line, line
@@ -758,7 +776,7 @@ def test_name_rows_say_where_each_storage_was_allocated(ip):
     from conftest import run
 
     run(ip, "import torch")
-    run(ip, "%gpumem trace on --device cpu")
+    run(ip, "%gpumem trace on --lines --device cpu")
     try:
         run(ip, "x = torch.ones(1000)\ny = [torch.zeros(2000), x]")
         snap = ip.run_line_magic("gpumem", "y --device cpu -o")
@@ -775,7 +793,7 @@ def test_the_footer_and_gpuwatch_name_the_lines_that_allocated(ip, capsys):
     from conftest import run
 
     run(ip, "import torch")
-    run(ip, "%gpumem trace on --device cpu")
+    run(ip, "%gpumem trace on --lines --device cpu")
     try:
         run(ip, "%gpumem watch on --device cpu")
         capsys.readouterr()
@@ -799,12 +817,12 @@ def test_what_no_name_reaches_is_grouped_by_site_in_the_snapshot(ip):
 
     snap_mod = importlib.import_module("jupyter_gpumem.core.snapshot")
     run(ip, "import torch")
-    run(ip, "%gpumem trace on --device cpu")
+    run(ip, "%gpumem trace on --lines --device cpu")
     try:
         run(ip, "kept = torch.ones(1000)\nhidden_away = [torch.zeros(50_000)]")
         lost = ip.user_ns.pop("hidden_away")   # held by the test only: no name reaches it
-        reached = [("cpu", ip.user_ns["kept"].untyped_storage().data_ptr())]
-        sites = snap_mod._sites_of_unattributed({"cpu": 200_000}, reached)
+        reached = {("cpu", ip.user_ns["kept"].untyped_storage().data_ptr()): 4000}
+        sites = snap_mod.sites_of_unattributed({"cpu": 200_000}, reached)
     finally:
         run(ip, "%gpumem trace off")
     del lost
@@ -826,7 +844,8 @@ def test_trace_hears_of_cells_through_the_session_not_hooks_of_its_own(ip):
         tr = trace.tracer()
         assert (tr._pre, tr._post) in session._cell_hooks
         run(ip, "x = 1")
-        assert any(n == ip.execution_count - 1 for _, _, n in tr.intervals), "the cell was heard"
+        assert tr.spans is session.cells, "one record of cell spans: the session's"
+        assert any(s.count == ip.execution_count - 1 for s in session.cells), "the cell was heard"
     finally:
         run(ip, "%gpumem trace off")
     assert (trace.tracer() is None or not trace.is_on())

@@ -71,6 +71,9 @@ class Internal(JsonFields):
     freed_by_purge: bool = False
     kind: str = "allocated"
     note: str | None = None
+    #: its blocks ``(address, size)`` where the framework knows them (for trace, which
+    #: leaves them out of what no name reaches: they are shown here already)
+    blocks: tuple = json_field((), leave_out=True)
 
 
 class PurgeEstimate(NamedTuple):

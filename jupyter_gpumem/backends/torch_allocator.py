@@ -228,7 +228,7 @@ class AllocatorView:
             size_text = fmt_bytes(blocks[0][1]) + " each" if len(each) == 1 else "sizes vary"
             out.append(Internal(
                 label + ("s" if n > 1 else ""), dev, sum(s for _, s in blocks), "torch", count=n,
-                freed_by_purge=clears_workspaces, kind="allocated",
+                freed_by_purge=clears_workspaces, kind="allocated", blocks=tuple(blocks),
                 note=(f"one per cuBLAS handle and stream (the autograd engine's thread has "
                       f"its own), {size_text}{(sizes_note or {}).get(label, '')}; found as "
                       f"the unnamed blocks of that size; purge clears them")
@@ -247,13 +247,14 @@ class AllocatorView:
                 continue
             graph = pool[0] != 0
             what = "CUDA graph private pool" if graph else "torch.cuda.MemPool"
-            kept = sum(size for addr, size in fig.active if not reached.inside(addr, size))
+            kept_blocks = tuple(b for b in fig.active if not reached.inside(*b))
+            kept = sum(size for _, size in kept_blocks)
             why = ("freed once the CUDA graph that owns it is deleted (then a purge gives "
                    "it back)" if graph else "freed when the MemPool is deleted")
             if kept:
                 out.append(Internal(
                     f"{what} {pool}: kept blocks", dev, kept, "torch", count=fig.segments,
-                    freed_by_purge=False, kind="allocated",
+                    freed_by_purge=False, kind="allocated", blocks=kept_blocks,
                     note=f"intermediate and workspace blocks the pool keeps for replay; {why}"
                     if graph else f"blocks allocated in the pool that no name reaches; {why}"))
             if fig.free:

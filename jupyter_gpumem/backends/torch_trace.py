@@ -33,6 +33,8 @@ from .base import TraceCost as Cost
 #: the events of torch's history, as trace reads them (the host's are written the same way)
 _ALLOC, _FREE = "alloc", "free_requested"
 _HERE = os.path.abspath(__file__)
+#: the calls of one round of trace's calibration (four rounds with, four without)
+CALIBRATION_CALLS = 100
 
 
 # -- the CUDA allocator's history ------------------------------------------------------------------
@@ -122,9 +124,10 @@ class CudaFeed:
         except Exception:  # noqa: BLE001
             return None
 
-    def measure(self, enable: Callable[[], None], calls: int = 1000) -> Cost:
+    def measure(self, enable: Callable[[], None], calls: int = CALIBRATION_CALLS) -> Cost:
         """Time ``calls`` allocations (each freed at once) of 512 bytes on the current
-        device without recording, then ``enable()`` and with it. They reuse one cached
+        device without recording, then ``enable()`` and with it (the best of three
+        rounds after one to warm up: a few hundred allocations each way). They reuse one cached
         block; the events they add are cleared by the caller."""
         torch = self.torch()
         empty, uint8 = torch.empty, torch.uint8
@@ -212,6 +215,9 @@ class HostRecorder:
         self._expired, self._free_weak = base._expired, base._free_weak_ref
         self._stop_code = stop_code
         self._sweep_at = 4096
+        #: take each storage's Python frames (trace's line depth); False: its time alone
+        #: (cell depth: the cell comes from the time)
+        self.frames = True
         self.mode = _mode_class(torch)(self)
 
     # -- the mode on the shell's thread ------------------------------------------------
@@ -277,7 +283,7 @@ class HostRecorder:
             if rec is not None and not self._expired(rec.weak):
                 return
         nbytes = storage.nbytes()
-        inner, cin, cout = self._capture(sys._getframe(3))
+        inner, cin, cout = self._capture(sys._getframe(3)) if self.frames else (None,) * 3
         if rec is not None:
             self._free_weak(rec.weak)
         now = time.time()
@@ -296,6 +302,7 @@ class HostRecorder:
         """(innermost, innermost cell frame, outermost cell frame) as
         (filename, line, name), walking up to IPython's ``run_code``."""
         fmap = self.cells.filename_map()
+        magic_line = self.cells.magic_line
         stop = self._stop_code
         inner = cin = cout = None
         depth = 0
@@ -304,7 +311,8 @@ class HostRecorder:
             if code is stop:
                 break
             fn = code.co_filename
-            if fn in fmap or fn.startswith("<ipython-input-"):
+            if (fn in fmap or fn.startswith("<ipython-input-")) and not magic_line(fn, f.f_lineno):
+                # (a cell magic's rewritten line is not the user's: its body's line is)
                 fr = (fn, f.f_lineno, code.co_name)
                 if cin is None:
                     cin = fr
@@ -350,11 +358,12 @@ class HostRecorder:
             return None
         return r
 
-    def measure(self, calls: int = 1000) -> Cost:
+    def measure(self, calls: int = CALIBRATION_CALLS) -> Cost:
         """Time ``calls`` small CPU additions without the mode and with a scratch one
-        (that records into a table of its own, dropped afterwards)."""
+        (that records as this one does into a table of its own, dropped afterwards)."""
         torch = self.torch
         scratch = HostRecorder(self.cells, 16, self._stop_code)
+        scratch.frames = self.frames
         a = torch.ones(16)
 
         def deep(n: int):

@@ -452,7 +452,7 @@ def _assemble(device: str, ids: list[str], accs, usages, result, names, extra,
     unattributed = _unattributed(usages, reached, internals)
     for du in usages:
         du.attributed = sum(reached.get(du.id, {}).values())
-    sites = _sites_of_unattributed(unattributed, sharing.keys)
+    sites = _sites_of_unattributed(unattributed, result, internals) if _trace.is_on() else {}
     return Snapshot(device, usages, holders, unattributed, bool(accs), result.partial,
                     messages, result.seconds, details=details, internals=internals,
                     unattributed_sites=sites)
@@ -494,16 +494,37 @@ def _allocation_sites(details: list[Holder]) -> None:
 SITE_GROUPS = 5   # allocation sites shown for what no name reaches, per device
 
 
-def _sites_of_unattributed(unattributed: dict, reached_keys) -> dict[str, list[dict]]:
+def _sites_of_unattributed(unattributed: dict, result, internals: list[Internal]
+                           ) -> dict[str, list[dict]]:
     """While trace is on: what no name reaches on each device, by allocation site."""
+    sizes = {k: _NBYTES(_INFO(v)) for reach in result.reach for k, v in reach.storages.items()}
+    return sites_of_unattributed(unattributed, sizes, internals)
+
+
+def sites_of_unattributed(unattributed: dict, sizes: dict, internals: list[Internal] = ()
+                          ) -> dict[str, list[dict]]:
+    """What no name reaches on each device with unattributed bytes, by allocation site
+    (``sizes``: the reached storages' keys -> bytes): the blocks the internals name (the
+    workspaces, a graph's pool) are left out, as they are of the unattributed figure,
+    and the allocator's rounding past the named storages is a group of its own, so the
+    groups add up to the figure; past the first few, one row sums the others."""
     if not _trace.is_on():
         return {}
     out = {}
     for dev, nbytes in unattributed.items():
         if nbytes:
-            groups = _trace.unattributed_sites(reached_keys, dev)[:SITE_GROUPS]
-            if groups:
-                out[dev] = [dict(g.to_json(), text=g.text) for g in groups]
+            shown = {addr: i.label for i in internals
+                     if i.device == dev and i.kind == "allocated" for addr, _ in i.blocks}
+            groups = _trace.unattributed_sites(sizes, dev, shown)
+            rows = [dict(g.to_json(), text=g.text) for g in groups[:SITE_GROUPS]]
+            rest = groups[SITE_GROUPS:]
+            if rest:
+                size, count = sum(g.nbytes for g in rest), sum(g.count for g in rest)
+                rows.append({"site": None, "bytes": size, "count": count, "device": dev,
+                             "text": f"{fmt_bytes(size)} in {count} block(s) · "
+                                     f"{len(rest)} other site(s)"})
+            if rows:
+                out[dev] = rows
     return out
 
 

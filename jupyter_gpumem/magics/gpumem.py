@@ -41,7 +41,7 @@ USAGE = """\
 %gpumem plot [--save FILE]
 %gpumem panel [--device ...] [--interval S] [--window S] [--close]
 %gpumem tame [--give-back] | off | status
-%gpumem trace on|off [--stacks python|all] [--device ...] [--save FILE]
+%gpumem trace on|off [--lines [--stacks python|all]] [--device ...] [--save FILE.pickle]
 %%gpuwatch [-o NAME] [--interval S] [--plot] [--device ...]"""
 
 

@@ -1,12 +1,14 @@
-"""``jupyter_gpumem.trace`` on a real GPU (issue 13, Build point 2).
+"""``jupyter_gpumem.trace`` on a real GPU, at both depths.
 
 * With trace on from the first cell (as ``c.GpuMemMagics.trace = True`` does, before
-  ``import torch``), in a fresh IPython shell of a child process: a small GPT trains
-  with Adam, defined and run over several cells. Then every storage of every holder
-  has an allocation site that names a cell and a line, and at least 99 % of the
-  unattributed bytes have one too (or are an internal holder: the cuBLAS workspaces,
-  whose blocks carry no frame that names cuBLAS, are labelled by the product's own
-  classifier). The saved snapshot names the cells ``In[N]`` and loads with
+  ``import torch``; ``"lines"`` for line depth), in a fresh IPython shell of a child
+  process: a small GPT trains with Adam, defined and run over several cells (200 steps:
+  at cell depth the history's ring turns over, so the sites of blocks whose events
+  left it come from what trace kept). Then every storage of every holder names its
+  cell (at line depth, a cell and a line), and at least 99 % of the unattributed
+  bytes do too. The product's own snapshot: the sum of its unattributed sites equals
+  its unattributed figure to the byte, and the internals (the cuBLAS workspaces) are
+  not listed again among the sites. The saved snapshot names the cells ``In[N]`` and loads with
   ``torch.cuda._memory_viz``. The child also checks torch's format as trace reads it
   (frames innermost first, ``time_us`` in epoch microseconds, the backward's blocks
   without Python frames) and prints the costs of reading it.
@@ -85,8 +87,9 @@ CHILD = textwrap.dedent("""
     from jupyter_gpumem.magics import trace as trace_magics
     assert "torch" not in sys.modules
     # what the magics do at load with c.GpuMemMagics.trace = True
-    trace_magics.on_load(sh, types.SimpleNamespace(trace=True, default_device="auto",
-                                            add_cleanup=lambda fn: None))
+    depth = os.environ["TRACE_DEPTH"]
+    trace_magics.on_load(sh, types.SimpleNamespace(trace=True if depth == "cell" else depth,
+                                                   default_device="auto"))
     out = {"status_at_load": trace.status()}
     cells = json.loads(os.environ["TRACE_CELLS"])
     sh.user_ns["STEPS"] = int(os.environ["TRACE_STEPS"])
@@ -133,7 +136,7 @@ CHILD = textwrap.dedent("""
         holders[root.name] = len(ks)
         for k in ks:
             s = sites.get(k)
-            if s is None or not s.in_cell:
+            if s is None or s.cell is None or (depth == "lines" and not s.in_cell):
                 missing.append([root.name, hex(k[1]), s.text if s else None])
     out["sites_s"] = time.perf_counter() - t
     out["holders"] = holders
@@ -147,28 +150,35 @@ CHILD = textwrap.dedent("""
     g = trace.sites_of([("cuda:0", p.grad.untyped_storage().data_ptr())
                         for p in sh.user_ns["model"].parameters()][:1])
     out["grad_site"] = next(iter(g.values())).to_json() if g else None
-    # the product's own classifier of the internals (workspaces) labels their blocks
-    labels = {}
-    try:
-        from jupyter_gpumem.backends import active_backends
-        from jupyter_gpumem.backends.torch_allocator import Reached
-        tb = next(b for b in active_backends() if b.name == "torch")
-        t = time.perf_counter()
-        view = tb.allocator_view(0)
-        out["allocator_view_s"] = time.perf_counter() - t
-        for label, blocks in view.workspaces(Reached.of(keys, "cuda:0")).items():
-            for addr, _ in blocks:
-                labels[addr] = label
-    except Exception as exc:
-        out["labels_error"] = repr(exc)
+    first = next(iter(sh.user_ns["model"].parameters()))
+    state = sh.user_ns["opt"].state[first]["exp_avg"]
+    out["adam_state_site"] = trace.site_of(("cuda:0", state.untyped_storage().data_ptr())).text
+    # the product's own snapshot: its unattributed figure, its sites, its internals
+    from jupyter_gpumem.core import snapshot as snapmod
     t = time.perf_counter()
-    groups = trace.unattributed_sites(keys, "cuda:0", labels)
+    snap = snapmod.build(shell=sh, device="cuda:0", time_limit=30)
+    out["build_s"] = time.perf_counter() - t
+    out["figure"] = snap.unattributed.get("cuda:0")
+    rows = snap.unattributed_sites.get("cuda:0", [])
+    out["rows"] = [r["text"] for r in rows]
+    out["rows_sum"] = sum(r["bytes"] for r in rows)
+    internals = [i for i in snap.internals if i.device == "cuda:0" and i.kind == "allocated"]
+    out["internals"] = [[i.label, i.nbytes, len(i.blocks)] for i in internals]
+    shown = {addr: i.label for i in internals for addr, _ in i.blocks}
+    sizes = {k: v[0][1] for reach in result.reach for k, v in reach.storages.items()}
+    t = time.perf_counter()
+    groups = trace.unattributed_sites(sizes, "cuda:0", shown)
     out["unattributed_s"] = time.perf_counter() - t
     total = sum(g.nbytes for g in groups)
-    sited = sum(g.nbytes for g in groups if g.site.in_cell or g.label)
     out["unattributed"] = total
-    out["unattributed_sited"] = sited
+    out["unattributed_sited"] = sum(g.nbytes for g in groups if g.site.cell is not None
+                                    and (depth == "cell" or g.site.how == "rounding"
+                                         or g.site.in_cell))
     out["groups"] = [g.text for g in groups[:12]]
+    # what the internals' blocks would add if they were listed again
+    out["with_internals"] = sum(g.nbytes for g in trace.unattributed_sites(sizes, "cuda:0"))
+    out["internal_bytes"] = sum(size for i in internals for _, size in i.blocks)
+    out["refreshes"] = list(tr.refreshes)
     out["allocated"] = torch.cuda.memory_allocated(0)
     t = time.perf_counter()
     lines = trace.cell_lines(counts[4])
@@ -193,8 +203,9 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_trace_from_the_first_cell_names_every_storage():
-    env = dict(os.environ, TRACE_CELLS=json.dumps(CELLS), TRACE_STEPS="200")
+@pytest.mark.parametrize("depth", ["cell", "lines"])
+def test_trace_from_the_first_cell_names_every_storage(depth):
+    env = dict(os.environ, TRACE_CELLS=json.dumps(CELLS), TRACE_STEPS="200", TRACE_DEPTH=depth)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
                           timeout=500, env=env, cwd=ROOT)
@@ -203,7 +214,7 @@ def test_trace_from_the_first_cell_names_every_storage():
     got = json.loads(line[len("RESULT "):])
     print(json.dumps(got, indent=1))
     c = got["cells"]
-    figures("trace from the first cell, GPT 4x256 + Adam, 200 steps",
+    figures(f"trace from the first cell at {depth} depth, GPT 4x256 + Adam, 200 steps",
             train_s=round(got["train_s"], 2), entries=got["entries"],
             snapshot_s=round(got["snapshot_s"], 3), index_s=round(got["index_s"], 3),
             sites_s=round(got["sites_s"], 3), unattributed_s=round(got["unattributed_s"], 3),
@@ -212,30 +223,46 @@ def test_trace_from_the_first_cell_names_every_storage():
             allocated_mib=round(got["allocated"] / MiB, 1),
             unattributed_mib=round(got["unattributed"] / MiB, 2),
             sited_share=round(got["unattributed_sited"] / max(got["unattributed"], 1), 4),
-            allocator_view_s=got.get("allocator_view_s"))
+            build_s=round(got["build_s"], 3), refreshes=got["refreshes"])
     assert "waiting for `import torch`" in got["status_at_load"]
     assert "CUDA recording" in got["status"] and "cost +" in got["status"], got["status"]
+    assert ("cell depth" in got["status"]) == (depth == "cell"), got["status"]
     # torch's format, as trace reads it
     assert abs(got["time_us_lag_s"]) < 600, "time_us is in epoch microseconds"
-    assert got["frameless_active"] > 0, "the backward's blocks (the gradients) have no frame"
-    # every storage of every holder: a cell and a line
+    if depth == "lines":
+        assert got["frameless_active"] > 0, "the backward's blocks (the gradients) have no frame"
+    # every storage of every holder names its cell (at line depth, a cell and a line)
     assert got["holders"].keys() >= {"model", "opt", "data", "logits", "batch"}
     assert got["n_missing"] == 0, got["missing"]
     ex = got["example_sites"]
-    assert ex["data"] == f"cell [{c[3]}] line 1: data = torch.randint(0, 512, (64, 129), device='cuda')"
-    assert ex["model"].startswith(f"cell [{c[2]}] line 2: model = GPT().cuda()")
-    assert ex["logits"].startswith(f"cell [{c[1]}] ")    # inside the model: its forward's line
-    # a gradient, allocated by autograd's thread: the line that ran the backward
-    g = got["grad_site"]
-    assert g["cell"] == c[4] and g["how"] == "nearest" and g["source"] == "loss.backward()", g
-    # what no name reaches: at least 99 % of its bytes have a cell and line (or an internal's label)
+    if depth == "cell":
+        assert ex["data"] == f"cell [{c[3]}]" and ex["model"] == f"cell [{c[2]}]", ex
+        # Adam's state: made by the training cell's first step, its event long gone
+        assert got["adam_state_site"] == f"cell [{c[4]}]", got["adam_state_site"]
+        assert got["entries"] >= 100_000, "the ring turned over during the training cell"
+    else:
+        assert ex["data"] == f"cell [{c[3]}] line 1: data = torch.randint(0, 512, (64, 129), device='cuda')"
+        assert ex["model"].startswith(f"cell [{c[2]}] line 2: model = GPT().cuda()")
+        assert ex["logits"].startswith(f"cell [{c[1]}] ")    # inside the model: its forward's line
+        # a gradient, allocated by autograd's thread: the line that ran the backward
+        g = got["grad_site"]
+        assert g["cell"] == c[4] and g["how"] == "nearest" and g["source"] == "loss.backward()", g
+    # what no name reaches: at least 99 % of its bytes name their cell
     assert got["unattributed"] > 0
     assert got["unattributed_sited"] >= 0.99 * got["unattributed"], got["groups"]
+    # the sites add up to the report's unattributed figure, to the byte, and the
+    # internals (cuBLAS workspaces) are not among them
+    assert got["unattributed"] == got["figure"] == got["rows_sum"], (got["figure"], got["rows"])
+    assert got["internals"] and got["internal_bytes"] > 0, got["internals"]
+    assert got["with_internals"] - got["unattributed"] == got["internal_bytes"], got["internals"]
     # the lines of the training cell, and the line at its peak
     cl = got["cell_lines"]
     assert cl["lines"] and cl["peak"] is not None, cl
-    assert {la["line"] for la in cl["lines"]} <= set(range(1, 9))
-    assert got["cell_lines_text"].startswith(f"cell [{c[4]}] allocated most: ")
+    if depth == "lines":
+        assert {la["line"] for la in cl["lines"]} <= set(range(1, 9))
+        assert got["cell_lines_text"].startswith(f"cell [{c[4]}] allocated most: ")
+    else:
+        assert got["cell_lines_text"].startswith(f"cell [{c[4]}] allocated ")
     # the visualizer's file: cells named In[N], readable by torch.cuda._memory_viz
     assert got["viz_segsum"] and got["viz_html"] and "entries" in got["viz_trace"]
     assert {f"In[{c[2]}]", f"In[{c[3]}]"} <= set(got["viz_cells"]), got["viz_cells"]
@@ -245,9 +272,9 @@ def test_trace_on_with_cuda_in_use(ip):
     trace.stop()
     run(ip, "import torch, torch.nn.functional as F\n"
             "pre = torch.ones(1 << 20, device='cuda')\n_ = pre @ pre")
-    line = trace.start(ip, "cuda:0")
+    line = trace.start(ip, "cuda:0", depth="lines")
     figures("trace on, cost line", line=line)
-    assert line.startswith("trace is on: CUDA recording (python stacks")
+    assert line.startswith("trace is on: CUDA recording (lines: python stacks")
     assert "cost +" in line and "per CUDA allocation" in line and "\n" not in line
     try:
         r = run(ip, "post = torch.zeros(1 << 20, device='cuda')\nz = pre + post\n"
