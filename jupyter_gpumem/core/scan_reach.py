@@ -476,10 +476,10 @@ class Reacher:
                 keys = dict.keys(obj)
                 atoms, odd = split_keyable(list(keys))
                 if odd or not ATOMIC.issuperset(map(type, atoms)):
-                    self._admit_iter(iter(keys))
-                self._admit_iter(iter(dict.values(obj)))
+                    self.admit_iter(iter(keys))
+                self.admit_iter(iter(dict.values(obj)))
             else:
-                self._admit_iter(tp.__iter__(obj))
+                self.admit_iter(tp.__iter__(obj))
             if type(obj) is not tp:   # a subclass: what its instance holds besides
                 self._admit(self._own(obj))
         except OutOfTime:
@@ -494,7 +494,8 @@ class Reacher:
         own = d.__get__(obj) if d is not None else None
         return [tp] + ([own] if own else [])
 
-    def _admit_iter(self, it: Any) -> None:
+    def admit_iter(self, it: Any) -> None:
+        """What ``it`` gives, admitted a slice at a time (the time limit looked at between two)."""
         while True:
             self._check_time()
             chunk = list(islice(it, SLICE))
@@ -826,15 +827,22 @@ def _frame(walker: Reacher, obj: Any) -> list:
 
 
 def ndarray_items(obj: Any) -> Any:
-    """The elements of a numpy object array (nothing for other arrays)."""
+    """The elements of a numpy object array (nothing for other arrays), an iterator."""
     base = sys.modules["numpy"].ndarray.__dict__
     if not base["dtype"].__get__(obj).hasobject:
         return iter(())
     return iter(base["flat"].__get__(obj))
 
 
+def ndarray_size(obj: Any) -> int:
+    """How many elements a numpy array has (through the base type's descriptor)."""
+    return sys.modules["numpy"].ndarray.__dict__["size"].__get__(obj)
+
+
 def _ndarray(walker: Reacher, obj: Any) -> list:
-    return list(ndarray_items(obj))
+    # in slices, the clock looked at between two: a long array is never made a list
+    walker.admit_iter(ndarray_items(obj))
+    return []
 
 
 def _pandas(walker: Reacher, obj: Any) -> list:
