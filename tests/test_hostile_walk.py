@@ -108,3 +108,150 @@ def test_the_time_limit_holds_and_the_scan_says_it_was_cut(code, limit, form):
     that each scan must be cut."""
     out = limited(code, limit, form, measure=True)
     assert_in_time(out, None)
+
+
+# -- no method of the user's runs ---------------------------------------------------------
+CALLS: list[str] = []
+
+
+class LogTuple(tuple):
+    """A tuple subclass whose protocol methods record that they ran (and may be slow,
+    or raise, as ``HOW`` says)."""
+
+    HOW = "log"
+
+    def _ran(self, what):
+        CALLS.append(what)
+        if LogTuple.HOW == "slow":
+            import time
+            time.sleep(1.0)
+        elif LogTuple.HOW == "raise":
+            raise RuntimeError(f"{what} of the user's")
+
+    def __bool__(self):
+        self._ran("tuple __bool__")
+        return True
+
+    def __iter__(self):
+        self._ran("tuple __iter__")
+        return tuple.__iter__(self)
+
+    def __len__(self):
+        self._ran("tuple __len__")
+        return tuple.__len__(self)
+
+
+class LogDict(dict):
+    def __bool__(self):
+        CALLS.append("dict __bool__")
+        return True
+
+    def __len__(self):
+        CALLS.append("dict __len__")
+        return dict.__len__(self)
+
+    def __iter__(self):
+        CALLS.append("dict __iter__")
+        return dict.__iter__(self)
+
+    def keys(self):
+        CALLS.append("dict keys")
+        return dict.keys(self)
+
+    def items(self):
+        CALLS.append("dict items")
+        return dict.items(self)
+
+    def __getitem__(self, key):
+        CALLS.append("dict __getitem__")
+        return dict.__getitem__(self, key)
+
+    def __setitem__(self, key, value):
+        CALLS.append("dict __setitem__")
+        dict.__setitem__(self, key, value)
+
+
+class LogList(list):
+    def __bool__(self):
+        CALLS.append("list __bool__")
+        return True
+
+    def __len__(self):
+        CALLS.append("list __len__")
+        return list.__len__(self)
+
+
+def every_view(ip, *names):
+    """The report, each name's rows, and a dry-run purge of the names: no user code."""
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    for name in names:
+        ip.run_line_magic("gpumem", f"{name} --device cpu -o")
+    ip.run_line_magic("gpumem", f"purge {' '.join(names)} --dry-run --device cpu -o")
+    return snap
+
+
+@pytest.mark.parametrize("how", ["log", "slow", "raise"])
+def test_defaults_of_a_tuple_subclass_run_nothing(ip, walk, how, monkeypatch):
+    monkeypatch.setattr(LogTuple, "HOW", how)
+
+    def f(a=None):
+        return a
+
+    f.__defaults__ = LogTuple((torch.ones(N),))
+    ip.user_ns["f"] = f
+    CALLS.clear()
+    snap = every_view(ip, "f")
+    h = snap.holder("f")
+    assert h.unique == 4 * N and h.largest_path == "f→default:0"
+    freed = ip.run_line_magic("gpumem", "purge f --device cpu -o")
+    assert "f" in freed.removed and "f" not in ip.user_ns
+    assert CALLS == [], CALLS
+
+
+def test_keyword_defaults_of_a_dict_subclass_run_nothing(ip, walk):
+    def g(*, b=None):
+        return b
+
+    g.__kwdefaults__ = LogDict(b=torch.ones(N))
+    ip.user_ns["g"] = g
+    CALLS.clear()
+    snap = every_view(ip, "g")
+    assert snap.holder("g").unique == 4 * N and snap.holder("g").largest_path == "g→default:b"
+    assert CALLS == [], CALLS
+
+
+def test_a_class_body_namespace_of_the_users_is_never_asked(ip, walk):
+    """A metaclass's ``__prepare__`` gives the class body a mapping of the user's; the
+    body raised, so the last traceback keeps its frame. ``dict(frame.f_locals)`` ran its
+    ``keys`` and ``__getitem__`` (and ``f_locals`` writes the frame's cells into it)."""
+    ip.user_ns.update(LogDict=LogDict, torch=torch)
+    run(ip, "class M(type):\n"
+            "    @classmethod\n"
+            "    def __prepare__(mcls, name, bases):\n"
+            "        return LogDict()\n"
+            "class C(metaclass=M):\n"
+            f"    big = torch.ones({N})\n"
+            "    def method(self):\n"
+            "        return __class__\n"
+            "    raise ValueError('in the class body')", expect_error=True)
+    CALLS.clear()
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    held = [h for h in snap.holders if h.name.startswith("last traceback")]
+    assert [h.unique for h in held] == [4 * N], [(h.name, h.unique) for h in snap.holders]
+    assert held[0].largest_path.endswith("C(): big"), held[0].largest_path
+    assert CALLS == [], CALLS
+    ip.run_line_magic("gpumem", "purge --device cpu")
+    assert CALLS == [], CALLS
+
+
+def test_a_long_list_subclass_with_a_dict_subclass_for_its_dict(ip, walk):
+    ll = LogList(range(40_000))
+    list.append(ll, torch.ones(N))
+    ll.__dict__ = LogDict(x=torch.ones(8))
+    ip.user_ns["ll"] = ll
+    CALLS.clear()
+    snap = every_view(ip, "ll")
+    assert snap.holder("ll").unique == 4 * N + 32
+    rows = ip.run_line_magic("gpumem", "ll --device cpu -o").holder("ll").rows
+    assert {r.path for r in rows} == {"ll[40000]", "ll.x"}
+    assert CALLS == [], CALLS

@@ -719,7 +719,7 @@ def _l_instance(f: PathFinder, obj: Any, covered: bool = False):
     own = None
     if dict_descr is not None:
         own = dict_descr.__get__(obj)
-        if type(own) is dict and dict.__len__(own):
+        if is_a(own, dict) and dict.__len__(own):   # a dict subclass through dict's own
             out += [(("attr", k), v) for k, v in dict.items(own)]
     for name, descr in slots:
         try:

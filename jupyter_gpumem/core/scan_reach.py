@@ -492,7 +492,7 @@ class Reacher:
         tp = type(obj)
         d = dict_descriptor(tp)
         own = d.__get__(obj) if d is not None else None
-        return [tp] + ([own] if own else [])
+        return [tp] + ([own] if own is not None else [])
 
     def admit_iter(self, it: Any) -> None:
         """What ``it`` gives, admitted a slice at a time (the time limit looked at between two)."""
@@ -790,7 +790,11 @@ def function_parts(obj: Any) -> tuple:
             closure.append((name, cell.cell_contents))
         except ValueError:
             continue
-    return closure, obj.__defaults__ or (), obj.__kwdefaults__ or {}, obj.__dict__
+    # read through the base types: a subclass of tuple or dict set as the defaults
+    # never runs its own __bool__, __len__ or __iter__
+    defaults, kwdefaults = obj.__defaults__, obj.__kwdefaults__
+    return (closure, () if defaults is None else list(tuple.__iter__(defaults)),
+            {} if kwdefaults is None else kwdefaults, obj.__dict__)
 
 
 def _function(walker: Reacher, obj: Any) -> list:
@@ -814,12 +818,30 @@ def _generator(walker: Reacher, obj: Any) -> list:
     return _frame(walker, frame) if frame is not None else []
 
 
+CO_OPTIMIZED = 1   # a function's frame (its locals in the frame's fast slots)
+
+
 def frame_locals(obj: Any) -> dict:
-    """A frame's local variables (none for a module's frame: they are its globals)."""
-    local_vars = obj.f_locals
-    if local_vars is obj.f_globals:
+    """A frame's local variables (none for a module's frame: they are its globals).
+
+    A frame whose code is not a function's (a class body, exec'd code) keeps its
+    namespace in a mapping that may be the user's (a metaclass's ``__prepare__``): it is
+    not read through ``f_locals`` (which writes the frame's cells into it, through its
+    ``__setitem__``), but found among the frame's referents; a dict (or a subclass) is
+    read through dict's own methods, any other mapping is one local, ``f_locals``."""
+    if obj.f_code.co_flags & CO_OPTIMIZED:
+        return dict.copy(obj.f_locals)   # a dict the frame makes
+    # its referents: the frame before, the trace function, the namespace, the function,
+    # the code and the cells (a class body's ``__class__``)
+    other = (obj.f_back, obj.f_trace, obj.f_globals)
+    skip = (types.CodeType, types.FunctionType, types.CellType)
+    namespace = next((r for r in get_referents(obj) if not issubclass(type(r), skip)
+                      and not any(map(is_, repeat(r), other))), None)
+    if namespace is None:
         return {}
-    return dict(local_vars)
+    if issubclass(type(namespace), dict):
+        return dict(dict.items(namespace))
+    return {"f_locals": namespace}
 
 
 def _frame(walker: Reacher, obj: Any) -> list:
