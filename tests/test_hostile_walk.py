@@ -255,3 +255,100 @@ def test_a_long_list_subclass_with_a_dict_subclass_for_its_dict(ip, walk):
     rows = ip.run_line_magic("gpumem", "ll --device cpu -o").holder("ll").rows
     assert {r.path for r in rows} == {"ll[40000]", "ll.x"}
     assert CALLS == [], CALLS
+
+
+# -- memory that views another's ---------------------------------------------------------
+def test_a_mappingproxy_a_memoryview_and_a_numpy_view_lead_to_their_tensor(ip, walk):
+    """A mappingproxy and a memoryview were skipped as atoms (``purge mp``: "holds no
+    host memory"); a numpy array made by ``tensor.numpy()`` keeps the tensor as its
+    base. A library class's namespace is still not entered."""
+    run(ip, "import types, torch\n"
+            f"mp = types.MappingProxyType({{'t': torch.ones({N})}})\n"
+            f"mv = memoryview(torch.ones({2 * N}).numpy())\n"
+            f"arr = torch.ones({3 * N}).numpy()\n"
+            "gone = memoryview(b'x'); gone.release()\n"
+            "lib = torch.Tensor.__dict__")
+    snap = every_view(ip, "mp", "mv", "arr")
+    got = {h.name: (h.unique, h.largest_path) for h in snap.holders}
+    assert got == {"mp": (4 * N, "mp['t']"), "mv": (8 * N, "mv.obj.base"),
+                   "arr": (12 * N, "arr.base")}, got
+    assert not any("refused" in m for m in snap.messages), snap.messages
+    freed = ip.run_line_magic("gpumem", "purge mp mv --device cpu -o")
+    assert {"mp", "mv"} <= set(freed.removed)
+    assert freed.freed["cpu"] >= 12 * N, freed.freed
+
+
+def test_a_library_function_beside_a_tensor_is_no_refusal(ip, walk):
+    """A library's function (its parts are not read) counted as an object that refused
+    introspection: its empty keyword defaults were a tuple."""
+    run(ip, f"import os, torch\nfs = [os.path.join, torch.ones({N})]")
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    assert snap.holder("fs").unique == 4 * N
+    assert not any("refused" in m for m in snap.messages), snap.messages
+
+
+# -- tensors a framework object keeps where the walk did not look ----------------------
+class Wrapper(torch.Tensor):
+    """A wrapper subclass (as torch's own tensor subclasses are made): no memory of its
+    own, the real tensor in ``.elem``; its dispatch and attribute reads record that
+    they ran."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        out = torch.Tensor._make_wrapper_subclass(cls, elem.size(), dtype=elem.dtype,
+                                                  device=elem.device)
+        out.elem = elem
+        return out
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        CALLS.append(f"__torch_dispatch__ {func}")
+        from torch.utils._pytree import tree_map
+
+        def unwrap(x):
+            return x.elem if type(x) is cls else x
+
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+
+    def __getattribute__(self, name):
+        CALLS.append(f"__getattribute__ {name}")
+        return object.__getattribute__(self, name)
+
+
+def test_a_wrapper_tensor_subclass_counts_its_inner_tensor(ip, walk):
+    """The wrapper's storage has no data pointer: the whole object was skipped (one
+    "refused introspection"), so ``.elem`` was never counted."""
+    ip.user_ns["w"] = Wrapper(torch.ones(N))
+    CALLS.clear()
+    snap = every_view(ip, "w")
+    h = snap.holder("w")
+    assert (h.unique, h.largest_path) == (4 * N, "w.elem"), (h.unique, h.largest_path)
+    assert not any("refused" in m for m in snap.messages), snap.messages
+    assert CALLS == [], CALLS
+    freed = ip.run_line_magic("gpumem", "purge w --device cpu -o")
+    assert freed.freed["cpu"] >= 4 * N, freed.freed
+
+
+class KeepsExtra(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.extra = torch.ones(2 * N)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+def test_what_a_custom_function_keeps_on_its_ctx_is_the_outputs(ip, walk):
+    """``ctx.extra`` lives in the graph node's Python attributes, which no walk read:
+    it was counted for nobody."""
+    x = torch.ones(N, requires_grad=True)
+    ip.user_ns["out"] = KeepsExtra.apply(x)
+    del x
+    snap = every_view(ip, "out")
+    h = snap.holder("out")
+    rows = {r.path: r.nbytes for r in
+            ip.run_line_magic("gpumem", "out --device cpu -o").holder("out").rows}
+    assert rows.get("out.grad_fn→KeepsExtraBackward.extra") == 8 * N, rows
+    assert h.unique == 4 * N + 8 * N + 4 * N, rows   # out, ctx.extra, the leaf x

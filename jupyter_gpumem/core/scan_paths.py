@@ -36,13 +36,14 @@ from typing import Any
 
 from ..backends.base import dict_descriptor
 from .scan_reach import (
-    function_parts, frame_locals, generator_frame, ndarray_items, ndarray_size,
+    function_parts, frame_locals, generator_frame, ndarray_base, ndarray_holds_objects,
+    ndarray_items, ndarray_size,
 )
 from .scan_types import (
     ATOMIC, BUILTIN, CELL, CLASS, CONTAINER, DICT, DICT_SUB, EXCEPTION, FRAME, FUNCTION,
-    GENERATOR, INSTANCE, LRU, METHOD, MODULE, MODULE_DICT, NDARRAY, PANDAS, PARTIAL, SEQ,
-    SEQ_SUB, SET, SET_SUB, TENSOR, TRACEBACK, TYPE_DICT, classify, has_native_base, is_a,
-    is_library_module_name, keyable, keyable_meta, slots_of,
+    GENERATOR, INSTANCE, LRU, MEMORYVIEW, METHOD, MODULE, MODULE_DICT, NDARRAY, PANDAS, PARTIAL,
+    PROXY, SEQ, SEQ_SUB, SET, SET_SUB, TENSOR, TRACEBACK, TYPE_DICT, classify, has_native_base,
+    is_a, is_library_module_name, keyable, keyable_meta, slots_of, viewed,
 )
 from .scan_types import ATOMIC_IDS as _ATOMIC_IDS
 
@@ -488,8 +489,8 @@ _LONG = frozenset({DICT, SEQ, SET, NDARRAY})
 
 def _size(obj: Any, kind: str) -> int:
     """How many items a container has (0 for other kinds), by its base type's C length."""
-    if kind == NDARRAY:
-        return ndarray_size(obj)
+    if kind == NDARRAY:   # the elements of an object array (another holds none)
+        return ndarray_size(obj) if ndarray_holds_objects(obj) else 0
     base = _BASES.get(kind)
     if base is None:
         return 0
@@ -690,7 +691,21 @@ def _l_exception(f: PathFinder, obj: Any):
 
 
 def _l_ndarray(f: PathFinder, obj: Any):
-    return _labelled(f, ndarray_items(obj), "flat")
+    base = ndarray_base(obj)
+    return _labelled(f, ndarray_items(obj), "flat") + (
+        [(("attr", "base"), base)] if base is not None else [])
+
+
+def _l_memoryview(f: PathFinder, obj: Any):
+    got = viewed(obj)
+    return [(("attr", "obj"), got)] if got is not None else ()
+
+
+def _l_proxy(f: PathFinder, obj: Any):
+    got = viewed(obj)
+    if got is None:
+        return ()
+    return _dict_items(f, got) if is_a(got, dict) else [(("ref",), got)]
 
 
 def _layout(f: PathFinder, tp: type) -> tuple:
@@ -755,5 +770,5 @@ _LABELLED = {
     FUNCTION: _l_function, METHOD: _l_method, BUILTIN: _l_builtin, PARTIAL: _l_partial,
     LRU: _l_lru, CELL: _l_cell, GENERATOR: _l_generator, FRAME: _l_frame,
     TRACEBACK: _l_traceback, EXCEPTION: _l_exception, NDARRAY: _l_ndarray,
-    INSTANCE: _l_instance, PANDAS: _l_pandas,
+    INSTANCE: _l_instance, PANDAS: _l_pandas, MEMORYVIEW: _l_memoryview, PROXY: _l_proxy,
 }

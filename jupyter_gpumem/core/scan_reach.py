@@ -36,9 +36,9 @@ from ..backends.base import dict_descriptor
 from . import native
 from .scan_types import (
     ATOMIC, CELL, CLASS, CONTAINER, DICT, DICT_SUB, EXCEPTION, FRAME, FUNCTION, GENERATOR,
-    INSTANCE, LRU, METHOD, BUILTIN, MODULE, MODULE_DICT, NDARRAY, PANDAS, PARTIAL, SEQ,
-    SEQ_SUB, SET, SET_SUB, SKIP, TENSOR, TRACEBACK, TYPE_DICT, TYPE_FLAGS, HAVE_GC, classify,
-    is_library_module_name, untracked_holds_nothing,
+    INSTANCE, LRU, MEMORYVIEW, METHOD, BUILTIN, MODULE, MODULE_DICT, NDARRAY, PANDAS, PARTIAL,
+    PROXY, SEQ, SEQ_SUB, SET, SET_SUB, SKIP, TENSOR, TRACEBACK, TYPE_DICT, TYPE_FLAGS, HAVE_GC, classify,
+    is_library_module_name, untracked_holds_nothing, viewed,
 )
 from .scan_types import keyable, split_keyable, type_name_of
 
@@ -783,7 +783,7 @@ def function_parts(obj: Any) -> tuple:
     """A function of the user's: its closure's values, defaults and attributes (a
     library's function: nothing)."""
     if is_library_module_name(obj.__module__):
-        return (), (), (), {}
+        return (), (), {}, {}
     closure = []
     for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
         try:
@@ -848,12 +848,16 @@ def _frame(walker: Reacher, obj: Any) -> list:
     return [v for v in dict.values(frame_locals(obj)) if v is not obj]
 
 
+def ndarray_holds_objects(obj: Any) -> bool:
+    """Whether a numpy array's elements are Python objects (its dtype's ``hasobject``)."""
+    return sys.modules["numpy"].ndarray.__dict__["dtype"].__get__(obj).hasobject
+
+
 def ndarray_items(obj: Any) -> Any:
     """The elements of a numpy object array (nothing for other arrays), an iterator."""
-    base = sys.modules["numpy"].ndarray.__dict__
-    if not base["dtype"].__get__(obj).hasobject:
+    if not ndarray_holds_objects(obj):
         return iter(())
-    return iter(base["flat"].__get__(obj))
+    return iter(sys.modules["numpy"].ndarray.__dict__["flat"].__get__(obj))
 
 
 def ndarray_size(obj: Any) -> int:
@@ -861,10 +865,21 @@ def ndarray_size(obj: Any) -> int:
     return sys.modules["numpy"].ndarray.__dict__["size"].__get__(obj)
 
 
+def ndarray_base(obj: Any) -> Any:
+    """What a numpy array views (another array, a tensor, a buffer), or None."""
+    return sys.modules["numpy"].ndarray.__dict__["base"].__get__(obj)
+
+
 def _ndarray(walker: Reacher, obj: Any) -> list:
     # in slices, the clock looked at between two: a long array is never made a list
     walker.admit_iter(ndarray_items(obj))
-    return []
+    base = ndarray_base(obj)
+    return [base] if base is not None else []
+
+
+def _viewed(walker: Reacher, obj: Any) -> list:
+    got = viewed(obj)
+    return [got] if got is not None else []
 
 
 def _pandas(walker: Reacher, obj: Any) -> list:
@@ -888,5 +903,6 @@ def _subclass_container(walker: Reacher, obj: Any) -> list:
 _HANDLERS = {
     CONTAINER: _container, MODULE: _module, CLASS: _class, FUNCTION: _function,
     GENERATOR: _generator, FRAME: _frame, NDARRAY: _ndarray, PANDAS: _pandas,
+    MEMORYVIEW: _viewed, PROXY: _viewed,
     DICT_SUB: _subclass_container, SEQ_SUB: _subclass_container, SET_SUB: _subclass_container,
 }
