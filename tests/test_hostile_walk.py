@@ -39,20 +39,19 @@ from IPython.core.interactiveshell import InteractiveShell
 code, limit, measure = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "measure"
 ip = InteractiveShell.instance(); ip.run_cell('%load_ext jupyter_gpumem')
 assert ip.run_cell('import torch\\nother = torch.ones(1000)\\n' + code).success
-full = None
-if measure:   # the whole scan first: the limit must fall inside it, on a fast machine too
-    ip.run_line_magic('config', 'GpuMemMagics.scan_time_limit = 60.0')
-    start = time.perf_counter()
-    ip.run_line_magic('gpumem', '--device cpu -o')
-    full = time.perf_counter() - start
-    limit = min(limit, full / 3)
-ip.run_line_magic('config', f'GpuMemMagics.scan_time_limit = {limit}')
-runs = []
-for _ in range(3):
+
+def timed(seconds):
+    ip.run_line_magic('config', f'GpuMemMagics.scan_time_limit = {seconds}')
     start = time.perf_counter()
     snap = ip.run_line_magic('gpumem', '--device cpu -o')
-    runs.append({'elapsed': time.perf_counter() - start, 'partial': snap.partial,
-                 'messages': snap.messages,
+    return time.perf_counter() - start, snap
+
+# with measure, the whole scan first: the limit must fall inside it on a fast machine too
+full = timed(60.0)[0] if measure else None
+limit = min(limit, full / 3) if measure else limit
+runs = []
+for elapsed, snap in (timed(limit) for _ in range(3)):
+    runs.append({'elapsed': elapsed, 'partial': snap.partial, 'messages': snap.messages,
                  'paths': {h.name: h.largest_path for h in snap.holders}})
 print('RESULT', json.dumps({'limit': limit, 'full': full, 'runs': runs}))
 """
