@@ -18,6 +18,12 @@ from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEsti
                    PeakCounter, PeakLedgerView, instance_dict, oom_by_name)
 
 _SKIP_DEVICE_TYPES = {"meta"}
+
+
+def _attributes(obj: Any) -> tuple:
+    """``(("attr", name), value)`` of an object's instance dict, read through its C-level
+    ``__dict__`` slot (no property or ``__getattribute__`` of the user's runs)."""
+    return tuple((("attr", k), v) for k, v in dict.items(instance_dict(obj)) if type(k) is str)
 _new_info = tuple.__new__   # StorageInfo without the named tuple's Python-level __new__
 _MODULE_OWN = ("_parameters", "_buffers", "_modules")
 _MODULE_OWN_SET = frozenset(_MODULE_OWN)
@@ -251,7 +257,10 @@ class TorchBackend(Backend):
         nbytes = base.nbytes(storage)
         if not nbytes:
             return []
-        ptr = base.data_ptr(storage)
+        try:
+            ptr = base.data_ptr(storage)
+        except RuntimeError:
+            return []   # a wrapper subclass's storage: no memory of its own (see tensor_edges)
         key = (dev, ptr) if ptr else (dev, "torch", id(storage))
         return [StorageInfo(key, nbytes, dev, "torch")]
 
@@ -328,14 +337,21 @@ class TorchBackend(Backend):
         return self._known, _GRAD_FN, self._data_ptr, _GRAD_OF, self.storages, _GRAD
 
     def tensor_edges(self, obj: Any, seen: dict):
-        if type(obj) not in self._plain and not issubclass(type(obj), self.torch.Tensor):
+        tp = type(obj)
+        if tp in self._plain:
+            own: tuple = ()
+        elif issubclass(tp, self.torch.Tensor):
+            # a subclass's attributes (a wrapper subclass keeps its tensor in one), read
+            # through the C-level slot of its __dict__: none of its code runs
+            own = _attributes(obj)
+        else:
             return ()   # a storage
         fn, grad = self.graph_and_grad(obj)
         if fn is None:
-            return () if grad is None else ((_GRAD, grad),)
+            return own if grad is None else own + ((_GRAD, grad),)
         if id(fn) in seen:
-            return []   # expanded already in this root's walk: not in another root's
-        return list(self._graph_children(fn, seen))
+            return list(own)   # expanded already in this root's walk: not in another root's
+        return list(own) + list(self._graph_children(fn, seen))
 
     def _module_children(self, module: Any) -> Iterator[tuple[tuple, Any]]:
         d = instance_dict(module)
@@ -402,6 +418,9 @@ class TorchBackend(Backend):
             variable = getattr(node, "variable", None) if node_name == "AccumulateGrad" else None
             if variable is not None:
                 yield ("graph", node_name, "variable"), variable
+            # what a custom Function's forward kept on its ctx (the node itself)
+            for attr, value in _attributes(node):
+                yield ("graph", node_name, attr[1]), value
             for attr in self._saved_names(node):
                 try:
                     value = getattr(node, attr)

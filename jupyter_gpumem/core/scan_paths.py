@@ -31,16 +31,19 @@ import time
 import types
 from collections import deque
 from itertools import chain, compress, groupby, islice, repeat
-from operator import itemgetter
+from operator import itemgetter, not_
 from typing import Any
 
 from ..backends.base import dict_descriptor
-from .scan_reach import function_parts, frame_locals, generator_frame, ndarray_items
+from .scan_reach import (
+    function_parts, frame_locals, generator_frame, ndarray_base, ndarray_holds_objects,
+    ndarray_items, ndarray_size,
+)
 from .scan_types import (
     ATOMIC, BUILTIN, CELL, CLASS, CONTAINER, DICT, DICT_SUB, EXCEPTION, FRAME, FUNCTION,
-    GENERATOR, INSTANCE, LRU, METHOD, MODULE, MODULE_DICT, NDARRAY, PANDAS, PARTIAL, SEQ,
-    SEQ_SUB, SET, SET_SUB, TENSOR, TRACEBACK, TYPE_DICT, classify, has_native_base, is_a,
-    is_library_module_name, keyable, keyable_meta, slots_of,
+    GENERATOR, INSTANCE, LRU, MEMORYVIEW, METHOD, MODULE, MODULE_DICT, NDARRAY, PANDAS, PARTIAL,
+    PROXY, SEQ, SEQ_SUB, SET, SET_SUB, TENSOR, TRACEBACK, TYPE_DICT, classify, has_native_base,
+    is_a, is_library_module_name, keyable, keyable_meta, slots_of, viewed,
 )
 from .scan_types import ATOMIC_IDS as _ATOMIC_IDS
 
@@ -54,6 +57,8 @@ UNKNOWN = ("unknown",)
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 _PROBE = 1024      # a container this long is first asked whether it leads anywhere
 _LOOK_SLICE = 512  # children looked at in one C-level pass, for the tensors among them
+_SLICE = 1 << 15   # children of a long container labelled in one C-level pass
+_ELEM, _KEY, _ODD_KEY = ("elem",), ("key",), ("item", ...)
 _BASES = {DICT: (dict,), SEQ: (list, tuple), SET: (set, frozenset), DICT_SUB: (dict,),
           SEQ_SUB: (list, tuple), SET_SUB: (set, frozenset)}
 _CLASS_SKIP_KEYS = frozenset({"__dict__", "__weakref__", "__module__", "__doc__", "__slots__"})
@@ -89,6 +94,28 @@ class Nodes:
     def __call__(self, keys: Any) -> Any:
         finder, root = self.args[1]
         return map(LazyNode, zip(repeat(finder), repeat(root), keys))
+
+
+class LongPairs:
+    """The labelled children of a long dict, list, tuple, set or object array (exact
+    types), a block of the search whose ``(label, child)`` pairs are made only when
+    read: ``pairs[j]`` is ``((kind, position), value)`` (``(("elem",), value)`` for kind
+    None). A million records cost two C-level lists, not two million tuples."""
+
+    __slots__ = ("kind", "positions", "values")
+
+    def __init__(self, kind: str | None, positions: list | None, values: list) -> None:
+        self.kind = kind
+        self.positions = positions   # None: each value's position is its index
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, j: int) -> tuple:
+        if self.kind is None:
+            return _ELEM, self.values[j]
+        return (self.kind, j if self.positions is None else self.positions[j]), self.values[j]
 
 
 class _Search:
@@ -208,6 +235,11 @@ class PathFinder:
             if text not in result.reasons:
                 result.reasons.append(text)
 
+    def check_time(self) -> None:
+        """Raise :class:`OutOfBudget` once the search's time is spent."""
+        if time.perf_counter() > self._until:
+            raise OutOfBudget
+
     def _tick(self) -> None:
         self._ticks += 1
         if not self._ticks & 255 and time.perf_counter() > self._until:
@@ -261,19 +293,10 @@ class PathFinder:
         s.blocks = []
         s.expanded = {}
 
-    def _leads_on(self, s: _Search, obj: Any, kind: str) -> bool:
-        """Whether ``obj``, a container, leads to a storage not met yet: asked at C speed
-        of a long one (a list of a million records is not read at the speed of paths)."""
-        base = _BASES.get(kind)
-        if base is None:
-            return True
-        if kind in (DICT, SEQ, SET):
-            n = len(obj)   # an exact builtin type: its C length
-        else:
-            base = next((b for b in base if is_a(obj, b)), None)
-            if base is None:
-                return True
-            n = base.__len__(obj)
+    def _leads_on(self, s: _Search, obj: Any, n: int) -> bool:
+        """Whether ``obj``, a container of ``n`` items (see :func:`_size`), leads to a
+        storage not met yet: asked at C speed of a long one (a list of a million records
+        is not read at the speed of paths)."""
         if n < _PROBE:
             return True
         got = self.reacher.leads_to([obj], s.want, s.graph, self._until)
@@ -291,12 +314,15 @@ class PathFinder:
             ids = self._tensor_ids = (len(self.tensor_types), frozenset(map(id, self.tensor_types)))
         is_tensor = ids[1].__contains__
         n = len(pairs)
+        values = pairs.values if type(pairs) is LongPairs else None
         # in slices: the first storage looked for is often near the start of a long
         # block (an optimizer's ten thousand children), so most of it is never read
         for lo in range(start, n, _LOOK_SLICE):
             hi = min(lo + _LOOK_SLICE, n)
+            self.check_time()
             # by the types' ids: a class whose metaclass defines __hash__ is never hashed
-            mask = list(map(is_tensor, map(id, map(type, map(_SECOND, islice(pairs, lo, hi))))))
+            part = values[lo:hi] if values is not None else map(_SECOND, pairs[lo:hi])
+            mask = list(map(is_tensor, map(id, map(type, part))))
             if not any(mask):
                 continue
             for j in compress(range(lo, hi), mask):
@@ -342,11 +368,14 @@ class PathFinder:
         if oid in s.expanded or (oid in self.stop and kind != TENSOR):
             return False
         s.expanded[oid] = obj
-        if key[1] >= self.max_depth or not self._leads_on(s, obj, kind):
+        n = _size(obj, kind)
+        if key[1] >= self.max_depth or not self._leads_on(s, obj, n):
             return False
         node = (parent, label) if label is not None else parent
         try:
-            if kind == TENSOR:
+            if n >= _PROBE and kind in _LONG:
+                pairs = _long_pairs(self, obj, kind)
+            elif kind == TENSOR:
                 memo = self.reacher.tensor_record(obj)
                 pairs = list(chain(memo[2] or () if memo is not None else (),
                                    s.graph.get(oid, ())))
@@ -362,8 +391,10 @@ class PathFinder:
             return False
         if not pairs:
             return False
-        labels = list(map(_FIRST, pairs))
-        if None not in labels and _ONE_STEP.issuperset(map(_FIRST, labels)):
+        if type(pairs) is LongPairs:
+            groups = ((_cost(pairs.kind or "elem"), pairs),)   # one kind of step
+        elif None not in (labels := list(map(_FIRST, pairs))) and \
+                _ONE_STEP.issuperset(map(_FIRST, labels)):
             groups = (((0, 1), pairs),)   # the common case: plain steps of one accessor
         else:
             groups = _split(pairs)
@@ -428,61 +459,134 @@ _COST = {kind: _cost(kind) for kind in HIDDEN | _ONE_STEP | set(_STEPS) | {
 
 
 # -- what each kind of object holds, labelled ------------------------------------------------
-def _dict_items(obj: Any):
-    # types are compared by id here and below: a class whose metaclass defines
-    # ``__hash__`` or ``__eq__`` is never hashed (see scan_types.keyable_meta)
-    atomic = _ATOMIC_IDS
-    for k, v in dict.items(obj):
-        if id(type(v)) not in atomic:
-            yield (("item", k) if id(type(k)) in atomic else ("item", ...)), v
-    keys = dict.keys(obj)
-    if not atomic.issuperset(map(id, map(type, keys))):
-        for k in keys:
-            if id(type(k)) not in atomic:
-                yield ("key",), k
+def _not_atoms(values: list) -> list:
+    """Which of ``values`` are not atoms, in C-level passes. Types are compared by id
+    here and below: a class whose metaclass defines ``__hash__`` or ``__eq__`` is never
+    hashed (see scan_types.keyable_meta)."""
+    return list(map(not_, map(_ATOMIC_IDS.__contains__, map(id, map(type, values)))))
+
+
+def _labelled(f: PathFinder, it: Any, kind: str | None) -> list:
+    """``((kind, i), v)`` (``(("elem",), v)`` for kind None) of each value ``it`` gives
+    that is not an atom, ``i`` its place: read in slices, in C-level passes, the search's
+    clock looked at between two (a list of a million records is not read in one go)."""
+    out: list = []
+    at = 0
+    while True:
+        f.check_time()
+        chunk = list(islice(it, _SLICE))
+        n = len(chunk)
+        labels = repeat(_ELEM, n) if kind is None else zip(repeat(kind), range(at, at + n))
+        out += compress(zip(labels, chunk), _not_atoms(chunk))
+        at += n
+        if n < _SLICE:
+            return out
+
+
+#: the kinds whose long instances are read into a :class:`LongPairs`
+_LONG = frozenset({DICT, SEQ, SET, NDARRAY})
+
+
+def _size(obj: Any, kind: str) -> int:
+    """How many items a container has (0 for other kinds), by its base type's C length."""
+    if kind == NDARRAY:   # the elements of an object array (another holds none)
+        return ndarray_size(obj) if ndarray_holds_objects(obj) else 0
+    base = _BASES.get(kind)
+    if base is None:
+        return 0
+    if kind in (DICT, SEQ, SET):
+        return len(obj)   # an exact builtin type: its C length
+    base = next((b for b in base if is_a(obj, b)), None)
+    return base.__len__(obj) if base is not None else 0
+
+
+def _long_pairs(f: PathFinder, obj: Any, kind: str) -> Any:
+    """The children of a long container of an exact type (see :data:`_LONG`), as a
+    :class:`LongPairs`, read in slices as :func:`_labelled` reads (a dict with keys that
+    are not atoms: the pairs of :func:`_dict_items`)."""
+    tp = type(obj)
+    if kind == DICT:
+        keys_of, values_of = iter(dict.keys(obj)), iter(dict.values(obj))
+        label = "item"
+    else:
+        keys_of = None
+        values_of = ndarray_items(obj) if kind == NDARRAY else tp.__iter__(obj)
+        label = "index" if kind == SEQ else "flat" if kind == NDARRAY else None
+    values: list = []
+    positions: list | None = None
+    at = 0
+    while True:
+        f.check_time()
+        chunk = list(islice(values_of, _SLICE))
+        n = len(chunk)
+        if keys_of is not None:
+            keys = list(islice(keys_of, _SLICE))
+            if not _ATOMIC_IDS.issuperset(map(id, map(type, keys))):
+                return _dict_items(f, obj)
+            if positions is None:
+                positions = []
+        mask = _not_atoms(chunk)
+        if positions is None and label is not None and mask.count(True) != n:
+            positions = list(range(len(values)))   # until now, each one's index
+        values += compress(chunk, mask)
+        if positions is not None:
+            positions += compress(keys if keys_of is not None else range(at, at + n), mask)
+        at += n
+        if n < _SLICE:
+            return LongPairs(label, positions, values)
+
+
+def _dict_items(f: PathFinder, obj: Any) -> list:
+    """``(("item", key), value)`` of a dict's values that are not atoms (the key shown
+    only where it is an atom), then ``(("key",), key)`` of its keys that are not: in
+    slices, as :func:`_labelled`."""
+    out: list = []
+    odd: list = []
+    keys_of, values_of = iter(dict.keys(obj)), iter(dict.values(obj))
+    while True:
+        f.check_time()
+        keys = list(islice(keys_of, _SLICE))
+        values = list(islice(values_of, _SLICE))
+        n = len(keys)
+        atom_keys = list(map(_ATOMIC_IDS.__contains__, map(id, map(type, keys))))
+        if atom_keys.count(True) == n:
+            labels: Any = zip(repeat("item"), keys)
+        else:
+            labels = [("item", k) if atom else _ODD_KEY for k, atom in zip(keys, atom_keys)]
+            odd += compress(keys, map(not_, atom_keys))
+        out += compress(zip(labels, values), _not_atoms(values))
+        if n < _SLICE:
+            out += zip(repeat(_KEY), odd)
+            return out
 
 
 def _l_dict(f: PathFinder, obj: Any):
     if f.untracked_is_empty and not is_tracked(obj):
         return ()   # only atoms inside
-    return _dict_items(obj)
-
-
-def _seq_items(obj: Any, base: type):
-    atomic = _ATOMIC_IDS
-    for i, v in enumerate(base.__iter__(obj)):
-        if id(type(v)) not in atomic:
-            yield ("index", i), v
+    return _dict_items(f, obj)
 
 
 def _l_seq(f: PathFinder, obj: Any):
     if f.untracked_is_empty and not is_tracked(obj):
         return ()
-    return _seq_items(obj, list if type(obj) is list else tuple)
-
-
-def _set_items(obj: Any, base: type):
-    atomic = _ATOMIC_IDS
-    for v in base.__iter__(obj):
-        if id(type(v)) not in atomic:
-            yield ("elem",), v
+    return _labelled(f, (list if type(obj) is list else tuple).__iter__(obj), "index")
 
 
 def _l_set(f: PathFinder, obj: Any):
-    return _set_items(obj, set if is_a(obj, set) else frozenset)
+    return _labelled(f, (set if is_a(obj, set) else frozenset).__iter__(obj), None)
 
 
 def _l_dict_sub(f: PathFinder, obj: Any):
-    return chain(_dict_items(obj), _l_instance(f, obj, covered=True))
+    return chain(_dict_items(f, obj), _l_instance(f, obj, covered=True))
 
 
 def _l_seq_sub(f: PathFinder, obj: Any):
-    return chain(_seq_items(obj, list if is_a(obj, list) else tuple),
+    return chain(_labelled(f, (list if is_a(obj, list) else tuple).__iter__(obj), "index"),
                  _l_instance(f, obj, covered=True))
 
 
 def _l_set_sub(f: PathFinder, obj: Any):
-    return chain(_set_items(obj, set if is_a(obj, set) else frozenset),
+    return chain(_labelled(f, (set if is_a(obj, set) else frozenset).__iter__(obj), None),
                  _l_instance(f, obj, covered=True))
 
 
@@ -587,7 +691,21 @@ def _l_exception(f: PathFinder, obj: Any):
 
 
 def _l_ndarray(f: PathFinder, obj: Any):
-    return ((("flat", i), v) for i, v in enumerate(ndarray_items(obj)))
+    base = ndarray_base(obj)
+    return _labelled(f, ndarray_items(obj), "flat") + (
+        [(("attr", "base"), base)] if base is not None else [])
+
+
+def _l_memoryview(f: PathFinder, obj: Any):
+    got = viewed(obj)
+    return [(("attr", "obj"), got)] if got is not None else ()
+
+
+def _l_proxy(f: PathFinder, obj: Any):
+    got = viewed(obj)
+    if got is None:
+        return ()
+    return _dict_items(f, got) if is_a(got, dict) else [(("ref",), got)]
 
 
 def _layout(f: PathFinder, tp: type) -> tuple:
@@ -616,7 +734,7 @@ def _l_instance(f: PathFinder, obj: Any, covered: bool = False):
     own = None
     if dict_descr is not None:
         own = dict_descr.__get__(obj)
-        if type(own) is dict and dict.__len__(own):
+        if is_a(own, dict) and dict.__len__(own):   # a dict subclass through dict's own
             out += [(("attr", k), v) for k, v in dict.items(own)]
     for name, descr in slots:
         try:
@@ -624,7 +742,7 @@ def _l_instance(f: PathFinder, obj: Any, covered: bool = False):
         except AttributeError:
             continue
     if not covered and issubclass(tp, deque):
-        out += _seq_items(obj, deque)
+        out += _labelled(f, deque.__iter__(obj), "index")
         covered = True
     if not covered and ((dict_descr is None and not slots) or native):
         # what only the garbage collector sees (a native base's references)
@@ -652,5 +770,5 @@ _LABELLED = {
     FUNCTION: _l_function, METHOD: _l_method, BUILTIN: _l_builtin, PARTIAL: _l_partial,
     LRU: _l_lru, CELL: _l_cell, GENERATOR: _l_generator, FRAME: _l_frame,
     TRACEBACK: _l_traceback, EXCEPTION: _l_exception, NDARRAY: _l_ndarray,
-    INSTANCE: _l_instance, PANDAS: _l_pandas,
+    INSTANCE: _l_instance, PANDAS: _l_pandas, MEMORYVIEW: _l_memoryview, PROXY: _l_proxy,
 }

@@ -36,9 +36,9 @@ from ..backends.base import dict_descriptor
 from . import native
 from .scan_types import (
     ATOMIC, CELL, CLASS, CONTAINER, DICT, DICT_SUB, EXCEPTION, FRAME, FUNCTION, GENERATOR,
-    INSTANCE, LRU, METHOD, BUILTIN, MODULE, MODULE_DICT, NDARRAY, PANDAS, PARTIAL, SEQ,
-    SEQ_SUB, SET, SET_SUB, SKIP, TENSOR, TRACEBACK, TYPE_DICT, TYPE_FLAGS, HAVE_GC, classify,
-    is_library_module_name, untracked_holds_nothing,
+    INSTANCE, LRU, MEMORYVIEW, METHOD, BUILTIN, MODULE, MODULE_DICT, NDARRAY, PANDAS, PARTIAL,
+    PROXY, SEQ, SEQ_SUB, SET, SET_SUB, SKIP, TENSOR, TRACEBACK, TYPE_DICT, TYPE_FLAGS, HAVE_GC, classify,
+    is_library_module_name, untracked_holds_nothing, viewed,
 )
 from .scan_types import keyable, split_keyable, type_name_of
 
@@ -476,10 +476,10 @@ class Reacher:
                 keys = dict.keys(obj)
                 atoms, odd = split_keyable(list(keys))
                 if odd or not ATOMIC.issuperset(map(type, atoms)):
-                    self._admit_iter(iter(keys))
-                self._admit_iter(iter(dict.values(obj)))
+                    self.admit_iter(iter(keys))
+                self.admit_iter(iter(dict.values(obj)))
             else:
-                self._admit_iter(tp.__iter__(obj))
+                self.admit_iter(tp.__iter__(obj))
             if type(obj) is not tp:   # a subclass: what its instance holds besides
                 self._admit(self._own(obj))
         except OutOfTime:
@@ -492,9 +492,10 @@ class Reacher:
         tp = type(obj)
         d = dict_descriptor(tp)
         own = d.__get__(obj) if d is not None else None
-        return [tp] + ([own] if own else [])
+        return [tp] + ([own] if own is not None else [])
 
-    def _admit_iter(self, it: Any) -> None:
+    def admit_iter(self, it: Any) -> None:
+        """What ``it`` gives, admitted a slice at a time (the time limit looked at between two)."""
         while True:
             self._check_time()
             chunk = list(islice(it, SLICE))
@@ -782,14 +783,18 @@ def function_parts(obj: Any) -> tuple:
     """A function of the user's: its closure's values, defaults and attributes (a
     library's function: nothing)."""
     if is_library_module_name(obj.__module__):
-        return (), (), (), {}
+        return (), (), {}, {}
     closure = []
     for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
         try:
             closure.append((name, cell.cell_contents))
         except ValueError:
             continue
-    return closure, obj.__defaults__ or (), obj.__kwdefaults__ or {}, obj.__dict__
+    # read through the base types: a subclass of tuple or dict set as the defaults
+    # never runs its own __bool__, __len__ or __iter__
+    defaults, kwdefaults = obj.__defaults__, obj.__kwdefaults__
+    return (closure, () if defaults is None else list(tuple.__iter__(defaults)),
+            {} if kwdefaults is None else kwdefaults, obj.__dict__)
 
 
 def _function(walker: Reacher, obj: Any) -> list:
@@ -813,28 +818,68 @@ def _generator(walker: Reacher, obj: Any) -> list:
     return _frame(walker, frame) if frame is not None else []
 
 
+CO_OPTIMIZED = 1   # a function's frame (its locals in the frame's fast slots)
+
+
 def frame_locals(obj: Any) -> dict:
-    """A frame's local variables (none for a module's frame: they are its globals)."""
-    local_vars = obj.f_locals
-    if local_vars is obj.f_globals:
+    """A frame's local variables (none for a module's frame: they are its globals).
+
+    A frame whose code is not a function's (a class body, exec'd code) keeps its
+    namespace in a mapping that may be the user's (a metaclass's ``__prepare__``): it is
+    not read through ``f_locals`` (which writes the frame's cells into it, through its
+    ``__setitem__``), but found among the frame's referents; a dict (or a subclass) is
+    read through dict's own methods, any other mapping is one local, ``f_locals``."""
+    if obj.f_code.co_flags & CO_OPTIMIZED:
+        return dict.copy(obj.f_locals)   # a dict the frame makes
+    # its referents: the frame before, the trace function, the namespace, the function,
+    # the code and the cells (a class body's ``__class__``)
+    other = (obj.f_back, obj.f_trace, obj.f_globals)
+    skip = (types.CodeType, types.FunctionType, types.CellType)
+    namespace = next((r for r in get_referents(obj) if not issubclass(type(r), skip)
+                      and not any(map(is_, repeat(r), other))), None)
+    if namespace is None:
         return {}
-    return dict(local_vars)
+    if issubclass(type(namespace), dict):
+        return dict(dict.items(namespace))
+    return {"f_locals": namespace}
 
 
 def _frame(walker: Reacher, obj: Any) -> list:
     return [v for v in dict.values(frame_locals(obj)) if v is not obj]
 
 
+def ndarray_holds_objects(obj: Any) -> bool:
+    """Whether a numpy array's elements are Python objects (its dtype's ``hasobject``)."""
+    return sys.modules["numpy"].ndarray.__dict__["dtype"].__get__(obj).hasobject
+
+
 def ndarray_items(obj: Any) -> Any:
-    """The elements of a numpy object array (nothing for other arrays)."""
-    base = sys.modules["numpy"].ndarray.__dict__
-    if not base["dtype"].__get__(obj).hasobject:
+    """The elements of a numpy object array (nothing for other arrays), an iterator."""
+    if not ndarray_holds_objects(obj):
         return iter(())
-    return iter(base["flat"].__get__(obj))
+    return iter(sys.modules["numpy"].ndarray.__dict__["flat"].__get__(obj))
+
+
+def ndarray_size(obj: Any) -> int:
+    """How many elements a numpy array has (through the base type's descriptor)."""
+    return sys.modules["numpy"].ndarray.__dict__["size"].__get__(obj)
+
+
+def ndarray_base(obj: Any) -> Any:
+    """What a numpy array views (another array, a tensor, a buffer), or None."""
+    return sys.modules["numpy"].ndarray.__dict__["base"].__get__(obj)
 
 
 def _ndarray(walker: Reacher, obj: Any) -> list:
-    return list(ndarray_items(obj))
+    # in slices, the clock looked at between two: a long array is never made a list
+    walker.admit_iter(ndarray_items(obj))
+    base = ndarray_base(obj)
+    return [base] if base is not None else []
+
+
+def _viewed(walker: Reacher, obj: Any) -> list:
+    got = viewed(obj)
+    return [got] if got is not None else []
 
 
 def _pandas(walker: Reacher, obj: Any) -> list:
@@ -858,5 +903,6 @@ def _subclass_container(walker: Reacher, obj: Any) -> list:
 _HANDLERS = {
     CONTAINER: _container, MODULE: _module, CLASS: _class, FUNCTION: _function,
     GENERATOR: _generator, FRAME: _frame, NDARRAY: _ndarray, PANDAS: _pandas,
+    MEMORYVIEW: _viewed, PROXY: _viewed,
     DICT_SUB: _subclass_container, SEQ_SUB: _subclass_container, SET_SUB: _subclass_container,
 }

@@ -7,6 +7,7 @@ for canonical paths (:mod:`jupyter_gpumem.scan_paths`).
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import sys
 import sysconfig
@@ -21,7 +22,7 @@ from ..backends.base import dict_descriptor
 
 ATOMIC = frozenset({
     int, float, complex, bool, str, bytes, bytearray, type(None), range, slice,
-    type(Ellipsis), type(NotImplemented), memoryview,
+    type(Ellipsis), type(NotImplemented),
 })
 #: the atoms' types by id: a membership test that hashes no class of the user's (see
 #: :func:`keyable_meta`)
@@ -30,7 +31,6 @@ SKIP_TYPES = frozenset({
     weakref.ref, weakref.ProxyType, weakref.CallableProxyType, types.CodeType,
     types.GetSetDescriptorType, types.MemberDescriptorType, types.WrapperDescriptorType,
     types.MethodWrapperType, types.MethodDescriptorType, types.ClassMethodDescriptorType,
-    types.MappingProxyType,
 })
 LRU_WRAPPER = type(functools.lru_cache(lambda: None))
 HAVE_GC = 1 << 14      # Py_TPFLAGS_HAVE_GC
@@ -95,6 +95,23 @@ def type_module(tp: type) -> str | None:
     except Exception:
         return None
     return name if type(name) is str else None
+
+
+MEMORYVIEW_OBJ = memoryview.__dict__["obj"].__get__
+
+
+def viewed(obj: Any) -> Any:
+    """What a memoryview views (its exporter, None once released) or what a mappingproxy
+    shows (None for a library class's namespace, which the walk does not enter)."""
+    if type(obj) is memoryview:
+        try:
+            return MEMORYVIEW_OBJ(obj)
+        except ValueError:   # released
+            return None
+    mapping = next(iter(gc.get_referents(obj)), None)
+    if type(mapping) is dict and is_library_module_name(mapping.get("__module__")):
+        return None
+    return mapping
 
 
 def type_name_of(tp: type) -> str:
@@ -205,6 +222,7 @@ MODULE, CLASS, FUNCTION, METHOD, BUILTIN = "module", "class", "function", "metho
 PARTIAL, LRU, CELL, GENERATOR, FRAME = "partial", "lru", "cell", "generator", "frame"
 TRACEBACK, EXCEPTION, NDARRAY = "traceback", "exception", "ndarray"
 PANDAS, INSTANCE = "pandas", "instance"
+MEMORYVIEW, PROXY = "memoryview", "proxy"   # what they view: the exporter, the mapping
 
 
 def _by_layout(tp: type) -> str:
@@ -275,4 +293,8 @@ def classify(tp: type, backends: list[Backend]) -> "tuple[str, Backend | None]":
         return FRAME, None
     if tp is types.TracebackType:
         return TRACEBACK, None
+    if tp is memoryview:
+        return MEMORYVIEW, None
+    if tp is types.MappingProxyType:
+        return PROXY, None
     return _by_layout(tp), None
