@@ -16,6 +16,7 @@ from ..core import purge as _purge
 from ..core import snapshot as _snapshot
 from ..settings import GpuMemSettings
 from . import panel as _panel
+from . import processes as _processes
 from . import tame as _tame
 from . import trace as _trace
 from . import watch as _watch
@@ -34,6 +35,7 @@ SUBCOMMANDS: dict[str, Callable[[Any, list[str]], Any]] = {
 USAGE = """\
 %gpumem [NAME ...] [--device auto|all|cpu|cuda:N] [-o]
 %gpumem --cluster [--device ...] [-o]
+%gpumem --processes [--device ...] [-o]
 %gpumem purge [NAME|PATH ...] [--all] [--dry-run] [--device ...] [-o]
 %gpumem purge [NAME|PATH ...] --cluster [--all] [--dry-run] [--device ...] [-o]
 %gpumem watch on|off [--warn-at 80%] [--auto-purge-hidden]
@@ -51,6 +53,8 @@ def _report_parser():
     p.add_argument("--cluster", action="store_true",
                    help="the Dask cluster this notebook drives: its workers' devices and the "
                    "names that hold their keys")
+    p.add_argument("--processes", action="store_true",
+                   help="every other process on the GPUs: who it is and what it holds")
     return p
 
 
@@ -133,6 +137,8 @@ class GpuMemMagics(Magics, GpuMemSettings):
 
     def _report(self, argv: list[str]) -> Any:
         args, device = self._parse(_report_parser(), argv)
+        if args.processes:
+            return _processes.report(self, args, device)
         if args.cluster:
             return self._cluster_report(args, device)
         snap = usage_errors(lambda: _snapshot.build(
