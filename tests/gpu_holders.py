@@ -26,6 +26,9 @@ HOLD = ("import os, sys, time\n"
         "print(os.getpid(), flush=True)\n"
         "time.sleep(float(sys.argv[2]))\n")
 
+#: a holder that ignores SIGTERM
+STUBBORN = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + HOLD
+
 ORPHAN = ("import os, subprocess, sys\n"
           "p = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2], sys.argv[3]],\n"
           "                     stdout=subprocess.PIPE, text=True, start_new_session=True)\n"
@@ -52,9 +55,12 @@ def another_users(uid: int = 65534, seconds: float = 120) -> subprocess.Popen:
     return subprocess.Popen(["sleep", str(seconds)], user=uid)
 
 
-def orphan(dev_file: str, seconds: float = 120, env: dict | None = None) -> int:
-    """A holder whose parent has exited: its pid (the caller ends it)."""
-    out = subprocess.run([sys.executable, "-c", ORPHAN, HOLD, dev_file, str(seconds)],
+def orphan(dev_file: str, seconds: float = 120, env: dict | None = None,
+           stubborn: bool = False) -> int:
+    """A holder whose parent has exited: its pid (the caller ends it). ``stubborn``: it
+    ignores SIGTERM."""
+    code = STUBBORN if stubborn else HOLD
+    out = subprocess.run([sys.executable, "-c", ORPHAN, code, dev_file, str(seconds)],
                          stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
                          check=True, timeout=30)
     pid = int(out.stdout.strip())

@@ -93,10 +93,12 @@ def test_every_relation_is_named_for_real_processes(fake_nvml):
     assert "another user's (nobody)" in text and "3 process(es) NVML lists without a pid" in text
 
 
-def test_this_kernels_children_multiprocessing_and_fork(fake_nvml):
+def test_this_kernels_children_multiprocessing_and_fork(fake_nvml, monkeypatch):
     """A multiprocessing child (spawn) and a forked one, of this very process."""
     import multiprocessing as mp
     path, dev, started = fake_nvml
+    # an IPython shell of an earlier test put a __main__ without a spec in place
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", None, raising=False)
     spawned = mp.get_context("spawn").Process(target=_hold_file, args=(dev,), daemon=True)
     spawned.start()
     forked = mp.get_context("fork").Process(target=_hold_file, args=(dev,), daemon=True)

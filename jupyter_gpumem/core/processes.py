@@ -227,7 +227,7 @@ def _kernel_of(ctx: Context, pid: int) -> KernelRef | None:
     return None
 
 
-def _orphaned(parent: int) -> bool:
+def orphaned(parent: int) -> bool:
     if parent <= 1:
         return True
     try:
@@ -282,7 +282,7 @@ def describe(pid: int, nbytes: int | None, ctx: Context, lists=()) -> GpuProcess
             out.relation, out.path, out.kernel_id = "kernel_child", kernel.path, kernel.kernel_id
             out.label = f"child of the kernel of {kernel.path or f'pid {up}'}"
             return out
-    if _orphaned(ppid):
+    if orphaned(ppid):
         env = _environ(ctx, pid)
         out.relation = "orphan"
         out.path = env.get(PATH_ENV) or None
@@ -352,9 +352,11 @@ def read_all(ctx: Context | None = None) -> list[DeviceProcesses]:
 
 
 # -- words -------------------------------------------------------------------------------
-_PLURAL = {"child": "children", "kernel": "kernels", "kernel_child": "kernels' children",
-           "orphan": "orphans", "ancestor": "the server", "other_user": "other users'",
-           "own": "this user's other"}
+_WORDS = {"child": ("child", "children"), "kernel": ("kernel", "kernels"),
+          "kernel_child": ("kernel's child", "kernels' children"),
+          "orphan": ("orphan", "orphans"), "ancestor": ("parent", "parents"),
+          "other_user": ("of another user", "of other users"),
+          "own": ("other of this user", "others of this user")}
 _ORDER = ("orphan", "child", "kernel", "kernel_child", "own", "ancestor", "other_user")
 
 
@@ -384,7 +386,7 @@ def summary_line(dp: DeviceProcesses) -> str | None:
         if not procs:
             continue
         n = len(procs)
-        word = _PLURAL[rel] if n > 1 else rel.replace("_", " ").replace("own", "this user's other")
+        word = _WORDS[rel][n > 1]
         if rel == "kernel":
             word += " " + ", ".join(p.path or f"pid {p.pid}" for p in procs)
         parts.append(f"{n} {word} {fmt_bytes(sum(p.nbytes or 0 for p in procs))}")

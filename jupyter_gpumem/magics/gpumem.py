@@ -38,6 +38,7 @@ USAGE = """\
 %gpumem --processes [--device ...] [-o]
 %gpumem purge [NAME|PATH ...] [--all] [--dry-run] [--device ...] [-o]
 %gpumem purge [NAME|PATH ...] --cluster [--all] [--dry-run] [--device ...] [-o]
+%gpumem purge --orphans [--dry-run] [--grace S] [--device ...] [-o]
 %gpumem watch on|off [--warn-at 80%] [--auto-purge-hidden]
 %gpumem history [--save FILE] [--tensorboard DIR]
 %gpumem plot [--save FILE]
@@ -65,6 +66,11 @@ def _purge_parser():
     p.add_argument("--dry-run", action="store_true", help="show what would go; change nothing")
     p.add_argument("--cluster", action="store_true",
                    help="release what the names hold on the Dask cluster and free it there")
+    p.add_argument("--orphans", action="store_true",
+                   help="end this user's orphaned processes (a restarted kernel's left-overs) "
+                   "that hold GPU memory")
+    p.add_argument("--grace", default=None,
+                   help="with --orphans: seconds between SIGTERM and SIGKILL (default 3)")
     return p
 
 
@@ -152,6 +158,10 @@ class GpuMemMagics(Magics, GpuMemSettings):
 
     def _purge(self, argv: list[str]) -> Any:
         args, device = self._parse(_purge_parser(), argv)
+        if args.orphans:
+            return _processes.purge_orphans(self, args, device)
+        if args.grace is not None:
+            raise UsageError("--grace goes with --orphans")
         if args.cluster:
             return self._cluster_purge(args, device)
         result = usage_errors(lambda: _purge.purge(
