@@ -193,7 +193,7 @@ def _command(proc: psutil.Process) -> str:
     return shorten(" ".join([os.path.basename(parts[0])] + parts[1:]))
 
 
-def _child_kind(proc: psutil.Process, ctx: Context) -> str:
+def _child_kind(proc: psutil.Process, parent: int) -> str:
     """DataLoader worker or multiprocessing fork, multiprocessing spawn, or subprocess."""
     try:
         line = " ".join(proc.cmdline())
@@ -202,7 +202,7 @@ def _child_kind(proc: psutil.Process, ctx: Context) -> str:
     if "multiprocessing" in line:
         return "multiprocessing"
     try:
-        if proc.cmdline() == psutil.Process(ctx.me).cmdline():
+        if proc.cmdline() == psutil.Process(parent).cmdline():
             return "fork: DataLoader worker or multiprocessing"
     except (psutil.Error, OSError):
         pass
@@ -212,6 +212,8 @@ def _child_kind(proc: psutil.Process, ctx: Context) -> str:
 def _kernel_of(ctx: Context, pid: int) -> KernelRef | None:
     """``pid`` as a kernel of ctx's server: in the server's list, or by its environment
     (started by the same server, whose child it still is)."""
+    if pid == ctx.me:
+        return None
     if pid in ctx.kernels:
         return ctx.kernels[pid]
     if ctx.server_pid is None:
@@ -222,7 +224,7 @@ def _kernel_of(ctx: Context, pid: int) -> KernelRef | None:
         ppid = psutil.Process(pid).ppid()
     except (ValueError, psutil.Error, OSError):
         return None
-    if started_by == ctx.server_pid and ppid == ctx.server_pid and pid != ctx.me:
+    if started_by == ctx.server_pid and ppid == ctx.server_pid:
         return KernelRef(pid, env.get(PATH_ENV) or None)
     return None
 
@@ -267,21 +269,24 @@ def describe(pid: int, nbytes: int | None, ctx: Context, lists=()) -> GpuProcess
         if ctx.server_pid == pid:
             out.label = "the Jupyter server of this kernel"
         return out
-    if ctx.me in chain:
-        out.relation = "child"
-        out.label = f"this process's child ({_child_kind(proc, ctx)})"
-        return out
     kernel = _kernel_of(ctx, pid)
     if kernel is not None:
         out.relation, out.path, out.kernel_id = "kernel", kernel.path, kernel.kernel_id
         out.label = f"kernel of this server: {kernel.path or 'path unknown'}"
         return out
     for up in chain:
+        if up == ctx.me:
+            break
         kernel = _kernel_of(ctx, up)
         if kernel is not None:
             out.relation, out.path, out.kernel_id = "kernel_child", kernel.path, kernel.kernel_id
-            out.label = f"child of the kernel of {kernel.path or f'pid {up}'}"
+            out.label = (f"child of the kernel of {kernel.path or f'pid {up}'} "
+                         f"({_child_kind(proc, up)})")
             return out
+    if ctx.me in chain:
+        out.relation = "child"
+        out.label = f"this process's child ({_child_kind(proc, ctx.me)})"
+        return out
     if orphaned(ppid):
         env = _environ(ctx, pid)
         out.relation = "orphan"
