@@ -85,7 +85,8 @@ def _protocol() -> dict[str, tuple[dict, set]]:
         top = keys[()]
         schema = re.search(r'"schema": "jupyter_gpumem\.(\w+)/1"', block)
         name = ({"snapshot": "Snapshot", "cluster": "ClusterSnapshot", "purge": "PurgeResult",
-                 "processes": "ProcessReport", "orphans": "OrphanPurge"}
+                 "processes": "ProcessReport", "orphans": "OrphanPurge",
+                 "kernels": "ServerKernels"}
                 [schema.group(1)] if schema else
                 {"id": "DeviceUsage", "label": "Internal"}.get(top[0])
                 or ("ClusterHolder" if "what" in top else "Holder"))
@@ -113,7 +114,7 @@ def check(name: str, data: dict, path: tuple = ()) -> None:
 def test_the_protocol_lists_every_object_it_shows():
     assert sorted(DOCUMENTED) == ["ClusterHolder", "ClusterSnapshot", "DeviceUsage", "Holder",
                                   "Internal", "OrphanPurge", "ProcessReport", "PurgeResult",
-                                  "Snapshot", "TensorRow"]
+                                  "ServerKernels", "Snapshot", "TensorRow"]
     snapshot, optional = DOCUMENTED["Snapshot"]
     assert snapshot[()][:3] == ["schema", "time", "device"]
     assert {k for _, k in optional} == {"unattributed_sites", "details", "processes", "cluster",

@@ -184,7 +184,7 @@ def refusal(t: Target, ctx: _processes.Context) -> tuple[str | None, psutil.Proc
         return "gone", None
     except (psutil.Error, OSError) as exc:
         return f"cannot be read ({type(exc).__name__})", None
-    if not _processes.orphaned(ppid):
+    if not _processes.is_orphan(t.pid):
         return f"no longer an orphan (parent {ppid})", None
     if _processes.holds_gpu_file(t.pid) is False:
         return "holds no GPU device file", None

@@ -12,8 +12,9 @@ relation:
 ``kernel``        a kernel of the same Jupyter server (its notebook path)
 ``kernel_child``  a descendant of such a kernel
 ``orphan``        its parent is gone: it was handed to init (pid 1), to a subreaper
-                  (systemd, tini, ...) or to no parent visible here; the left-over of
-                  a restarted or crashed kernel
+                  (systemd, tini, ...) or to no parent visible here; or a kernel
+                  started it and the server that started the kernel is no longer among
+                  its ancestors: the left-over of a restarted or crashed kernel
 ``ancestor``      this process's parent chain (the Jupyter server itself)
 ``other_user``    another user's process
 ``own``           this user's, none of the above (a script in a terminal, say)
@@ -238,6 +239,28 @@ def orphaned(parent: int) -> bool:
         return True
 
 
+def kernel_gone(env: dict, chain: list[int]) -> bool:
+    """A process a kernel started whose kernel is gone: its environment names the server
+    that started the kernel (``JPY_PARENT_PID``), which is no longer among its ancestors
+    (its parent chain broke where the kernel was: it was adopted by init or by a
+    subreaper, whatever that one is called)."""
+    try:
+        server = int(env.get(KERNEL_ENV, "") or 0)
+    except ValueError:
+        return False
+    return server > 0 and server not in chain
+
+
+def is_orphan(pid: int) -> bool:
+    """Process ``pid`` is an orphan now (see :func:`orphaned`, :func:`kernel_gone`)."""
+    try:
+        proc = psutil.Process(pid)
+        ppid, env = proc.ppid(), proc.environ()
+    except (psutil.Error, OSError):
+        return False
+    return orphaned(ppid) or kernel_gone(env, _ancestors(pid))
+
+
 def describe(pid: int, nbytes: int | None, ctx: Context, lists=()) -> GpuProcess | None:
     """``pid`` as a :class:`GpuProcess`; ``None`` where it does not exist here or is
     not the process NVML means (hidden)."""
@@ -287,8 +310,8 @@ def describe(pid: int, nbytes: int | None, ctx: Context, lists=()) -> GpuProcess
         out.relation = "child"
         out.label = f"this process's child ({_child_kind(proc, ctx.me)})"
         return out
-    if orphaned(ppid):
-        env = _environ(ctx, pid)
+    env = _environ(ctx, pid)
+    if orphaned(ppid) or kernel_gone(env, chain):
         out.relation = "orphan"
         out.path = env.get(PATH_ENV) or None
         from_kernel = KERNEL_ENV in env
