@@ -249,19 +249,30 @@ def _signal(targets: list[Target], ctx, sig, step) -> list[tuple[Target, psutil.
     return sent
 
 
+def _ended(proc: psutil.Process) -> bool:
+    """Gone, or a zombie (its memory is freed; reaping it is its new parent's job, and a
+    container's first process may never do it)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except (psutil.Error, OSError):
+        return False
+
+
 def _wait(sent, timeout: float, name: str, step) -> list[tuple[Target, psutil.Process]]:
     """Wait up to ``timeout`` for the processes to end; report each that does; the rest."""
-    if not sent:
-        return []
-    by_proc = {id(proc): t for t, proc in sent}
     left = list(sent)
-
-    def ended(proc):
-        step(by_proc[id(proc)].pid, name, "ended")
-
-    _, alive = psutil.wait_procs([p for _, p in left], timeout=timeout, callback=ended)
-    alive_ids = {id(p) for p in alive}
-    return [(t, p) for t, p in left if id(p) in alive_ids]
+    deadline = time.monotonic() + timeout
+    while left:
+        for t, proc in list(left):
+            if _ended(proc):
+                step(t.pid, name, "ended")
+                left.remove((t, proc))
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    return left
 
 
 def _settle(pids: set[int], dps, settle: float) -> None:

@@ -271,7 +271,7 @@ export class KernelsSection {
     const open = h(
       'button',
       {
-        class: 'jp-GpuMem-button jp-GpuMem-kernelOpen',
+        class: 'jp-GpuMem-button jp-GpuMem-srvKernelOpen',
         title: `Open ${k.path ?? ''}`
       },
       'Open'
@@ -283,7 +283,7 @@ export class KernelsSection {
     const purge = h(
       'button',
       {
-        class: 'jp-GpuMem-button jp-GpuMem-kernelPurge',
+        class: 'jp-GpuMem-button jp-GpuMem-srvKernelPurge',
         title:
           "Purge the kernel's hidden holders (output history, last traceback) through its jupyter_gpumem comm"
       },
@@ -293,7 +293,7 @@ export class KernelsSection {
     const stop = h(
       'button',
       {
-        class: 'jp-GpuMem-button jp-mod-warn jp-GpuMem-kernelShutdown',
+        class: 'jp-GpuMem-button jp-mod-warn jp-GpuMem-srvKernelShutdown',
         title: 'Shut the kernel down'
       },
       'Shut down'
@@ -309,19 +309,23 @@ export class KernelsSection {
       .join(', ');
     return h(
       'div',
-      { class: 'jp-GpuMem-kernel', 'data-kernel-id': k.id },
+      { class: 'jp-GpuMem-srvKernel', 'data-kernel-id': k.id },
       h(
         'div',
-        { class: 'jp-GpuMem-kernelHead' },
+        { class: 'jp-GpuMem-srvKernelHead' },
         h(
           'span',
-          { class: 'jp-GpuMem-kernelPath', title: k.path ?? k.id },
+          { class: 'jp-GpuMem-srvKernelPath', title: k.path ?? k.id },
           basename(k.path)
         ),
-        h('span', { class: 'jp-GpuMem-kernelBytes' }, formatBytes(k.gpu_bytes))
+        h(
+          'span',
+          { class: 'jp-GpuMem-srvKernelBytes' },
+          formatBytes(k.gpu_bytes)
+        )
       ),
-      h('div', { class: 'jp-GpuMem-kernelWho' }, `${who} · ${devices}`),
-      h('div', { class: 'jp-GpuMem-kernelActions' }, open, purge, stop)
+      h('div', { class: 'jp-GpuMem-srvKernelWho' }, `${who} · ${devices}`),
+      h('div', { class: 'jp-GpuMem-srvKernelActions' }, open, purge, stop)
     );
   }
 

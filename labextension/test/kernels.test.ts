@@ -114,15 +114,15 @@ describe('the Kernels section', () => {
     const s = new KernelsSection(backend);
     await s.refresh();
     expect(backend.calls).toEqual([`GET ${KERNELS_PATH}`]);
-    expect(text(s.node, '.jp-GpuMem-kernelPath')).toEqual([
+    expect(text(s.node, '.jp-GpuMem-srvKernelPath')).toEqual([
       'b.ipynb',
       'a.ipynb'
     ]);
-    expect(text(s.node, '.jp-GpuMem-kernelBytes')).toEqual([
+    expect(text(s.node, '.jp-GpuMem-srvKernelBytes')).toEqual([
       '2.0 GiB',
       '1.0 GiB'
     ]);
-    expect(text(s.node, '.jp-GpuMem-kernelWho')[0]).toBe(
+    expect(text(s.node, '.jp-GpuMem-srvKernelWho')[0]).toBe(
       'pid 200 · 1 child(ren) · cuda:0 2.0 GiB'
     );
     expect(text(s.node, '.jp-GpuMem-kernelsIdle')).toEqual([
