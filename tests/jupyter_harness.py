@@ -83,7 +83,7 @@ class Server:
         client = BlockingKernelClient(connection_file=str(self.runtime / f"kernel-{kid}.json"))
         client.load_connection_file()
         client.start_channels(hb=False)
-        _ready(client)
+        ready(client)
         self.clients.append(client)
         return client
 
@@ -107,7 +107,7 @@ class Server:
         self.log.close()
 
 
-def _ready(client: BlockingKernelClient, timeout: float = 60) -> None:
+def ready(client: BlockingKernelClient, timeout: float = 60) -> None:
     """Wait for the kernel's kernel_info reply, then for its iopub to carry messages."""
     deadline = time.time() + timeout
     while True:

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import gpu_holders as gh
-from jupyter_harness import _ready, run
+from jupyter_harness import ready, run
 from test_server_ext import HOLD_AND_CHILD, ORPHANED
 from test_sidebar import ARTIFACTS, SIDEBAR, SIDEBAR_TAB, TOKEN, _serve, needs_chromium, page  # noqa: F401
 
@@ -62,7 +62,7 @@ def test_kernels_section_lists_notebooks_and_ends_the_orphan(tmp_path, page, mon
                     tmp_path / "runtime" / f"kernel-{s['kernel']['id']}.json"))
                 c.load_connection_file()
                 c.start_channels(hb=False)
-                _ready(c)
+                ready(c)
                 clients.append(c)
                 pids[path] = tuple(map(int, run(c, code.format(dev=dev)).split()))
             (train, orphan), (evalk, child) = pids["train.ipynb"], pids["eval.ipynb"]
