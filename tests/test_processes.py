@@ -173,3 +173,35 @@ def test_no_gpu_and_no_nvml_say_so(ip, fake_nvml, monkeypatch, tmp_path):
     assert report.devices == []
     assert report.messages[0].startswith("NVML unavailable (NVMLError")
     assert "NVML unavailable" in repr(report)
+
+
+SUBREAPER = """
+import ctypes, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)          # PR_SET_CHILD_SUBREAPER
+out = subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]],
+                     stdout=subprocess.PIPE, text=True, check=True)
+print(out.stdout.strip(), flush=True)
+time.sleep(120)
+"""
+
+
+def test_an_orphan_a_subreaper_adopted_is_known_by_its_kernel_gone(fake_nvml):
+    """Adopted by a subreaper of any name (here a Python process), a process a kernel
+    started is an orphan all the same: the server that started its kernel is no longer
+    among its ancestors."""
+    import subprocess
+    path, dev, started = fake_nvml
+    env = {**os.environ, "JPY_PARENT_PID": "999999", "JPY_SESSION_NAME": "old.ipynb"}
+    reaper = subprocess.Popen([sys.executable, "-c", SUBREAPER, gh.ORPHAN, gh.HOLD, dev, "120"],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    started.append(reaper.pid)
+    left = int(reaper.stdout.readline())
+    started.append(left)
+    assert psutil.Process(left).ppid() == reaper.pid      # adopted by the subreaper
+    gh.write_nvml(path, [(left, gh.GiB)])
+    kernel = gh.hold(dev)                 # the kernel asking: not the subreaper's ancestor
+    started.append(kernel.pid)
+    [dp] = processes.read([("cuda:0", 0)], processes.context(me=kernel.pid, server_pid=4242))
+    [p] = dp.processes
+    assert (p.relation, p.purgeable, p.path) == ("orphan", True, "old.ipynb")
+    assert processes.is_orphan(left)
