@@ -179,3 +179,57 @@ def test_kernel_pid_only_from_a_local_provisioner():
     assert kernel_pid(Kernel(local)) == os.getpid()
     assert kernel_pid(Kernel(Remote(kernel_id="r", kernel_spec=None, parent=None))) is None
     assert kernel_pid(Kernel(None)) is None
+
+
+WORKER = '''
+import os, sys, time
+def hold(dev, ready):
+    os.setsid()                  # out of the kernel's process group
+    f = open(dev, "rb")
+    open(ready, "w").write(str(os.getpid()))
+    time.sleep(300)
+'''
+
+SPAWN = ('import sys, os, time\n'
+         'sys.path.insert(0, {folder!r})\n'
+         'import torch.multiprocessing as mp, gpumem_worker\n'
+         'ctx = mp.get_context("spawn")\n'
+         'procs = [ctx.Process(target=gpumem_worker.hold, args=({dev!r}, f"{folder}/ready{{i}}"))\n'
+         '         for i in range(2)]\n'
+         'for p in procs: p.start()\n'
+         'deadline = time.time() + 120\n'
+         'while not all(os.path.exists(f"{folder}/ready{{i}}") for i in range(2)):\n'
+         '    assert time.time() < deadline, "the children did not start"\n'
+         '    time.sleep(0.1)\n'
+         'print(os.getpid(), *[p.pid for p in procs])')
+
+
+def test_a_restarted_kernels_spawn_children_are_its_orphans(server, tmp_path):
+    """The GPU test's scenario (tests/gpu/test_processes_gpu.py) on the CPU: a kernel's two
+    torch.multiprocessing (spawn) children outlive the kernel's restart through the
+    server's kernel API; the restarted kernel names them orphans of its notebook."""
+    pytest.importorskip("torch")
+    folder = tmp_path / "spawned"
+    folder.mkdir()
+    (folder / "gpumem_worker.py").write_text(WORKER)
+    kid, c = server.session("c.ipynb")
+    pid_c, *children = map(int, run(c, SPAWN.format(folder=str(folder), dev=server.dev)).split())
+    try:
+        server.request("POST", f"api/kernels/{kid}/restart", {})
+        deadline = time.time() + 60
+        while psutil.pid_exists(pid_c) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not psutil.pid_exists(pid_c)
+        assert all(psutil.pid_exists(p) for p in children)
+        gh.write_nvml(server.nvml, [(p, 256 * MiB) for p in children])
+        c = server.connect(kid)
+        out = run(c, "%load_ext jupyter_gpumem\nimport json\n"
+                     "r = %gpumem --processes -o\nprint(json.dumps(r.to_json()))")
+        [dev] = json.loads(out.strip().splitlines()[-1])["devices"]
+        assert {p["pid"]: (p["relation"], p["path"], p["purgeable"]) for p in dev["processes"]} \
+            == {p: ("orphan", "c.ipynb", True) for p in children}
+        data = server.get("api/gpumem/kernels")
+        assert sorted(p["pid"] for p in data["orphans"]) == sorted(children)
+    finally:
+        for p in children:
+            gh.end(p)
