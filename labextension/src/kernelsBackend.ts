@@ -89,7 +89,9 @@ export async function purgeHiddenThroughComm(
     if (!hello) {
       return 'That kernel has not loaded jupyter_gpumem: run %load_ext jupyter_gpumem in it.';
     }
-    comm.send({ type: 'refresh', id: 'kernels-refresh' });
+    // every device: a hidden holder (Out[12], the last traceback) may hold host
+    // memory too, and the purge that follows goes on this comm's selection
+    comm.send({ type: 'set_device', id: 'kernels-refresh', device: 'all' });
     const reply = await replies.next(
       m => m.reply_to === 'kernels-refresh',
       REPLY_TIMEOUT_MS

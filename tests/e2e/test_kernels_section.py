@@ -101,6 +101,20 @@ def test_kernels_section_lists_notebooks_and_ends_the_orphan(tmp_path, page, mon
             sidebar.locator(".jp-GpuMem-orphans").wait_for(state="detached", timeout=10000)
             assert theirs.poll() is None and psutil.pid_exists(child)
 
+            # Purge hidden: through the eval kernel's own comm, confirmed
+            evalc = clients[1]
+            run(evalc, "%load_ext jupyter_gpumem\nimport torch")
+            run(evalc, "torch.ones(1024, 1024)")             # Out[...] holds 4 MiB
+            assert run(evalc, "print(len(Out))").strip() == "1"
+            rows.nth(1).locator("button.jp-GpuMem-srvKernelPurge").click()
+            dialog.wait_for(timeout=30000)
+            assert "Out[" in dialog.inner_text()
+            dialog.locator("button.jp-mod-warn").click()
+            page.wait_for_function("el => el.textContent.startsWith('Purged')",
+                                   arg=status.element_handle(), timeout=30000)
+            assert status.inner_text() == "Purged Out[3]: freed cuda:0 0 B, cpu 4.0 MiB."
+            assert run(evalc, "print(len(Out))").strip() == "0"
+
             rows.nth(1).locator("button.jp-GpuMem-srvKernelShutdown").click()
             dialog.wait_for(timeout=10000)
             assert "eval.ipynb" in dialog.inner_text()
