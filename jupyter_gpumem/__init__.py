@@ -26,5 +26,10 @@ def unload_ipython_extension(ip) -> None:
     extension.unload(ip)
 
 
+def _jupyter_server_extension_points():
+    """The Jupyter server extension (``jupyter_gpumem.server``: the kernels' GPU memory)."""
+    return [{"module": "jupyter_gpumem.server"}]
+
+
 def _jupyter_labextension_paths():
     return [{"src": "labextension", "dest": "jupyter-gpumem"}]

@@ -84,7 +84,9 @@ def _protocol() -> dict[str, tuple[dict, set]]:
         keys, optional = jsonc_keys(block)
         top = keys[()]
         schema = re.search(r'"schema": "jupyter_gpumem\.(\w+)/1"', block)
-        name = ({"snapshot": "Snapshot", "cluster": "ClusterSnapshot", "purge": "PurgeResult"}
+        name = ({"snapshot": "Snapshot", "cluster": "ClusterSnapshot", "purge": "PurgeResult",
+                 "processes": "ProcessReport", "orphans": "OrphanPurge",
+                 "kernels": "ServerKernels"}
                 [schema.group(1)] if schema else
                 {"id": "DeviceUsage", "label": "Internal"}.get(top[0])
                 or ("ClusterHolder" if "what" in top else "Holder"))
@@ -111,10 +113,12 @@ def check(name: str, data: dict, path: tuple = ()) -> None:
 
 def test_the_protocol_lists_every_object_it_shows():
     assert sorted(DOCUMENTED) == ["ClusterHolder", "ClusterSnapshot", "DeviceUsage", "Holder",
-                                  "Internal", "PurgeResult", "Snapshot", "TensorRow"]
+                                  "Internal", "OrphanPurge", "ProcessReport", "PurgeResult",
+                                  "ServerKernels", "Snapshot", "TensorRow"]
     snapshot, optional = DOCUMENTED["Snapshot"]
     assert snapshot[()][:3] == ["schema", "time", "device"]
-    assert {k for _, k in optional} == {"unattributed_sites", "details", "cluster", "cell"}
+    assert {k for _, k in optional} == {"unattributed_sites", "details", "processes", "cluster",
+                                        "cell"}
     assert DOCUMENTED["DeviceUsage"][0][("frameworks", "[]")] == [
         "name", "allocated", "reserved", "peak", "pool", "note"]
     assert DOCUMENTED["TensorRow"][0][()] == ["path", "bytes", "device", "framework", "what",

@@ -31,6 +31,7 @@ LAYERS = [
     ["settings", "session"],
     ["watch"],
     ["api"],
+    ["server"],    # the Jupyter server extension: core and api, never IPython
     ["views"],
     ["magics"],
     ["extension"],
@@ -38,7 +39,8 @@ LAYERS = [
 ]
 
 #: layers that never import IPython, widgets or matplotlib, at any level
-NO_FRONTEND = ("units", "backends", "core", "cluster", "settings", "session", "watch", "api")
+NO_FRONTEND = ("units", "backends", "core", "cluster", "settings", "session", "watch", "api",
+               "server")
 FRONTEND = ("IPython", "ipywidgets", "ipykernel", "matplotlib")
 
 

@@ -424,3 +424,50 @@ def index_for_uuid(uuid: str) -> int | None:
         return None
     want = uuid if uuid.startswith(("GPU-", "MIG-")) else "GPU-" + uuid
     return _state["by_uuid"].get(want)
+
+
+@dataclass(frozen=True)
+class NvmlProcess:
+    """One process in a device's NVML lists: ``pid`` 0 where NVML gives none (a PID
+    namespace hides it), ``used`` ``None`` where NVML cannot tell its memory, ``lists``
+    the lists it is in (``"compute"``, ``"graphics"``)."""
+
+    pid: int
+    used: int | None
+    lists: tuple[str, ...]
+
+
+def processes(index: int) -> list[NvmlProcess] | None:
+    """Every process in device ``index``'s compute and graphics lists, once each.
+
+    A process in both lists is one entry (the larger figure: NVML gives the same one
+    twice); several entries of one pid in one list (MIG instances) add up. Entries
+    without a pid stay one each. ``None`` where NVML cannot answer.
+    """
+    if not _ensure():
+        return None
+    compute = _ask("procs", index, "nvmlDeviceGetComputeRunningProcesses")
+    if compute is None:
+        return None
+    by_pid: dict[int, list] = {}     # pid -> [used or None, lists]
+    nameless: list[NvmlProcess] = []
+    for kind, procs in (("compute", compute), ("graphics", _graphics(index))):
+        seen: dict[int, int | None] = {}
+        for p in procs:
+            pid = int(getattr(p, "pid", 0) or 0)
+            value = getattr(p, "usedGpuMemory", None)
+            value = None if value is None else int(value)
+            if pid <= 0:
+                nameless.append(NvmlProcess(0, value, (kind,)))
+            elif pid in seen:
+                old = seen[pid]
+                seen[pid] = None if old is None or value is None else old + value
+            else:
+                seen[pid] = value
+        for pid, value in seen.items():
+            entry = by_pid.setdefault(pid, [None, ()])
+            if value is not None:
+                entry[0] = value if entry[0] is None else max(entry[0], value)
+            entry[1] += (kind,)
+    out = [NvmlProcess(pid, used, lists) for pid, (used, lists) in by_pid.items()]
+    return out + nameless

@@ -102,11 +102,23 @@ def _rest_parts(s, dev: str) -> list:
     return [i for i in getattr(s, "internals", ()) if i.device == dev and i.kind == "outside"]
 
 
+def processes_line(s, dev: str) -> str | None:
+    """The line under a device that sums up the other processes on it (a
+    :class:`.processes.DeviceProcesses` says it)."""
+    for dp in getattr(s, "processes", ()):
+        if dp.device == dev:
+            return dp.summary()
+    return None
+
+
 def snapshot_text(s) -> str:
     """Aligned plain text of a snapshot."""
     lines: list[str] = []
     for d in s.devices:
         lines.append(device_line(d))
+        others = processes_line(s, d.id)
+        if others:
+            lines.append(others)
         rest = rest_line(_rest_parts(s, d.id))
         if rest:
             lines.append(rest)
@@ -154,6 +166,10 @@ def _detail_table(h) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+#: the aligned tables, for the other reports of the package
+text_table = _table
+
+
 def _esc(x) -> str:
     return html.escape(str(x))
 
@@ -178,11 +194,18 @@ def _html_table(headers: Iterable[str], rows: Iterable[Iterable[str]], right: se
     return f"<table class='jupyter-gpumem'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+#: the HTML tables, for the other reports of the package
+html_table = _html_table
+
+
 def snapshot_html(s) -> str:
     """Rich HTML of a snapshot (the same facts as the text)."""
     parts = ["<div class='jupyter-gpumem'>"]
     for d in s.devices:
         parts.append(f"<div><code>{_esc(device_line(d))}</code></div>")
+        others = processes_line(s, d.id)
+        if others:
+            parts.append(f"<div>{code_html(others.strip())}</div>")
         rest = rest_line(_rest_parts(s, d.id))
         if rest:
             parts.append(f"<div><code>{_esc(rest.strip())}</code></div>")

@@ -14,6 +14,7 @@ from typing import Any
 
 from . import devices as _devices
 from . import hidden as _hidden
+from . import processes as _processes
 from . import scan as _scan
 from . import trace as _trace
 from .. import backends as _backends
@@ -105,6 +106,10 @@ class Snapshot(JsonFields, Report):
     #: while trace is on: device -> what no name reaches, by allocation site, largest first
     #: (``{"text", "bytes", "count", ...}`` of :class:`jupyter_gpumem.trace.SiteGroup`)
     unattributed_sites: dict[str, list[dict]] = json_field(default_factory=dict, if_any=True)
+    #: the other processes on each accelerator (NVML's lists, named): only where NVML
+    #: lists any
+    processes: list[_processes.DeviceProcesses] = json_field(default_factory=list,
+                                                             if_any=True)
 
     def internals_of(self, device: str, kinds: tuple = ("allocated", "cached")) -> list[Internal]:
         """The internals on ``device`` of these kinds (``"outside"``: the rest's parts)."""
@@ -453,9 +458,10 @@ def _assemble(device: str, ids: list[str], accs, usages, result, names, extra,
     for du in usages:
         du.attributed = sum(reached.get(du.id, {}).values())
     sites = _sites_of_unattributed(unattributed, result, internals) if _trace.is_on() else {}
+    others = [dp for dp in _processes.read(usages) if dp.processes or dp.hidden]
     return Snapshot(device, usages, holders, unattributed, bool(accs), result.partial,
                     messages, result.seconds, details=details, internals=internals,
-                    unattributed_sites=sites)
+                    unattributed_sites=sites, processes=others)
 
 
 _KIND_ORDER = {"allocated": 0, "cached": 1, "outside": 2}

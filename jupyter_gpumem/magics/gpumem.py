@@ -16,6 +16,7 @@ from ..core import purge as _purge
 from ..core import snapshot as _snapshot
 from ..settings import GpuMemSettings
 from . import panel as _panel
+from . import processes as _processes
 from . import tame as _tame
 from . import trace as _trace
 from . import watch as _watch
@@ -34,8 +35,10 @@ SUBCOMMANDS: dict[str, Callable[[Any, list[str]], Any]] = {
 USAGE = """\
 %gpumem [NAME ...] [--device auto|all|cpu|cuda:N] [-o]
 %gpumem --cluster [--device ...] [-o]
+%gpumem --processes [--device ...] [-o]
 %gpumem purge [NAME|PATH ...] [--all] [--dry-run] [--device ...] [-o]
 %gpumem purge [NAME|PATH ...] --cluster [--all] [--dry-run] [--device ...] [-o]
+%gpumem purge --orphans [--dry-run] [--grace S] [--device ...] [-o]
 %gpumem watch on|off [--warn-at 80%] [--auto-purge-hidden]
 %gpumem history [--save FILE] [--tensorboard DIR]
 %gpumem plot [--save FILE]
@@ -51,6 +54,8 @@ def _report_parser():
     p.add_argument("--cluster", action="store_true",
                    help="the Dask cluster this notebook drives: its workers' devices and the "
                    "names that hold their keys")
+    p.add_argument("--processes", action="store_true",
+                   help="every other process on the GPUs: who it is and what it holds")
     return p
 
 
@@ -61,6 +66,11 @@ def _purge_parser():
     p.add_argument("--dry-run", action="store_true", help="show what would go; change nothing")
     p.add_argument("--cluster", action="store_true",
                    help="release what the names hold on the Dask cluster and free it there")
+    p.add_argument("--orphans", action="store_true",
+                   help="end this user's orphaned processes (a restarted kernel's left-overs) "
+                   "that hold GPU memory")
+    p.add_argument("--grace", default=None,
+                   help="with --orphans: seconds between SIGTERM and SIGKILL (default 3)")
     return p
 
 
@@ -133,6 +143,8 @@ class GpuMemMagics(Magics, GpuMemSettings):
 
     def _report(self, argv: list[str]) -> Any:
         args, device = self._parse(_report_parser(), argv)
+        if args.processes:
+            return _processes.report(self, args, device)
         if args.cluster:
             return self._cluster_report(args, device)
         snap = usage_errors(lambda: _snapshot.build(
@@ -146,6 +158,10 @@ class GpuMemMagics(Magics, GpuMemSettings):
 
     def _purge(self, argv: list[str]) -> Any:
         args, device = self._parse(_purge_parser(), argv)
+        if args.orphans:
+            return _processes.purge_orphans(self, args, device)
+        if args.grace is not None:
+            raise UsageError("--grace goes with --orphans")
         if args.cluster:
             return self._cluster_purge(args, device)
         result = usage_errors(lambda: _purge.purge(

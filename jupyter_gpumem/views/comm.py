@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from ..api import __version__
 from ..core import devices as _devices
+from ..core import orphans as _orphans
 from ..core import purge as _purge
 from ..core.monitor import Subscription
 from ..session import close_session, open_session, session_of
@@ -38,6 +39,7 @@ _REQUEST_FIELDS: dict[str, dict[str, bool]] = {
     "refresh": {},
     "purge": {"names": True, "dry_run": False},
     "set_device": {"device": True},
+    "purge_orphans": {"dry_run": False},
 }
 
 class MessageError(ValueError):
@@ -109,8 +111,9 @@ def parse_request(data: Any) -> tuple[str, Any, dict]:
     if missing:
         raise MessageError(f"{kind!r} needs {', '.join(repr(m) for m in missing)}")
     fields = {k: data[k] for k in spec if k in data}
-    if kind == "purge":
-        fields["names"] = _check_names(fields["names"])
+    if kind in ("purge", "purge_orphans"):
+        if kind == "purge":
+            fields["names"] = _check_names(fields["names"])
         dry_run = fields.get("dry_run", False)
         if not isinstance(dry_run, bool):
             raise MessageError('"dry_run" must be true or false')
@@ -177,6 +180,8 @@ class _Channel:
                 self.set_device(fields["device"], rid)
             elif kind == "purge":
                 self.purge(fields["names"], fields["dry_run"], rid)
+            elif kind == "purge_orphans":
+                self.purge_orphans(fields["dry_run"], rid)
         except Exception as exc:  # noqa: BLE001 - never raise into the kernel
             self.error(f"{kind} failed: {type(exc).__name__}: {exc}", rid)
 
@@ -199,6 +204,13 @@ class _Channel:
         if dry_run:
             return
         self.hub.session.refresh_now()   # every open view (this one, others, the panel)
+
+    def purge_orphans(self, dry_run: bool, rid: Any) -> None:
+        """This user's orphans on the GPUs ended (the sidebar confirmed it first)."""
+        result = _orphans.purge_orphans(dry_run=dry_run)
+        self.send({"type": "orphans_result", "result": result.to_json(), "reply_to": rid})
+        if not dry_run:
+            self.hub.session.refresh_now()
 
     def send_snapshot(self, reply_to: Any = None) -> None:
         self.show_snapshot(self.hub.session.snapshot_json(self.device), reply_to)

@@ -5,6 +5,7 @@ import type { ILabShell, JupyterFrontEnd } from '@jupyterlab/application';
 import type { ICommandPalette } from '@jupyterlab/apputils';
 import type { INotebookTracker } from '@jupyterlab/notebook';
 import type { ISettingRegistry } from '@jupyterlab/settingregistry';
+import { Poll } from '@lumino/polling';
 
 import { KernelChannel } from './channel';
 import {
@@ -16,10 +17,15 @@ import {
 } from './constants';
 import { confirmPurge } from './dialog';
 import { gpuMemIcon } from './icon';
+import { KernelsSection } from './kernels';
+import { labKernelsBackend } from './kernelsBackend';
 import { SidebarModel } from './model';
 import { applySettings, readSettings } from './settings';
 import { GpuMemSidebar } from './sidebar';
 import { IWidgetWithSession, KernelWidgetTracker } from './tracker';
+
+/** How often the Kernels section asks the server while the sidebar shows, in ms. */
+const KERNELS_INTERVAL_MS = 5000;
 
 /** Add the sidebar to the right area and make it follow the kernel in focus. */
 export function activateSidebar(
@@ -36,6 +42,17 @@ export function activateSidebar(
   sidebar.title.icon = gpuMemIcon;
   sidebar.title.caption = SIDEBAR_TITLE;
   app.shell.add(sidebar, 'right', { rank: SIDEBAR_RANK });
+
+  // the Kernels section: every kernel of the server and the orphans (server extension)
+  const kernels = new KernelsSection(labKernelsBackend(app));
+  sidebar.node.append(kernels.node);
+  const kernelsPoll = new Poll({
+    factory: () => (sidebar.isVisible ? kernels.refresh() : Promise.resolve()),
+    frequency: { interval: KERNELS_INTERVAL_MS, backoff: false },
+    standby: 'when-hidden',
+    name: 'jupyter-gpumem:kernels'
+  });
+  sidebar.disposed.connect(() => kernelsPoll.dispose());
 
   const tracker = new KernelWidgetTracker({ labShell, notebookTracker });
   const follow = (widget: IWidgetWithSession | null): void => {

@@ -1,0 +1,484 @@
+"""Every other process that holds a GPU, named, and what it is to this kernel.
+
+NVML lists the processes with a context on each device (compute and graphics,
+:func:`..backends.nvml.processes`); psutil tells who each one is: its user,
+command line, age and parent. From the parent chain and the environment a
+Jupyter kernel gives its processes (``JPY_PARENT_PID``: the server that started
+the kernel; ``JPY_SESSION_NAME``: the notebook's path), each process gets one
+relation:
+
+``child``         a descendant of this process (a DataLoader worker, a multiprocessing
+                  child, a subprocess)
+``kernel``        a kernel of the same Jupyter server (its notebook path)
+``kernel_child``  a descendant of such a kernel
+``orphan``        its parent is gone: it was handed to init (pid 1), to a subreaper
+                  (systemd, tini, ...) or to no parent visible here; or a kernel
+                  started it and the server that started the kernel is no longer among
+                  its ancestors: the left-over of a restarted or crashed kernel
+``ancestor``      this process's parent chain (the Jupyter server itself)
+``other_user``    another user's process
+``own``           this user's, none of the above (a script in a terminal, say)
+
+A listed pid that this machine's ``/proc`` does not show, NVML entries without a
+pid, and this user's processes that hold no GPU device file here are counted as
+*hidden*: NVML sees the machine's PID namespace, the container another one, so
+those pids do not name the processes they would name here.
+
+Only this user's orphans that a Jupyter kernel started (their environment has
+``JPY_PARENT_PID``) are ``purgeable``: :mod:`.orphans` ends them.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from ..backends import nvml
+from ..units import JsonFields, Report, fmt_bytes, json_field
+from .render import code_html, html_table, text_table
+
+#: device files a process with a GPU context holds open; a listed pid of this user that
+#: holds none of them is not the process NVML means (another PID namespace's pid).
+#: ``JUPYTER_GPUMEM_DEVICE_FILES`` (prefixes, ``:``-separated) adds others.
+GPU_DEVICE_FILES: tuple[str, ...] = ("/dev/nvidia", "/dev/dri/", "/dev/kfd") + tuple(
+    p for p in os.environ.get("JUPYTER_GPUMEM_DEVICE_FILES", "").split(":") if p)
+
+#: names of processes that adopt orphans: init and the usual subreapers of containers
+#: and user sessions
+REAPERS = frozenset({"init", "systemd", "tini", "tini-static", "dumb-init", "docker-init",
+                     "catatonit", "s6-svscan", "runit", "runsvdir", "supervisord", "launchd"})
+
+#: environment a Jupyter kernel's processes inherit from the server that started it
+KERNEL_ENV = "JPY_PARENT_PID"
+PATH_ENV = "JPY_SESSION_NAME"
+
+COMMAND_WIDTH = 60
+MAX_DEPTH = 64                   # parents followed at most
+
+
+@dataclass
+class KernelRef:
+    """A kernel of the Jupyter server: its id (where the server told it) and path."""
+
+    pid: int
+    path: str | None = None
+    kernel_id: str | None = None
+
+
+@dataclass
+class GpuProcess(JsonFields):
+    """One process on a device, not this one. Its JSON: ``GpuProcess`` of docs/PROTOCOL.md."""
+
+    pid: int
+    nbytes: int | None = json_field(key="bytes")
+    relation: str = "own"
+    label: str = ""
+    user: str | None = None
+    command: str = ""
+    started: float | None = None
+    seconds: float | None = None
+    ppid: int | None = None
+    path: str | None = None          # the notebook (a kernel's, or the kernel an orphan left)
+    kernel_id: str | None = None
+    purgeable: bool = False
+    lists: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DeviceProcesses(JsonFields):
+    """The processes on one device other than this one, largest first, and what NVML
+    lists but this machine cannot name. Its JSON: ``DeviceProcesses`` of docs/PROTOCOL.md."""
+
+    device: str
+    nvml_index: int | None
+    processes: list[GpuProcess] = field(default_factory=list)
+    this_process: int | None = None
+    hidden: int = 0
+    hidden_bytes: int | None = 0
+    note: str | None = None
+
+    @property
+    def others_bytes(self) -> int:
+        """Bytes of the named processes (hidden ones apart)."""
+        return sum(p.nbytes or 0 for p in self.processes)
+
+    def summary(self) -> str | None:
+        return summary_line(self)
+
+
+@dataclass
+class Context:
+    """Whom the relations are relative to: a process (a kernel, or the server), its
+    parent chain, its user, the server that started it and that server's kernels."""
+
+    me: int
+    uid: int
+    ancestors: frozenset
+    server_pid: int | None
+    kernels: dict[int, KernelRef] = field(default_factory=dict)
+    now: float = field(default_factory=time.time)
+    envs: dict = field(default_factory=dict)      # pid -> environment (read once)
+
+
+def context(me: int | None = None, kernels: dict[int, KernelRef] | None = None,
+            server_pid: int | None = None) -> Context:
+    """The context of process ``me`` (default: this one). ``kernels``: the server's own
+    list (the server extension gives it); without, a kernel of the same server is known
+    by its environment. ``server_pid``: default this process's ``JPY_PARENT_PID``."""
+    me = os.getpid() if me is None else me
+    if server_pid is None:
+        try:
+            server_pid = int(os.environ.get(KERNEL_ENV, "") or 0) or None
+        except ValueError:
+            server_pid = None
+    return Context(me, os.getuid(), frozenset(_ancestors(me)), server_pid, dict(kernels or {}))
+
+
+def _ancestors(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        proc = psutil.Process(pid)
+        for _ in range(MAX_DEPTH):
+            ppid = proc.ppid()
+            if ppid <= 0 or ppid in out:
+                break
+            out.append(ppid)
+            proc = psutil.Process(ppid)
+    except (psutil.Error, OSError):
+        pass
+    return out
+
+
+def _environ(ctx: Context, pid: int) -> dict:
+    if pid not in ctx.envs:
+        try:
+            ctx.envs[pid] = psutil.Process(pid).environ()
+        except (psutil.Error, OSError):
+            ctx.envs[pid] = {}
+    return ctx.envs[pid]
+
+
+def holds_gpu_file(pid: int) -> bool | None:
+    """Whether process ``pid`` holds a GPU device file open; ``None``: cannot be read."""
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for name in names[:65536]:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith(GPU_DEVICE_FILES):
+            return True
+    return False
+
+
+def shorten(text: str, width: int = COMMAND_WIDTH) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _command(proc: psutil.Process) -> str:
+    try:
+        parts = proc.cmdline()
+    except (psutil.Error, OSError):
+        parts = []
+    if not parts:
+        try:
+            return f"[{proc.name()}]"
+        except (psutil.Error, OSError):
+            return "?"
+    return shorten(" ".join([os.path.basename(parts[0])] + parts[1:]))
+
+
+def _child_kind(proc: psutil.Process, parent: int) -> str:
+    """DataLoader worker or multiprocessing fork, multiprocessing spawn, or subprocess."""
+    try:
+        line = " ".join(proc.cmdline())
+    except (psutil.Error, OSError):
+        return "subprocess"
+    if "multiprocessing" in line:
+        return "multiprocessing"
+    try:
+        if proc.cmdline() == psutil.Process(parent).cmdline():
+            return "fork: DataLoader worker or multiprocessing"
+    except (psutil.Error, OSError):
+        pass
+    return "subprocess"
+
+
+def _kernel_of(ctx: Context, pid: int) -> KernelRef | None:
+    """``pid`` as a kernel of ctx's server: in the server's list, or by its environment
+    (started by the same server, whose child it still is)."""
+    if pid == ctx.me:
+        return None
+    if pid in ctx.kernels:
+        return ctx.kernels[pid]
+    if ctx.server_pid is None:
+        return None
+    env = _environ(ctx, pid)
+    try:
+        started_by = int(env.get(KERNEL_ENV, "") or 0)
+        ppid = psutil.Process(pid).ppid()
+    except (ValueError, psutil.Error, OSError):
+        return None
+    if started_by == ctx.server_pid and ppid == ctx.server_pid:
+        return KernelRef(pid, env.get(PATH_ENV) or None)
+    return None
+
+
+def orphaned(parent: int) -> bool:
+    if parent <= 1:
+        return True
+    try:
+        return psutil.Process(parent).name() in REAPERS
+    except (psutil.Error, OSError):
+        return True
+
+
+def kernel_gone(env: dict, chain: list[int]) -> bool:
+    """A process a kernel started whose kernel is gone: its environment names the server
+    that started the kernel (``JPY_PARENT_PID``), which is no longer among its ancestors
+    (its parent chain broke where the kernel was: it was adopted by init or by a
+    subreaper, whatever that one is called)."""
+    try:
+        server = int(env.get(KERNEL_ENV, "") or 0)
+    except ValueError:
+        return False
+    return server > 0 and server not in chain
+
+
+def is_orphan(pid: int) -> bool:
+    """Process ``pid`` is an orphan now (see :func:`orphaned`, :func:`kernel_gone`)."""
+    try:
+        proc = psutil.Process(pid)
+        ppid, env = proc.ppid(), proc.environ()
+    except (psutil.Error, OSError):
+        return False
+    return orphaned(ppid) or kernel_gone(env, _ancestors(pid))
+
+
+def describe(pid: int, nbytes: int | None, ctx: Context, lists=()) -> GpuProcess | None:
+    """``pid`` as a :class:`GpuProcess`; ``None`` where it does not exist here or is
+    not the process NVML means (hidden)."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            uid = proc.uids().real
+            ppid = proc.ppid()
+            started = proc.create_time()
+            try:
+                user = proc.username()
+            except (KeyError, psutil.Error):
+                user = str(uid)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except (psutil.Error, OSError):
+        return GpuProcess(pid, nbytes, "other_user", "another user's (cannot be read)",
+                          lists=list(lists))
+    out = GpuProcess(pid, nbytes, user=user, command=_command(proc), started=started,
+                     seconds=max(ctx.now - started, 0.0), ppid=ppid, lists=list(lists))
+    if uid != ctx.uid:
+        out.relation, out.label = "other_user", f"another user's ({user})"
+        return out
+    if holds_gpu_file(pid) is False:
+        return None
+    chain = _ancestors(pid)
+    if pid in ctx.ancestors:
+        out.relation, out.label = "ancestor", "this process's parent chain"
+        if ctx.server_pid == pid:
+            out.label = "the Jupyter server of this kernel"
+        return out
+    kernel = _kernel_of(ctx, pid)
+    if kernel is not None:
+        out.relation, out.path, out.kernel_id = "kernel", kernel.path, kernel.kernel_id
+        out.label = f"kernel of this server: {kernel.path or 'path unknown'}"
+        return out
+    for up in chain:
+        if up == ctx.me:
+            break
+        kernel = _kernel_of(ctx, up)
+        if kernel is not None:
+            out.relation, out.path, out.kernel_id = "kernel_child", kernel.path, kernel.kernel_id
+            out.label = (f"child of the kernel of {kernel.path or f'pid {up}'} "
+                         f"({_child_kind(proc, up)})")
+            return out
+    if ctx.me in chain:
+        out.relation = "child"
+        out.label = f"this process's child ({_child_kind(proc, ctx.me)})"
+        return out
+    env = _environ(ctx, pid)
+    if orphaned(ppid) or kernel_gone(env, chain):
+        out.relation = "orphan"
+        out.path = env.get(PATH_ENV) or None
+        from_kernel = KERNEL_ENV in env
+        out.purgeable = from_kernel and pid != ctx.me and pid not in ctx.ancestors
+        if from_kernel:
+            where = f" of {out.path}" if out.path else ""
+            out.label = f"orphan: left by a kernel{where} (parent gone)"
+        else:
+            out.label = "orphan (parent gone; no kernel started it: left alone)"
+        return out
+    out.label = f"this user's (parent {ppid} {_name(ppid)})"
+    return out
+
+
+def _name(pid: int) -> str:
+    try:
+        return psutil.Process(pid).name()
+    except (psutil.Error, OSError):
+        return "?"
+
+
+def device_processes(device: str, index: int | None, ctx: Context) -> DeviceProcesses:
+    """NVML's processes on device ``index``, named (``device``: its id, ``cuda:0``)."""
+    out = DeviceProcesses(device, index)
+    if index is None:
+        out.note = nvml.status() or "not an NVML device"
+        return out
+    listed = nvml.processes(index)
+    if listed is None:
+        out.note = nvml.status() or "NVML gives no process list for this device"
+        return out
+    for entry in listed:
+        if entry.pid == ctx.me:
+            out.this_process = entry.used
+            continue
+        proc = describe(entry.pid, entry.used, ctx, entry.lists) if entry.pid > 0 else None
+        if proc is None:
+            out.hidden += 1
+            if out.hidden_bytes is not None:
+                out.hidden_bytes = None if entry.used is None else out.hidden_bytes + entry.used
+            continue
+        out.processes.append(proc)
+    out.processes.sort(key=lambda p: (-(p.nbytes or 0), p.pid))
+    return out
+
+
+def read(devices, ctx: Context | None = None) -> list[DeviceProcesses]:
+    """The other processes of each accelerator in ``devices`` (``DeviceUsage`` or
+    ``(id, nvml_index)``); nothing for ``cpu``."""
+    ctx = ctx or context()
+    out = []
+    with nvml.reading():
+        for d in devices:
+            dev, index = (d.id, d.nvml_index) if hasattr(d, "id") else d
+            if dev == "cpu":
+                continue
+            out.append(device_processes(dev, index, ctx))
+    return out
+
+
+def read_all(ctx: Context | None = None) -> list[DeviceProcesses]:
+    """Every NVML device, by NVML index (``nvml:N`` where CUDA does not number it here)."""
+    visible = {idx: n for n, idx in enumerate(nvml.visible_indices())}
+    return read([(f"cuda:{visible[i]}" if i in visible else f"nvml:{i}", i)
+                 for i in range(nvml.device_count())], ctx)
+
+
+# -- words -------------------------------------------------------------------------------
+_WORDS = {"child": ("child", "children"), "kernel": ("kernel", "kernels"),
+          "kernel_child": ("kernel's child", "kernels' children"),
+          "orphan": ("orphan", "orphans"), "ancestor": ("parent", "parents"),
+          "other_user": ("of another user", "of other users"),
+          "own": ("other of this user", "others of this user")}
+_ORDER = ("orphan", "child", "kernel", "kernel_child", "own", "ancestor", "other_user")
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(seconds)
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    if s < 172800:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 86400} d"
+
+
+def summary_line(dp: DeviceProcesses) -> str | None:
+    """One line under a device: the others, by relation, and the hidden ones."""
+    if not dp.processes and not dp.hidden:
+        return None
+    groups: dict[str, list[GpuProcess]] = {}
+    for p in dp.processes:
+        groups.setdefault(p.relation, []).append(p)
+    parts = []
+    for rel in _ORDER:
+        procs = groups.get(rel)
+        if not procs:
+            continue
+        n = len(procs)
+        word = _WORDS[rel][n > 1]
+        if rel == "kernel":
+            word += " " + ", ".join(p.path or f"pid {p.pid}" for p in procs)
+        parts.append(f"{n} {word} {fmt_bytes(sum(p.nbytes or 0 for p in procs))}")
+    if dp.hidden:
+        parts.append(f"{dp.hidden} without a pid here {fmt_bytes(dp.hidden_bytes)}")
+    line = f"  other processes on {dp.device}: " + " · ".join(parts)
+    if any(p.purgeable for p in dp.processes):
+        line += " · `%gpumem purge --orphans` ends the orphans"
+    return line + " · `%gpumem --processes` lists them"
+
+
+HEADERS = ["device", "pid", "bytes", "user", "running", "what it is", "command"]
+
+
+def rows(dps: list[DeviceProcesses]) -> list[list[str]]:
+    out = []
+    for dp in dps:
+        for p in dp.processes:
+            out.append([dp.device, str(p.pid), fmt_bytes(p.nbytes), p.user or "?", _age(p.seconds),
+                        p.label, p.command])
+        if dp.hidden:
+            out.append([dp.device, "-", fmt_bytes(dp.hidden_bytes), "?", "?",
+                        f"{dp.hidden} process(es) NVML lists without a pid here (another PID "
+                        "namespace: the container's host)", ""])
+    return out
+
+
+def notes(dps: list[DeviceProcesses]) -> list[str]:
+    return [f"{dp.device}: {dp.note}" for dp in dps if dp.note]
+
+
+@dataclass(repr=False)
+class ProcessReport(JsonFields, Report):
+    """``%gpumem --processes``: every other process on each device. Its JSON:
+    ``"schema": "jupyter_gpumem.processes/1"`` of docs/PROTOCOL.md."""
+
+    schema = "jupyter_gpumem.processes/1"
+    JSON_AFTER = {"schema": None, "time": "schema"}
+
+    devices: list[DeviceProcesses]
+    pid: int = field(default_factory=os.getpid)
+    time: float = field(default_factory=time.time)
+    messages: list[str] = field(default_factory=list)
+
+    def _text(self) -> str:
+        lines = [f"processes on the GPUs other than this one (pid {self.pid}):"]
+        table = rows(self.devices)
+        lines += text_table(HEADERS, table, {1, 2}) if table else ["none"]
+        lines += [f"note: {m}" for m in notes(self.devices) + self.messages]
+        return "\n".join(lines)
+
+    def _html(self) -> str:
+        table = rows(self.devices)
+        parts = ["<div class='jupyter-gpumem'>",
+                 html_table(HEADERS, table, {1, 2}) if table else "<div>no other process</div>"]
+        parts += [f"<div><em>note: {code_html(m)}</em></div>"
+                  for m in notes(self.devices) + self.messages]
+        return "".join(parts) + "</div>"
+
+
+def report(devices=None, ctx: Context | None = None) -> ProcessReport:
+    """The report of ``%gpumem --processes`` (``devices``: ``DeviceUsage``s; default all)."""
+    dps = read(devices, ctx) if devices is not None else read_all(ctx)
+    msgs = [] if dps or nvml.available() else [nvml.status() or "NVML unavailable"]
+    if not dps and not msgs:
+        msgs.append("no GPU: NVML sees no device")
+    return ProcessReport(dps, messages=msgs)

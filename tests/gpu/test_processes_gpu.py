@@ -1,0 +1,182 @@
+"""Every process on the GPU named, and the orphans of a restarted kernel purged, on a
+real GPU with a real Jupyter server (tests/jupyter_harness.py) and real NVML.
+
+Two kernels of one server hold 1 GiB and 2 GiB of CUDA tensors; a third kernel starts
+two ``torch.multiprocessing`` children (spawn; each holds a CUDA tensor, 256 and 512
+MiB, and leaves the kernel's process group as a worker pool's processes may do, so that
+the restart's kill of that group spares them) and is restarted through the server's
+kernel API: the children live on as orphans. The restarted kernel's report
+(``%gpumem --processes -o``) must name each process rightly (the two kernels by their
+notebooks, the orphans as orphans of the third notebook) with bytes matching NVML's
+per-process figures, read here, within 2 MiB; the server's endpoint must show the same
+figures; ``%gpumem purge --orphans`` must end both and bring the device's used bytes
+back to what they were with only the two kernels on it, within 2 MiB. Prints its
+figures (run with ``-s``). Skips, with the reason, without CUDA or the Jupyter server.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+pytest.importorskip("jupyter_server", reason="jupyter_server is not installed (wheels.sh)")
+pytest.importorskip("ipykernel", reason="ipykernel is not installed (wheels.sh)")
+pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="no CUDA device (torch.cuda.is_available() is False)")
+
+MiB, GiB = 1 << 20, 1 << 30
+SLACK = 2 * MiB
+
+WORKER = '''
+import os, sys, time
+def hold(nbytes, ready):
+    os.setsid()                  # out of the kernel's process group
+    import torch
+    x = torch.ones(nbytes, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    open(ready, "w").write(str(os.getpid()))
+    time.sleep(600)
+'''
+
+HOLD = ("import os, torch\n"
+        "x = torch.ones({n}, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize()\n"
+        "print(os.getpid())")
+
+SPAWN = ('import sys, os, time\n'
+         'sys.path.insert(0, {folder!r})\n'
+         'import torch.multiprocessing as mp, gpumem_worker\n'
+         'ctx = mp.get_context("spawn")\n'
+         'procs = [ctx.Process(target=gpumem_worker.hold, args=(n, f"{folder}/ready{{i}}"))\n'
+         '         for i, n in enumerate(({a}, {b}))]\n'
+         'for p in procs: p.start()\n'
+         'deadline = time.time() + 120\n'
+         'while not all(os.path.exists(f"{folder}/ready{{i}}") for i in range(2)):\n'
+         '    assert time.time() < deadline, "the children did not allocate"\n'
+         '    time.sleep(0.1)\n'
+         'print(os.getpid(), *[p.pid for p in procs])')
+
+
+def nvml_figures() -> tuple[int, dict[int, int]]:
+    """Device 0's used bytes and NVML's bytes per pid (compute list), read here."""
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index())
+    used = int(pynvml.nvmlDeviceGetMemoryInfo(h).used)
+    procs = {p.pid: int(p.usedGpuMemory or 0)
+             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
+    return used, procs
+
+
+def _nvml_index() -> int:
+    import os
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    return int(visible) if visible.isdigit() else 0
+
+
+def alive(pid: int) -> bool:
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_listed(pids, present=True, timeout=30.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        _, procs = nvml_figures()
+        if all((p in procs) == present for p in pids):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"NVML still {'lacks' if present else 'lists'} some of {pids}")
+
+
+def test_restarted_kernels_orphans_named_and_purged(tmp_path):
+    import psutil
+    from jupyter_harness import Server, run
+
+    t0 = time.time()
+    (tmp_path / "gpumem_worker.py").write_text(WORKER)
+    before_all, _ = nvml_figures()
+    server = Server(tmp_path, fake_nvml=False)
+    try:
+        kid_a, a = server.session("a.ipynb")
+        kid_b, b = server.session("work/b.ipynb")
+        kid_c, c = server.session("c.ipynb")
+        pid_a = int(run(a, HOLD.format(n=GiB)))
+        pid_b = int(run(b, HOLD.format(n=2 * GiB)))
+        wait_listed([pid_a, pid_b])
+        time.sleep(1)
+        used_live, procs = nvml_figures()
+        print(f"\nbefore any kernel: used {before_all / MiB:.1f} MiB; with the two kernels: "
+              f"used {used_live / MiB:.1f} MiB (a {procs[pid_a] / MiB:.1f} MiB, "
+              f"b {procs[pid_b] / MiB:.1f} MiB)")
+
+        pid_c, *children = map(int, run(c, SPAWN.format(folder=str(tmp_path), a=256 * MiB,
+                                                        b=512 * MiB)).split())
+        wait_listed(children)
+        server.request("POST", f"api/kernels/{kid_c}/restart", {})
+        deadline = time.time() + 60
+        while psutil.pid_exists(pid_c) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not psutil.pid_exists(pid_c), "the old kernel did not end"
+        assert all(psutil.pid_exists(p) for p in children), "the children did not survive"
+        print("after the restart: children", children, "parents",
+              [psutil.Process(p).ppid() for p in children])
+        c = server.connect(kid_c)
+        used_full, procs = nvml_figures()
+
+        out = run(c, "%load_ext jupyter_gpumem\nimport json, os\n"
+                     "r = %gpumem --processes -o\nprint(r)\nprint(json.dumps(r.to_json()))")
+        text, data = out.rsplit("\n", 2)[0], json.loads(out.strip().splitlines()[-1])
+        print("the restarted kernel's report:\n" + text)
+        dev = next(d for d in data["devices"] if d["nvml_index"] == _nvml_index())
+        named = {p["pid"]: p for p in dev["processes"]}
+        want = {pid_a: ("kernel", "a.ipynb"), pid_b: ("kernel", "work/b.ipynb")}
+        want.update({p: ("orphan", "c.ipynb") for p in children})
+        for pid, (relation, path) in want.items():
+            p = named[pid]
+            assert (p["relation"], p["path"]) == (relation, path), p
+            assert abs(p["bytes"] - procs[pid]) <= SLACK, (pid, p["bytes"], procs[pid])
+            print(f"  pid {pid}: {p['label']}: report {p['bytes'] / MiB:.1f} MiB, "
+                  f"NVML {procs[pid] / MiB:.1f} MiB")
+        assert all(named[p]["purgeable"] for p in children)
+        assert not named[pid_a]["purgeable"] and not named[pid_b]["purgeable"]
+
+        ep = server.get("api/gpumem/kernels")
+        by_id = {k["id"]: k for k in ep["kernels"]}
+        for kid, pid in ((kid_a, pid_a), (kid_b, pid_b)):
+            assert by_id[kid]["pid"] == pid
+            assert abs(by_id[kid]["gpu_bytes"] - procs[pid]) <= SLACK
+        assert not {p["pid"] for p in by_id[kid_c]["processes"]} & set(children)
+        assert [k["id"] for k in ep["kernels"]][:2] == [kid_b, kid_a]
+        orphans = {p["pid"]: p["bytes"] for p in ep["orphans"]}
+        assert set(orphans) == set(children)
+        assert all(abs(orphans[p] - procs[p]) <= SLACK for p in children)
+        print("endpoint:", [(k["path"], k["pid"], k["gpu_bytes"]) for k in ep["kernels"]],
+              "orphans", orphans)
+
+        out = run(c, "r = %gpumem purge --orphans -o\nprint(r)")
+        print("purge --orphans:\n" + out)
+        assert not any(alive(p) for p in children)
+        wait_listed(children, present=False)
+        time.sleep(1)
+        used_after, procs_after = nvml_figures()
+        print(f"used: with the two kernels {used_live / MiB:.1f} MiB, with the orphans "
+              f"{used_full / MiB:.1f} MiB, after the purge {used_after / MiB:.1f} MiB "
+              f"(difference {(used_after - used_live) / MiB:+.1f} MiB); "
+              f"{time.time() - t0:.1f} s in all")
+        assert abs(used_after - used_live) <= SLACK
+        assert pid_a in procs_after and pid_b in procs_after
+        after = server.get("api/gpumem/kernels")
+        assert after["orphans"] == []
+    finally:
+        for p in locals().get("children", []):
+            try:
+                psutil.Process(p).kill()
+            except psutil.Error:
+                pass
+        server.stop()
