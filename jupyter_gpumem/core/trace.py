@@ -60,6 +60,7 @@ from ..backends.base import TraceCost as Cost
 from .monitor import hook_cells, unhook_cells
 from .scan_types import LIB_DIRS
 from .render import fmt_bytes as _fmt_bytes
+from ..units import complain
 
 #: allocator events the framework keeps (a ring buffer); each costs host memory while kept
 DEFAULT_MAX_ENTRIES = 100_000
@@ -477,8 +478,7 @@ class _PostExecLoader:
         try:
             self._hook.callback(module)
         except Exception as exc:  # noqa: BLE001 - the user's import stands
-            print(f"jupyter_gpumem: trace could not start after `import {self._hook.name}`: {exc}",
-                  file=sys.stderr)
+            complain(f"trace could not start after `import {self._hook.name}`", exc)
 
     def __getattr__(self, name):
         return getattr(self._loader, name)

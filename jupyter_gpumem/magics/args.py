@@ -3,11 +3,12 @@ common options (``--device``, ``-o``)."""
 from __future__ import annotations
 
 import shlex
-import sys
 from typing import Any, Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
+
+from ..units import complain
 
 DEVICE_HELP = "which devices count: auto (accelerators, else cpu), all, cpu, cuda:N"
 
@@ -55,7 +56,7 @@ def report_errors(fn: Callable) -> Callable:
         except UsageError:
             raise
         except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
-            print(f"jupyter_gpumem: {type(exc).__name__}: {exc}", file=sys.stderr)
+            complain("", exc)
             return None
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
