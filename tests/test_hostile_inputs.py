@@ -109,3 +109,80 @@ def test_the_products_own_complaints_never_raise(ip, capsys):
     finally:
         run(ip, "sys.stdout, sys.stderr = kept_out, kept_err")
         ip.run_line_magic("gpumem", "watch off")
+
+
+# -- a purge hits exactly the holder its row names ------------------------------------------
+def _odd_globals(ip):
+    class Box:
+        pass
+
+    keeper, inner = torch.ones(4), torch.ones(8)
+    ip.user_ns["x"] = [keeper]
+    ip.user_ns["x[0]"] = torch.ones(N)
+    box = Box()
+    box.b = inner
+    ip.user_ns["a"] = box
+    ip.user_ns["a.b"] = torch.ones(N // 2)
+    ip.user_ns["my tensor"] = torch.ones(N // 4)
+    return keeper, inner
+
+
+ODD = {"x[0]": "globals()['x[0]']", "a.b": "globals()['a.b']",
+       "my tensor": "globals()['my tensor']"}
+
+
+def test_a_key_that_is_no_identifier_is_named_and_purged_as_itself(ip):
+    keeper, inner = _odd_globals(ip)
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    for key, text in ODD.items():
+        h = snap.holder(text)
+        assert h is not None and h.purge == text, [(h.name, h.purge) for h in snap.holders]
+        assert h.largest_path == text
+    assert snap.holder("x").largest_path == "x[0]" and snap.holder("a").largest_path == "a.b"
+    for text in ODD.values():
+        ip.run_line_magic("gpumem", f"purge {text} --device cpu")
+    for key in ODD:
+        assert key not in ip.user_ns
+    assert ip.user_ns["x"][0] is keeper and ip.user_ns["a"].b is inner
+
+
+def test_the_sidebars_purge_of_a_row_removes_that_row_only(ip):
+    from tests.test_comm import open_sidebar, send
+
+    keeper, inner = _odd_globals(ip)
+    c = open_sidebar()
+    (reply,) = send(c, {"type": "set_device", "id": 1, "device": "cpu"})
+    rows = {h["name"]: h["purge"] for h in reply["snapshot"]["holders"]}
+    assert {rows[text] for text in ODD.values()} == set(ODD.values()), rows
+    replies = send(c, {"type": "purge", "id": 2, "names": [rows[t] for t in ODD.values()]})
+    assert replies[0]["type"] == "purge_result", replies
+    assert sorted(replies[0]["result"]["removed"]) == sorted(ODD.values())
+    assert not set(ODD) & set(ip.user_ns)
+    assert ip.user_ns["x"][0] is keeper and ip.user_ns["a"].b is inner
+    c.close()
+
+
+def test_an_attribute_that_is_no_identifier_reads_as_its_dict_key(ip):
+    class Box:
+        pass
+
+    box = Box()
+    box.inner = torch.ones(4)
+    vars(box)["inner[0]"] = torch.ones(N)
+    ip.user_ns["box"] = box
+    snap = ip.run_line_magic("gpumem", "box --device cpu -o")
+    paths = {r.path for r in snap.details[0].rows}
+    assert paths == {"box.inner", "box.__dict__['inner[0]']"}, paths
+    ip.run_line_magic("gpumem", "purge box.__dict__['inner[0]'] --device cpu")
+    assert set(vars(box)) == {"inner"}
+
+
+def test_quoted_and_bracketed_arguments_keep_their_spaces(ip):
+    ip.user_ns["cfg"] = {"a b": torch.ones(N), "c": torch.ones(4)}
+    ip.user_ns["my tensor"] = torch.ones(N)
+    dry = ip.run_line_magic("gpumem", "purge cfg['a b'] \"globals()['my tensor']\" "
+                                      "--dry-run --device cpu -o")
+    assert dry.removed == ["cfg['a b']", "globals()['my tensor']"]
+    with pytest.raises(Exception, match="globals\\(\\)\\['my tensor'\\]"):
+        ip.run_line_magic("gpumem", "purge 'my tensor' --device cpu")
+    assert "my tensor" in ip.user_ns

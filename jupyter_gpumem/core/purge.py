@@ -164,6 +164,8 @@ def _targets(names, roots, by_name, scan1, ids, shell, namespace, budget, device
                 errors.append(str(exc))
             continue
         root = by_name.get(text)
+        if root is None and binding.is_name:   # ``globals()["x"]`` for ``x``
+            root = by_name.get(binding.root_name)
         if all_names and (root is None or root.obj is not binding.obj):
             skipped.append(text)   # rebound since it was listed: not what --all found
             continue
@@ -532,8 +534,9 @@ def _delete_target(t: _Target, shell: Any, namespace: dict | None) -> list[str]:
     removed.append(t.text)
     if t.binding.is_name and shell is not None:
         hidden = getattr(shell, "user_ns_hidden", {})
-        if dict.get(hidden, t.text) is obj:
-            dict.pop(hidden, t.text, None)
+        key = t.binding.key
+        if type(key) is str and dict.get(hidden, key) is obj:
+            dict.pop(hidden, key, None)
     for name, mod in list(dict.items(sys.modules)):
         if mod is obj and dict.get(sys.modules, name) is obj:
             dict.pop(sys.modules, name, None)

@@ -28,6 +28,7 @@ from typing import Any
 from ..backends import Backend, active_backends
 from .scan_paths import Nodes, PathFinder
 from .hidden import hidden_roots
+from .paths import attr_text
 from .roots import Root, format_key, stop_ids_for, user_roots
 from .scan_reach import Reacher
 
@@ -66,14 +67,14 @@ class ScanResult:
 #: how each kind of path step reads (``label[0]`` is the kind)
 _LABELS = {
     "root": lambda label: label[1],
-    "attr": lambda label: "." + label[1] if type(label[1]) is str else ".__dict__[...]",
+    "attr": lambda label: attr_text(label[1]),
     "flat": lambda label: f".flat[{label[1]}]",
     "item": lambda label: format_key(label[1]),
     "index": lambda label: f"[{label[1]}]",
     "key": lambda label: ".keys()[...]",
     "elem": lambda label: "{...}",
-    "attr_index": lambda label: f".{label[1]}[{label[2]}]",
-    "attr_item": lambda label: f".{label[1]}{format_key(label[2])}",
+    "attr_index": lambda label: f"{attr_text(label[1])}[{label[2]}]",
+    "attr_item": lambda label: f"{attr_text(label[1])}{format_key(label[2])}",
     "closure": lambda label: f"→closure:{label[1]}",
     "default": lambda label: f"→default:{label[1]}",
     "local": lambda label: f"→{label[1]}(): {label[2]}",
