@@ -186,3 +186,109 @@ def test_quoted_and_bracketed_arguments_keep_their_spaces(ip):
     with pytest.raises(Exception, match="globals\\(\\)\\['my tensor'\\]"):
         ip.run_line_magic("gpumem", "purge 'my tensor' --device cpu")
     assert "my tensor" in ip.user_ns
+
+
+# -- keys of Out that are not cell numbers ---------------------------------------------------
+class LoudKey:
+    """A key whose order, format, repr and hash are its own code: none may run."""
+
+    calls: list[str] = []
+
+    def __lt__(self, other):
+        LoudKey.calls.append("__lt__")
+        return True
+
+    def __gt__(self, other):
+        LoudKey.calls.append("__gt__")
+        return True
+
+    def __format__(self, spec):
+        LoudKey.calls.append("__format__")
+        return "loud"
+
+    def __repr__(self):
+        LoudKey.calls.append("__repr__")
+        return "LoudKey()"
+
+
+def test_a_key_of_the_users_type_in_out_runs_none_of_its_code(ip):
+    run(ip, "import torch\ntorch.ones(8)")        # an Out[N] of the shell's own
+    key = LoudKey()
+    ip.user_ns["Out"][key] = torch.ones(N)
+    LoudKey.calls.clear()
+    try:
+        snap = ip.run_line_magic("gpumem", "--device cpu -o")
+        odd = snap.holder("Out[...]")
+        assert odd is not None and odd.unique == 4 * N and odd.purge is None
+        ip.run_line_magic("gpumem", "watch on --device cpu")
+        run(ip, "y = 1")
+        ip.run_line_magic("gpumem", "watch off")
+        result = ip.run_line_magic("gpumem", "purge --device cpu -o")
+        assert LoudKey.calls == []
+        # the numbered entry went, the user's key stayed, and the result says why
+        assert [k for k in ip.user_ns["Out"] if type(k) is int and
+                torch.is_tensor(ip.user_ns["Out"][k])] == []
+        assert dict.get(ip.user_ns["Out"], key) is not None
+        assert any("Out[...]" in m and "left in place" in m for m in result.messages), \
+            result.messages
+    finally:
+        dict.pop(ip.user_ns["Out"], key, None)
+
+
+def test_a_string_key_in_out_breaks_no_command_and_is_purged_by_its_name(ip):
+    ip.user_ns["Out"]["x"] = torch.ones(N)
+    run(ip, "import torch\ntorch.ones(16)")
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    assert snap.holder("Out['x']").purge == "Out['x']"
+    assert ip.run_line_magic("gpumem", "purge Out['x'] --dry-run --device cpu -o").removed == [
+        "Out['x']"]
+    ip.run_line_magic("gpumem", "watch on --device cpu")
+    run(ip, "y = 1")
+    ip.run_line_magic("gpumem", "watch off")
+    result = ip.run_line_magic("gpumem", "purge --device cpu -o")
+    assert "Out['x']" in result.removed
+    assert "x" not in ip.user_ns["Out"]
+    assert not [v for v in ip.user_ns["Out"].values() if torch.is_tensor(v)]
+
+
+def test_purge_out_names_the_entries_that_hold_and_purges_them(ip):
+    run(ip, "import torch\nkept = 1\ntorch.ones(65536)")
+    n = ip.execution_count - 1
+    run(ip, "2 + 2")
+    dry = ip.run_line_magic("gpumem", "purge Out --dry-run --device cpu -o")
+    assert dry.removed == [f"Out[{n}]", f"_{n}", "__"] and dry.predicted["cpu"] == 4 * N
+    result = ip.run_line_magic("gpumem", "purge Out --device cpu -o")
+    assert f"Out[{n}]" in result.removed and n not in ip.user_ns["Out"]
+    assert ip.user_ns["Out"].get(n + 1) == 4 and ip.user_ns["kept"] == 1
+
+
+def test_purge_out_with_nothing_in_it_says_so(ip):
+    run(ip, "2 + 2")
+    with pytest.raises(Exception, match="no entry of Out holds host memory"):
+        ip.run_line_magic("gpumem", "purge Out --device cpu")
+
+
+def test_one_alias_of_many_groups_the_still_holds_lines(ip):
+    t = torch.ones(N)
+    for i in range(1000):
+        ip.user_ns[f"a{i}"] = t
+    dry = ip.run_line_magic("gpumem", "purge a0 --dry-run --device cpu -o")
+    still = [m for m in dry.messages if "still hold" in m]
+    assert len(still) == 1, still[:5]
+    assert still[0].startswith("a1, a2, a3 and 996 other name(s) still hold 256.0 KiB"), still
+    assert len(dry.still_held) == 999 and dry.predicted["cpu"] == 0   # the JSON: every name
+    done = ip.run_line_magic("gpumem", "purge a1 --device cpu -o")
+    still = [m for m in done.messages if "still hold" in m]
+    assert still == [still[0]] and still[0].startswith("a0, a2, a3 and 996 other"), still[:5]
+    assert "a1" not in ip.user_ns and ip.user_ns["a2"] is t
+
+
+def test_a_name_the_cut_scan_never_reached_says_the_scan_was_cut(ip):
+    ip.user_ns["deep"] = [[i] for i in range(300_000)] + [torch.ones(N)]
+    ip.run_line_magic("config", "GpuMemMagics.scan_time_limit = 0.001")
+    try:
+        with pytest.raises(Exception, match="cut short") as info:
+            ip.run_line_magic("gpumem", "purge deep --device cpu")
+    finally:
+        ip.run_line_magic("config", "GpuMemMagics.scan_time_limit = 3.0")
+    assert "nothing was deleted" in str(info.value) and "deep" in ip.user_ns
