@@ -292,3 +292,22 @@ def test_a_name_the_cut_scan_never_reached_says_the_scan_was_cut(ip):
     finally:
         ip.run_line_magic("config", "GpuMemMagics.scan_time_limit = 3.0")
     assert "nothing was deleted" in str(info.value) and "deep" in ip.user_ns
+
+
+# -- device strings from the sidebar ---------------------------------------------------------
+def test_the_comm_refuses_a_fullwidth_digit_and_normalises_case_and_spaces_exactly(ip):
+    from tests.test_comm import open_sidebar, send
+
+    c = open_sidebar()
+    try:
+        for bad in ("cuda:１", "ｃｐｕ", "cpu\u3000", "cuda:"):
+            (reply,) = send(c, {"type": "set_device", "id": 1, "device": bad})
+            assert reply["type"] == "error" and "unknown device" in reply["message"], reply
+        for given in ("CPU", " cpu", "cpu "):
+            (reply,) = send(c, {"type": "set_device", "id": 2, "device": given})
+            assert reply["type"] == "snapshot" and reply["snapshot"]["device"] == "cpu", reply
+            assert [d["id"] for d in reply["snapshot"]["devices"]] == ["cpu"]
+        with pytest.raises(Exception, match="unknown device"):
+            ip.run_line_magic("gpumem", "--device cuda:１")
+    finally:
+        c.close()
