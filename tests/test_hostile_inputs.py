@@ -311,3 +311,37 @@ def test_the_comm_refuses_a_fullwidth_digit_and_normalises_case_and_spaces_exact
             ip.run_line_magic("gpumem", "--device cuda:１")
     finally:
         c.close()
+
+
+# -- a low recursion limit ------------------------------------------------------------------
+def test_a_holder_that_a_low_recursion_limit_cuts_is_named():
+    """At each recursion limit low enough to make the walk skip objects, the report says
+    inside which holders they were (``nested``), beside the count of them."""
+    import inspect
+    import sys
+
+    from jupyter_gpumem.core import snapshot as _snapshot
+
+    class Node:
+        pass
+
+    node = Node()
+    node.t = torch.ones(N)
+    ns = {"nested": {"a": [node, {"b": (node,)}]}}
+    seen = 0
+    old = sys.getrecursionlimit()
+    for extra in range(8, 80):
+        depth = len(inspect.stack(0))
+        sys.setrecursionlimit(depth + extra)
+        try:
+            snap = _snapshot.build(namespace=ns, device="cpu")
+        except RecursionError:
+            continue
+        finally:
+            sys.setrecursionlimit(old)
+        counted = [m for m in snap.messages if "refused introspection" in m]
+        if counted:
+            seen += 1
+            assert "skipped inside nested: what they hold may be missing" in snap.messages, \
+                (extra, snap.messages)
+    assert seen, "no recursion limit made the walk skip an object"
