@@ -345,3 +345,65 @@ def test_a_holder_that_a_low_recursion_limit_cuts_is_named():
             assert "skipped inside nested: what they hold may be missing" in snap.messages, \
                 (extra, snap.messages)
     assert seen, "no recursion limit made the walk skip an object"
+
+
+# -- what --all takes and what it keeps -----------------------------------------------------
+NOTEBOOK = """
+import functools, sys
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+sys.path.insert(0, {where!r})
+import gpumem_user_helpers as helpers
+
+def scale(x, factor=torch.ones(256)):
+    return x * factor
+
+class Buffers:
+    table = torch.ones(512)
+
+cfg = {{"lr": 1e-3, "name": "run-7", "layers": [64, 64], "mask": torch.ones(4, dtype=torch.bool)}}
+ds = TensorDataset(torch.ones(2048, 8))
+loader = DataLoader(ds, batch_size=64)
+scaled = functools.partial(scale, factor=torch.ones(128))
+model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+opt = torch.optim.Adam(model.parameters())
+model(torch.ones(4, 64)).sum().backward()
+opt.step()
+x = torch.ones(4096)
+y = torch.zeros(1024)
+batch = [torch.ones(1000), torch.ones(1000)]
+"""
+TAKEN = {"model", "opt", "x", "y", "batch"}
+KEPT = {"helpers", "scale", "Buffers", "cfg", "ds", "loader", "scaled"}
+
+
+def test_purge_all_takes_what_memory_is_the_point_of_and_lists_what_it_keeps(ip, tmp_path):
+    (tmp_path / "gpumem_user_helpers.py").write_text(
+        "import torch\nlookup = torch.ones(1024)\n")
+    try:
+        run(ip, NOTEBOOK.format(where=str(tmp_path)))
+        before = {name: ip.user_ns[name] for name in KEPT}
+        dry = ip.run_line_magic("gpumem", "purge --all --dry-run --device cpu -o")
+        assert TAKEN <= set(dry.removed), dry.removed
+        assert not KEPT & set(dry.removed), dry.removed
+        (line,) = [m for m in dry.messages if m.startswith("--all would keep")]
+        for name in KEPT:
+            assert f"{name} " in line, (name, line)
+        assert "cfg 4 B (dict)" in line and "Buffers 2.0 KiB (class)" in line, line
+        done = ip.run_line_magic("gpumem", "purge --all --device cpu -o")
+        assert TAKEN <= set(done.removed) and not KEPT & set(done.removed), done.removed
+        assert any(m.startswith("--all kept") for m in done.messages), done.messages
+        assert not TAKEN & set(ip.user_ns)
+        assert all(ip.user_ns[name] is obj for name, obj in before.items())
+        assert sys_modules_has("gpumem_user_helpers")
+    finally:
+        import sys
+        sys.modules.pop("gpumem_user_helpers", None)
+        if str(tmp_path) in sys.path:
+            sys.path.remove(str(tmp_path))
+
+
+def sys_modules_has(name: str) -> bool:
+    import sys
+    return name in sys.modules

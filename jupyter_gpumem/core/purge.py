@@ -20,6 +20,7 @@ from typing import Any
 from . import devices as _devices
 from . import paths as _paths
 from . import hidden as _hidden
+from . import purge_all as _purge_all
 from . import scan as _scan
 from .. import backends as _backends
 from ..backends import active_backends
@@ -678,8 +679,9 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
     scan1 = _scan.scan(roots, devices=ids, shell=shell, namespace=namespace,
                        time_limit=budget.limit(), backends=backends)
     reach_of = {id(r): reach for r, reach in zip(roots, scan1.reach)}
-    if all_names:
-        names = [r.name for r in roots if not r.hidden and reach_of[id(r)].storages]
+    kept: list = []
+    if all_names:   # what --all takes and what it keeps: see purge_all
+        names, kept = _purge_all.split(roots, reach_of, active_backends())
     names = list(dict.fromkeys(names))   # a name given twice is purged once
     by_name = {r.name: r for r in roots if not r.hidden}
     for hidden_root in (r for r in roots if r.hidden):
@@ -717,6 +719,8 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
         n for r in hidden_clear for n in [r.name] + r.aliases if n not in names]))
     result = PurgeResult(names, removed, predicted, dry_run=dry_run,
                          still_held=_still_held(stay_roots, scan2, reportable, by_of))
+    if kept:
+        result.messages.append(_purge_all.kept_message(kept, fmt_bytes, dry_run))
     if left:
         size = fmt_bytes(sum(i.nbytes for r in left for i, _, _ in reach_of[id(r)].storages.values()))
         result.messages.append(
