@@ -2,7 +2,6 @@
 to a shell and takes away again (magics, event hooks, threads, the comm target)."""
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable
 
 from . import session as _session
@@ -11,6 +10,7 @@ from .magics import trace as _trace
 from .magics import GpuMemMagics
 from .views import comm as _comm
 from .views import panel as _panel
+from .units import complain
 from .magics import watch as _watch
 
 
@@ -49,4 +49,4 @@ def _guarded(what: str, fn: Callable[[], Any]) -> None:
     try:
         fn()
     except Exception as exc:  # noqa: BLE001 - loading must never break the kernel
-        print(f"jupyter_gpumem: {what} failed: {exc}", file=sys.stderr)
+        complain(f"{what} failed", exc)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import sys
 import threading
 import time
 from typing import Any, Callable, Protocol
@@ -47,6 +46,7 @@ from .core import trace as _trace
 from .core.trace import CellSpans
 from . import cluster
 from .settings import GpuMemSettings
+from .units import complain
 
 
 #: seconds the kernel must have been idle after a cell before the views refresh
@@ -257,7 +257,7 @@ class Session:
             # else the refresher already waiting sees the new cell and waits for it (one
             # task for a run of cells, however many: run-all makes no task per cell)
         except Exception as exc:  # noqa: BLE001 - never raise into the user's cell
-            print(f"jupyter_gpumem: refresh failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            complain("refresh failed", exc)
 
     def _cancel(self) -> None:
         if self._task is not None and not self._task.done():
@@ -286,7 +286,7 @@ class Session:
         except asyncio.CancelledError:
             return
         except Exception as exc:  # noqa: BLE001 - a view's failure is its own line
-            print(f"jupyter_gpumem: refresh failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            complain("refresh failed", exc)
         finally:
             self._cell_task = None
 
@@ -355,8 +355,7 @@ class Session:
                 try:
                     view.show_snapshot(built[view.device])
                 except Exception as exc:  # noqa: BLE001 - one view must not stop the others
-                    print(f"jupyter_gpumem: a view failed: {type(exc).__name__}: {exc}",
-                          file=sys.stderr)
+                    complain("a view failed", exc)
 
     def _cluster_steps(self, devices: list[str], generation: int | None = None):
         """Steps that give device -> the cluster part (JSON) or a note, for the
@@ -431,8 +430,7 @@ def _guarded(fn: Callable, arg: Any) -> None:
     try:
         fn(arg)
     except Exception as exc:  # noqa: BLE001 - as IPython's own events: one line, go on
-        print(f"jupyter_gpumem: {getattr(fn, '__qualname__', fn)} failed: "
-              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        complain(f"{getattr(fn, '__qualname__', 'a cell hook')} failed", exc)
 
 
 def hook_cells(shell: Any, pre: Callable, post: Callable) -> None:

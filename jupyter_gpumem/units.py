@@ -2,6 +2,7 @@
 package."""
 from __future__ import annotations
 
+import sys
 from dataclasses import MISSING, field, fields
 from operator import attrgetter, methodcaller
 from types import FunctionType
@@ -27,6 +28,29 @@ def one_line(text, limit: int = 300) -> str:
     lines = str(text).strip().splitlines() or [""]
     line = lines[0].strip()
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def complain(what: str, exc: BaseException | None = None) -> None:
+    """Say one line of the product's own trouble (``jupyter_gpumem: what: Error: text``; ``what`` may be empty) on
+    ``sys.stderr``. Where that stream fails (a cell set one whose ``write`` raises), the
+    line goes to the process's own ``sys.__stderr__``; failing that too, nowhere:
+    reporting an error never raises."""
+    parts = [what] if what else []
+    if exc is not None:
+        parts.append(type(exc).__name__)
+        try:
+            parts.append(str(exc))
+        except Exception:  # noqa: BLE001 - an exception whose text cannot be read
+            pass
+    line = "jupyter_gpumem: " + ": ".join(parts)
+    for stream in (sys.stderr, sys.__stderr__):
+        if stream is None:
+            continue
+        try:
+            stream.write(line + "\n")
+            return
+        except Exception:  # noqa: BLE001 - the next stream, or silence
+            continue
 
 
 class Report:

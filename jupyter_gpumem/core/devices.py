@@ -18,7 +18,7 @@ from ..backends import AcceleratorInfo, FrameworkUsage, active_backends
 from ..units import JsonFields
 from . import native
 
-_DEVICE_RE = re.compile(r"^(auto|all|cpu|cuda|gpu|cuda:\d+|mps|mps:\d+)$")
+_DEVICE_RE = re.compile(r"(auto|all|cpu|cuda|gpu|(cuda|mps):([0-9]{1,9})|mps)", re.ASCII)
 DEVICE_CHOICES = "auto, all, cpu, cuda or cuda:N"
 
 
@@ -28,16 +28,23 @@ _PARSED: dict[str, str] = {}
 
 
 def parse_device(text: str) -> str:
-    """Validate a device selection (``auto``, ``all``, ``cpu``, ``cuda``, ``cuda:N``)."""
+    """Validate a device selection (``auto``, ``all``, ``cpu``, ``cuda``, ``cuda:N``).
+
+    Only ASCII is read: case and the spaces around are let go (``" CPU"`` is ``cpu``),
+    ``cuda:01`` is ``cuda:1``; anything else (``cuda:１``, a fullwidth digit) is refused."""
     if type(text) is str:
         known = _PARSED.get(text)
         if known is not None:
             return known
-    value = str(text).strip().lower()
+    value = str(text).strip(" \t\r\n")
+    m = _DEVICE_RE.fullmatch(value.lower()) if value.isascii() else None
+    if m is None:
+        raise ValueError(f"unknown device {text!r}: use {DEVICE_CHOICES}")
+    value = m.group(1)
     if value == "gpu":
         value = "cuda"
-    if not _DEVICE_RE.match(value):
-        raise ValueError(f"unknown device {text!r}: use {DEVICE_CHOICES}")
+    elif m.group(2):
+        value = f"{m.group(2)}:{int(m.group(3))}"
     if type(text) is str and len(_PARSED) < 64:
         _PARSED[text] = value
     return value

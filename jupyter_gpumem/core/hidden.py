@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Callable
 
-from .roots import Root
+from .roots import Root, format_key
 from .scan_types import ATOMIC_IDS as _ATOMIC_IDS, is_a
 
 _FIRST = itemgetter(0)
@@ -50,7 +50,8 @@ class HiddenKind:
 
 
 # -- output history: Out[N] and _N -----------------------------------------------------------
-def _out_hist(shell: Any) -> dict:
+def output_history(shell: Any) -> dict:
+    """IPython's output history (``Out``): cell number -> the value it showed."""
     out_hist = getattr(getattr(shell, "history_manager", None), "output_hist", None)
     if out_hist is None:
         out = shell.user_ns.get("Out")
@@ -58,14 +59,27 @@ def _out_hist(shell: Any) -> dict:
     return out_hist
 
 
+def output_name(key: Any) -> str:
+    """``Out[12]``, ``Out['x']`` (a key the user put there), or ``Out[...]`` for a key of
+    another type (its repr, its order, its format would be the user's code)."""
+    return f"Out[{key}]" if type(key) is int else "Out" + format_key(key)
+
+
 def _find_output(shell: Any, add: Add) -> None:
     ns = shell.user_ns
-    # the values a root can be (most outputs are numbers and text), in the cells' order
-    found = [(n, value) for n, value in dict.items(_out_hist(shell)) if _may_hold(value)]
-    found.sort(key=_FIRST)
-    for n, value in found:
+    # the values a root can be (most outputs are numbers and text), in the cells' order;
+    # only the cells' numbers are ordered (``int``'s own order: no key's __lt__ runs)
+    numbered, other = [], []
+    for n, value in dict.items(output_history(shell)):
+        if _may_hold(value):
+            (numbered if type(n) is int else other).append((n, value))
+    numbered.sort(key=_FIRST)
+    for n, value in numbered:
         add(f"Out[{n}]", value, f"Out[{n}]")
-    for n, _ in found:
+    for n, value in other:
+        name = output_name(n)
+        add(name, value, name if type(n) is str else None)   # Out[...]: nothing to type
+    for n, _ in numbered:
         alias = f"_{n}"
         if alias in ns:
             add(alias, ns[alias], alias)    # only an alias of an Out[N] found above
@@ -79,10 +93,13 @@ def _owns_output(name: str) -> bool:
 def _clear_output(name: str, obj: Any, shell: Any) -> bool:
     if name.startswith("Out["):
         out_hist = getattr(getattr(shell, "history_manager", None), "output_hist", None)
-        n = int(name[4:-1])
-        if out_hist is not None and out_hist.get(n) is obj:
-            del out_hist[n]
-            return True
+        if not is_a(out_hist, dict):
+            return False
+        for key, value in list(dict.items(out_hist)):
+            # an int's or a str's own hash: a key of another type is never looked up
+            if value is obj and type(key) in (int, str) and output_name(key) == name:
+                dict.__delitem__(out_hist, key)
+                return True
         return False
     for d in (shell.user_ns, getattr(shell, "user_ns_hidden", {})):
         if d.get(name) is obj:

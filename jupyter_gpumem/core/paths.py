@@ -2,7 +2,10 @@
 
 A path is parsed, never evaluated: only a name followed by ``.attr`` and
 ``[literal]`` steps is accepted (``.0`` too, as the report shows a
-``Sequential``'s children: ``seq.0.weight``), and each step is looked up in
+``Sequential``'s children: ``seq.0.weight``). A namespace key that is not an
+identifier (``globals()['x[0]'] = t``) is written ``globals()['x[0]']``, and an
+attribute that is none ``.__dict__['my attr']``: the text a report shows for a
+holder names that holder and nothing else. Each step is looked up in
 instance dictionaries, ``__slots__`` fields and containers directly, through
 the base types' own methods, so no property, ``__getattr__``, ``__class__``
 or other code of the user's runs.
@@ -25,6 +28,29 @@ _MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
 _HEAPTYPE = 1 << 9      # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
 _EXC_LINKS = ("__traceback__", "__context__", "__cause__")   # purged by setting None
 _ATTR = re.compile(r"\s*(\d+|[^\W\d]\w*)\s*")
+_NAME = re.compile(r"[^\W\d]\w*")
+_DIGITS = re.compile(r"\d+")
+_GLOBALS = "globals()"
+
+
+def is_plain_name(key: Any) -> bool:
+    """Whether ``key`` reads back as itself when typed bare (``model``, not ``x[0]``)."""
+    return type(key) is str and key.isidentifier() and _NAME.fullmatch(key) is not None
+
+
+def name_text(key: str) -> str:
+    """How a namespace key is typed: ``model``, or ``globals()['x[0]']`` for one that is
+    no identifier (``x[0]`` would name the first item of ``x``)."""
+    return key if is_plain_name(key) else f"{_GLOBALS}[{key!r}]"
+
+
+def attr_text(name: Any) -> str:
+    """How a stored attribute is typed after its owner: ``.cache``, or
+    ``.__dict__['my attr']`` for a name that is no identifier; ``.__dict__[...]`` where
+    the key is not a string."""
+    if is_plain_name(name) or (type(name) is str and _DIGITS.fullmatch(name)):
+        return "." + name   # ``seq.0``: a Sequential's children, as ``.0`` parses
+    return f".__dict__[{name!r}]" if type(name) is str else ".__dict__[...]"
 
 
 class PathError(ValueError):
@@ -43,14 +69,15 @@ class Binding:
     obj: Any
     container: Any          # dict or list holding the reference, or the object with the slot
     key: Any                # key in a dict, position (>= 0) in a list, slot name
-    root_name: str
+    root_name: str          # how the name is typed (``x``, ``globals()['x[0]']``)
     slot: Any = None        # the descriptor of a ``__slots__`` field or an exception's link
     owner: Any = None       # the object whose step holds the reference (None: the namespace)
     owner_text: str = ""    # the path of ``owner``: ``m.layers[3]`` for ``m.layers[3].cache``
+    steps: int = 0          # steps after the name: 0 for the name itself
 
     @property
     def is_name(self) -> bool:
-        return self.text == self.root_name
+        return self.steps == 0
 
     @property
     def in_list(self) -> bool:
@@ -64,10 +91,22 @@ def parse(text: str) -> tuple[str, list[tuple[str, Any]]]:
     if type(text) is not str or not text.strip():
         raise PathError(f"malformed path {text!r}: expected a name such as model or m.cache")
     s = text.strip()
-    m = _ATTR.match(s)
-    if m is None or m.group(1)[0].isdigit():
-        raise PathError(f"malformed path {text!r}: expected name, .attr and [key] steps")
-    name, pos = m.group(1), m.end()
+    if s.startswith(_GLOBALS):
+        pos = len(_GLOBALS)
+        while pos < len(s) and s[pos].isspace():
+            pos += 1
+        if pos >= len(s) or s[pos] != "[":
+            raise PathError(f"malformed path {text!r}: expected globals()['key']")
+        name, pos = _bracket(s, pos, text)
+        if type(name) is not str:
+            raise PathError(f"malformed path {text!r}: a name is a string: globals()['key']")
+        while pos < len(s) and s[pos].isspace():
+            pos += 1
+    else:
+        m = _ATTR.match(s)
+        if m is None or m.group(1)[0].isdigit():
+            raise PathError(f"malformed path {text!r}: expected name, .attr and [key] steps")
+        name, pos = m.group(1), m.end()
     steps: list[tuple[str, Any]] = []
     while pos < len(s):
         c = s[pos]
@@ -167,6 +206,8 @@ def _step(obj: Any, kind: str, key: Any, text: str) -> tuple[Any, Any, Any, Any]
     tp = type(obj)
     if kind == "attr":
         d = _instance_dict(obj)
+        if key == "__dict__" and d is not None and not dict.__contains__(d, key):
+            return d, obj, key, None   # ``.__dict__['my attr']``: its stored attributes
         if d is not None:
             if dict.__contains__(d, key):
                 return dict.__getitem__(d, key), d, key, None
@@ -211,8 +252,14 @@ def _step(obj: Any, kind: str, key: Any, text: str) -> tuple[Any, Any, Any, Any]
 
 def resolve(text: str, *, shell: Any = None, namespace: dict | None = None) -> Binding:
     """Find the object a path names, and the container that holds it."""
-    name, steps = parse(text)
     ns = shell.user_ns if shell is not None else (namespace if namespace is not None else {})
+    try:
+        name, steps = parse(text)
+    except PathError:
+        if type(text) is str and dict.__contains__(ns, text):
+            raise PathError(f"{text!r} is a key that is no name: write it "
+                            f"{name_text(text)}") from None
+        raise
     if not dict.__contains__(ns, name):
         raise PathError(f"name {name!r} is not defined")
     obj, container, key, slot = dict.__getitem__(ns, name), ns, name, None
@@ -220,10 +267,11 @@ def resolve(text: str, *, shell: Any = None, namespace: dict | None = None) -> B
     for kind, k in steps:
         owner = obj
         obj, container, key, slot = _step(obj, kind, k, text)
+    root_name = name_text(name)
     if steps:
-        owner_text = name + "".join(f".{k}" if kind == "attr" else f"[{k!r}]"
-                                    for kind, k in steps[:-1])
-    return Binding(text, obj, container, key, name, slot, owner, owner_text)
+        owner_text = root_name + "".join(attr_text(k) if kind == "attr" else f"[{k!r}]"
+                                         for kind, k in steps[:-1])
+    return Binding(text, obj, container, key, root_name, slot, owner, owner_text, len(steps))
 
 
 # -- deleting -------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any
 from . import devices as _devices
 from . import paths as _paths
 from . import hidden as _hidden
+from . import purge_all as _purge_all
 from . import scan as _scan
 from .. import backends as _backends
 from ..backends import active_backends
@@ -147,6 +148,17 @@ def _targets(names, roots, by_name, scan1, ids, shell, namespace, budget, device
     targets: list[_Target] = []
     reach_of = {id(r): reach for r, reach in zip(roots, scan1.reach)}
     for text in names:
+        if text == "Out" and shell is not None and \
+                dict.get(shell.user_ns, "Out") is _hidden.output_history(shell):
+            # the output history itself: the entries of it that hold memory
+            found = [_Target(r.name, None, r, _paths_of(reach_of[id(r)])) for r in roots
+                     if r.kind == "output" and r.name.startswith("Out[")
+                     and reach_of[id(r)].storages]
+            if not found:
+                errors.append(f"no entry of Out holds {_device_words(device)}"
+                              + _cut_short(scan1))
+            targets += found
+            continue
         if text in BY_PURGE_ARG:
             root = next((r for r in roots if r.kind == BY_PURGE_ARG[text]), None)
             if root is None:
@@ -164,6 +176,8 @@ def _targets(names, roots, by_name, scan1, ids, shell, namespace, budget, device
                 errors.append(str(exc))
             continue
         root = by_name.get(text)
+        if root is None and binding.is_name:   # ``globals()["x"]`` for ``x``
+            root = by_name.get(binding.root_name)
         if all_names and (root is None or root.obj is not binding.obj):
             skipped.append(text)   # rebound since it was listed: not what --all found
             continue
@@ -174,12 +188,23 @@ def _targets(names, roots, by_name, scan1, ids, shell, namespace, budget, device
             extra = _scan.scan([Root(text, binding.obj)], devices=ids, shell=shell,
                                namespace=namespace, time_limit=budget.limit(), backends=backends)
             keys = _paths_of(extra.reach[0])
+            if not keys:
+                errors.append(f"{text!r} holds no {_device_words(device)}" + _cut_short(extra))
+                continue
         if not keys:
-            errors.append(f"{text!r} holds no {_device_words(device)}")
+            errors.append(f"{text!r} holds no {_device_words(device)}" + _cut_short(scan1))
             continue
         targets.append(_Target(text, binding, root, keys))
     PurgeError.check(errors)
     return targets, skipped
+
+
+def _cut_short(scan_result) -> str:
+    """What to add to "holds no memory" when the scan that found nothing was cut."""
+    if not scan_result.partial:
+        return ""
+    return (" that the scan found before it was cut short (" + ", ".join(scan_result.reasons)
+            + "): it may hold more; a larger scan_time_limit looks further")
 
 
 def _paths_of(reach) -> dict:
@@ -332,7 +357,9 @@ def _what_stays(targets: list[_Target], user_remaining: list[Root]):
     its owner (the list, dict or object holding it) is cut and a stand-in without that
     reference takes its place, so the owner's other entries (``L[0]`` when ``L[2]`` is
     the same tensor) still count as staying."""
-    cut = {id(t.binding.obj) for t in targets if t.binding is not None and t.binding.is_name}
+    held = {id(r.obj) for r in user_remaining}   # another name of the same object keeps it
+    cut = {id(t.binding.obj) for t in targets if t.binding is not None and t.binding.is_name
+           and id(t.binding.obj) not in held}
     removed = {id(t.binding.obj) for t in targets if t.binding is not None}
     by_owner: dict[int, list[_paths.Binding]] = {}
     for t in targets:
@@ -532,8 +559,9 @@ def _delete_target(t: _Target, shell: Any, namespace: dict | None) -> list[str]:
     removed.append(t.text)
     if t.binding.is_name and shell is not None:
         hidden = getattr(shell, "user_ns_hidden", {})
-        if dict.get(hidden, t.text) is obj:
-            dict.pop(hidden, t.text, None)
+        key = t.binding.key
+        if type(key) is str and dict.get(hidden, key) is obj:
+            dict.pop(hidden, key, None)
     for name, mod in list(dict.items(sys.modules)):
         if mod is obj and dict.get(sys.modules, name) is obj:
             dict.pop(sys.modules, name, None)
@@ -553,7 +581,10 @@ def _execute(targets: list[_Target], hidden_clear: list[Root], shell: Any,
         except _paths.Changed:
             skipped.append(t.text)
     for r in hidden_clear:
-        removed += [n for n in _hidden.clear(r, shell) if n not in removed]
+        try:
+            removed += [n for n in _hidden.clear(r, shell) if n not in removed]
+        except Exception:  # noqa: BLE001 - the rest is purged, and the result says what was not
+            skipped.append(r.name)
     targets.clear()
     hidden_clear.clear()
     return removed, skipped
@@ -648,8 +679,9 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
     scan1 = _scan.scan(roots, devices=ids, shell=shell, namespace=namespace,
                        time_limit=budget.limit(), backends=backends)
     reach_of = {id(r): reach for r, reach in zip(roots, scan1.reach)}
-    if all_names:
-        names = [r.name for r in roots if not r.hidden and reach_of[id(r)].storages]
+    kept: list = []
+    if all_names:   # what --all takes and what it keeps: see purge_all
+        names, kept = _purge_all.split(roots, reach_of, active_backends())
     names = list(dict.fromkeys(names))   # a name given twice is purged once
     by_name = {r.name: r for r in roots if not r.hidden}
     for hidden_root in (r for r in roots if r.hidden):
@@ -673,16 +705,29 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
         {id(t.root.obj) for t in targets if t.root is not None}
     hidden_clear = [r for r in roots if r.hidden and reach_of[id(r)].storages and (
         not names or id(r.obj) in named_objs or own & reach_of[id(r)].storages.keys())]
+    # an entry of Out under a key of the user's own type: finding it again to remove it
+    # would hash the key (their code); it stays, and the result says so
+    left = [r for r in hidden_clear if _hidden.purge_arg(r.kind, r.purge) is None]
+    hidden_clear = [r for r in hidden_clear if _hidden.purge_arg(r.kind, r.purge) is not None]
     # parameters an autograd graph points to belong to their model, not to the loss
     # a dry run decides it only for what it reports (its plan goes when it returns); a
     # purge decides it now, for every target: the paths refer to what it deletes
     reportable = _Reportable(target_paths) if dry_run else \
         {k for k, node in target_paths.items() if not _through_graph(node)}
     predicted, reached = _predicted(scan1, own, ids)
-    removed = [t.text for t in targets] + [n for r in hidden_clear for n in [r.name] + r.aliases
-                                           if n not in names]
+    removed = list(dict.fromkeys([t.text for t in targets] + [
+        n for r in hidden_clear for n in [r.name] + r.aliases if n not in names]))
     result = PurgeResult(names, removed, predicted, dry_run=dry_run,
                          still_held=_still_held(stay_roots, scan2, reportable, by_of))
+    if kept:
+        result.messages.append(_purge_all.kept_message(kept, fmt_bytes, dry_run))
+    if left:
+        size = fmt_bytes(sum(i.nbytes for r in left for i, _, _ in reach_of[id(r)].storages.values()))
+        result.messages.append(
+            f"{len(left)} entr{'y' if len(left) == 1 else 'ies'} of Out under a key that is "
+            f"not a number or a string (Out[...]) keep{'s' if len(left) == 1 else ''} {size}: "
+            f"left in place, as finding the key again would run its own code; "
+            f"`del Out[key]` frees it")
     if scan1.partial or scan2.partial:
         result.messages.append("partial scan: " + ", ".join(scan1.reasons + scan2.reasons))
     if dry_run:
@@ -787,10 +832,25 @@ def _skipped_messages(skipped: list[str], dry_run: bool) -> list[str]:
             f"the rest {rest} purged"]
 
 
+#: more names than this holding the same bytes read as one line
+GROUP_AT = 3
+
+
 def _still_messages(still: list[StillHeld]) -> list[str]:
     out = []
+    same: dict[int, list[str]] = {}
+    for s in still:
+        if s.kind == "name":
+            same.setdefault(s.nbytes, []).append(s.by)
     for s in still:
         size = fmt_bytes(s.nbytes)
+        group = same.get(s.nbytes, ()) if s.kind == "name" else ()
+        if len(group) > GROUP_AT:
+            if s.by == group[0]:
+                shown = ", ".join(group[:GROUP_AT])
+                out.append(f"{shown} and {len(group) - GROUP_AT} other name(s) still hold "
+                           f"{size} of it each: purge them too (`%gpumem` lists them)")
+            continue
         if s.kind == "library":
             out.append(f"{s.path} (a module's global) still holds {size} of it, so that was "
                        f"not freed: clear it there to free it")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import native
+from .paths import name_text
 from .scan_types import ATOMIC, MODULE_DICT, is_a, is_library_module_name
 
 #: IPython's own bookkeeping in ``user_ns``: not the user's names
@@ -103,7 +104,8 @@ def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
             continue
         if is_a(value, types.ModuleType) and is_library_module_name(MODULE_DICT(value).get("__name__")):
             continue
-        out.append(Root(name, value, purge=name))
+        text = name_text(name)   # ``globals()['x[0]']``: not the first item of ``x``
+        out.append(Root(text, value, purge=text))
     return out
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from ..backends import Backend, active_backends
 from .scan_paths import Nodes, PathFinder
 from .hidden import hidden_roots
+from .paths import attr_text
 from .roots import Root, format_key, stop_ids_for, user_roots
 from .scan_reach import Reacher
 
@@ -58,6 +59,8 @@ class ScanResult:
     reasons: list[str] = field(default_factory=list)
     seconds: float = 0.0
     errors: int = 0
+    #: names of the roots inside which something refused introspection (``errors``)
+    refused: list[str] = field(default_factory=list)
 
 
 # -- paths -------------------------------------------------------------------------
@@ -66,14 +69,14 @@ class ScanResult:
 #: how each kind of path step reads (``label[0]`` is the kind)
 _LABELS = {
     "root": lambda label: label[1],
-    "attr": lambda label: "." + label[1] if type(label[1]) is str else ".__dict__[...]",
+    "attr": lambda label: attr_text(label[1]),
     "flat": lambda label: f".flat[{label[1]}]",
     "item": lambda label: format_key(label[1]),
     "index": lambda label: f"[{label[1]}]",
     "key": lambda label: ".keys()[...]",
     "elem": lambda label: "{...}",
-    "attr_index": lambda label: f".{label[1]}[{label[2]}]",
-    "attr_item": lambda label: f".{label[1]}{format_key(label[2])}",
+    "attr_index": lambda label: f"{attr_text(label[1])}[{label[2]}]",
+    "attr_item": lambda label: f"{attr_text(label[1])}{format_key(label[2])}",
     "closure": lambda label: f"→closure:{label[1]}",
     "default": lambda label: f"→default:{label[1]}",
     "local": lambda label: f"→{label[1]}(): {label[2]}",
@@ -201,6 +204,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     # share what the others left, in order.
     walked: list = []
     cut: list[int] = []
+    refused: list[str] = []   # the roots inside which an object refused to be read
     steps = _Steps()
     try:
         for i, root in enumerate(roots):
@@ -208,23 +212,31 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 walked.append(({}, 0, {}))
                 continue
             now = time.perf_counter()
+            errors_before = reacher.errors
             try:
                 walked.append((yield from walk(i, now + max(deadline - now, 0.0) / (len(roots) - i))))
             except Exception:  # noqa: BLE001 - one name that cannot be read: the rest stands
                 walked.append(({}, 0, {}))
                 reacher.errors += 1
                 continue
+            finally:
+                if reacher.errors > errors_before:
+                    refused.append(root.name)
             if reacher.out_of_time:
                 cut.append(i)
             if steps.due():
                 yield from steps.step()
         for i in cut:
             if time.perf_counter() < deadline:
+                errors_before = reacher.errors
                 try:
                     walked[i] = yield from walk(i, deadline)
                 except Exception:  # noqa: BLE001 - as above: what it found before stands
                     reacher.errors += 1
                     continue
+                finally:
+                    if reacher.errors > errors_before and roots[i].name not in refused:
+                        refused.append(roots[i].name)
                 yield from steps.step()
                 if not reacher.out_of_time:
                     continue
@@ -248,7 +260,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     finally:
         steps.end()
     result = ScanResult(roots, reach, reacher.partial, reacher.reasons,
-                        time.perf_counter() - start, reacher.errors)
+                        time.perf_counter() - start, reacher.errors, refused)
     finder.result = weakref.ref(result)
     return result
 

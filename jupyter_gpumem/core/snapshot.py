@@ -575,6 +575,12 @@ def _rest_remainders(usages, internals: list[Internal]) -> list[Internal]:
     return out
 
 
+def _refused_in(names: list[str]) -> str:
+    """Which holders the skipped objects were in: their bytes may be missing."""
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return f"skipped inside {shown}: what they hold may be missing"
+
+
 def _messages(result, usages, accs, device):
     if not accs:
         yield "no accelerator: showing host tensors (device cpu)" if device == "auto" \
@@ -584,6 +590,8 @@ def _messages(result, usages, accs, device):
         yield "partial result: " + ", ".join(result.reasons) + hint
     if result.errors:
         yield f"{result.errors} object(s) refused introspection and were skipped"
+        if result.refused:
+            yield _refused_in(result.refused)
     for du in usages:
         for note in du.notes:
             yield f"{du.id}: {note}"

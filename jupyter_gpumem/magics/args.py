@@ -3,11 +3,12 @@ common options (``--device``, ``-o``)."""
 from __future__ import annotations
 
 import shlex
-import sys
 from typing import Any, Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
+
+from ..units import complain
 
 DEVICE_HELP = "which devices count: auto (accelerators, else cpu), all, cpu, cuda:N"
 
@@ -25,15 +26,53 @@ def parser(prog: str, description: str, *, device: bool = True,
 
 
 def split_line(line: str) -> list[str]:
-    """Split a magic line on spaces, keeping quotes inside paths (``cfg['runs']``).
+    """Split a magic line on the spaces outside quotes and brackets, so that a path keeps
+    its quotes and the spaces of its keys (``cfg['a b']``, ``globals()['my tensor']``).
 
-    A token that is quoted as a whole (``"my file.csv"``) loses its quotes.
+    A token that is quoted as a whole (``"my file.csv"``) loses its quotes, as a shell's
+    would (``shlex``); a quote left open is a UsageError.
     """
+    tokens: list[str] = []
+    token: list[str] = []
+    quote, depth, i = "", 0, 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == "\\" and i + 1 < len(line):
+                token.append(line[i:i + 2])
+                i += 2
+                continue
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "[":
+            depth += 1
+        elif c == "]":
+            depth = max(depth - 1, 0)
+        elif c.isspace() and depth == 0:
+            if token:
+                tokens.append("".join(token))
+                token = []
+            i += 1
+            continue
+        token.append(c)
+        i += 1
+    if quote:
+        raise UsageError(f"cannot parse {line!r}: a quote ({quote}) is not closed")
+    if token:
+        tokens.append("".join(token))
+    return [_unquoted(t) for t in tokens]
+
+
+def _unquoted(token: str) -> str:
+    """``"my file.csv"`` -> ``my file.csv``; a token not quoted as a whole stays."""
+    if len(token) < 2 or token[0] not in "'\"" or token[-1] != token[0]:
+        return token
     try:
-        tokens = shlex.split(line, posix=False)
-    except ValueError as exc:
-        raise UsageError(f"cannot parse {line!r}: {exc}") from None
-    return [t[1:-1] if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"" else t for t in tokens]
+        parts = shlex.split(token)
+    except ValueError:
+        return token
+    return parts[0] if len(parts) == 1 else token
 
 
 def usage_errors(fn: Callable[[], Any], errors, prefix: str = "") -> Any:
@@ -55,7 +94,7 @@ def report_errors(fn: Callable) -> Callable:
         except UsageError:
             raise
         except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
-            print(f"jupyter_gpumem: {type(exc).__name__}: {exc}", file=sys.stderr)
+            complain("", exc)
             return None
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__

@@ -1,7 +1,6 @@
 """``%gpumem`` and ``%%gpuwatch``: argument parsing over the Python API, nothing clever."""
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable
 
 from IPython.core.error import UsageError
@@ -15,6 +14,7 @@ from ..core.paths import PathError
 from ..core import purge as _purge
 from ..core import snapshot as _snapshot
 from ..settings import GpuMemSettings
+from ..units import complain
 from . import panel as _panel
 from . import processes as _processes
 from . import tame as _tame
@@ -94,7 +94,7 @@ class GpuMemMagics(Magics, GpuMemSettings):
             try:
                 fn()
             except Exception as exc:  # noqa: BLE001
-                print(f"jupyter_gpumem: cleanup failed: {exc}", file=sys.stderr)
+                complain("cleanup failed", exc)
 
     @staticmethod
     def interval(value: Any, what: str = "--interval") -> float:

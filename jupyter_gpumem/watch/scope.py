@@ -66,6 +66,7 @@ from ..session import session_of
 from .holders import HolderTracker, RootInfo
 from .peaks import LEDGER, PeakScope, counter_for
 from .result import DeviceWatch, HolderChange, HolderEntry, WatchResult, allocator_measure
+from ..units import complain
 
 MAX_HISTORY = 10000
 SERIES_POINTS = 20000
@@ -729,4 +730,4 @@ def _show(result: Any) -> None:
 
 
 def _complain(what: str, exc: BaseException) -> None:
-    print(f"jupyter_gpumem: {what}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    complain(what, exc)

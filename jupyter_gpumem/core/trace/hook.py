@@ -4,6 +4,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
+from ...units import complain
+
 
 class AfterImport:
     """A ``sys.meta_path`` finder that calls ``callback(module)`` once ``name`` has been
@@ -65,8 +67,7 @@ class PostExecLoader:
         try:
             self._hook.callback(module)
         except Exception as exc:  # noqa: BLE001 - the user's import stands
-            print(f"jupyter_gpumem: trace could not start after `import {self._hook.name}`: {exc}",
-                  file=sys.stderr)
+            complain(f"trace could not start after `import {self._hook.name}`", exc)
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
