@@ -58,6 +58,8 @@ class ScanResult:
     reasons: list[str] = field(default_factory=list)
     seconds: float = 0.0
     errors: int = 0
+    #: the first objects refused, as ``(type name, root name)`` (``errors`` counts all)
+    refused: list = field(default_factory=list)
 
 
 # -- paths -------------------------------------------------------------------------
@@ -212,7 +214,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 walked.append((yield from walk(i, now + max(deadline - now, 0.0) / (len(roots) - i))))
             except Exception:  # noqa: BLE001 - one name that cannot be read: the rest stands
                 walked.append(({}, 0, {}))
-                reacher.errors += 1
+                reacher.refuse(root.obj)
                 continue
             if reacher.out_of_time:
                 cut.append(i)
@@ -223,7 +225,8 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 try:
                     walked[i] = yield from walk(i, deadline)
                 except Exception:  # noqa: BLE001 - as above: what it found before stands
-                    reacher.errors += 1
+                    reacher.current_root = roots[i].name
+                    reacher.refuse(roots[i].obj)
                     continue
                 yield from steps.step()
                 if not reacher.out_of_time:
@@ -241,14 +244,16 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 try:
                     found = _storages(finder, i, found, root)
                 except Exception:  # noqa: BLE001 - its storages stand, their paths unknown
-                    reacher.errors += 1
+                    reacher.current_root = root.name
+                    reacher.refuse(root.obj)
                 if steps.due():
                     yield from steps.step()
             reach.append(Reach(found, count))
     finally:
         steps.end()
     result = ScanResult(roots, reach, reacher.partial, reacher.reasons,
-                        time.perf_counter() - start, reacher.errors)
+                        time.perf_counter() - start, reacher.errors,
+                        reacher.refusals.kept)
     finder.result = weakref.ref(result)
     return result
 

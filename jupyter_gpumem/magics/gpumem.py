@@ -48,6 +48,8 @@ USAGE = """\
 def _report_parser():
     p = parser("%gpumem", "who holds accelerator memory")
     p.add_argument("names", nargs="*", help="names or paths to detail")
+    p.add_argument("-v", dest="verbose", action="store_true",
+                   help="name every object the scan could not read, not only the first few")
     p.add_argument("--cluster", action="store_true",
                    help="the Dask cluster this notebook drives: its workers' devices and the "
                    "names that hold their keys")
@@ -142,6 +144,8 @@ class GpuMemMagics(Magics, GpuMemSettings):
             if not any(h.name == name for h in snap.details):
                 raise UsageError(f"{name!r} holds no tensor memory on "
                                  f"{', '.join(d.id for d in snap.devices)}")
+        if args.verbose:
+            snap.list_every_refusal()
         return self.show(snap, args.output)
 
     def _purge(self, argv: list[str]) -> Any:

@@ -1,0 +1,63 @@
+"""What a new user meets on first use: notes, wording, help and output that must not
+confuse (each test names the rough edge it keeps away)."""
+from __future__ import annotations
+
+import os.path
+import sys
+
+import pytest
+from IPython.core.error import UsageError
+
+torch = pytest.importorskip("torch")
+
+import jupyter_gpumem  # noqa: E402
+from jupyter_gpumem.core import scan_reach  # noqa: E402
+from conftest import run  # noqa: E402
+
+
+def refused_notes(messages):
+    return [m for m in messages if " object(s) refused introspection" in m]
+
+
+# -- 1. the "refused introspection" note ------------------------------------------------
+def test_a_script_namespace_holding_the_package_refuses_nothing():
+    ns = {"jupyter_gpumem": jupyter_gpumem, "join": os.path.join, "x": torch.ones(8)}
+    snap = jupyter_gpumem.snapshot(ns, device="cpu")
+    assert snap.holder("x") is not None
+    assert refused_notes(snap.messages) == [], snap.messages
+
+
+def test_a_usage_error_leaves_no_refused_note_in_later_reports(ip):
+    ip.user_ns["x"] = torch.ones(8)
+    res = ip.run_cell("%gpumem purge nosuch --device cpu")
+    assert type(res.error_in_exec).__name__ == "UsageError"
+    assert sys.last_traceback is not None
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    assert refused_notes(snap.messages) == [], snap.messages
+
+
+class Stubborn:
+    """An object whose reading fails (see the test below)."""
+
+
+def test_the_refused_note_names_types_and_where_and_v_lists_all(ip, monkeypatch):
+    real = scan_reach._HANDLERS[scan_reach.FUNCTION]
+
+    def failing(walker, obj):
+        if getattr(obj, "__name__", "").startswith("stubborn"):
+            raise RuntimeError("cannot be read")
+        return real(walker, obj)
+
+    monkeypatch.setitem(scan_reach._HANDLERS, scan_reach.FUNCTION, failing)
+    ip.user_ns["x"] = torch.ones(8)
+    for i in range(5):
+        exec(f"def stubborn{i}(): pass", ip.user_ns)
+        ip.user_ns[f"box{i}"] = [ip.user_ns.pop(f"stubborn{i}")]
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    (note,) = refused_notes(snap.messages)
+    assert note.startswith("5 object(s) refused introspection and were skipped: function in box")
+    assert note.count("function in box") == 3 and note.endswith("(%gpumem -v lists all)"), note
+    verbose = ip.run_line_magic("gpumem", "-v --device cpu -o")
+    (note,) = refused_notes(verbose.messages)
+    assert all(f"function in box{i}" in note for i in range(5)) and "-v" not in note, note
+    assert snap.holder("x").unique == 32
