@@ -61,3 +61,20 @@ def test_the_refused_note_names_types_and_where_and_v_lists_all(ip, monkeypatch)
     (note,) = refused_notes(verbose.messages)
     assert all(f"function in box{i}" in note for i in range(5)) and "-v" not in note, note
     assert snap.holder("x").unique == 32
+
+
+# -- 2. no phantom Out entry -----------------------------------------------------------
+@pytest.mark.parametrize("body", ["c.sum();", "import asyncio\nawait asyncio.sleep(0)\nc.sum();"])
+def test_a_gpuwatch_cell_ending_in_a_semicolon_reports_no_out(ip, capsys, body):
+    ip.user_ns["c"] = torch.ones(4)
+    ip.run_cell_magic("gpuwatch", "--device cpu -o w", "c + 0")   # the shell's first count
+    res = run(ip, "%%gpuwatch --device cpu -o w\n" + body)
+    number = res.execution_count
+    report = ip.user_ns["w"]
+    assert number not in ip.user_ns["Out"]
+    assert f"Out[{number}]" not in str(report), str(report)
+    assert res.result is None
+    # without the semicolon the value is Out[N], and the report says so
+    res = run(ip, "%%gpuwatch --device cpu -o w\n" + body.rstrip(";"))
+    assert res.execution_count in ip.user_ns["Out"]
+    assert f"Out[{res.execution_count}]" in str(ip.user_ns["w"]), str(ip.user_ns["w"])

@@ -7,6 +7,7 @@ import contextlib
 import inspect
 from typing import Any
 
+from IPython.core.displayhook import DisplayHook
 from IPython.core.error import UsageError
 
 from ..core import devices as _devices
@@ -157,6 +158,7 @@ class _GpuwatchCell:
         self.magics, self.args = magics, args
         self.number = _current_count(shell) or 0
         self.statements, self.expression = _compile_cell(shell, cell, self.number)
+        self.silenced = _ends_with_semicolon(cell)
         self.awaits = _is_coroutine(self.statements) or _is_coroutine(self.expression)
         state = _state_for_shell(shell)
         state.magics = magics
@@ -181,6 +183,8 @@ class _GpuwatchCell:
 
     def done(self, value: Any) -> Any:
         w, number = self.watch, self.number
+        if self.silenced:
+            value = None   # a cell ending with `;` shows no value, so none goes to Out
         if w is not None and value is not None and not _quiet(self.shell):
             w.add_root(Root(f"Out[{number}]", value, hidden=True, kind="output",
                                   purge=f"Out[{number}]"))
@@ -281,6 +285,14 @@ def async_cells_transform(shell):
     # there ends with a blank line, which this one-line rewrite would hide
     gpuwatch_async_cells.has_side_effects = True
     return gpuwatch_async_cells
+
+
+def _ends_with_semicolon(cell: str) -> bool:
+    """Whether the cell's last token is ``;`` (IPython then shows no value)."""
+    try:
+        return bool(DisplayHook.semicolon_at_end_of_expression(cell))
+    except Exception:  # noqa: BLE001 - not valid code: the run reports it
+        return False
 
 
 def _quiet(shell) -> bool:
