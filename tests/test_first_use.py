@@ -78,3 +78,37 @@ def test_a_gpuwatch_cell_ending_in_a_semicolon_reports_no_out(ip, capsys, body):
     res = run(ip, "%%gpuwatch --device cpu -o w\n" + body.rstrip(";"))
     assert res.execution_count in ip.user_ns["Out"]
     assert f"Out[{res.execution_count}]" in str(ip.user_ns["w"]), str(ip.user_ns["w"])
+
+
+# -- 7. -o: the result alone is the output ---------------------------------------------
+@pytest.mark.parametrize("line", ["--device cpu -o", "purge --device cpu -o",
+                                  "history -o"])
+def test_dash_o_shows_the_report_once(ip, capsys, line):
+    ip.user_ns["x"] = torch.ones(8)
+    capsys.readouterr()
+    res = run(ip, f"%gpumem {line}")
+    out = capsys.readouterr().out
+    assert res.result is not None
+    text = str(res.result).splitlines()[0]
+    assert out.count(text) == 1, out
+    run(ip, f"r = %gpumem {line}")
+    assert capsys.readouterr().out == "" and ip.user_ns["r"] is not None
+
+
+# -- 8. one phrase per fact ------------------------------------------------------------
+def test_report_and_purge_say_the_same_of_a_name_that_holds_nothing(ip):
+    ip.user_ns["nothing"] = [1, 2]
+    said = []
+    for line in ("nothing --device cpu", "purge nothing --device cpu"):
+        with pytest.raises(UsageError) as info:
+            ip.run_line_magic("gpumem", line)
+        said.append(str(info.value).partition(" (")[0])
+    assert said == ["'nothing' holds no host memory"] * 2, said
+
+
+def test_no_accelerator_is_said_one_way_whatever_the_device_asked():
+    notes = set()
+    for device in ("auto", "cpu", "all"):
+        snap = jupyter_gpumem.snapshot({}, device=device)
+        notes |= {m for m in snap.messages if m.startswith("no accelerator")}
+    assert notes == {"no accelerator: showing host tensors (device cpu)"}, notes

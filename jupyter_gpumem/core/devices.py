@@ -43,6 +43,19 @@ def parse_device(text: str) -> str:
     return value
 
 
+def holds_nothing(name: str, ids) -> str:
+    """The one phrase for "this name holds no memory on these devices" (report, purge,
+    panel): ``'x' holds no host memory`` / ``'x' holds no memory on cuda:0``."""
+    ids = sorted(ids)
+    where = "host memory" if ids == ["cpu"] else f"memory on {', '.join(ids)}" if ids \
+        else "memory"
+    return f"{name!r} holds no {where}"
+
+
+#: the one phrase for "this process sees no accelerator" (the sidebar looks for its start)
+NO_ACCELERATOR = "no accelerator: showing host tensors (device cpu)"
+
+
 @dataclass
 class DeviceUsage(JsonFields, AcceleratorInfo):
     """One device's memory, reconciled across NVML and the frameworks (bytes): the device

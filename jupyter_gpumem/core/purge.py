@@ -133,11 +133,6 @@ class _Target:
 
 
 # -- planning ------------------------------------------------------------------
-def _device_words(device: str) -> str:
-    return "host memory" if device == "cpu" else f"memory on {device}" if ":" in device \
-        else "accelerator memory"
-
-
 def _targets(names, roots, by_name, scan1, ids, shell, namespace, budget, device,
              backends, all_names: bool) -> tuple[list[_Target], list[str]]:
     """The targets of ``names``, checked whole; and, with ``--all``, the names that went
@@ -175,7 +170,7 @@ def _targets(names, roots, by_name, scan1, ids, shell, namespace, budget, device
                                namespace=namespace, time_limit=budget.limit(), backends=backends)
             keys = _paths_of(extra.reach[0])
         if not keys:
-            errors.append(f"{text!r} holds no {_device_words(device)}")
+            errors.append(_devices.holds_nothing(text, ids))
             continue
         targets.append(_Target(text, binding, root, keys))
     PurgeError.check(errors)

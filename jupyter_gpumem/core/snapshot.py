@@ -595,8 +595,7 @@ def refused_note(count: int, refused: list, every: bool = False) -> str:
 
 def _messages(result, usages, accs, device):
     if not accs:
-        yield "no accelerator: showing host tensors (device cpu)" if device == "auto" \
-            else "no accelerator found"
+        yield _devices.NO_ACCELERATOR
     if result.partial:
         hint = " (raise GpuMemMagics.scan_time_limit)" if any("time limit" in r for r in result.reasons) else ""
         yield "partial result: " + ", ".join(result.reasons) + hint

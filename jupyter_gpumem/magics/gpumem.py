@@ -104,9 +104,13 @@ class GpuMemMagics(Magics, GpuMemSettings):
             raise UsageError(str(exc)) from None
 
     def show(self, result: Any, output: bool) -> Any:
-        """Display a result (HTML in a notebook, text in a terminal); return it with -o."""
+        """Display a result (HTML in a notebook, text in a terminal); with -o return it
+        instead, as ``%timeit -o`` does: the cell shows it as its value (once), and
+        ``r = %gpumem -o`` shows nothing."""
+        if output:
+            return result
         display(result)
-        return result if output else None
+        return None
 
     # -- the magics ------------------------------------------------------------------
     @line_magic
@@ -142,8 +146,7 @@ class GpuMemMagics(Magics, GpuMemSettings):
             time_limit=self.scan_time_limit), PathError)
         for name in args.names:
             if not any(h.name == name for h in snap.details):
-                raise UsageError(f"{name!r} holds no tensor memory on "
-                                 f"{', '.join(d.id for d in snap.devices)}")
+                raise UsageError(_devices.holds_nothing(name, [d.id for d in snap.devices]))
         if args.verbose:
             snap.list_every_refusal()
         return self.show(snap, args.output)
