@@ -112,3 +112,17 @@ def test_no_accelerator_is_said_one_way_whatever_the_device_asked():
         snap = jupyter_gpumem.snapshot({}, device=device)
         notes |= {m for m in snap.messages if m.startswith("no accelerator")}
     assert notes == {"no accelerator: showing host tensors (device cpu)"}, notes
+
+
+# -- 9. a share keeps the precision given ----------------------------------------------
+@pytest.mark.parametrize("given, said", [("0.1%", "warn at 0.1%"), ("12.5%", "warn at 12.5%"),
+                                         ("80%", "warn at 80%"), ("0.8", "warn at 80%")])
+def test_warn_at_is_echoed_with_its_precision(ip, capsys, given, said):
+    try:
+        ip.run_line_magic("gpumem", f"watch on --warn-at {given} --device cpu")
+        out = capsys.readouterr().out
+        assert said + " ·" in out, out
+        ip.run_line_magic("gpumem", "watch status")
+        assert said + " ·" in capsys.readouterr().out
+    finally:
+        ip.run_line_magic("gpumem", "watch off --warn-at off")

@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 from ..core import devices as _devices
 from ..core.roots import Root
 from ..watch import export as _export
-from ..watch.footer import _parse_share, _start_footer, _stop_footer, _traced_lines
+from ..watch.footer import _parse_share, fmt_share, _start_footer, _stop_footer, _traced_lines
 from ..watch.peaks import uninstall_all
 from ..watch.result import fmt_seconds
 from ..session import session_of
@@ -45,8 +45,7 @@ def magic_watch(magics, argv: list[str]) -> None:
             share = _parse_share(args.warn_at)
         except ValueError as exc:
             raise UsageError(f"--warn-at: {exc}") from None
-        magics.warn_at = None if share is None else f"{share:.0%}" if (share * 100).is_integer() \
-            else share
+        magics.warn_at = None if share is None else fmt_share(share)
     if args.auto_purge is not None:
         magics.auto_purge_hidden = args.auto_purge
     if interval is not None:
@@ -71,7 +70,7 @@ def _status(magics, state: _State) -> str:
     parts = [f"watch is {'on' if on else 'off'}"]
     if on:
         parts.append(f"device {state.footer_device or magics.default_device}")
-        parts.append(f"warn at {share:.0%}" if share is not None else "no warning threshold")
+        parts.append(f"warn at {fmt_share(share)}" if share is not None else "no warning threshold")
         if share is not None:
             parts.append(f"auto-purge-hidden {'on' if magics.auto_purge_hidden else 'off'}")
         parts.append(f"sampling every {fmt_seconds(magics.sample_interval)}" if not HUB.failure

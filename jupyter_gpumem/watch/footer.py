@@ -39,6 +39,12 @@ def _parse_share(value: Any) -> float | None:
     return share
 
 
+def fmt_share(share: float) -> str:
+    """A share as a percentage with the precision it was given: 0.8 -> ``80%``,
+    0.001 -> ``0.1%``, 0.125 -> ``12.5%``."""
+    return f"{round(share * 100, 6):g}%"
+
+
 _UNSET = object()
 
 #: the magics' settings the footer reads every cell, and their defaults without magics
@@ -362,7 +368,7 @@ class _Footer:
         names = ", ".join(f"{h.name} {fmt_bytes(h.nbytes)}" + (" (hidden)" if h.hidden else "")
                           for h in r.holders[:5]) or "no name holds memory there"
         r.warning = (f"warning: {worst.id} is {worst.share_after:.0%} full ({fmt_bytes(used)} of "
-                     f"{fmt_bytes(worst.total)}) after this cell, above {share:.0%}; "
+                     f"{fmt_bytes(worst.total)}) after this cell, above {fmt_share(share)}; "
                      f"purge candidates: {names}"
                      + (f" → {r.purge_command}" if r.purge_command else ""))
         if getattr(magics, "auto_purge_hidden", False):
