@@ -126,3 +126,25 @@ def test_warn_at_is_echoed_with_its_precision(ip, capsys, given, said):
         assert said + " ·" in capsys.readouterr().out
     finally:
         ip.run_line_magic("gpumem", "watch off --warn-at off")
+
+
+# -- 10. tame status follows the settings ----------------------------------------------
+def test_tame_status_follows_the_environment(ip, capsys, monkeypatch):
+    from jupyter_gpumem.backends import tame as tame_mod
+    for name in ("XLA_PYTHON_CLIENT_PREALLOCATE", "TF_FORCE_GPU_ALLOW_GROWTH",
+                 "XLA_PYTHON_CLIENT_ALLOCATOR"):
+        monkeypatch.delenv(name, raising=False)
+    try:
+        ip.run_line_magic("gpumem", "tame")
+        ip.run_line_magic("gpumem", "tame off")
+        capsys.readouterr()
+        status = ip.run_line_magic("gpumem", "tame status -o").frameworks
+        assert status and not any("on demand" in v for v in status.values()), status
+        assert all(v.endswith("take its pool up front; `%gpumem tame` still applies")
+                   or v.endswith("too late for this process") for v in status.values()), status
+        ip.run_line_magic("gpumem", "tame")
+        status = ip.run_line_magic("gpumem", "tame status -o").frameworks
+        assert all(v.endswith(("it will allocate on demand", "too late for this process"))
+                   for v in status.values()), status
+    finally:
+        tame_mod.untame()
