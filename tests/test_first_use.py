@@ -148,3 +148,41 @@ def test_tame_status_follows_the_environment(ip, capsys, monkeypatch):
                    for v in status.values()), status
     finally:
         tame_mod.untame()
+
+
+# -- 11. default_device is checked when set ----------------------------------------------
+def test_a_bad_default_device_is_refused_when_set(ip):
+    from traitlets import TraitError
+    magics = ip.magics_manager.registry["GpuMemMagics"]
+    with pytest.raises(TraitError, match=r"^GpuMemMagics.default_device: unknown device "
+                       r"'bogus': use auto, all, cpu, cuda or cuda:N$"):
+        magics.default_device = "bogus"
+    assert magics.default_device == "auto"
+    ip.run_line_magic("config", "GpuMemMagics.default_device = 'bogus'")
+    assert magics.default_device == "auto"
+    magics.default_device = "cpu"
+    magics.default_device = "auto"
+
+
+def test_a_bad_setting_in_the_config_is_one_line_and_keeps_the_default():
+    import subprocess
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    code = ("from traitlets.config import Config\n"
+            "from IPython.core.interactiveshell import InteractiveShell\n"
+            "c = Config(); c.GpuMemMagics.default_device = 'bogus'\n"
+            "c.GpuMemMagics.scan_time_limit = 7.0\n"
+            "ip = InteractiveShell.instance(config=c)\n"
+            "ip.run_line_magic('load_ext', 'jupyter_gpumem')\n"
+            "ip.run_line_magic('gpumem', 'watch on')\n"
+            "ip.run_cell('x = 1', store_history=True)\n"
+            "m = ip.magics_manager.registry['GpuMemMagics']\n"
+            "print('SETTINGS', m.default_device, m.scan_time_limit)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=root, env=env, timeout=120)
+    assert "SETTINGS auto 7.0" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == ("jupyter_gpumem: GpuMemMagics.default_device: unknown device "
+                                   "'bogus': use auto, all, cpu, cuda or cuda:N; the setting "
+                                   "keeps 'auto'"), proc.stderr
+    assert "failed" not in proc.stdout, proc.stdout
