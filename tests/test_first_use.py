@@ -186,3 +186,30 @@ def test_a_bad_setting_in_the_config_is_one_line_and_keeps_the_default():
                                    "'bogus': use auto, all, cpu, cuda or cuda:N; the setting "
                                    "keeps 'auto'"), proc.stderr
     assert "failed" not in proc.stdout, proc.stdout
+
+
+# -- 12. %gpumem? lists every subcommand -----------------------------------------------
+def test_the_help_lists_every_subcommand_and_its_options(ip, capsys):
+    from jupyter_gpumem.magics import gpumem as gpumem_magics
+    doc = ip.find_line_magic("gpumem").__doc__
+    lines = [line.strip() for line in doc.splitlines()]
+    subcommands = {"purge", *gpumem_magics.SUBCOMMANDS}
+    assert "trace" in subcommands
+    for name in subcommands:
+        assert any(line.startswith(f"%gpumem {name} ") for line in lines), (name, doc)
+    assert any(line.startswith("%%gpuwatch ") for line in lines), doc
+    # each option a subcommand's parser knows is in its help line
+    for name, make in (("trace", "jupyter_gpumem.magics.trace:_parser"),
+                       ("panel", "jupyter_gpumem.magics.panel:_parser"),
+                       ("plot", "jupyter_gpumem.magics.watch:_plot_parser"),
+                       ("history", "jupyter_gpumem.magics.watch:_history_parser"),
+                       ("watch", "jupyter_gpumem.magics.watch:_watch_parser")):
+        module, _, attr = make.partition(":")
+        p = getattr(sys.modules[module], attr)()
+        (line,) = [ln for ln in lines if ln.startswith(f"%gpumem {name} ")]
+        for action in p._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--"):
+                    assert flag in line, (name, flag, line)
+    ip.run_line_magic("gpumem", "help")
+    assert capsys.readouterr().out.strip() == gpumem_magics.USAGE

@@ -31,18 +31,20 @@ SUBCOMMANDS: dict[str, Callable[[Any, list[str]], Any]] = {
     "trace": _trace.magic_trace,
 }
 
+#: every form of the magics, one a line (``%gpumem?`` and ``%gpumem help`` show it);
+#: a new subcommand adds its line here
 USAGE = """\
-%gpumem [NAME ...] [--device auto|all|cpu|cuda:N] [-o]
+%gpumem [NAME ...] [-v] [--device auto|all|cpu|cuda:N] [-o]
 %gpumem --cluster [--device ...] [-o]
 %gpumem purge [NAME|PATH ...] [--all] [--dry-run] [--device ...] [-o]
 %gpumem purge [NAME|PATH ...] --cluster [--all] [--dry-run] [--device ...] [-o]
-%gpumem watch on|off [--warn-at 80%] [--auto-purge-hidden]
-%gpumem history [--save FILE] [--tensorboard DIR]
-%gpumem plot [--save FILE]
+%gpumem watch on|off|status [--warn-at 80%] [--auto-purge-hidden|--no-auto-purge-hidden] [--interval S] [--device ...]
+%gpumem history [--save FILE] [--tensorboard DIR] [--last N] [--clear] [-o]
+%gpumem plot [--last N] [--device ...] [--save FILE] [-o]
 %gpumem panel [--device ...] [--interval S] [--window S] [--close]
-%gpumem tame [--give-back] | off | status
-%gpumem trace on|off [--stacks python|all] [--device ...] [--save FILE]
-%%gpuwatch [-o NAME] [--interval S] [--plot] [--device ...]"""
+%gpumem tame [--give-back] | off | status [-o]
+%gpumem trace on|off|status [--stacks python|all] [--context alloc|all] [--max-entries N] [--device ...] [--save FILE]
+%%gpuwatch [-o NAME] [-v] [--interval S] [--plot] [--device ...]"""
 
 
 def _report_parser():
@@ -116,13 +118,7 @@ class GpuMemMagics(Magics, GpuMemSettings):
     @line_magic
     @report_errors
     def gpumem(self, line: str = "") -> Any:
-        """Who holds accelerator memory, and purge it.
-
-        %gpumem [NAME ...] [--device auto|all|cpu|cuda:N] [-o]
-        %gpumem --cluster [--device ...] [-o]
-        %gpumem purge [NAME|PATH ...] [--cluster] [--all] [--dry-run] [--device ...] [-o]
-        %gpumem watch on|off, history, plot, panel, tame: see the README.
-        """
+        """Who holds accelerator memory, and purge it (every form: :data:`USAGE`)."""
         argv = split_line(line)
         if argv and argv[0] in ("help", "-h", "--help"):
             print(USAGE)
@@ -200,3 +196,10 @@ class GpuMemMagics(Magics, GpuMemSettings):
         """
         __tracebackhide__ = True  # noqa: F841
         return await _watch.cell_magic_gpuwatch_async(self, line, cell)
+
+
+GpuMemMagics.gpumem.__doc__ = f"""Who holds accelerator memory, and purge it.
+
+{USAGE}
+
+`%gpumem help` prints the same; each command's options: the README."""
