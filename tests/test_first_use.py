@@ -213,3 +213,84 @@ def test_the_help_lists_every_subcommand_and_its_options(ip, capsys):
                     assert flag in line, (name, flag, line)
     ip.run_line_magic("gpumem", "help")
     assert capsys.readouterr().out.strip() == gpumem_magics.USAGE
+
+
+# -- 13. the plot ----------------------------------------------------------------------
+def test_plot_labels_never_overlap_and_leave_out_the_plot_cells(ip, capsys, tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure  # noqa: F401
+    ip.user_ns["torch"] = torch
+    run(ip, "%gpumem watch on --device cpu --interval 0.01")
+    try:
+        run(ip, "import time\nbig = torch.ones(1 << 16)\ntime.sleep(0.3)")
+        for i in range(12):
+            run(ip, f"t{i} = torch.ones(64)")
+        run(ip, f"%gpumem plot --save {tmp_path / 'a.png'}")
+        counted = len(ip.user_ns["_gpumem_records"]()) if "_gpumem_records" in ip.user_ns else None
+        fig = ip.run_line_magic("gpumem", "plot -o")
+    finally:
+        run(ip, "%gpumem watch off")
+    del counted
+    ax = fig.axes[0]
+    labels = [t for t in ax.texts if t.get_text().startswith("[")]
+    shown = [t.get_text() for t in labels]
+    # the cells that ran %gpumem (watch on, plot) are not on the plot: 13 cells of code
+    peaks = [ln for ln in ax.lines if ln.get_label().endswith("cell peak")]
+    assert len(peaks[0].get_xdata()) == 13, peaks[0].get_xdata()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), (shown, a, b)
+    assert shown and shown[0] != shown[-1]
+
+
+def test_plot_in_a_shell_without_a_display_says_where_the_png_went(ip, capsys):
+    import matplotlib
+    matplotlib.use("Agg")
+    ip.user_ns["torch"] = torch
+    run(ip, "%gpumem watch on --device cpu --interval 0.01")
+    try:
+        run(ip, "t = torch.ones(64)")
+        capsys.readouterr()
+        run(ip, "%gpumem plot")
+    finally:
+        run(ip, "%gpumem watch off")
+    out = capsys.readouterr().out
+    assert "IPython.core.display.Image" not in out, out
+    assert "no display here shows the figure: saved it to " in out, out
+    path = out.split("saved it to ")[1].split()[0]
+    assert open(path, "rb").read(4) == b"\x89PNG"
+    os.unlink(path)
+
+
+# -- 14. the product's own commands get no footer; a device that is not here ---------
+def test_own_commands_get_no_footer_line(ip, capsys):
+    ip.user_ns["torch"] = torch
+    run(ip, "%gpumem watch on --device cpu")
+    try:
+        run(ip, "x = torch.ones(100)")
+        assert "+400 B tensors" in capsys.readouterr().out
+        run(ip, "%gpumem watch status")
+        run(ip, "%gpumem purge nosuch --device cpu", expect_error=True)
+        run(ip, "r = %gpumem --device cpu -o\n# a comment")
+        out = capsys.readouterr()
+        assert "raised UsageError" not in out.out + out.err, out
+        assert out.out.splitlines() == [out.out.splitlines()[0]], out    # the status alone
+        assert out.out.startswith("watch is on · device cpu")
+        run(ip, "y = 1")
+        assert " · " in capsys.readouterr().out
+    finally:
+        run(ip, "%gpumem watch off")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with no GPU")
+@pytest.mark.parametrize("line", ["--device cuda:0", "--device cuda", "purge --device cuda:0",
+                                  "watch on --device cuda:0", "panel --device cuda:1"])
+def test_a_device_that_is_not_here_is_one_line(ip, line):
+    with pytest.raises(UsageError) as info:
+        ip.run_line_magic("gpumem", line)
+    assert str(info.value).startswith("no device cuda"), str(info.value)
+    assert "this process sees no accelerator" in str(info.value)

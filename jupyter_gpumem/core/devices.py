@@ -149,6 +149,21 @@ def selected_ids(device: str, accs: list[AcceleratorInfo] | None = None) -> list
     return [device]
 
 
+def check_present(device: str, accs: list[AcceleratorInfo] | None = None) -> str:
+    """``device`` (parsed) if this process has it; a ValueError in one line if a named
+    accelerator (``cuda:3``, or ``cuda`` on a machine without one) is not here."""
+    device = parse_device(device)
+    if device in ("auto", "all", "cpu"):
+        return device
+    accs = accelerators() if accs is None else accs
+    if selected_ids(device, accs) and (device in ("cuda", "mps")
+                                       or device in {a.id for a in accs}):
+        return device
+    seen = ", ".join(a.id for a in accs)
+    raise ValueError(f"no device {device} here: this process sees "
+                     + (seen if seen else "no accelerator (--device cpu tracks host tensors)"))
+
+
 def _nvml_index(acc: AcceleratorInfo) -> tuple[int | None, bool]:
     """NVML index of an accelerator, and whether it was found by UUID (exact)."""
     if not acc.id.startswith("cuda:") or not nvml.available():

@@ -98,10 +98,13 @@ class GpuMemMagics(Magics, GpuMemSettings):
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 
-    def device(self, value: str | None) -> str:
-        """Validated device selection (``--device`` or the configured default)."""
+    def device(self, value: str | None, present: bool = True) -> str:
+        """Validated device selection (``--device`` or the configured default); one this
+        process does not have (``cuda:0`` without a GPU) is refused unless ``present`` is
+        false (a cluster's workers have devices of their own)."""
+        value = value if value is not None else self.default_device
         try:
-            return _devices.parse_device(value if value is not None else self.default_device)
+            return _devices.check_present(value) if present else _devices.parse_device(value)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 
@@ -131,7 +134,7 @@ class GpuMemMagics(Magics, GpuMemSettings):
 
     def _parse(self, parser: Any, argv: list[str]) -> tuple[Any, str]:
         args = parser.parse_args(argv)
-        return args, self.device(args.device)
+        return args, self.device(args.device, present=not getattr(args, "cluster", False))
 
     def _report(self, argv: list[str]) -> Any:
         args, device = self._parse(_report_parser(), argv)

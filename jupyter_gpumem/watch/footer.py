@@ -6,6 +6,7 @@ and reads its settings from the magics' configurable.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -43,6 +44,20 @@ def fmt_share(share: float) -> str:
     """A share as a percentage with the precision it was given: 0.8 -> ``80%``,
     0.001 -> ``0.1%``, 0.125 -> ``12.5%``."""
     return f"{round(share * 100, 6):g}%"
+
+
+#: a line that runs one of the product's own commands: ``%gpumem ...``, ``r = %gpumem -o``
+_OWN_LINE = re.compile(r"\s*(?:[A-Za-z_]\w*\s*=\s*)?%gpumem(?:\s|$)")
+
+
+def is_own_command(cell: Any) -> bool:
+    """Whether ``cell`` (its raw text) only runs the product's own ``%gpumem`` commands
+    (comments and blank lines aside): such a cell reports for itself, so it gets no footer
+    line, and its readings are no cell of the user's (no record: the plot leaves it out)."""
+    if type(cell) is not str:
+        return False
+    lines = [ln for ln in cell.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    return bool(lines) and all(_OWN_LINE.match(ln) for ln in lines)
 
 
 _UNSET = object()
@@ -276,6 +291,9 @@ class _Footer:
             payload.abandon()
         if not cell.outer:
             return      # a cell run from inside a cell (%%capture, run_cell): the outer one counts
+        if is_own_command(getattr(info, "raw_cell", None)):
+            cell.payload = _FooterCell(None, None)   # it reports for itself
+            return
         shell = self.state.shell
         w = line = None
         try:
