@@ -8,6 +8,7 @@ import inspect
 from typing import Any
 
 from IPython.core.displayhook import DisplayHook
+from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import UsageError
 
 from ..core import devices as _devices
@@ -398,8 +399,12 @@ def magic_plot(magics, argv: list[str]) -> Any:
 
 
 def _shows_images(shell: Any) -> bool:
-    """Whether the frontend displays images: a kernel's does, a terminal's does not."""
-    return getattr(shell, "kernel", None) is not None or type(shell).__name__ != "TerminalInteractiveShell"
+    """Whether the frontend displays images: a kernel's does (its display publisher sends
+    them to the frontend); a terminal's or a plain shell's prints their text instead."""
+    if getattr(shell, "kernel", None) is not None:
+        return True
+    return type(getattr(shell, "display_pub", None)) not in (DisplayPublisher, type(None)) \
+        and type(shell).__name__ != "TerminalInteractiveShell"
 
 
 # -- loading -----------------------------------------------------------------------------
