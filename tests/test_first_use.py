@@ -293,3 +293,24 @@ def test_a_device_that_is_not_here_is_one_line(ip, line):
         ip.run_line_magic("gpumem", line)
     assert str(info.value).startswith("no device cuda"), str(info.value)
     assert "this process sees no accelerator" in str(info.value)
+
+
+# -- 20. a hint does not repeat the name -----------------------------------------------
+def test_a_hint_names_its_holder_once(ip):
+    model = torch.nn.Linear(64, 64)
+    ip.user_ns["opt"] = torch.optim.SGD(model.parameters(), lr=0.1)
+    ip.user_ns["torch"] = torch
+    ip.user_ns["loss"] = model(torch.ones(2, 64)).square().mean()
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    text, html = str(snap), snap._repr_html_()
+    hints = [ln for ln in text.splitlines() if ln.startswith("hint: ")]
+    assert "hint: `opt` holds its parameters and their state: purge it together with its " \
+        "model" in hints, hints
+    assert any(ln.startswith("hint: `loss` keeps its autograd graph alive") for ln in hints)
+    assert "opt: `opt`" not in text and "loss: `loss`" not in text, text
+    assert "<b>opt</b>:" not in html and "<b>loss</b>:" not in html
+    # a hint that does not name its holder still says whose it is
+    run(ip, "torch.ones(1 << 10)")
+    hints = [ln for ln in str(ip.run_line_magic("gpumem", "--device cpu -o")).splitlines()
+             if ln.startswith("hint: Out[")]
+    assert hints and ": a value shown as a cell's result stays in Out" in hints[0], hints
