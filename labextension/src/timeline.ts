@@ -162,7 +162,7 @@ export const TIME_STEPS = [
 ];
 
 /** Least room a time label takes, in px (`13:02:30` in the axis font, and a gap). */
-export const TIME_LABEL_PX = 56;
+export const TIME_LABEL_PX = 48;
 
 /**
  * Time ticks at round seconds (multiples of 5 s, 10 s, 30 s, 1 min...) inside
@@ -171,7 +171,7 @@ export const TIME_LABEL_PX = 56;
  */
 export function timeTicks(min: number, max: number, width: number): number[] {
   const span = Math.max(max - min, 1);
-  const room = Math.max(Math.floor(width / TIME_LABEL_PX), 2);
+  const room = Math.max(Math.floor(width / TIME_LABEL_PX), 3);
   const step =
     TIME_STEPS.find(s => span / s <= room) ?? TIME_STEPS[TIME_STEPS.length - 1];
   const out: number[] = [];
@@ -323,7 +323,10 @@ export class DeviceChart {
           size: 22,
           space: TIME_LABEL_PX,
           splits: (u, _axis, min, max) =>
-            timeTicks(min, max, u.bbox.width / (window.devicePixelRatio || 1)),
+            this._ticked(
+              'xticks',
+              timeTicks(min, max, u.bbox.width / (window.devicePixelRatio || 1))
+            ),
           grid: { stroke: grid, width: 1 },
           ticks: { stroke: grid, width: 1, size: 3 },
           values: (_u, splits) => splits.map(v => clockTime(v))
@@ -334,7 +337,8 @@ export class DeviceChart {
           size: 54,
           space: 22,
           incrs: BYTE_STEPS,
-          splits: (_u, _axis, _min, max) => byteTicks(max).splits,
+          splits: (_u, _axis, _min, max) =>
+            this._ticked('yticks', byteTicks(max).splits),
           grid: { stroke: grid, width: 1 },
           ticks: { stroke: grid, width: 1, size: 3 },
           values: (_u, splits) => splits.map(axisBytes)
@@ -363,6 +367,12 @@ export class DeviceChart {
       this._failed = true;
       return null;
     }
+  }
+
+  /** The ticks an axis draws, kept on the chart's node (`data-xticks`: how many). */
+  private _ticked(key: 'xticks' | 'yticks', splits: number[]): number[] {
+    this.node.dataset[key] = String(splits.length);
+    return splits;
   }
 
   /** With no cursor on the chart, the legend shows the newest reading. */

@@ -6,6 +6,7 @@ import {
   timelineData,
   byteTicks,
   timeTicks,
+  TIME_STEPS,
   TimelineView,
   timeRange,
   visibleBands
@@ -211,10 +212,14 @@ describe('timelines', () => {
   it('ticks the time axis at round seconds, several across the chart', () => {
     // 30 s on a 260 px sidebar: every 10 s, not one label near the end
     expect(timeTicks(1003, 1033, 260)).toEqual([1010, 1020, 1030]);
-    expect(timeTicks(0, 300, 260)).toEqual([0, 120, 240]);
+    expect(timeTicks(0, 300, 260)).toEqual([0, 60, 120, 180, 240, 300]);
+    // a narrow chart (the sidebar's plot, its byte axis aside) still gets three
+    expect(timeTicks(1003, 1033, 150)).toEqual([1010, 1020, 1030]);
     const many = timeTicks(1000, 1120, 600);
+    const step = many[1] - many[0];
     expect(many.length).toBeGreaterThanOrEqual(4);
-    expect(many.every(t => t % 15 === 0)).toBe(true);
+    expect(TIME_STEPS).toContain(step);
+    expect(many.every(t => t % step === 0)).toBe(true);
   });
 
   it('labels the byte axis short', () => {
