@@ -7,9 +7,13 @@ sidebar all read the user's settings through ``session.settings``.
 """
 from __future__ import annotations
 
+import sys
+import warnings
+
 from traitlets import Bool, Float, TraitError, Unicode, Union, validate
 from traitlets.config import Configurable
 
+from .core.devices import parse_device
 from .core.monitor import check_interval
 
 
@@ -43,9 +47,35 @@ class GpuMemSettings(Configurable):
         raise TraitError(f"GpuMemMagics.trace must be True, False, 'cell' or 'lines' "
                          f"(got {value!r})")
 
+    def _load_config(self, cfg, section_names=None, traits=None) -> None:
+        """A bad value in ``ipython_config.py`` costs one line and keeps that setting's
+        default; the other settings load (a ``%config`` of a bad value is refused by the
+        validators below, as any trait's)."""
+        try:
+            super()._load_config(cfg, section_names, traits)
+            return
+        except TraitError:
+            pass
+        for name, trait in (traits or self.traits(config=True)).items():
+            try:
+                with warnings.catch_warnings():   # the other keys: "not recognized" here
+                    warnings.simplefilter("ignore", UserWarning)
+                    super()._load_config(cfg, section_names, {name: trait})
+            except TraitError as exc:
+                print(f"jupyter_gpumem: {exc}; the setting keeps {trait.default()!r}",
+                      file=sys.stderr)
+
     @validate("sample_interval")
     def _check_sample_interval(self, proposal) -> float:
         try:
             return check_interval(proposal["value"], "GpuMemMagics.sample_interval")
         except ValueError as exc:
             raise TraitError(str(exc)) from None
+
+    @validate("default_device")
+    def _check_default_device(self, proposal) -> str:
+        try:
+            parse_device(proposal["value"])
+        except ValueError as exc:
+            raise TraitError(f"GpuMemMagics.default_device: {exc}") from None
+        return proposal["value"]

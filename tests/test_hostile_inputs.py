@@ -342,8 +342,7 @@ def test_a_holder_that_a_low_recursion_limit_cuts_is_named():
         counted = [m for m in snap.messages if "refused introspection" in m]
         if counted:
             seen += 1
-            assert "skipped inside nested: what they hold may be missing" in snap.messages, \
-                (extra, snap.messages)
+            assert any(" in nested" in m for m in counted), (extra, snap.messages)
     assert seen, "no recursion limit made the walk skip an object"
 
 

@@ -248,6 +248,7 @@ def test_a_name_whose_walk_fails_is_one_line_and_the_rest_stands(ip, capsys, mon
     ip.user_ns["bad"] = bad
     snap = everything_answers(ip)
     assert snap.holder("bad") is None
-    assert "1 object(s) refused introspection and were skipped" in snap.messages, snap.messages
+    assert "1 object(s) refused introspection and were skipped: list in bad" in snap.messages, \
+        snap.messages
     out = capsys.readouterr().out
     assert "could not scan" not in out and "RuntimeError" not in out, out

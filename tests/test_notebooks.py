@@ -46,3 +46,27 @@ def test_quickstart_runs_and_says_what_it_should(monkeypatch):
     assert "opt still holds" in text_of(cells[8])
     final = text_of(cells[-1])
     assert "'model'" not in final and "'loss'" not in final
+
+
+def test_quickstart_shows_none_of_a_new_users_rough_edges(monkeypatch):
+    """What a new user first meets (issue "What a new user meets"): no "refused
+    introspection" note, one phrase per fact, hints that name their holder once, no
+    phantom Out entry, no footer line for the product's own commands, no text of an
+    image object."""
+    nb = execute("quickstart.ipynb", monkeypatch)
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    everything = "\n".join(text_of(c) for c in cells)
+    for rough in ("refused introspection", "no accelerator found", "holds no tensor memory",
+                  "opt: `opt`", "loss: `loss`", "IPython.core.display.Image object",
+                  "raised UsageError", "warn at 0%"):
+        assert rough not in everything, rough
+    watched = next(c for c in cells if c.source.startswith("%%gpuwatch"))
+    report = text_of(watched)
+    assert "new: w 4.0 MiB" in report and "Out[" not in report, report
+    assert not [o for o in watched.outputs if o.get("output_type") == "execute_result"]
+    status = next(c for c in cells if c.source == "%gpumem watch status")
+    lines = [ln for ln in text_of(status).splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("watch is on"), lines   # no footer line
+    # every report shows once, though a cell both prints it and returns it with -o
+    snap_cell = cells[-1]
+    assert sum(o.get("output_type") == "execute_result" for o in snap_cell.outputs) == 1

@@ -151,7 +151,7 @@ def test_bar_segments_follow_the_protocol_for_an_accelerator():
     html = panel_render.device_bar_html(dev)
     for figure in ("1.0 GiB", "512.0 MiB", "7.0 GiB"):
         assert figure in html  # every segment carries its figure
-    assert "flex:0 0 70.0%" in html  # free is 7 of 10 GiB wide
+    assert "flex:1 1 70.0%" in html  # free is 7 of 10 GiB wide (and gives way to small ones)
 
 
 def test_host_bar_shows_this_process_on_a_scale_of_its_own():

@@ -37,7 +37,7 @@ def ns(ip):
     ("purge t --device gpu7", "unknown device"),
     ("purge t --all --device cpu", "names or --all"),
     ("nosuch --device cpu", "name 'nosuch' is not defined"),
-    ("x --device cpu", "'x' holds no tensor memory"),
+    ("x --device cpu", "'x' holds no host memory"),
     ("--frobnicate", "unrecognized arguments"),
     ("purge 'unclosed", "cannot parse"),
 ])

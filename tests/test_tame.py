@@ -106,7 +106,7 @@ def test_imported_but_unstarted_jax_still_takes_the_setting():
     proc = _child("import jax\n" + SHELL + "ip.run_line_magic('gpumem', 'tame')\n"
                   "from jax._src import xla_bridge\n"
                   "print('STARTED', xla_bridge.backends_are_initialized())\n")
-    assert "jax: imported, no device used yet: the setting still applies" in proc.stdout, \
+    assert "jax: imported, no device used yet: it will allocate on demand" in proc.stdout, \
         proc.stdout + proc.stderr
     assert "STARTED False" in proc.stdout and "warning" not in proc.stderr
 

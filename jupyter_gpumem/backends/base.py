@@ -327,9 +327,9 @@ class Backend:
     give_back_env: dict = {}
 
     def tame_state(self) -> str:
-        """Whether :attr:`tame_env` still applies: ``not imported: ...``, ``imported, no
-        device used yet: ...``, or ``too late`` (it set up its devices already)."""
-        return "not imported: it will allocate on demand"
+        """Whether :attr:`tame_env` can still apply: ``not imported``, ``imported, no
+        device used yet``, or ``too late`` (it set up its devices already)."""
+        return "not imported"
 
     def type_name(self, name: str) -> str | None:
         """What an object whose class is called ``name`` is, in a user's words

@@ -234,7 +234,7 @@ class JaxBackend(Backend):
 
     def tame_state(self) -> str:
         if "jax" not in sys.modules:
-            return "not imported: it will allocate on demand"
+            return "not imported"
         xb = sys.modules.get("jax._src.xla_bridge")
         check = getattr(xb, "backends_are_initialized", None)
         try:
@@ -242,7 +242,7 @@ class JaxBackend(Backend):
         except Exception:
             started = True
         if not started:
-            return "imported, no device used yet: the setting still applies"
+            return "imported, no device used yet"
         return "too late"
 
     def is_oom(self, exc: BaseException, text: str) -> bool:

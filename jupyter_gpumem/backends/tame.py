@@ -63,9 +63,23 @@ def _late(backend) -> str:
             f"set c.GpuMemMagics.tame = True in ipython_config.py)")
 
 
+_TOO_LATE = "already set up its devices: too late for this process"
+
+
+def _state(backend) -> str:
+    """Where ``backend`` stands, and what it will do with the environment as it is now."""
+    state = backend.tame_state()
+    if state == "too late":
+        return _TOO_LATE
+    if all(os.environ.get(k) == v for k, v in backend.tame_env.items()):
+        return f"{state}: it will allocate on demand"
+    return f"{state}: it will take its pool up front; `%gpumem tame` still applies"
+
+
 def status() -> dict[str, str]:
-    """Per framework: not imported, imported but not started, or too late."""
-    return {b.name: b.tame_state() for b in _tameable()}
+    """Per framework: not imported, imported but not started, or too late; and whether it
+    will allocate on demand, as the environment now says."""
+    return {b.name: _state(b) for b in _tameable()}
 
 
 def tame(give_back: bool = False) -> TameResult:
@@ -78,12 +92,9 @@ def tame(give_back: bool = False) -> TameResult:
             os.environ[key] = value
             result.changed[key] = value
     for backend in _tameable():
-        state = status()[backend.name]
-        if state == "too late":
-            result.frameworks[backend.name] = "already set up its devices: too late for this process"
+        state = result.frameworks[backend.name] = _state(backend)
+        if state == _TOO_LATE:
             result.warnings.append(_late(backend))
-        else:
-            result.frameworks[backend.name] = state
     return result
 
 

@@ -348,11 +348,11 @@ class TensorFlowBackend(Backend):
 
     def tame_state(self) -> str:
         if "tensorflow" not in sys.modules:
-            return "not imported: it will allocate on demand"
+            return "not imported"
         ctx_mod = sys.modules.get("tensorflow.python.eager.context")
         ctx = ctx_mod.context_safe() if ctx_mod is not None else None
         if ctx is None or not getattr(ctx, "_initialized", False):
-            return "imported, no device used yet: the setting still applies"
+            return "imported, no device used yet"
         return "too late"
 
     def is_oom(self, exc: BaseException, text: str) -> bool:

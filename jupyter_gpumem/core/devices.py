@@ -50,6 +50,24 @@ def parse_device(text: str) -> str:
     return value
 
 
+def memory_on(ids) -> str:
+    """``host memory`` / ``memory on cuda:0, cuda:1`` / ``memory``: the devices' memory in
+    the words of every "holds no ..." message."""
+    ids = sorted(ids)
+    return "host memory" if ids == ["cpu"] else f"memory on {', '.join(ids)}" if ids \
+        else "memory"
+
+
+def holds_nothing(name: str, ids) -> str:
+    """The one phrase for "this name holds no memory on these devices" (report, purge,
+    panel): ``'x' holds no host memory`` / ``'x' holds no memory on cuda:0``."""
+    return f"{name!r} holds no {memory_on(ids)}"
+
+
+#: the one phrase for "this process sees no accelerator" (the sidebar looks for its start)
+NO_ACCELERATOR = "no accelerator: showing host tensors (device cpu)"
+
+
 @dataclass
 class DeviceUsage(JsonFields, AcceleratorInfo):
     """One device's memory, reconciled across NVML and the frameworks (bytes): the device
@@ -141,6 +159,21 @@ def selected_ids(device: str, accs: list[AcceleratorInfo] | None = None) -> list
     if device in ("cuda", "mps"):
         return [i for i in ids if i.startswith(device + ":")]
     return [device]
+
+
+def check_present(device: str, accs: list[AcceleratorInfo] | None = None) -> str:
+    """``device`` (parsed) if this process has it; a ValueError in one line if a named
+    accelerator (``cuda:3``, or ``cuda`` on a machine without one) is not here."""
+    device = parse_device(device)
+    if device in ("auto", "all", "cpu"):
+        return device
+    accs = accelerators() if accs is None else accs
+    if selected_ids(device, accs) and (device in ("cuda", "mps")
+                                       or device in {a.id for a in accs}):
+        return device
+    seen = ", ".join(a.id for a in accs)
+    raise ValueError(f"no device {device} here: this process sees "
+                     + (seen if seen else "no accelerator (--device cpu tracks host tensors)"))
 
 
 def _nvml_index(acc: AcceleratorInfo) -> tuple[int | None, bool]:

@@ -134,11 +134,6 @@ class _Target:
 
 
 # -- planning ------------------------------------------------------------------
-def _device_words(device: str) -> str:
-    return "host memory" if device == "cpu" else f"memory on {device}" if ":" in device \
-        else "accelerator memory"
-
-
 def _targets(names, roots, by_name, scan1, ids, shell, namespace, budget, device,
              backends, all_names: bool) -> tuple[list[_Target], list[str]]:
     """The targets of ``names``, checked whole; and, with ``--all``, the names that went
@@ -155,7 +150,7 @@ def _targets(names, roots, by_name, scan1, ids, shell, namespace, budget, device
                      if r.kind == "output" and r.name.startswith("Out[")
                      and reach_of[id(r)].storages]
             if not found:
-                errors.append(f"no entry of Out holds {_device_words(device)}"
+                errors.append(f"no entry of Out holds {_devices.memory_on(ids)}"
                               + _cut_short(scan1))
             targets += found
             continue
@@ -189,10 +184,10 @@ def _targets(names, roots, by_name, scan1, ids, shell, namespace, budget, device
                                namespace=namespace, time_limit=budget.limit(), backends=backends)
             keys = _paths_of(extra.reach[0])
             if not keys:
-                errors.append(f"{text!r} holds no {_device_words(device)}" + _cut_short(extra))
+                errors.append(_devices.holds_nothing(text, ids) + _cut_short(extra))
                 continue
         if not keys:
-            errors.append(f"{text!r} holds no {_device_words(device)}" + _cut_short(scan1))
+            errors.append(_devices.holds_nothing(text, ids) + _cut_short(scan1))
             continue
         targets.append(_Target(text, binding, root, keys))
     PurgeError.check(errors)

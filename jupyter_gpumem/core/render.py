@@ -109,6 +109,10 @@ def processes_line(s, dev: str) -> str | None:
         if dp.device == dev:
             return dp.summary()
     return None
+def names_itself(h) -> bool:
+    """Whether a holder's hint starts with its name (`` `opt` holds ...``): then the
+    report gives the hint alone, not ``opt: `opt` holds ...``."""
+    return h.hint.startswith(f"`{h.name}` ")
 
 
 def snapshot_text(s) -> str:
@@ -151,7 +155,8 @@ def snapshot_text(s) -> str:
     hints = [h for h in s.holders if h.hint]
     if hints:
         lines.append("")
-        lines += [f"hint: {h.label}: {h.hint}" for h in hints]
+        lines += [f"hint: {h.hint}" if names_itself(h) else f"hint: {h.label}: {h.hint}"
+                  for h in hints]
     return "\n".join(lines).rstrip()
 
 
@@ -236,7 +241,8 @@ def snapshot_html(s) -> str:
                       for g in groups]
     for h in s.holders:
         if h.hint:
-            parts.append(f"<div>hint: <b>{_esc(h.label)}</b>: {code_html(h.hint)}</div>")
+            who = "" if names_itself(h) else f"<b>{_esc(h.label)}</b>: "
+            parts.append(f"<div>hint: {who}{code_html(h.hint)}</div>")
     parts.append("</div>")
     return "".join(parts)
 

@@ -59,8 +59,8 @@ class ScanResult:
     reasons: list[str] = field(default_factory=list)
     seconds: float = 0.0
     errors: int = 0
-    #: names of the roots inside which something refused introspection (``errors``)
-    refused: list[str] = field(default_factory=list)
+    #: the first objects refused, as ``(type name, root name)`` (``errors`` counts all)
+    refused: list = field(default_factory=list)
 
 
 # -- paths -------------------------------------------------------------------------
@@ -204,7 +204,6 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     # share what the others left, in order.
     walked: list = []
     cut: list[int] = []
-    refused: list[str] = []   # the roots inside which an object refused to be read
     steps = _Steps()
     try:
         for i, root in enumerate(roots):
@@ -212,31 +211,24 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 walked.append(({}, 0, {}))
                 continue
             now = time.perf_counter()
-            errors_before = reacher.errors
             try:
                 walked.append((yield from walk(i, now + max(deadline - now, 0.0) / (len(roots) - i))))
             except Exception:  # noqa: BLE001 - one name that cannot be read: the rest stands
                 walked.append(({}, 0, {}))
-                reacher.errors += 1
+                reacher.refuse(root.obj)
                 continue
-            finally:
-                if reacher.errors > errors_before:
-                    refused.append(root.name)
             if reacher.out_of_time:
                 cut.append(i)
             if steps.due():
                 yield from steps.step()
         for i in cut:
             if time.perf_counter() < deadline:
-                errors_before = reacher.errors
                 try:
                     walked[i] = yield from walk(i, deadline)
                 except Exception:  # noqa: BLE001 - as above: what it found before stands
-                    reacher.errors += 1
+                    reacher.current_root = roots[i].name
+                    reacher.refuse(roots[i].obj)
                     continue
-                finally:
-                    if reacher.errors > errors_before and roots[i].name not in refused:
-                        refused.append(roots[i].name)
                 yield from steps.step()
                 if not reacher.out_of_time:
                     continue
@@ -253,14 +245,16 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 try:
                     found = _storages(finder, i, found, root)
                 except Exception:  # noqa: BLE001 - its storages stand, their paths unknown
-                    reacher.errors += 1
+                    reacher.current_root = root.name
+                    reacher.refuse(root.obj)
                 if steps.due():
                     yield from steps.step()
             reach.append(Reach(found, count))
     finally:
         steps.end()
     result = ScanResult(roots, reach, reacher.partial, reacher.reasons,
-                        time.perf_counter() - start, reacher.errors, refused)
+                        time.perf_counter() - start, reacher.errors,
+                        reacher.refusals.kept)
     finder.result = weakref.ref(result)
     return result
 

@@ -40,7 +40,7 @@ from .scan_types import (
     PROXY, SEQ, SEQ_SUB, SET, SET_SUB, SKIP, TENSOR, TRACEBACK, TYPE_DICT, TYPE_FLAGS, HAVE_GC, classify,
     is_library_module_name, untracked_holds_nothing, viewed,
 )
-from .scan_types import keyable, split_keyable, type_name_of
+from .scan_types import Refusals, keyable, split_keyable, type_name_of
 
 _native = native.CORE   # the C core (built with the package where a compiler was found)
 
@@ -123,7 +123,7 @@ class Reacher:
         self.partial = False
         self.out_of_time = False
         self.reasons: list[str] = []
-        self.errors = 0
+        self.refusals = Refusals()
         self.current_root: str | None = None
         # exact type -> kind, and the backend of tensor and container types
         self.kinds: dict[type, str] = dict.fromkeys(ATOMIC, "atom")
@@ -177,6 +177,16 @@ class Reacher:
         self.learn(set(_SIZED))
 
     # -- bookkeeping -----------------------------------------------------------------
+    @property
+    def errors(self) -> int:
+        """How many objects refused introspection (see :meth:`refuse`)."""
+        return self.refusals.count
+
+    def refuse(self, obj: Any, tp: type | None = None) -> None:
+        """``obj`` (or objects of type ``tp``) could not be read: skipped and counted,
+        with where it was met."""
+        self.refusals.add(type(obj) if tp is None else tp, self.current_root)
+
     def stop_walk(self, reason: str) -> None:
         """The result is partial, for ``reason``."""
         self.partial = True
@@ -194,7 +204,7 @@ class Reacher:
             kind, backend = classify(tp, self.backends)
         except Exception:
             kind, backend = SKIP, None
-            self.errors += 1
+            self.refuse(None, tp)
         self.kinds[tp] = kind
         self._learned.add(tp)
         if backend is not None:
@@ -485,7 +495,7 @@ class Reacher:
         except OutOfTime:
             raise
         except Exception:
-            self.errors += 1   # changed while read, by another thread
+            self.refuse(obj)   # changed while read, by another thread
 
     @staticmethod
     def _own(obj: Any) -> list:
@@ -541,7 +551,7 @@ class Reacher:
             except OutOfTime:
                 raise
             except Exception:
-                self.errors += 1   # an object that refuses introspection
+                self.refuse(obj)   # an object that refuses introspection
                 continue
             if got:
                 children += got
@@ -587,7 +597,7 @@ class Reacher:
                 except OutOfTime:
                     raise
                 except Exception:
-                    self.errors += 1
+                    self.refuse(t)
 
     def _record(self, tensor: Any, infos: list) -> None:
         found = self._found

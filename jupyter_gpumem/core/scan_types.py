@@ -60,6 +60,8 @@ def _library_dirs() -> tuple[str, ...]:
 
 #: where library code lives (stdlib, site-packages), longest first
 LIB_DIRS = _library_dirs()
+#: the product's own top-level package: its objects are library code, never the user's
+OWN_PACKAGE = __name__.partition(".")[0]
 _module_is_library: dict[str, bool] = {}
 
 
@@ -73,6 +75,8 @@ def is_library_module_name(name: str | None) -> bool:
     top = name.partition(".")[0]
     if name == "__main__":
         result = False
+    elif top == OWN_PACKAGE:
+        result = True        # the product's own code, wherever it was installed from
     elif top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
         result = True
     else:
@@ -117,6 +121,40 @@ def viewed(obj: Any) -> Any:
 def type_name_of(tp: type) -> str:
     """``tp.__name__`` read without the metaclass's ``__getattribute__``."""
     return TYPE_NAME(tp)
+
+
+def is_own_type(tp: type) -> bool:
+    """True for the product's own types (their instances are never the user's)."""
+    name = type_module(tp)
+    return name is not None and name.partition(".")[0] == OWN_PACKAGE
+
+
+#: refusals kept by name (each with where it was met); the count covers all
+REFUSED_KEPT = 200
+
+
+class Refusals:
+    """The objects a scan could not read: how many, and the first few by type and where
+    they were met (``(type name, root name)``)."""
+
+    __slots__ = ("count", "kept")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.kept: list[tuple[str, str]] = []
+
+    def add(self, tp: type, where: str | None) -> None:
+        """One object of type ``tp`` refused while walking ``where`` (the product's own
+        objects are not counted: they are not the user's)."""
+        if is_own_type(tp):
+            return
+        self.count += 1
+        if len(self.kept) < REFUSED_KEPT:
+            try:
+                name = TYPE_NAME(tp)
+            except Exception:
+                name = "?"
+            self.kept.append((name, where or "?"))
 
 
 # -- classes that cannot be keys ----------------------------------------------------

@@ -110,6 +110,21 @@ class Snapshot(JsonFields, Report):
     #: lists any
     processes: list[_processes.DeviceProcesses] = json_field(default_factory=list,
                                                              if_any=True)
+    #: the first objects the scan refused, ``(type name, where)``; the note counts all
+    refused: list = json_field(default_factory=list, leave_out=True)
+
+    def list_every_refusal(self) -> None:
+        """The refusals' note names every refused object kept, not only the first few
+        (``%gpumem -v``)."""
+        self.messages = [refused_note(self.refused_count, self.refused, every=True)
+                         if is_refused_note(m) else m for m in self.messages]
+
+    @property
+    def refused_count(self) -> int:
+        for m in self.messages:
+            if is_refused_note(m):
+                return int(m.partition(" ")[0])
+        return 0
 
     def internals_of(self, device: str, kinds: tuple = ("allocated", "cached")) -> list[Internal]:
         """The internals on ``device`` of these kinds (``"outside"``: the rest's parts)."""
@@ -461,7 +476,8 @@ def _assemble(device: str, ids: list[str], accs, usages, result, names, extra,
     others = [dp for dp in _processes.read(usages) if dp.processes or dp.hidden]
     return Snapshot(device, usages, holders, unattributed, bool(accs), result.partial,
                     messages, result.seconds, details=details, internals=internals,
-                    unattributed_sites=sites, processes=others)
+                    unattributed_sites=sites, processes=others,
+                    refused=list(result.refused))
 
 
 _KIND_ORDER = {"allocated": 0, "cached": 1, "outside": 2}
@@ -575,23 +591,44 @@ def _rest_remainders(usages, internals: list[Internal]) -> list[Internal]:
     return out
 
 
-def _refused_in(names: list[str]) -> str:
-    """Which holders the skipped objects were in: their bytes may be missing."""
-    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    return f"skipped inside {shown}: what they hold may be missing"
+_REFUSED = " object(s) refused introspection and were skipped"
+_REFUSED_NAMED = 3   # kinds of refused object the note names
+
+
+def is_refused_note(message: str) -> bool:
+    """True for the note :func:`refused_note` writes."""
+    head, sep, _ = message.partition(_REFUSED)
+    return bool(sep) and head.isdigit()
+
+
+def refused_note(count: int, refused: list, every: bool = False) -> str:
+    """``N object(s) refused introspection and were skipped: Foo in x, 2 Bar in last
+    traceback, …``: the first few kinds (type and where) of ``refused``, or all of them
+    with ``every``."""
+    kinds: dict[tuple[str, str], int] = {}
+    for entry in refused:
+        kinds[tuple(entry)] = kinds.get(tuple(entry), 0) + 1
+    named = list(kinds.items()) if every else list(kinds.items())[:_REFUSED_NAMED]
+    text = f"{count}{_REFUSED}"
+    if not named:
+        return text
+    parts = [f"{n} {tp}" if n > 1 else tp for (tp, _), n in named]
+    text += ": " + ", ".join(f"{p} in {where}" for p, ((_, where), _) in zip(parts, named))
+    if sum(kinds.values()) < count and every:
+        text += f", and {count - sum(kinds.values())} more"
+    elif len(named) < len(kinds) or sum(kinds.values()) < count:
+        text += ", … (%gpumem -v lists all)"
+    return text
 
 
 def _messages(result, usages, accs, device):
     if not accs:
-        yield "no accelerator: showing host tensors (device cpu)" if device == "auto" \
-            else "no accelerator found"
+        yield _devices.NO_ACCELERATOR
     if result.partial:
         hint = " (raise GpuMemMagics.scan_time_limit)" if any("time limit" in r for r in result.reasons) else ""
         yield "partial result: " + ", ".join(result.reasons) + hint
     if result.errors:
-        yield f"{result.errors} object(s) refused introspection and were skipped"
-        if result.refused:
-            yield _refused_in(result.refused)
+        yield refused_note(result.errors, result.refused)
     for du in usages:
         for note in du.notes:
             yield f"{du.id}: {note}"

@@ -32,25 +32,29 @@ SUBCOMMANDS: dict[str, Callable[[Any, list[str]], Any]] = {
     "trace": _trace.magic_trace,
 }
 
+#: every form of the magics, one a line (``%gpumem?`` and ``%gpumem help`` show it);
+#: a new subcommand adds its line here
 USAGE = """\
-%gpumem [NAME ...] [--device auto|all|cpu|cuda:N] [-o]
+%gpumem [NAME ...] [-v] [--device auto|all|cpu|cuda:N] [-o]
 %gpumem --cluster [--device ...] [-o]
 %gpumem --processes [--device ...] [-o]
 %gpumem purge [NAME|PATH ...] [--all] [--dry-run] [--device ...] [-o]
 %gpumem purge [NAME|PATH ...] --cluster [--all] [--dry-run] [--device ...] [-o]
 %gpumem purge --orphans [--dry-run] [--grace S] [--device ...] [-o]
-%gpumem watch on|off [--warn-at 80%] [--auto-purge-hidden]
-%gpumem history [--save FILE] [--tensorboard DIR]
-%gpumem plot [--save FILE]
+%gpumem watch on|off|status [--warn-at 80%] [--auto-purge-hidden|--no-auto-purge-hidden] [--interval S] [--device ...]
+%gpumem history [--save FILE] [--tensorboard DIR] [--last N] [--clear] [-o]
+%gpumem plot [--last N] [--device ...] [--save FILE] [-o]
 %gpumem panel [--device ...] [--interval S] [--window S] [--close]
-%gpumem tame [--give-back] | off | status
-%gpumem trace on|off [--lines [--stacks python|all]] [--device ...] [--save FILE.pickle]
-%%gpuwatch [-o NAME] [--interval S] [--plot] [--device ...]"""
+%gpumem tame [--give-back] | off | status [-o]
+%gpumem trace on|off|status [--lines] [--stacks python|all] [--context alloc|all] [--max-entries N] [--device ...] [--save FILE.pickle]
+%%gpuwatch [-o NAME] [-v] [--interval S] [--plot] [--device ...]"""
 
 
 def _report_parser():
     p = parser("%gpumem", "who holds accelerator memory")
     p.add_argument("names", nargs="*", help="names or paths to detail")
+    p.add_argument("-v", dest="verbose", action="store_true",
+                   help="name every object the scan could not read, not only the first few")
     p.add_argument("--cluster", action="store_true",
                    help="the Dask cluster this notebook drives: its workers' devices and the "
                    "names that hold their keys")
@@ -104,29 +108,30 @@ class GpuMemMagics(Magics, GpuMemSettings):
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 
-    def device(self, value: str | None) -> str:
-        """Validated device selection (``--device`` or the configured default)."""
+    def device(self, value: str | None, present: bool = True) -> str:
+        """Validated device selection (``--device`` or the configured default); one this
+        process does not have (``cuda:0`` without a GPU) is refused unless ``present`` is
+        false (a cluster's workers have devices of their own)."""
+        value = value if value is not None else self.default_device
         try:
-            return _devices.parse_device(value if value is not None else self.default_device)
+            return _devices.check_present(value) if present else _devices.parse_device(value)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 
     def show(self, result: Any, output: bool) -> Any:
-        """Display a result (HTML in a notebook, text in a terminal); return it with -o."""
+        """Display a result (HTML in a notebook, text in a terminal); with -o return it
+        instead, as ``%timeit -o`` does: the cell shows it as its value (once), and
+        ``r = %gpumem -o`` shows nothing."""
+        if output:
+            return result
         display(result)
-        return result if output else None
+        return None
 
     # -- the magics ------------------------------------------------------------------
     @line_magic
     @report_errors
     def gpumem(self, line: str = "") -> Any:
-        """Who holds accelerator memory, and purge it.
-
-        %gpumem [NAME ...] [--device auto|all|cpu|cuda:N] [-o]
-        %gpumem --cluster [--device ...] [-o]
-        %gpumem purge [NAME|PATH ...] [--cluster] [--all] [--dry-run] [--device ...] [-o]
-        %gpumem watch on|off, history, plot, panel, tame: see the README.
-        """
+        """Who holds accelerator memory, and purge it (every form: :data:`USAGE`)."""
         argv = split_line(line)
         if argv and argv[0] in ("help", "-h", "--help"):
             print(USAGE)
@@ -139,7 +144,7 @@ class GpuMemMagics(Magics, GpuMemSettings):
 
     def _parse(self, parser: Any, argv: list[str]) -> tuple[Any, str]:
         args = parser.parse_args(argv)
-        return args, self.device(args.device)
+        return args, self.device(args.device, present=not getattr(args, "cluster", False))
 
     def _report(self, argv: list[str]) -> Any:
         args, device = self._parse(_report_parser(), argv)
@@ -152,8 +157,9 @@ class GpuMemMagics(Magics, GpuMemSettings):
             time_limit=self.scan_time_limit), PathError)
         for name in args.names:
             if not any(h.name == name for h in snap.details):
-                raise UsageError(f"{name!r} holds no tensor memory on "
-                                 f"{', '.join(d.id for d in snap.devices)}")
+                raise UsageError(_devices.holds_nothing(name, [d.id for d in snap.devices]))
+        if args.verbose:
+            snap.list_every_refusal()
         return self.show(snap, args.output)
 
     def _purge(self, argv: list[str]) -> Any:
@@ -209,3 +215,10 @@ class GpuMemMagics(Magics, GpuMemSettings):
         """
         __tracebackhide__ = True  # noqa: F841
         return await _watch.cell_magic_gpuwatch_async(self, line, cell)
+
+
+GpuMemMagics.gpumem.__doc__ = f"""Who holds accelerator memory, and purge it.
+
+{USAGE}
+
+`%gpumem help` prints the same; each command's options: the README."""

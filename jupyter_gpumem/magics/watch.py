@@ -7,12 +7,14 @@ import contextlib
 import inspect
 from typing import Any
 
+from IPython.core.displayhook import DisplayHook
+from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import UsageError
 
 from ..core import devices as _devices
 from ..core.roots import Root
 from ..watch import export as _export
-from ..watch.footer import _parse_share, _start_footer, _stop_footer, _traced_lines
+from ..watch.footer import _parse_share, fmt_share, _start_footer, _stop_footer, _traced_lines
 from ..watch.peaks import uninstall_all
 from ..watch.result import fmt_seconds
 from ..session import session_of
@@ -44,8 +46,7 @@ def magic_watch(magics, argv: list[str]) -> None:
             share = _parse_share(args.warn_at)
         except ValueError as exc:
             raise UsageError(f"--warn-at: {exc}") from None
-        magics.warn_at = None if share is None else f"{share:.0%}" if (share * 100).is_integer() \
-            else share
+        magics.warn_at = None if share is None else fmt_share(share)
     if args.auto_purge is not None:
         magics.auto_purge_hidden = args.auto_purge
     if interval is not None:
@@ -70,7 +71,7 @@ def _status(magics, state: _State) -> str:
     parts = [f"watch is {'on' if on else 'off'}"]
     if on:
         parts.append(f"device {state.footer_device or magics.default_device}")
-        parts.append(f"warn at {share:.0%}" if share is not None else "no warning threshold")
+        parts.append(f"warn at {fmt_share(share)}" if share is not None else "no warning threshold")
         if share is not None:
             parts.append(f"auto-purge-hidden {'on' if magics.auto_purge_hidden else 'off'}")
         parts.append(f"sampling every {fmt_seconds(magics.sample_interval)}" if not HUB.failure
@@ -157,6 +158,7 @@ class _GpuwatchCell:
         self.magics, self.args = magics, args
         self.number = _current_count(shell) or 0
         self.statements, self.expression = _compile_cell(shell, cell, self.number)
+        self.silenced = _ends_with_semicolon(cell)
         self.awaits = _is_coroutine(self.statements) or _is_coroutine(self.expression)
         state = _state_for_shell(shell)
         state.magics = magics
@@ -181,6 +183,8 @@ class _GpuwatchCell:
 
     def done(self, value: Any) -> Any:
         w, number = self.watch, self.number
+        if self.silenced:
+            value = None   # a cell ending with `;` shows no value, so none goes to Out
         if w is not None and value is not None and not _quiet(self.shell):
             w.add_root(Root(f"Out[{number}]", value, hidden=True, kind="output",
                                   purge=f"Out[{number}]"))
@@ -281,6 +285,14 @@ def async_cells_transform(shell):
     # there ends with a blank line, which this one-line rewrite would hide
     gpuwatch_async_cells.has_side_effects = True
     return gpuwatch_async_cells
+
+
+def _ends_with_semicolon(cell: str) -> bool:
+    """Whether the cell's last token is ``;`` (IPython then shows no value)."""
+    try:
+        return bool(DisplayHook.semicolon_at_end_of_expression(cell))
+    except Exception:  # noqa: BLE001 - not valid code: the run reports it
+        return False
 
 
 def _quiet(shell) -> bool:
@@ -387,8 +399,12 @@ def magic_plot(magics, argv: list[str]) -> Any:
 
 
 def _shows_images(shell: Any) -> bool:
-    """Whether the frontend displays images: a kernel's does, a terminal's does not."""
-    return getattr(shell, "kernel", None) is not None or type(shell).__name__ != "TerminalInteractiveShell"
+    """Whether the frontend displays images: a kernel's does (its display publisher sends
+    them to the frontend); a terminal's or a plain shell's prints their text instead."""
+    if getattr(shell, "kernel", None) is not None:
+        return True
+    return type(getattr(shell, "display_pub", None)) not in (DisplayPublisher, type(None)) \
+        and type(shell).__name__ != "TerminalInteractiveShell"
 
 
 # -- loading -----------------------------------------------------------------------------

@@ -131,6 +131,9 @@ class Panel:
         self._rows: list[tuple[Any, Any]] = []
         self._syncing = False
         self._pending: list[str] | None = None
+        #: the purge count (core.purge.PURGES) after the purge whose result is shown
+        self._result_purges: int | None = None
+        self._said_purged = False
         self._thread_error: str | None = None
         self._watched_until = float("-inf")   # start of the newest watched span merged in
         self._drawn: tuple | None = None  # (time, point, cells version) of the last timeline
@@ -165,7 +168,7 @@ class Panel:
         #: the names that hold keys on the Dask cluster, when a client is connected
         self.cluster_table = w.HTML(layout=w.Layout(display="none"))
         self.purge_button = w.Button(description="Purge checked", icon="trash",
-                                     button_style="warning", disabled=True,
+                                     button_style="", disabled=True,
                                      tooltip="delete the checked names and free their memory",
                                      layout=w.Layout(width="auto"))
         self.status = w.HTML()
@@ -173,8 +176,10 @@ class Panel:
         self.confirm_button = w.Button(description="Yes, purge", button_style="danger",
                                        layout=w.Layout(width="auto"))
         self.cancel_button = w.Button(description="Cancel", layout=w.Layout(width="auto"))
-        self.confirm_box = w.VBox([self.confirm_text,
-                                   w.HBox([self.confirm_button, self.cancel_button])],
+        # the question takes the purge button's place, its buttons first: it opens where
+        # the click was, not below the visible part of the output
+        self.confirm_box = w.VBox([w.HBox([self.confirm_button, self.cancel_button]),
+                                   self.confirm_text],
                                   layout=w.Layout(display="none", border="1px solid #d62728",
                                                   padding="4px"))
         self.result = w.HTML()
@@ -182,9 +187,9 @@ class Panel:
             header, w.HTML("<b>Devices</b>"), self.bars, self.cluster_bars,
             w.HTML("<b>This process, recent minutes</b>"), self.timeline,
             w.HTML("<b>Holders</b> <span style='opacity:.6'>(after each cell)</span>"),
-            self.table, self.footer, self.cluster_table, w.HBox([self.purge_button, self.status],
-                                            layout=w.Layout(align_items="center")),
-            self.confirm_box, self.result,
+            self.table, self.footer, self.cluster_table, self.confirm_box,
+            w.HBox([self.purge_button, self.status], layout=w.Layout(align_items="center")),
+            self.result,
         ], layout=w.Layout(border="1px solid #bbb", padding="4px 8px"))
         self.widget._panel_ref = weakref.ref(self)
         self.refresh_button.on_click(self._guard(lambda _b: self.refresh()))
@@ -216,15 +221,24 @@ class Panel:
         return call
 
     def _say(self, text: str, error: bool = False) -> None:
+        self._said_purged = False
         colour = "#d62728" if error else "inherit"
         with self._lock:
             if not self.closed:
                 self.status.value = (f"<span style='color:{colour}'>"
                                      f"{_render.esc(one_line(text))}</span>")
 
-    def _update_title(self) -> None:
-        self.title.value = (f"<b>GPU memory</b> · device <code>{_render.esc(self.device)}</code>"
-                            f" · bars every {self.interval:g} s · holders after each cell")
+    def _update_title(self, devices: list | None = None) -> None:
+        """The title: what the bars are (the sidebar's rule, from the devices shown; before
+        the first reading, from the device asked), the device and the pace."""
+        if devices is not None:
+            self._title_words = _render.title_for(devices)
+        words = getattr(self, "_title_words", None) or \
+            ("Host memory" if self.device == "cpu" else "GPU memory")
+        value = (f"<b>{words}</b> · device <code>{_render.esc(self.device)}</code>"
+                 f" · bars every {self.interval:g} s · holders after each cell")
+        if self.title.value != value:
+            self.title.value = value
 
     # -- lifetime --------------------------------------------------------------------------
     def start(self) -> None:
@@ -328,6 +342,7 @@ class Panel:
         with self._lock:
             if self.closed:
                 return
+            self._update_title(devices)
             with self.bars.hold_sync(), self.timeline.hold_sync():
                 self.bars.value = bars
                 if timeline is not None:
@@ -403,8 +418,14 @@ class Panel:
 
     def apply_snapshot(self, data: dict) -> None:
         """Show a PROTOCOL snapshot: holders table, bars, notes; with a ``cluster`` part,
-        the workers' device bars under the local ones and the cluster's holders."""
+        the workers' device bars under the local ones and the cluster's holders. A purge
+        result shown goes once another purge (from any view) ran after it."""
         self._merge_watched()
+        if self._result_purges is not None and _purge.PURGES[0] != self._result_purges:
+            self._result_purges = None
+            self.result.value = ""
+            if self._said_purged:
+                self._say("")
         holders = data.get("holders") or []
         while len(self._rows) < len(holders):
             self._new_row()
@@ -443,6 +464,7 @@ class Panel:
                     widget.value = html
                     widget.layout.display = None if html else "none"
             self._update_purge_button()
+            self._update_title(data.get("devices") or None)
 
     def _on_check(self, index: int, change: dict) -> None:
         if self._syncing or index >= len(self._row_names):
@@ -459,8 +481,12 @@ class Panel:
     def _update_purge_button(self) -> None:
         n = len(self._checked)
         with self.purge_button.hold_sync():
-            self.purge_button.disabled = n == 0 or self._pending is not None
+            disabled = n == 0 or self._pending is not None
+            self.purge_button.disabled = disabled
+            # grey while it cannot purge, as the sidebar's; orange once it can
+            self.purge_button.button_style = "" if disabled else "warning"
             self.purge_button.description = f"Purge {n} checked" if n else "Purge checked"
+            self.purge_button.layout.display = "none" if self._pending is not None else None
 
     def checked(self) -> list[str]:
         """The checked names, in table order."""
@@ -514,9 +540,12 @@ class Panel:
         if error is not None:
             self._say(error, error=True)
         else:
-            self.result.value = _render.purge_result_html(data)
+            when = time.strftime("%H:%M:%S")
+            self.result.value = _render.purge_result_html(data, when)
+            self._result_purges = _purge.PURGES[0]
             self._checked -= set(names)
-            self._say(f"purged {', '.join(names)}")
+            self._say(f"purged {', '.join(names)} at {when}")
+            self._said_purged = True
         self.refresh()
 
 

@@ -7,6 +7,7 @@ JavaScript: the panel puts these strings into standard ``ipywidgets.HTML``.
 from __future__ import annotations
 
 import html
+import math
 import time
 from typing import Iterable
 
@@ -106,6 +107,8 @@ def device_bar_html(dev: dict, attributed: int | None = None, *,
             f"<div>{''.join(legend)}</div>{process}{notes}</div>")
 
 
+#: the narrowest a segment that holds bytes is drawn (the sidebar's MIN_SEGMENT_PX)
+MIN_SEGMENT_PX = 3
 _BAR_STYLE = ("display:flex;width:100%;height:18px;border:1px solid #999;border-radius:3px;"
               "overflow:hidden")
 
@@ -118,14 +121,29 @@ def _bar(segments: list, scale: int) -> tuple[list[str], list[str]]:
         figure = fmt_bytes(nbytes)
         text = esc(figure) if share >= 9 else ""
         ink = "inherit" if key == "free" else "#fff"
+        # a small segment that holds something is still seen (MIN_SEGMENT_PX wide); the
+        # free part gives way for it
+        flex = f"1 1 {share:.1f}%" if key == "free" else f"0 0 {share:.1f}%"
+        least = f"{MIN_SEGMENT_PX}px" if nbytes > 0 and key != "free" else "0"
         cells.append(
             f"<div data-segment='{key}' title='{esc(label)}: {esc(figure)}'"
-            f" style='flex:0 0 {share:.1f}%;min-width:0;background:{colour};color:{ink};"
+            f" style='flex:{flex};min-width:{least};background:{colour};color:{ink};"
             f"overflow:hidden;white-space:nowrap;text-align:center;line-height:18px'>{text}</div>")
         legend.append(f"<span style='white-space:nowrap;margin-right:10px'>"
                       f"<span style='color:{colour}'>■</span> {esc(label)} "
                       f"<b>{esc(figure)}</b></span>")
     return cells, legend
+
+
+def title_for(devices: Iterable[dict]) -> str:
+    """What the bars are, the sidebar's rule (``titleFor`` in labextension/src/sidebar.ts):
+    ``GPU memory``, ``Host memory`` (no accelerator, or device ``cpu``) or ``GPU and host
+    memory``, from the kinds of the devices shown."""
+    kinds = {d.get("kind") for d in devices if isinstance(d, dict)}
+    host, accelerator = "cpu" in kinds, bool(kinds - {"cpu"})
+    if host and accelerator:
+        return "GPU and host memory"
+    return "Host memory" if host else "GPU memory"
 
 
 def bars_html(devices: Iterable[dict], attributed: dict[str, int] | None = None) -> str:
@@ -267,12 +285,51 @@ def _buckets(points: list, t0: float, t1: float, n: int, dev: str, field: str):
     return sorted(out.items())
 
 
+_UNIT_SIZES = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B"))
+_TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+_AXIS_LEFT = 52           # pixels left of the plot for the byte ticks
+
+
+def byte_ticks(top: float, count: int = 3) -> tuple[list[int], str, int]:
+    """Round byte values from 0 that cover ``top`` in about ``count`` steps (1, 2 or 5
+    times a power of ten of one binary unit), the unit's name and size."""
+    top = max(float(top), 1.0)
+    size, unit = next((s, u) for s, u in _UNIT_SIZES if top >= s)
+    raw = top / size / count
+    mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    if size == 1:
+        step = max(round(step), 1)
+    n = math.ceil(top / size / step - 1e-9)
+    return [round(i * step * size) for i in range(n + 1)], unit, size
+
+
+def _fmt_tick(value: int, unit: str, size: int) -> str:
+    return f"{value / size:g} {unit}" if value else "0"
+
+
+def time_ticks(window: float, count: int = 4) -> list[float]:
+    """Seconds before now at round steps (5 s, 10 s, 30 s, 1 min, ...), about ``count``."""
+    step = next((s for s in _TIME_STEPS if window / s <= count), _TIME_STEPS[-1])
+    return [i * step for i in range(int(window // step) + 1)]
+
+
+def _fmt_ago(seconds: float) -> str:
+    if seconds == 0:
+        return "now"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"-{seconds / 60:g} min"
+    return f"-{seconds:g} s"
+
+
 def timeline_svg(points: list, dev: str, *, window: float, now: float | None = None,
                  cells: Iterable[tuple[float, float | None]] = (), buckets: int = 140) -> str:
-    """An inline SVG of one device over the last ``window`` seconds.
+    """An inline SVG of one device over the last ``window`` seconds, with ticks at round
+    values on both axes (bytes from 0; seconds before now).
 
     ``points`` are ``(time, {device: {field: bytes}})`` (monitor.Series);
-    ``cells`` are ``(start, end or None)`` spans drawn as shaded bands.
+    ``cells`` are ``(start, end or None)`` spans drawn as shaded bands. A line of one
+    reading is drawn as a dot.
     """
     now = time.time() if now is None else now
     t0 = now - window
@@ -281,33 +338,47 @@ def timeline_svg(points: list, dev: str, *, window: float, now: float | None = N
         pts = _buckets(points, t0, now, buckets, dev, field)
         if pts:
             series[field] = pts
-    top = max((v for pts in series.values() for _, v in pts), default=0)
-    top = max(int(top * 1.1), 1)
-    w, h = SVG_WIDTH, SVG_HEIGHT
+    highest = max((v for pts in series.values() for _, v in pts), default=0)
+    ticks, unit, size = byte_ticks(highest)
+    top = max(ticks[-1], 1)
+    left, w, h = _AXIS_LEFT, SVG_WIDTH - _AXIS_LEFT - 4, SVG_HEIGHT
     xs = w / buckets
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h + 14}'"
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{SVG_WIDTH}' height='{h + 16}'"
              f" data-device='{esc(dev)}' style='display:block;{_FONT}'>",
-             f"<rect x='0' y='0' width='{w}' height='{h}' fill='none' stroke='#999'"
+             f"<rect x='{left}' y='0' width='{w}' height='{h}' fill='none' stroke='#999'"
              f" stroke-width='0.5'/>"]
+    for value in ticks:
+        y = h - value / top * (h - 2)
+        parts.append(f"<line data-ytick='{value}' x1='{left}' x2='{left + w}' y1='{y:.1f}'"
+                     f" y2='{y:.1f}' stroke='#999' stroke-opacity='0.35' stroke-width='0.5'/>")
+        parts.append(f"<text x='{left - 4}' y='{min(max(y + 3.5, 9), h):.1f}' text-anchor='end'"
+                     f" fill='currentColor'>{esc(_fmt_tick(value, unit, size))}</text>")
+    for ago in time_ticks(window):
+        x = left + (window - ago) / window * w
+        anchor = "end" if ago == 0 else "middle" if ago < window else "start"
+        parts.append(f"<line data-xtick='{ago:g}' x1='{x:.1f}' x2='{x:.1f}' y1='{h}'"
+                     f" y2='{h + 3}' stroke='#999' stroke-width='0.5'/>")
+        parts.append(f"<text x='{x:.1f}' y='{h + 13}' text-anchor='{anchor}'"
+                     f" fill='currentColor'>{esc(_fmt_ago(ago))}</text>")
     for start, end in cells:
         end = now if end is None else end
         if end < t0:
             continue
         x0 = max(start - t0, 0) / window * w
         x1 = max(min(end - t0, window) / window * w, x0 + 1)
-        parts.append(f"<rect data-cell='1' x='{x0:.1f}' y='0' width='{x1 - x0:.1f}' height='{h}'"
-                     f" fill='#4c9be8' fill-opacity='0.12'/>")
+        parts.append(f"<rect data-cell='1' x='{left + x0:.1f}' y='0' width='{x1 - x0:.1f}'"
+                     f" height='{h}' fill='#4c9be8' fill-opacity='0.12'/>")
     for field, label, colour in LINES:
         pts = series.get(field)
         if not pts:
             continue
-        coords = " ".join(f"{(i + 0.5) * xs:.1f},{h - v / top * (h - 2):.1f}" for i, v in pts)
-        parts.append(f"<polyline data-line='{field}' points='{coords}' fill='none'"
+        coords = [(left + (i + 0.5) * xs, h - v / top * (h - 2)) for i, v in pts]
+        if len(coords) == 1:   # one reading: a dot, not an invisible line of one point
+            (x, y), = coords
+            coords = [(x - 1.5, y), (x + 1.5, y)]
+        text = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
+        parts.append(f"<polyline data-line='{field}' points='{text}' fill='none'"
                      f" stroke='{colour}' stroke-width='1.5'><title>{esc(label)}</title></polyline>")
-    span = f"{round(window / 60, 1):g} min" if window >= 60 else f"{window:.0f} s"
-    parts.append(f"<text x='3' y='11' fill='currentColor'>{esc(fmt_bytes(top))}</text>")
-    parts.append(f"<text x='3' y='{h + 12}' fill='currentColor'>-{esc(span)}</text>")
-    parts.append(f"<text x='{w - 3}' y='{h + 12}' text-anchor='end' fill='currentColor'>now</text>")
     parts.append("</svg>")
     return "".join(parts)
 
@@ -429,8 +500,9 @@ def confirm_html(names: list[str], dry: dict) -> str:
     return f"<div style='{_FONT}'>{text}{notes}</div>"
 
 
-def purge_result_html(result: dict) -> str:
-    """What a purge removed and freed per device (a ``PurgeResult`` object)."""
+def purge_result_html(result: dict, when: str | None = None) -> str:
+    """What a purge removed and freed per device (a ``PurgeResult`` object); ``when``
+    (``13:02:11``) says when it ran."""
     removed = ", ".join(result.get("removed") or ()) or "nothing"
     rows = "".join(
         f"<tr><td>{esc(c.get('device'))}</td><td>{esc(c.get('measure'))}</td>"
@@ -441,5 +513,7 @@ def purge_result_html(result: dict) -> str:
     table = ("<table><thead><tr><th>device</th><th>measure</th><th>before</th><th>after</th>"
              f"<th>freed</th></tr></thead><tbody>{rows}</tbody></table>") if rows else ""
     notes = "".join(f"<div><em>note: {esc(m)}</em></div>" for m in result.get("messages") or ())
-    return (f"<div data-purge-result='1' style='{_FONT}'>removed <code>{esc(removed)}</code>"
+    at = f" at {esc(when)}" if when else ""
+    return (f"<div data-purge-result='1' style='{_FONT}'>purge{at}: removed "
+            f"<code>{esc(removed)}</code>"
             f" · freed {esc(_per_device(result.get('freed')))}{table}{notes}</div>")

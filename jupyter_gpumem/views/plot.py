@@ -44,6 +44,34 @@ def layout(records) -> list[float]:
     return offsets
 
 
+_LABEL_SIZE = 7                  # points, the cells' labels
+_ROW_POINTS = 9                  # points between two rows of labels
+_LABEL_ROWS = 2                  # rows the labels stagger over before some are left out
+
+
+def _axes_points(fig) -> float:
+    """About how wide the plot's axes are, in points (the legend takes the right part)."""
+    return fig.get_figwidth() * 72 * 0.62
+
+
+def label_rows(offsets: list[float], texts: list[str], span: float, width: float) -> list:
+    """The row (0 or 1) of each cell's label on an axis ``width`` points wide covering
+    ``span`` seconds, or None where it is left out: labels stagger over two rows, and a
+    label that would touch the one before it in both rows is thinned out, so none overlap."""
+    per_point = span / width if width > 0 else span
+    ends = [float("-inf")] * _LABEL_ROWS   # where the last label of each row ends (seconds)
+    rows: list = []
+    for x0, text in zip(offsets, texts):
+        start = x0 + 2 * per_point
+        end = start + (len(text) * _LABEL_SIZE * 0.62 + 3) * per_point
+        row = next((i for i in range(_LABEL_ROWS) if ends[i] <= start), None) \
+            if end <= span + 2 * per_point else None
+        if row is not None:
+            ends[row] = end
+        rows.append(row)
+    return rows
+
+
 def figure(records, points, devices=None, title: str | None = None):
     """A Figure of ``records`` (WatchResult list) and series ``points``."""
     from matplotlib.figure import Figure
@@ -107,13 +135,19 @@ def figure(records, points, devices=None, title: str | None = None):
     for dev, (xs, ys) in peaks.items():
         ax.plot(xs, [y / scale for y in ys], "v", ms=7, linestyle="none",
                 label=f"{dev} {PEAK_LABEL}")
-    for r, x0 in zip(records, offsets):
+    texts = [r.label.replace("In ", "") for r in records]
+    span = (offsets[-1] + records[-1].wall) if records else 1.0
+    rows = label_rows(offsets, texts, span or 1.0, _axes_points(fig))
+    for r, x0, text, row in zip(records, offsets, texts, rows):
         ax.axvline(x0, color="0.6", lw=0.8)
         ax.axvspan(x0, x0 + r.wall, color="0.92", zorder=0)
-        ax.annotate(r.label.replace("In ", ""), (x0, 1), xycoords=("data", "axes fraction"),
-                    xytext=(2, -10), textcoords="offset points", fontsize=7, color="0.35")
+        if row is not None:
+            ax.annotate(text, (x0, 1), xycoords=("data", "axes fraction"),
+                        xytext=(2, -10 - _ROW_POINTS * row), textcoords="offset points",
+                        fontsize=_LABEL_SIZE, color="0.35")
     if records:
         ax.axvline(offsets[-1] + records[-1].wall, color="0.6", lw=0.8)
+        ax.set_xlim(0, span or 1.0)
     ax.set_xlabel("seconds inside watched cells (idle time between cells left out)")
     ax.set_ylabel(f"memory ({unit})")
     ax.set_title(title or f"memory over {len(records)} watched cell(s)")
@@ -131,11 +165,13 @@ def png(fig) -> bytes:
 def show_figure(records, points, devices=None, save: str | None = None,
                 rich: bool = True) -> Any:
     """Build the figure, display it as PNG where the frontend shows images (``rich``)
-    and save it; return the Figure. A terminal gets the file's path instead."""
+    and save it; return the Figure. Where no display shows images (a terminal, a plain
+    shell) it is saved and its path printed instead."""
     fig = figure(records, points, devices=devices)
     if not rich and not save:
         save = tempfile.NamedTemporaryFile(prefix="gpumem-", suffix=".png", delete=False).name
-        print(f"a terminal shows no figure: saved it to {save} (--save FILE to choose where)")
+        print(f"no display here shows the figure: saved it to {save} "
+              "(--save FILE to choose where)")
         fig.savefig(save)
         return fig
     if save:

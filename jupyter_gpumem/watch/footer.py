@@ -6,6 +6,7 @@ and reads its settings from the magics' configurable.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -37,6 +38,26 @@ def _parse_share(value: Any) -> float | None:
     if not 0 < share <= 1:
         raise ValueError(f"a share between 0% and 100% is needed, not {value!r}")
     return share
+
+
+def fmt_share(share: float) -> str:
+    """A share as a percentage with the precision it was given: 0.8 -> ``80%``,
+    0.001 -> ``0.1%``, 0.125 -> ``12.5%``."""
+    return f"{round(share * 100, 6):g}%"
+
+
+#: a line that runs one of the product's own commands: ``%gpumem ...``, ``r = %gpumem -o``
+_OWN_LINE = re.compile(r"\s*(?:[A-Za-z_]\w*\s*=\s*)?%gpumem(?:\s|$)")
+
+
+def is_own_command(cell: Any) -> bool:
+    """Whether ``cell`` (its raw text) only runs the product's own ``%gpumem`` commands
+    (comments and blank lines aside): such a cell reports for itself, so it gets no footer
+    line, and its readings are no cell of the user's (no record: the plot leaves it out)."""
+    if type(cell) is not str:
+        return False
+    lines = [ln for ln in cell.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    return bool(lines) and all(_OWN_LINE.match(ln) for ln in lines)
 
 
 _UNSET = object()
@@ -270,6 +291,9 @@ class _Footer:
             payload.abandon()
         if not cell.outer:
             return      # a cell run from inside a cell (%%capture, run_cell): the outer one counts
+        if is_own_command(getattr(info, "raw_cell", None)):
+            cell.payload = _FooterCell(None, None)   # it reports for itself
+            return
         shell = self.state.shell
         w = line = None
         try:
@@ -362,7 +386,7 @@ class _Footer:
         names = ", ".join(f"{h.name} {fmt_bytes(h.nbytes)}" + (" (hidden)" if h.hidden else "")
                           for h in r.holders[:5]) or "no name holds memory there"
         r.warning = (f"warning: {worst.id} is {worst.share_after:.0%} full ({fmt_bytes(used)} of "
-                     f"{fmt_bytes(worst.total)}) after this cell, above {share:.0%}; "
+                     f"{fmt_bytes(worst.total)}) after this cell, above {fmt_share(share)}; "
                      f"purge candidates: {names}"
                      + (f" → {r.purge_command}" if r.purge_command else ""))
         if getattr(magics, "auto_purge_hidden", False):

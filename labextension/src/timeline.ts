@@ -131,6 +131,56 @@ export const BYTE_STEPS: number[] = [
   1024 ** 4
 ].flatMap(unit => [1, 2, 5, 10, 20, 50, 100, 200, 500].map(k => k * unit));
 
+/**
+ * Round byte ticks from 0 that cover `max` in about `count` steps (1, 2 or 5
+ * times a power of ten of one binary unit): the splits, and the top of the
+ * axis (the last split). The panel's `byte_ticks` follows the same rule.
+ */
+export function byteTicks(
+  max: number,
+  count = 3
+): { splits: number[]; top: number } {
+  const top = Math.max(Number.isFinite(max) ? max : 1, 1);
+  const units = [1024 ** 4, 1024 ** 3, 1024 ** 2, 1024, 1];
+  const unit = units.find(u => top >= u) ?? 1;
+  const raw = top / unit / count;
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  let step = [1, 2, 5, 10].map(m => m * mag).find(s => s >= raw) ?? 10 * mag;
+  if (unit === 1) {
+    step = Math.max(Math.round(step), 1);
+  }
+  const n = Math.ceil(top / unit / step - 1e-9);
+  const splits = Array.from({ length: n + 1 }, (_, i) =>
+    Math.round(i * step * unit)
+  );
+  return { splits, top: splits[splits.length - 1] };
+}
+
+/** Steps of the time axis, in seconds. */
+export const TIME_STEPS = [
+  1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600
+];
+
+/** Least room a time label takes, in px (`13:02:30` in the axis font, and a gap). */
+export const TIME_LABEL_PX = 48;
+
+/**
+ * Time ticks at round seconds (multiples of 5 s, 10 s, 30 s, 1 min...) inside
+ * `[min, max]`: the smallest step that leaves each label `TIME_LABEL_PX` of a
+ * chart `width` px wide, so there are several, never one near the end.
+ */
+export function timeTicks(min: number, max: number, width: number): number[] {
+  const span = Math.max(max - min, 1);
+  const room = Math.max(Math.floor(width / TIME_LABEL_PX), 3);
+  const step =
+    TIME_STEPS.find(s => span / s <= room) ?? TIME_STEPS[TIME_STEPS.length - 1];
+  const out: number[] = [];
+  for (let t = Math.ceil(min / step) * step; t <= max + 1e-6; t += step) {
+    out.push(t);
+  }
+  return out;
+}
+
 /** `4294967296` -> `4 GiB`: short labels for the byte axis. */
 export function axisBytes(bytes: number): string {
   if (bytes === 0) {
@@ -248,7 +298,7 @@ export class DeviceChart {
       legend: { show: true, live: true },
       scales: {
         x: { time: true, range: (_u, min, max) => timeRange(min, max) },
-        y: { range: (_u, _min, max) => [0, max > 0 ? max * 1.1 : 1] }
+        y: { range: (_u, _min, max) => [0, byteTicks(max).top] }
       },
       series: [
         {
@@ -271,7 +321,12 @@ export class DeviceChart {
           stroke: text,
           font,
           size: 22,
-          space: 64,
+          space: TIME_LABEL_PX,
+          splits: (u, _axis, min, max) =>
+            this._ticked(
+              'xticks',
+              timeTicks(min, max, u.bbox.width / (window.devicePixelRatio || 1))
+            ),
           grid: { stroke: grid, width: 1 },
           ticks: { stroke: grid, width: 1, size: 3 },
           values: (_u, splits) => splits.map(v => clockTime(v))
@@ -282,6 +337,8 @@ export class DeviceChart {
           size: 54,
           space: 22,
           incrs: BYTE_STEPS,
+          splits: (_u, _axis, _min, max) =>
+            this._ticked('yticks', byteTicks(max).splits),
           grid: { stroke: grid, width: 1 },
           ticks: { stroke: grid, width: 1, size: 3 },
           values: (_u, splits) => splits.map(axisBytes)
@@ -310,6 +367,12 @@ export class DeviceChart {
       this._failed = true;
       return null;
     }
+  }
+
+  /** The ticks an axis draws, kept on the chart's node (`data-xticks`: how many). */
+  private _ticked(key: 'xticks' | 'yticks', splits: number[]): number[] {
+    this.node.dataset[key] = String(splits.length);
+    return splits;
   }
 
   /** With no cursor on the chart, the legend shows the newest reading. */

@@ -4,6 +4,9 @@ import { ITimelinePoint } from '../src/model';
 import {
   axisBytes,
   timelineData,
+  byteTicks,
+  timeTicks,
+  TIME_STEPS,
   TimelineView,
   timeRange,
   visibleBands
@@ -189,6 +192,34 @@ describe('timelines', () => {
   it('spans at least 30 s, up to the newest reading', () => {
     expect(timeRange(100, 100)).toEqual([70, 100]);
     expect(timeRange(0, 300)).toEqual([0, 300]);
+  });
+
+  it('ticks the byte axis at round values from 0, its top one of them', () => {
+    expect(byteTicks(44 * MiB)).toEqual({
+      splits: [0, 20 * MiB, 40 * MiB, 60 * MiB],
+      top: 60 * MiB
+    });
+    expect(byteTicks(60 * MiB).top).toBe(60 * MiB);
+    expect(byteTicks(23.5 * 1024 * MiB).splits.map(axisBytes)).toEqual([
+      '0',
+      '10 GiB',
+      '20 GiB',
+      '30 GiB'
+    ]);
+    expect(byteTicks(0).splits).toEqual([0, 1]);
+  });
+
+  it('ticks the time axis at round seconds, several across the chart', () => {
+    // 30 s on a 260 px sidebar: every 10 s, not one label near the end
+    expect(timeTicks(1003, 1033, 260)).toEqual([1010, 1020, 1030]);
+    expect(timeTicks(0, 300, 260)).toEqual([0, 60, 120, 180, 240, 300]);
+    // a narrow chart (the sidebar's plot, its byte axis aside) still gets three
+    expect(timeTicks(1003, 1033, 150)).toEqual([1010, 1020, 1030]);
+    const many = timeTicks(1000, 1120, 600);
+    const step = many[1] - many[0];
+    expect(many.length).toBeGreaterThanOrEqual(4);
+    expect(TIME_STEPS).toContain(step);
+    expect(many.every(t => t % step === 0)).toBe(true);
   });
 
   it('labels the byte axis short', () => {
