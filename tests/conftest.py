@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -79,3 +82,18 @@ def spawnable_main():
     finally:
         if lent:
             del main.__spec__
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def child_result(code: str, *args: str, drop_env: tuple = (), timeout: float = 300) -> dict:
+    """Run ``code`` in a fresh interpreter on this checkout (``args`` its ``sys.argv[1:]``,
+    the environment without ``drop_env``); the JSON of its last ``RESULT ...`` line."""
+    env = {k: v for k, v in os.environ.items() if k not in drop_env}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])

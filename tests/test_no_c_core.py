@@ -8,7 +8,6 @@ user runs first in a real shell.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,9 +15,8 @@ import textwrap
 
 import pytest
 
+from conftest import ROOT, child_result
 from jupyter_gpumem.core import devices, native
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = textwrap.dedent(r'''
     import importlib.abc, json, sys
@@ -75,13 +73,7 @@ CHILD = textwrap.dedent(r'''
 
 
 def _child(mode: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != native.PURE_ENV}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=ROOT)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return child_result(CHILD, mode, drop_env=(native.PURE_ENV,))
 
 
 @pytest.fixture(scope="module")

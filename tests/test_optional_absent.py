@@ -6,15 +6,11 @@ A child process per case, a real IPython shell, real torch tensors on the CPU.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import child_result
 
 CHILD = textwrap.dedent(r'''
     import importlib.abc, json, sys
@@ -61,13 +57,7 @@ CHILD = textwrap.dedent(r'''
 
 
 def _child(missing: str) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", CHILD, missing], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=ROOT)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return child_result(CHILD, missing)
 
 
 def _never_broke(got: dict) -> None:
