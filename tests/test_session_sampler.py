@@ -146,12 +146,10 @@ def test_a_failing_subscriber_leaves_the_others_their_readings(three, monkeypatc
 
     monkeypatch.setattr(gpucomm._Hub, "_read", broken)
     sidebar.clear()
-    watch_sub = next(s for s in session.sampler.subscriptions if s.name == "watch")
-    calls = watch_sub.calls
     run(ip, "time.sleep(0.8)")
     record = watch_mod.history_for(ip)[-1]
-    samples = record.device("cpu").samples
-    assert samples - 2 <= watch_sub.calls - calls <= samples - 1 and samples >= 4
+    # the watch went on sampling while the cell ran: more than its start and end readings
+    assert record.device("cpu").samples >= 4
     assert not any("sampling stopped" in m for m in record.messages)
     assert _devices_messages(sidebar, 0, float("inf")) == []
     assert hub.thread.errors >= 2 and hub.thread.is_alive()
