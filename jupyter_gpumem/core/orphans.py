@@ -14,7 +14,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import psutil
 
@@ -191,14 +191,40 @@ def refusal(t: Target, ctx: _processes.Context) -> tuple[str | None, psutil.Proc
     return None, proc
 
 
+def confirmed(targets: list[Target], only: Mapping[int, float | None]):
+    """The targets a confirmation showed (``only``: pid -> its start time, or ``None``),
+    and a ``left_alone`` entry for each other one, and for each pid shown that is no
+    target now."""
+    keep, alone = [], []
+    for t in targets:
+        if t.pid not in only:
+            alone.append({"pid": t.pid, "why": "not in the confirmation"})
+        elif only[t.pid] is not None and t.started is not None \
+                and abs(only[t.pid] - t.started) > 0.01:
+            alone.append({"pid": t.pid, "why": "gone (its pid is another process's now)"})
+        else:
+            keep.append(t)
+    planned = {t.pid for t in targets}
+    alone += [{"pid": pid, "why": "no orphan on the GPUs now (ended already, or NVML no "
+               "longer lists it)"} for pid in sorted(only) if pid not in planned]
+    return keep, alone
+
+
 def purge_orphans(*, dry_run: bool = False, grace: float = GRACE, ctx=None, devices=None,
                   on_step: Callable[[Step], None] | None = None,
-                  settle: float = SETTLE) -> OrphanPurge:
-    """End (or, with ``dry_run``, name) this user's orphans on the GPUs."""
+                  settle: float = SETTLE,
+                  only: Mapping[int, float | None] | None = None) -> OrphanPurge:
+    """End (or, with ``dry_run``, name) this user's orphans on the GPUs. ``only``: the
+    orphans a confirmation showed (pid -> start time, or ``None``): no other gets a signal
+    (see :func:`confirmed`)."""
     t0 = time.monotonic()
     grace = check_grace(grace)
     ctx = ctx or _processes.context()
     targets, alone, dps = plan(ctx, devices)
+    if only is not None:
+        targets, unconfirmed = confirmed(targets, only)
+        known = {a["pid"] for a in alone}
+        alone += [u for u in unconfirmed if u["pid"] not in known]
     out = OrphanPurge(dry_run, grace, targets, left_alone=alone)
     if not dps:
         out.messages.append(nvml.status() or "no GPU: NVML sees no device")

@@ -517,3 +517,128 @@ def purge_result_html(result: dict, when: str | None = None) -> str:
     return (f"<div data-purge-result='1' style='{_FONT}'>purge{at}: removed "
             f"<code>{esc(removed)}</code>"
             f" · freed {esc(_per_device(result.get('freed')))}{table}{notes}</div>")
+
+
+# -- orphans (the snapshot's "processes", an OrphanPurge) ----------------------------------------
+def orphans_of(snap: dict) -> list[dict]:
+    """This user's orphans in a snapshot's ``processes`` (``DeviceProcesses`` objects,
+    what ``%gpumem --processes`` lists), one per pid, largest first: ``pid``, ``bytes``
+    (all its devices), ``devices`` (device -> bytes), ``command``, ``label``, ``path``,
+    ``started`` and ``purgeable`` (left by a kernel: ``purge --orphans`` ends it)."""
+    out: dict[int, dict] = {}
+    for dp in snap.get("processes") or ():
+        if not isinstance(dp, dict):
+            continue
+        for p in dp.get("processes") or ():
+            if not isinstance(p, dict) or p.get("relation") != "orphan" \
+                    or not isinstance(p.get("pid"), int):
+                continue
+            o = out.setdefault(p["pid"], {
+                "pid": p["pid"], "bytes": 0, "devices": {}, "command": p.get("command") or "",
+                "label": p.get("label") or "", "path": p.get("path"),
+                "started": p.get("started"), "purgeable": bool(p.get("purgeable"))})
+            o["devices"][str(dp.get("device"))] = _n(p.get("bytes"))
+            o["bytes"] = sum(o["devices"].values())
+    return sorted(out.values(), key=lambda o: (not o["purgeable"], -o["bytes"], o["pid"]))
+
+
+def orphans_button_text(orphans: list[dict]) -> str:
+    """``End 2 orphans (1.9 GiB)``: the purgeable ones."""
+    ours = [o for o in orphans if o.get("purgeable")]
+    if not ours:
+        return "End orphans"
+    n = len(ours)
+    return (f"End {n} orphan{'' if n == 1 else 's'} "
+            f"({fmt_bytes(sum(o.get('bytes') or 0 for o in ours))})")
+
+
+_ORPHAN_COLUMNS = (("pid", "5em", "right"), ("bytes", "6.5em", "right"),
+                   ("device", "5.5em", "left"), ("what it is", "22em", "left"))
+
+
+def _orphan_row(o: dict) -> str:
+    values = (esc(o.get("pid")), esc(fmt_bytes(o.get("bytes"))),
+              esc(",".join(sorted(o.get("devices") or {})) or "-"), esc(o.get("label") or ""))
+    cells = "".join(_cell(v, w, a) for v, (_, w, a) in zip(values, _ORPHAN_COLUMNS))
+    return (f"<div data-orphan='{esc(o.get('pid'))}' data-bytes='{_n(o.get('bytes'))}'"
+            f" data-purgeable='{1 if o.get('purgeable') else 0}'"
+            f" style='{_FONT};line-height:22px'>{cells}"
+            f"<code title='{esc(o.get('command') or '')}'>{esc(o.get('command') or '')}</code>"
+            f"</div>")
+
+
+def orphans_html(orphans: list[dict], note: str | None = None) -> str:
+    """The orphans on the GPUs, one row each (pid, bytes, device, what it is, command);
+    without any, the magic's line and ``note`` (why NVML cannot tell)."""
+    if not orphans:
+        line = "no orphan of this user holds GPU memory"
+        if note:
+            line += f" · {note}"
+        return f"<div data-orphans='0' style='{_FONT};opacity:.75'>{esc(line)}</div>"
+    ours = [o for o in orphans if o.get("purgeable")]
+    total = sum(o.get("bytes") or 0 for o in orphans)
+    head = (f"{len(orphans)} orphaned process{'' if len(orphans) == 1 else 'es'} of this user "
+            f"{'holds' if len(orphans) == 1 else 'hold'} {fmt_bytes(total)}")
+    if len(ours) < len(orphans):
+        head += f" · {len(orphans) - len(ours)} that no kernel started: left alone"
+    cols = "".join(_cell(f"<b>{esc(c)}</b>", w, a) for c, w, a in _ORPHAN_COLUMNS)
+    rows = "".join(_orphan_row(o) for o in orphans)
+    return (f"<div data-orphans='{len(orphans)}' style='{_FONT}'><div>{esc(head)}</div>"
+            f"<div style='line-height:22px'>{cols}<b>command</b></div>{rows}</div>")
+
+
+def orphans_confirm_html(orphans: list[dict], grace: float) -> str:
+    """The question before ending orphans (the sidebar's words): what gets SIGTERM."""
+    n = len(orphans)
+    total = sum(o.get("bytes") or 0 for o in orphans)
+    text = (f"End <b>{n}</b> orphaned process{'' if n == 1 else 'es'} that a kernel left, "
+            f"holding <b>{esc(fmt_bytes(total))}</b>: SIGTERM, then SIGKILL after "
+            f"{grace:g} s?")
+    rows = "".join(
+        f"<tr data-confirm-orphan='{esc(o.get('pid'))}'><td style='text-align:right'>"
+        f"{esc(o.get('pid'))}</td><td><code>{esc(o.get('command') or '')}</code></td>"
+        f"<td style='text-align:right'>{esc(fmt_bytes(o.get('bytes')))}</td></tr>"
+        for o in orphans)
+    table = ("<table><thead><tr><th>pid</th><th>command</th><th>bytes</th></tr></thead>"
+             f"<tbody>{rows}</tbody></table>")
+    return f"<div style='{_FONT}'>{text}{table}</div>"
+
+
+def _step_line(s: dict) -> str:
+    seconds = s.get("seconds") if isinstance(s.get("seconds"), (int, float)) else 0.0
+    return (f"<div data-step='{esc(s.get('pid'))}'><code>{seconds:6.2f} s  pid "
+            f"{esc(s.get('pid'))}  {esc(s.get('signal'))}  {esc(s.get('result'))}</code></div>")
+
+
+def orphans_steps_html(steps: list[dict]) -> str:
+    """The steps so far, while the orphans are being ended."""
+    return (f"<div data-orphans-result='running' style='{_FONT}'>ending the orphans…"
+            f"{''.join(_step_line(s) for s in steps)}</div>")
+
+
+def orphans_result_html(result: dict, when: str | None = None) -> str:
+    """What ``purge --orphans`` did (an ``OrphanPurge`` object): the magic's first line,
+    every step, the devices' used bytes before and after, what was left alone and why."""
+    targets = result.get("targets") or []
+    steps = [s for s in result.get("steps") or () if isinstance(s, dict)]
+    total = sum(t.get("bytes") or 0 for t in targets if isinstance(t, dict))
+    ended = {s.get("pid") for s in steps if s.get("result") == "ended"}
+    if not targets:
+        head = "no orphan of this user holds GPU memory: nothing ended"
+    else:
+        head = f"ended {len(ended)} of {len(targets)} orphan(s) holding {fmt_bytes(total)}"
+    at = f" at {esc(when)}" if when else ""
+    after = result.get("after") or {}
+    rows = "".join(
+        f"<tr><td>{esc(dev)}</td>"
+        f"<td style='text-align:right'>{esc(fmt_bytes((result.get('before') or {}).get(dev)))}</td>"
+        f"<td style='text-align:right'>{esc(fmt_bytes(after.get(dev)))}</td>"
+        f"<td style='text-align:right'><b>{esc(fmt_bytes((result.get('freed') or {}).get(dev)))}"
+        f"</b></td></tr>" for dev in after)
+    table = ("<table><thead><tr><th>device</th><th>used before</th><th>used after</th>"
+             f"<th>freed</th></tr></thead><tbody>{rows}</tbody></table>") if rows else ""
+    alone = "".join(f"<div>left alone: pid {esc(a.get('pid'))}: {esc(a.get('why'))}</div>"
+                    for a in result.get("left_alone") or () if isinstance(a, dict))
+    notes = "".join(f"<div><em>note: {esc(m)}</em></div>" for m in result.get("messages") or ())
+    return (f"<div data-orphans-result='done' style='{_FONT}'><div>orphans{at}: {esc(head)}</div>"
+            f"{''.join(_step_line(s) for s in steps)}{table}{alone}{notes}</div>")
