@@ -27,15 +27,13 @@ import weakref
 from collections import deque
 from typing import Any
 
-from ..backends import nvml as _nvml
-from ..core import devices as _devices
-from ..core import orphans as _orphans
 from ..core import purge as _purge
 from ..core.monitor import SharedSampler, Subscription, Series, device_point
 from ..session import session_of
 from ..watch.scope import history_for
 from ..units import one_line
 from . import panel_render as _render
+from .panel_orphans import OrphanSection
 
 INTERVAL = 1.0  # seconds between two readings of the device bars
 WINDOW = 300.0  # seconds of history the timeline shows
@@ -209,7 +207,7 @@ class Panel:
         if getattr(self.widget, "comm", None) is not None:
             self.widget.comm.on_close(lambda _msg: self.close())
         self._update_title()
-        self._build_orphans()
+        self.orphan_section = OrphanSection(self, self._w)
 
     def _new_row(self) -> tuple[Any, Any]:
         w = self._w
@@ -475,7 +473,7 @@ class Panel:
                     widget.layout.display = None if html else "none"
             self._update_purge_button()
             self._update_title(data.get("devices") or None)
-        self._show_orphans(data)
+        self.orphan_section.show(data)
 
     def _on_check(self, index: int, change: dict) -> None:
         if self._syncing or index >= len(self._row_names):
@@ -557,165 +555,6 @@ class Panel:
             self._checked -= set(names)
             self._say(f"purged {', '.join(names)} at {when}")
             self._said_purged = True
-        self.refresh()
-
-    # -- orphans on the GPUs (``%gpumem purge --orphans``) -------------------------------
-    def _build_orphans(self) -> None:
-        """The Orphans section, under the device bars: this user's orphans on the GPUs and
-        the button that ends the ones a kernel left (after a confirmation)."""
-        w = self._w
-        self._orphan_rows: list[dict] = []
-        self._orphans_pending: list[dict] | None = None
-        self.orphans_list = w.HTML()
-        self.orphans_button = w.Button(
-            description="End orphans", icon="stop", button_style="", disabled=True,
-            tooltip="end this user's orphans that a kernel left: SIGTERM, then SIGKILL "
-                    "after a grace period", layout=w.Layout(width="auto"))
-        self.orphans_status = w.HTML()
-        self.orphans_confirm_text = w.HTML()
-        self.orphans_confirm_button = w.Button(description="Yes, end them",
-                                               button_style="danger",
-                                               layout=w.Layout(width="auto"))
-        self.orphans_cancel_button = w.Button(description="Cancel",
-                                              layout=w.Layout(width="auto"))
-        # as the purge's question: it takes the button's place, its buttons first
-        self.orphans_confirm_box = w.VBox(
-            [w.HBox([self.orphans_confirm_button, self.orphans_cancel_button]),
-             self.orphans_confirm_text],
-            layout=w.Layout(display="none", border="1px solid #d62728", padding="4px"))
-        self.orphans_result = w.HTML()
-        self.orphans_box = w.VBox([
-            w.HTML("<b>Orphans</b> <span style='opacity:.6'>(this user's processes on the "
-                   "GPUs whose parent is gone: a restarted kernel's left-overs)</span>"),
-            self.orphans_list, self.orphans_confirm_box,
-            w.HBox([self.orphans_button, self.orphans_status],
-                   layout=w.Layout(align_items="center")),
-            self.orphans_result,
-        ], layout=w.Layout(display="none"))
-        children = list(self.widget.children)
-        children.insert(children.index(self.cluster_bars) + 1, self.orphans_box)
-        self.widget.children = children
-        self.orphans_button.on_click(self._orphans_guard(self._on_end_orphans))
-        self.orphans_confirm_button.on_click(self._orphans_guard(self._on_orphans_confirm))
-        self.orphans_cancel_button.on_click(self._orphans_guard(self._on_orphans_cancel))
-
-    def _orphans_guard(self, fn):
-        """The Orphans section's callbacks never raise into the kernel: one line in it."""
-        def call(*args):
-            try:
-                return fn(*args)
-            except Exception as exc:  # noqa: BLE001
-                self._orphans_say(f"{type(exc).__name__}: {exc}", error=True)
-                return None
-        return call
-
-    def _orphans_say(self, text: str, error: bool = False) -> None:
-        colour = "#d62728" if error else "inherit"
-        if not self.closed:
-            self.orphans_status.value = (f"<span style='color:{colour}'>"
-                                         f"{_render.esc(one_line(text))}</span>")
-
-    def orphans(self) -> list[dict]:
-        """The orphans the section lists (see :func:`.panel_render.orphans_of`)."""
-        return [dict(o) for o in self._orphan_rows]
-
-    def _show_orphans(self, data: dict) -> None:
-        """The orphans of a snapshot (main thread; no reading of its own but NVML's
-        status, kept since the snapshot's reading, when it lists none)."""
-        try:
-            if self.closed:
-                return
-            if self.device == "cpu":       # no GPU selected: no process to name
-                self._orphan_rows = []
-                self.orphans_box.layout.display = "none"
-                return
-            rows = _render.orphans_of(data)
-            note = None
-            if not rows:
-                if not _nvml.available():
-                    note = _nvml.status() or "NVML unavailable"
-                elif not _nvml.device_count():
-                    note = "no GPU: NVML sees no device"
-            self._orphan_rows = rows
-            self.orphans_list.value = _render.orphans_html(rows, note)
-            self._update_orphans_button()
-            self.orphans_box.layout.display = None
-        except Exception as exc:  # noqa: BLE001 - the holders shown stand
-            self._orphans_say(f"orphans: {type(exc).__name__}: {exc}", error=True)
-
-    def _update_orphans_button(self) -> None:
-        ours = [o for o in self._orphan_rows if o.get("purgeable")]
-        pending = self._orphans_pending is not None
-        button = self.orphans_button
-        with button.hold_sync():
-            button.description = _render.orphans_button_text(self._orphan_rows)
-            button.disabled = not ours or pending
-            button.button_style = "" if button.disabled else "warning"
-            button.tooltip = (
-                "end this user's orphans that a kernel left: SIGTERM, then SIGKILL after a "
-                "grace period" if ours else "no orphan here was left by a kernel: left alone")
-            # no orphan: no button; while the question is open it takes the button's place
-            button.layout.display = "none" if pending or not self._orphan_rows else None
-
-    def _orphan_devices(self) -> list | None:
-        """The devices ``purge --orphans`` reads for this panel (as the magic's
-        ``--device``: every NVML device for ``auto``, ``all`` and ``cuda``)."""
-        if self.device in ("auto", "all", "cuda"):
-            return None
-        return [d for d in _devices.read_devices(self.device) if d.kind != "cpu"]
-
-    def _on_end_orphans(self, _button: Any = None) -> None:
-        """Ask first: a dry run of ``purge --orphans`` names what would get SIGTERM now."""
-        self.orphans_result.value = ""
-        dry = _orphans.purge_orphans(dry_run=True, devices=self._orphan_devices())
-        targets = [{"pid": t.pid, "bytes": t.nbytes or 0, "command": t.command,
-                    "devices": dict(t.devices), "label": t.label, "started": t.started}
-                   for t in dry.targets]
-        if not targets:
-            self._orphans_say("no orphan a kernel left holds GPU memory now: nothing to end")
-            self.refresh()
-            return
-        self._orphans_pending = targets
-        with self.orphans_confirm_text.hold_sync(), self.orphans_confirm_box.layout.hold_sync():
-            self.orphans_confirm_text.value = _render.orphans_confirm_html(targets, dry.grace)
-            self.orphans_confirm_box.layout.display = None
-        self._update_orphans_button()
-        self._orphans_say("confirm or cancel: nothing is ended before you confirm")
-
-    def _hide_orphans_confirm(self) -> None:
-        self._orphans_pending = None
-        self.orphans_confirm_box.layout.display = "none"
-        self._update_orphans_button()
-
-    def _on_orphans_cancel(self, _button: Any = None) -> None:
-        self._hide_orphans_confirm()
-        self._orphans_say("cancelled: no process was ended")
-
-    def _on_orphans_confirm(self, _button: Any = None) -> None:
-        """End the confirmed orphans, and no other (``purge --orphans`` checks each again
-        just before each signal), showing each step as it is reported."""
-        pending = self._orphans_pending
-        self._hide_orphans_confirm()
-        if not pending:
-            return
-        steps: list[dict] = []
-
-        def on_step(step) -> None:
-            steps.append(step.to_json())
-            self.orphans_result.value = _render.orphans_steps_html(steps)
-
-        self.orphans_result.value = _render.orphans_steps_html(steps)
-        try:
-            result = _orphans.purge_orphans(devices=self._orphan_devices(), on_step=on_step,
-                                            only={o["pid"]: o["started"] for o in pending})
-        except Exception as exc:  # noqa: BLE001 - one line; the steps so far stay shown
-            self._orphans_say(f"ending the orphans failed: {type(exc).__name__}: {exc}",
-                              error=True)
-        else:
-            when = time.strftime("%H:%M:%S")
-            self.orphans_result.value = _render.orphans_result_html(result.to_json(), when)
-            self._orphans_say(f"ended {len(result.ended)} of {len(result.targets)} "
-                              f"orphan(s) at {when}")
         self.refresh()
 
 

@@ -35,14 +35,15 @@ LINES = (
     ("allocated", "allocated", "#e45756"),
 )
 SVG_WIDTH, SVG_HEIGHT = 560, 72
-_FONT = "font-family:var(--jp-ui-font-family, sans-serif);font-size:11px"
+FONT = "font-family:var(--jp-ui-font-family, sans-serif);font-size:11px"
 
 
 def esc(x) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _n(value) -> int:
+def positive(value) -> int:
+    """A byte count from a JSON value: a positive number as an int, anything else 0."""
     return int(value) if isinstance(value, (int, float)) and value > 0 else 0
 
 
@@ -55,24 +56,24 @@ def bar_segments(dev: dict, attributed: int | None = None) -> list[tuple[str, st
     """
     total = dev.get("total")
     if dev.get("kind") == "cpu":
-        tensors = _n(attributed if attributed is not None else dev.get("attributed"))
-        process = _n(dev.get("used_process"))
+        tensors = positive(attributed if attributed is not None else dev.get("attributed"))
+        process = positive(dev.get("used_process"))
         used_all = dev.get("used_all")
-        others = max(_n(used_all) - process, 0) if used_all is not None else 0
+        others = max(positive(used_all) - process, 0) if used_all is not None else 0
         values = {"tensors": min(tensors, process) if process else tensors,
                   "process_rest": max(process - tensors, 0), "other_processes": others}
         spec = CPU_SEGMENTS
     else:
-        allocated = _n(dev.get("allocated"))
+        allocated = positive(dev.get("allocated"))
         values = {"allocated": allocated,
-                  "reserved_free": max(_n(dev.get("reserved")) - allocated, 0),
-                  "non_framework": _n(dev.get("non_framework")),
-                  "other_processes": _n(dev.get("other_processes"))}
+                  "reserved_free": max(positive(dev.get("reserved")) - allocated, 0),
+                  "non_framework": positive(dev.get("non_framework")),
+                  "other_processes": positive(dev.get("other_processes"))}
         spec = GPU_SEGMENTS
     free = dev.get("free")
     if free is None and total is not None:
         free = max(int(total) - sum(values.values()), 0)
-    values["free"] = _n(free)
+    values["free"] = positive(free)
     return [(key, label, values[key], colour) for key, label, colour in spec]
 
 
@@ -92,7 +93,7 @@ def device_bar_html(dev: dict, attributed: int | None = None, *,
     title += f" · total {esc(fmt_bytes(dev.get('total')))}"
     cells, legend = _bar(segments, scale)
     process = ""
-    if dev.get("kind") == "cpu" and _n(dev.get("used_process")):
+    if dev.get("kind") == "cpu" and positive(dev.get("used_process")):
         # this process on a scale of its own: its tensors are too small a part of the
         # host's memory to be seen on the host's bar
         mine = [s for s in segments if s[0] in ("tensors", "process_rest")]
@@ -101,7 +102,7 @@ def device_bar_html(dev: dict, attributed: int | None = None, *,
                    f"<div data-bar='process' style='{_BAR_STYLE}'>{''.join(own_cells)}</div>")
     notes = "".join(f"<div><em>{esc(n)}</em></div>" for n in dev.get("notes") or ())
     where = f" data-worker='{esc(worker)}'" if worker is not None else ""
-    return (f"<div data-device='{esc(dev.get('id'))}'{where} style='margin:4px 0;{_FONT}'>"
+    return (f"<div data-device='{esc(dev.get('id'))}'{where} style='margin:4px 0;{FONT}'>"
             f"<div>{title}</div>"
             f"<div data-bar='device' style='{_BAR_STYLE}'>{''.join(cells)}</div>"
             f"<div>{''.join(legend)}</div>{process}{notes}</div>")
@@ -150,7 +151,7 @@ def bars_html(devices: Iterable[dict], attributed: dict[str, int] | None = None)
     """The bars of every device, one HTML string."""
     attributed = attributed or {}
     parts = [device_bar_html(d, attributed.get(d.get("id"))) for d in devices]
-    return "".join(parts) or f"<div style='{_FONT}'>no device</div>"
+    return "".join(parts) or f"<div style='{FONT}'>no device</div>"
 
 
 # -- a Dask cluster (the snapshot's "cluster" part) -----------------------------------------
@@ -192,7 +193,7 @@ def cluster_bars_html(snap: dict) -> str:
     for address, why in (part.get("missing") or {}).items():
         bars.append(f"<div data-missing-worker='{esc(address)}'><em>worker "
                     f"{esc(worker_label(address))}: {esc(why)}</em></div>")
-    return (f"<div data-cluster='{esc(part.get('scheduler') or '')}' style='{_FONT}'>"
+    return (f"<div data-cluster='{esc(part.get('scheduler') or '')}' style='{FONT}'>"
             f"<div style='margin-top:4px'>{esc(cluster_title(part))}</div>{''.join(bars)}</div>")
 
 
@@ -218,8 +219,8 @@ def cluster_holders_html(snap: dict) -> str:
     part = _cluster_part(snap)
     if part is None:
         return ""
-    head = "".join(_cell(f"<b>{esc(c)}</b>", w, a) for c, w, a in _CLUSTER_COLUMNS)
-    rows = [f"<div style='{_FONT};line-height:24px'>{_cell('<b>name</b>', '12em', 'left')}"
+    head = "".join(cell(f"<b>{esc(c)}</b>", w, a) for c, w, a in _CLUSTER_COLUMNS)
+    rows = [f"<div style='{FONT};line-height:24px'>{cell('<b>name</b>', '12em', 'left')}"
             f"{head}</div>"]
     for h in part.get("holders") or ():
         if not isinstance(h, dict):
@@ -227,7 +228,7 @@ def cluster_holders_html(snap: dict) -> str:
         keys = f"{h.get('in_memory', 0)} of {h.get('keys', 0)}"
         values = (esc(fmt_bytes(h.get("total"))), esc(_where(h)), esc(h.get("what") or ""),
                   esc(keys))
-        cells = "".join(_cell(v, w, a) for v, (_, w, a) in zip(values, _CLUSTER_COLUMNS))
+        cells = "".join(cell(v, w, a) for v, (_, w, a) in zip(values, _CLUSTER_COLUMNS))
         extra = []
         if h.get("aliases"):
             extra.append("also " + ", ".join(map(str, h["aliases"])))
@@ -240,12 +241,12 @@ def cluster_holders_html(snap: dict) -> str:
             extra.append(f"largest: {h['largest_path']}")
         more = (f"<div style='opacity:.75;white-space:normal;line-height:1.4;"
                 f"padding:0 0 4px 1em'>{esc(' · '.join(extra))}</div>") if extra else ""
-        name = _cell(f"<code>{esc(h.get('name'))}</code>", "12em", "left",
+        name = cell(f"<code>{esc(h.get('name'))}</code>", "12em", "left",
                      title=h.get("purge") and f"%gpumem purge {h['purge']} --cluster")
         rows.append(f"<div data-cluster-holder='{esc(h.get('name'))}' "
-                    f"style='{_FONT};line-height:24px'>{name}{cells}{more}</div>")
+                    f"style='{FONT};line-height:24px'>{name}{cells}{more}</div>")
     if len(rows) == 1:
-        rows = [f"<div style='{_FONT}'>no name of this notebook holds a key on the cluster</div>"]
+        rows = [f"<div style='{FONT}'>no name of this notebook holds a key on the cluster</div>"]
     unclaimed = [u for u in part.get("unclaimed") or () if isinstance(u, dict)]
     left_off = part.get("unclaimed_left_off") or {}
     if unclaimed:
@@ -262,10 +263,10 @@ def cluster_holders_html(snap: dict) -> str:
                          f"{esc('; '.join(map(str, u.get('held_by') or ())) or 'no one')}</div>")
         if n > _UNCLAIMED_SHOWN:
             lines.append(f"<div style='padding-left:1em'>… and {n - _UNCLAIMED_SHOWN} more</div>")
-        rows.append(f"<div style='{_FONT}'>{''.join(lines)}</div>")
-    rows += [f"<div style='{_FONT}'><em>note: {esc(m)}</em></div>"
+        rows.append(f"<div style='{FONT}'>{''.join(lines)}</div>")
+    rows += [f"<div style='{FONT}'><em>note: {esc(m)}</em></div>"
              for m in part.get("messages") or ()]
-    return (f"<div data-cluster-holders='1'><div style='{_FONT}'><b>On the cluster</b> "
+    return (f"<div data-cluster-holders='1'><div style='{FONT}'><b>On the cluster</b> "
             f"<span style='opacity:.6'>(purge with <code>%gpumem purge NAME --cluster</code>)"
             f"</span></div>{''.join(rows)}</div>")
 
@@ -344,7 +345,7 @@ def timeline_svg(points: list, dev: str, *, window: float, now: float | None = N
     left, w, h = _AXIS_LEFT, SVG_WIDTH - _AXIS_LEFT - 4, SVG_HEIGHT
     xs = w / buckets
     parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{SVG_WIDTH}' height='{h + 16}'"
-             f" data-device='{esc(dev)}' style='display:block;{_FONT}'>",
+             f" data-device='{esc(dev)}' style='display:block;{FONT}'>",
              f"<rect x='{left}' y='0' width='{w}' height='{h}' fill='none' stroke='#999'"
              f" stroke-width='0.5'/>"]
     for value in ticks:
@@ -405,7 +406,7 @@ def timeline_html(points: list, devices: Iterable[str], *, window: float,
     svgs = "".join(f"<div style='margin-top:2px'>{esc(dev)}</div>"
                    + timeline_svg(points, dev, window=window, now=now, cells=cells)
                    for dev in devices)
-    return f"<div style='{_FONT}'><div>{legend}</div>{svgs}</div>"
+    return f"<div style='{FONT}'><div>{legend}</div>{svgs}</div>"
 
 
 # -- holders ---------------------------------------------------------------------------------
@@ -413,7 +414,7 @@ _COLUMNS = (("only it", "6.5em", "right"), ("shared", "6.5em", "right"),
             ("device", "5.5em", "left"), ("what", "7em", "left"))
 
 
-def _cell(text: str, width: str, align: str, title: str | None = None) -> str:
+def cell(text: str, width: str, align: str, title: str | None = None) -> str:
     tip = f" title='{esc(title)}'" if title else ""
     return (f"<span{tip} style='display:inline-block;width:{width};text-align:{align};"
             f"padding-right:0.8em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;"
@@ -421,8 +422,8 @@ def _cell(text: str, width: str, align: str, title: str | None = None) -> str:
 
 
 def holders_header_html() -> str:
-    cells = "".join(_cell(f"<b>{esc(c)}</b>", w, a) for c, w, a in _COLUMNS)
-    return f"<div style='{_FONT};line-height:28px'>{cells}<b>largest path</b></div>"
+    cells = "".join(cell(f"<b>{esc(c)}</b>", w, a) for c, w, a in _COLUMNS)
+    return f"<div style='{FONT};line-height:28px'>{cells}<b>largest path</b></div>"
 
 
 def holder_row_html(h: dict) -> str:
@@ -430,7 +431,7 @@ def holder_row_html(h: dict) -> str:
     devices = ",".join(sorted(h.get("devices") or {})) or "-"
     what = esc(h.get("type") or "")
     values = (esc(fmt_bytes(h.get("unique"))), esc(fmt_bytes(h.get("shared"))), esc(devices), what)
-    cells = "".join(_cell(v, w, a) for v, (_, w, a) in zip(values, _COLUMNS))
+    cells = "".join(cell(v, w, a) for v, (_, w, a) in zip(values, _COLUMNS))
     path = esc(h.get("largest_path") or "")
     extra = []
     if h.get("aliases"):
@@ -442,7 +443,7 @@ def holder_row_html(h: dict) -> str:
         lines.append("hint: " + code_html(h["hint"]))
     more = "".join(f"<div style='opacity:.75;white-space:normal;line-height:1.4;"
                    f"padding-bottom:4px'>{line}</div>" for line in lines)
-    return (f"<div data-holder='{esc(h.get('name'))}' style='{_FONT};line-height:28px'>"
+    return (f"<div data-holder='{esc(h.get('name'))}' style='{FONT};line-height:28px'>"
             f"{cells}<code title='{path}'>{path}</code>{more}</div>")
 
 
@@ -480,7 +481,7 @@ def footer_html(snap: dict) -> str:
     ms = 1000 * (snap.get('scan_seconds') or 0)
     took = "<1 ms" if ms < 1 else f"{ms:.0f} ms"
     lines.append(f"<span style='opacity:.6'>holders scanned at {stamp} in {esc(took)}</span>")
-    return f"<div style='{_FONT}'>" + "".join(f"<div>{x}</div>" for x in lines) + "</div>"
+    return f"<div style='{FONT}'>" + "".join(f"<div>{x}</div>" for x in lines) + "</div>"
 
 
 # -- purge -------------------------------------------------------------------------------------
@@ -497,7 +498,7 @@ def confirm_html(names: list[str], dry: dict) -> str:
                if any(r not in names for r in removed) else "")
             + f" and free about <b>{esc(_per_device(dry.get('predicted')))}</b>?")
     notes = "".join(f"<div><em>{esc(m)}</em></div>" for m in dry.get("messages") or ())
-    return f"<div style='{_FONT}'>{text}{notes}</div>"
+    return f"<div style='{FONT}'>{text}{notes}</div>"
 
 
 def purge_result_html(result: dict, when: str | None = None) -> str:
@@ -514,131 +515,6 @@ def purge_result_html(result: dict, when: str | None = None) -> str:
              f"<th>freed</th></tr></thead><tbody>{rows}</tbody></table>") if rows else ""
     notes = "".join(f"<div><em>note: {esc(m)}</em></div>" for m in result.get("messages") or ())
     at = f" at {esc(when)}" if when else ""
-    return (f"<div data-purge-result='1' style='{_FONT}'>purge{at}: removed "
+    return (f"<div data-purge-result='1' style='{FONT}'>purge{at}: removed "
             f"<code>{esc(removed)}</code>"
             f" · freed {esc(_per_device(result.get('freed')))}{table}{notes}</div>")
-
-
-# -- orphans (the snapshot's "processes", an OrphanPurge) ----------------------------------------
-def orphans_of(snap: dict) -> list[dict]:
-    """This user's orphans in a snapshot's ``processes`` (``DeviceProcesses`` objects,
-    what ``%gpumem --processes`` lists), one per pid, largest first: ``pid``, ``bytes``
-    (all its devices), ``devices`` (device -> bytes), ``command``, ``label``, ``path``,
-    ``started`` and ``purgeable`` (left by a kernel: ``purge --orphans`` ends it)."""
-    out: dict[int, dict] = {}
-    for dp in snap.get("processes") or ():
-        if not isinstance(dp, dict):
-            continue
-        for p in dp.get("processes") or ():
-            if not isinstance(p, dict) or p.get("relation") != "orphan" \
-                    or not isinstance(p.get("pid"), int):
-                continue
-            o = out.setdefault(p["pid"], {
-                "pid": p["pid"], "bytes": 0, "devices": {}, "command": p.get("command") or "",
-                "label": p.get("label") or "", "path": p.get("path"),
-                "started": p.get("started"), "purgeable": bool(p.get("purgeable"))})
-            o["devices"][str(dp.get("device"))] = _n(p.get("bytes"))
-            o["bytes"] = sum(o["devices"].values())
-    return sorted(out.values(), key=lambda o: (not o["purgeable"], -o["bytes"], o["pid"]))
-
-
-def orphans_button_text(orphans: list[dict]) -> str:
-    """``End 2 orphans (1.9 GiB)``: the purgeable ones."""
-    ours = [o for o in orphans if o.get("purgeable")]
-    if not ours:
-        return "End orphans"
-    n = len(ours)
-    return (f"End {n} orphan{'' if n == 1 else 's'} "
-            f"({fmt_bytes(sum(o.get('bytes') or 0 for o in ours))})")
-
-
-_ORPHAN_COLUMNS = (("pid", "5em", "right"), ("bytes", "6.5em", "right"),
-                   ("device", "5.5em", "left"), ("what it is", "22em", "left"))
-
-
-def _orphan_row(o: dict) -> str:
-    values = (esc(o.get("pid")), esc(fmt_bytes(o.get("bytes"))),
-              esc(",".join(sorted(o.get("devices") or {})) or "-"), esc(o.get("label") or ""))
-    cells = "".join(_cell(v, w, a) for v, (_, w, a) in zip(values, _ORPHAN_COLUMNS))
-    return (f"<div data-orphan='{esc(o.get('pid'))}' data-bytes='{_n(o.get('bytes'))}'"
-            f" data-purgeable='{1 if o.get('purgeable') else 0}'"
-            f" style='{_FONT};line-height:22px'>{cells}"
-            f"<code title='{esc(o.get('command') or '')}'>{esc(o.get('command') or '')}</code>"
-            f"</div>")
-
-
-def orphans_html(orphans: list[dict], note: str | None = None) -> str:
-    """The orphans on the GPUs, one row each (pid, bytes, device, what it is, command);
-    without any, the magic's line and ``note`` (why NVML cannot tell)."""
-    if not orphans:
-        line = "no orphan of this user holds GPU memory"
-        if note:
-            line += f" · {note}"
-        return f"<div data-orphans='0' style='{_FONT};opacity:.75'>{esc(line)}</div>"
-    ours = [o for o in orphans if o.get("purgeable")]
-    total = sum(o.get("bytes") or 0 for o in orphans)
-    head = (f"{len(orphans)} orphaned process{'' if len(orphans) == 1 else 'es'} of this user "
-            f"{'holds' if len(orphans) == 1 else 'hold'} {fmt_bytes(total)}")
-    if len(ours) < len(orphans):
-        head += f" · {len(orphans) - len(ours)} that no kernel started: left alone"
-    cols = "".join(_cell(f"<b>{esc(c)}</b>", w, a) for c, w, a in _ORPHAN_COLUMNS)
-    rows = "".join(_orphan_row(o) for o in orphans)
-    return (f"<div data-orphans='{len(orphans)}' style='{_FONT}'><div>{esc(head)}</div>"
-            f"<div style='line-height:22px'>{cols}<b>command</b></div>{rows}</div>")
-
-
-def orphans_confirm_html(orphans: list[dict], grace: float) -> str:
-    """The question before ending orphans (the sidebar's words): what gets SIGTERM."""
-    n = len(orphans)
-    total = sum(o.get("bytes") or 0 for o in orphans)
-    text = (f"End <b>{n}</b> orphaned process{'' if n == 1 else 'es'} that a kernel left, "
-            f"holding <b>{esc(fmt_bytes(total))}</b>: SIGTERM, then SIGKILL after "
-            f"{grace:g} s?")
-    rows = "".join(
-        f"<tr data-confirm-orphan='{esc(o.get('pid'))}'><td style='text-align:right'>"
-        f"{esc(o.get('pid'))}</td><td><code>{esc(o.get('command') or '')}</code></td>"
-        f"<td style='text-align:right'>{esc(fmt_bytes(o.get('bytes')))}</td></tr>"
-        for o in orphans)
-    table = ("<table><thead><tr><th>pid</th><th>command</th><th>bytes</th></tr></thead>"
-             f"<tbody>{rows}</tbody></table>")
-    return f"<div style='{_FONT}'>{text}{table}</div>"
-
-
-def _step_line(s: dict) -> str:
-    seconds = s.get("seconds") if isinstance(s.get("seconds"), (int, float)) else 0.0
-    return (f"<div data-step='{esc(s.get('pid'))}'><code>{seconds:6.2f} s  pid "
-            f"{esc(s.get('pid'))}  {esc(s.get('signal'))}  {esc(s.get('result'))}</code></div>")
-
-
-def orphans_steps_html(steps: list[dict]) -> str:
-    """The steps so far, while the orphans are being ended."""
-    return (f"<div data-orphans-result='running' style='{_FONT}'>ending the orphans…"
-            f"{''.join(_step_line(s) for s in steps)}</div>")
-
-
-def orphans_result_html(result: dict, when: str | None = None) -> str:
-    """What ``purge --orphans`` did (an ``OrphanPurge`` object): the magic's first line,
-    every step, the devices' used bytes before and after, what was left alone and why."""
-    targets = result.get("targets") or []
-    steps = [s for s in result.get("steps") or () if isinstance(s, dict)]
-    total = sum(t.get("bytes") or 0 for t in targets if isinstance(t, dict))
-    ended = {s.get("pid") for s in steps if s.get("result") == "ended"}
-    if not targets:
-        head = "no orphan of this user holds GPU memory: nothing ended"
-    else:
-        head = f"ended {len(ended)} of {len(targets)} orphan(s) holding {fmt_bytes(total)}"
-    at = f" at {esc(when)}" if when else ""
-    after = result.get("after") or {}
-    rows = "".join(
-        f"<tr><td>{esc(dev)}</td>"
-        f"<td style='text-align:right'>{esc(fmt_bytes((result.get('before') or {}).get(dev)))}</td>"
-        f"<td style='text-align:right'>{esc(fmt_bytes(after.get(dev)))}</td>"
-        f"<td style='text-align:right'><b>{esc(fmt_bytes((result.get('freed') or {}).get(dev)))}"
-        f"</b></td></tr>" for dev in after)
-    table = ("<table><thead><tr><th>device</th><th>used before</th><th>used after</th>"
-             f"<th>freed</th></tr></thead><tbody>{rows}</tbody></table>") if rows else ""
-    alone = "".join(f"<div>left alone: pid {esc(a.get('pid'))}: {esc(a.get('why'))}</div>"
-                    for a in result.get("left_alone") or () if isinstance(a, dict))
-    notes = "".join(f"<div><em>note: {esc(m)}</em></div>" for m in result.get("messages") or ())
-    return (f"<div data-orphans-result='done' style='{_FONT}'><div>orphans{at}: {esc(head)}</div>"
-            f"{''.join(_step_line(s) for s in steps)}{table}{alone}{notes}</div>")
