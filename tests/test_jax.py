@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from child_checks import ROOT, assert_passed, names_of_checks, in_child, run_checks
-from conftest import run
+from conftest import holder, purge, report, run
 
 FRAMEWORK = "jax"
 CHILD = in_child(FRAMEWORK)
@@ -51,20 +51,6 @@ def jax():
     import jax
 
     return jax
-
-
-def report(ip, names: str = ""):
-    return ip.run_line_magic("gpumem", f"{names} --device cpu -o")
-
-
-def purge(ip, args: str):
-    return ip.run_line_magic("gpumem", f"purge {args} --device cpu -o")
-
-
-def holder(snap, name):
-    found = snap.holder(name)
-    assert found is not None, f"{name} not among {[h.name for h in snap.holders]}"
-    return found
 
 
 def live_ids(jax) -> set[int]:

@@ -24,7 +24,7 @@ import weakref
 import pytest
 
 from child_checks import ROOT, assert_passed, names_of_checks, in_child, run_checks
-from conftest import run
+from conftest import holder, purge, report, run
 
 FRAMEWORK = "tensorflow"
 CHILD = in_child(FRAMEWORK)
@@ -122,20 +122,6 @@ class Released:
         alive = [r() for r in self.refs if r() is not None]
         assert not alive, f"{len(alive)} of {len(self.refs)} watched objects outlived the purge"
         return self.before - current(self.tf) if STATS else self.nbytes
-
-
-def report(ip, names: str = ""):
-    return ip.run_line_magic("gpumem", f"{names} --device cpu -o")
-
-
-def purge(ip, args: str):
-    return ip.run_line_magic("gpumem", f"purge {args} --device cpu -o")
-
-
-def holder(snap, name):
-    found = snap.holder(name)
-    assert found is not None, f"{name} not among {[h.name for h in snap.holders]}"
-    return found
 
 
 def settle():
