@@ -23,7 +23,8 @@ import weakref
 
 import pytest
 
-from child_checks import ROOT, assert_passed, names_of_checks, in_child, run_checks
+from child_checks import (ROOT, SHELL_ON_ALL_DEVICES, assert_passed, in_child,
+                          names_of_checks, run_checks, run_python)
 from conftest import holder, purge, report, run
 
 FRAMEWORK = "tensorflow"
@@ -305,16 +306,7 @@ def check_gpu_device_names_map_to_cuda_ordinals(ip, tf):
 
 
 def check_importing_tensorflow_does_not_start_its_runtime(tmp_path):
-    code = (
-        "import tensorflow as tf\n"
-        "from tensorflow.python.eager import context\n"
-        "from IPython.core.interactiveshell import InteractiveShell\n"
-        "ip = InteractiveShell.instance()\n"
-        "ip.run_line_magic('load_ext', 'jupyter_gpumem')\n"
-        "ip.run_line_magic('gpumem', '--device all')\n"
-        "ip.run_line_magic('gpumem', 'purge --device all')\n"
-        "ctx = context.context_safe()\n"
-        "print('STARTED', bool(ctx is not None and ctx._initialized))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, env=dict(os.environ), timeout=300)
+    proc = run_python("import tensorflow as tf\nfrom tensorflow.python.eager import context\n" +
+                      SHELL_ON_ALL_DEVICES + "ctx = context.context_safe()\n"
+                      "print('STARTED', bool(ctx is not None and ctx._initialized))\n")
     assert "STARTED False" in proc.stdout, proc.stdout + proc.stderr
