@@ -20,20 +20,9 @@ from gpu_floor import (  # noqa: E402,F401
 
 DEFINE = """
 import torch
-from torch.utils._pytree import tree_map
+from wrapper_tensor import wrapper_class
 
-class Wrapper(torch.Tensor):
-    @staticmethod
-    def __new__(cls, elem):
-        out = torch.Tensor._make_wrapper_subclass(cls, elem.size(), dtype=elem.dtype,
-                                                  device=elem.device)
-        out.elem = elem
-        return out
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        unwrap = lambda x: x.elem if type(x) is cls else x
-        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+Wrapper = wrapper_class()
 
 class KeepsExtra(torch.autograd.Function):
     @staticmethod
