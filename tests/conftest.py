@@ -176,13 +176,16 @@ def kernel_messages(get, seconds: float, poll: float = 1):
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def child_result(code: str, *args: str, drop_env: tuple = (), timeout: float = 300) -> dict:
+def child_result(code: str, *args: str, drop_env: tuple = (), set_env: dict | None = None,
+                 timeout: float = 300, any_exit: bool = False) -> dict:
     """Run ``code`` in a fresh interpreter on this checkout (``args`` its ``sys.argv[1:]``,
-    the environment without ``drop_env``); the JSON of its last ``RESULT ...`` line."""
+    the environment without ``drop_env`` and with ``set_env``); the JSON of its last
+    ``RESULT ...`` line. The child must exit with 0, unless ``any_exit``."""
     env = {k: v for k, v in os.environ.items() if k not in drop_env}
+    env.update(set_env or {})
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (any_exit or proc.returncode == 0) and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT "):])

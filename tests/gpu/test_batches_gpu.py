@@ -13,8 +13,6 @@ from __future__ import annotations
 import gc
 import time
 
-import pytest
-
 from gpu_setup import MIB, cuda_torch
 
 torch = cuda_torch()
