@@ -1,4 +1,6 @@
-"""Shared fixtures: one real IPython shell, reset before each test."""
+"""Shared fixtures and helpers: one real IPython shell, reset before each test, and
+what several test files use (host reports and purges, a Dask cluster, kernels' messages,
+child processes)."""
 from __future__ import annotations
 
 import contextlib
