@@ -19,6 +19,22 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD_VARIABLE = "JUPYTER_GPUMEM_TEST_CHILD"
 
 
+# Python code: a fresh IPython shell with the extension, one report and one bare purge
+# of every device (what a check's own child process runs after importing a framework)
+SHELL_ON_ALL_DEVICES = (
+    "from IPython.core.interactiveshell import InteractiveShell\n"
+    "ip = InteractiveShell.instance()\n"
+    "ip.run_line_magic('load_ext', 'jupyter_gpumem')\n"
+    "ip.run_line_magic('gpumem', '--device all')\n"
+    "ip.run_line_magic('gpumem', 'purge --device all')\n")
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter at the checkout's root, this environment."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, env=dict(os.environ), timeout=300)
+
+
 def in_child(framework: str) -> bool:
     """True inside the child process that runs ``framework``'s checks."""
     return os.environ.get(CHILD_VARIABLE) == framework

@@ -1,12 +1,16 @@
-"""Shared fixtures: one real IPython shell, reset before each test."""
+"""Shared fixtures and helpers: one real IPython shell, reset before each test, and
+what several test files use (host reports and purges, a Dask cluster, kernels' messages,
+child processes)."""
 from __future__ import annotations
 
 import contextlib
 import gc
 import json
 import os
+import queue
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -44,6 +48,46 @@ def run(shell, code: str, *, expect_error: bool = False):
     return result
 
 
+def report(ip, names: str = ""):
+    """``%gpumem`` of the host (``--device cpu``), as the snapshot object."""
+    return ip.run_line_magic("gpumem", f"{names} --device cpu -o")
+
+
+def purge(ip, args: str):
+    """``%gpumem purge ARGS`` on the host, as the result object."""
+    return ip.run_line_magic("gpumem", f"purge {args} --device cpu -o")
+
+
+def holder(snap, name):
+    """The snapshot's holder ``name``; the test fails where it was not blamed."""
+    found = snap.holder(name)
+    assert found is not None, f"{name} not blamed; holders: {[h.label for h in snap.holders]}"
+    return found
+
+
+def weak(ip, expr: str):
+    """A weak handle (torch's ``StorageWeakRef``) on the storage of the tensor ``expr``
+    names in the shell (no strong reference kept)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    tensor = eval(expr, ip.user_ns)  # test code, not user input
+    ref = StorageWeakRef(tensor.untyped_storage())
+    del tensor
+    return ref
+
+
+@pytest.fixture
+def unrelated(ip):
+    """``keep``, a tensor of sevens (1 MiB) in the shell that no purge of the test may
+    free; its weak handle."""
+    run(ip, f"import torch\nkeep = torch.full(({1 << 18},), 7.0)")
+    ref = weak(ip, "keep")
+    yield ref
+    gc.collect()
+    assert not ref.expired(), "purge freed an unrelated tensor"
+    assert "keep" in ip.user_ns and float(ip.user_ns["keep"][0]) == 7.0
+
+
 class Fatal(BaseException):
     """Ends a sampling thread's callback (not an Exception, which a sampler counts and
     survives)."""
@@ -69,6 +113,40 @@ def two_worker_cluster():
         yield cluster
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """:func:`two_worker_cluster`, one for each module that asks for it."""
+    with two_worker_cluster() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    """A Dask client of ``cluster``; each worker has imported torch and the product's
+    worker side once, before any test reads a figure."""
+    import torch
+    from distributed import Client, wait
+
+    from jupyter_gpumem import cluster as jc
+
+    with Client(cluster) as c:
+        workers = sorted(c.scheduler_info()["workers"])
+        ns = {"client": c, "warm": c.map(torch.ones, [1, 2], workers=workers, pure=False)}
+        wait(ns["warm"])
+        jc.purge(["warm"], client=c, namespace=ns, device="cpu")
+        yield c
+
+
+@pytest.fixture
+def workers(client):
+    return sorted(client.scheduler_info()["workers"])
+
+
+def stored(client) -> dict:
+    """Worker -> the keys its data store holds (read by the test, not the product)."""
+    return client.run(lambda dask_worker: list(dask_worker.data))
+
+
 @contextlib.contextmanager
 def spawnable_main():
     """Starting worker processes (a Dask LocalCluster) reads ``__main__.__spec__``; an
@@ -84,16 +162,32 @@ def spawnable_main():
             del main.__spec__
 
 
+def kernel_messages(get, seconds: float, poll: float = 1):
+    """The messages ``get`` (a kernel client's ``get_shell_msg`` or ``get_iopub_msg``)
+    gives within ``seconds``, each waited for at most ``poll`` seconds; the caller stops
+    when it has what it waits for."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            msg = get(timeout=poll)
+        except queue.Empty:
+            continue
+        yield msg
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def child_result(code: str, *args: str, drop_env: tuple = (), timeout: float = 300) -> dict:
+def child_result(code: str, *args: str, drop_env: tuple = (), set_env: dict | None = None,
+                 timeout: float = 300, any_exit: bool = False) -> dict:
     """Run ``code`` in a fresh interpreter on this checkout (``args`` its ``sys.argv[1:]``,
-    the environment without ``drop_env``); the JSON of its last ``RESULT ...`` line."""
+    the environment without ``drop_env`` and with ``set_env``); the JSON of its last
+    ``RESULT ...`` line. The child must exit with 0, unless ``any_exit``."""
     env = {k: v for k, v in os.environ.items() if k not in drop_env}
+    env.update(set_env or {})
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (any_exit or proc.returncode == 0) and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT "):])

@@ -16,6 +16,8 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from recording import records
+
 N = 1 << 20                 # the named tensor: 4 MiB
 CALLS: list[str] = []       # every piece of user code that runs appends here
 
@@ -85,40 +87,14 @@ class WithMeta(metaclass=Meta):
         self.t = t
 
 
+@records("dict", "__len__", "__iter__", "items", "values", "keys", record=called)
 class CountingDict(dict):
-    def __len__(self):
-        called("dict __len__")
-        return dict.__len__(self)
-
-    def __iter__(self):
-        called("dict __iter__")
-        return dict.__iter__(self)
-
-    def items(self):
-        called("dict items")
-        return dict.items(self)
-
-    def values(self):
-        called("dict values")
-        return dict.values(self)
-
-    def keys(self):
-        called("dict keys")
-        return dict.keys(self)
+    pass
 
 
+@records("list", "__len__", "__iter__", "__getitem__", record=called)
 class CountingList(list):
-    def __len__(self):
-        called("list __len__")
-        return list.__len__(self)
-
-    def __iter__(self):
-        called("list __iter__")
-        return list.__iter__(self)
-
-    def __getitem__(self, i):
-        called("list __getitem__")
-        return list.__getitem__(self, i)
+    pass
 
 
 class SelfGetattr:

@@ -15,39 +15,17 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
-from conftest import run  # noqa: E402
+from conftest import holder, purge, report, run, weak  # noqa: E402
 from jupyter_gpumem.views.panel_render import holder_row_html  # noqa: E402
 
 N = 1 << 18          # elements: 1 MiB of float32
 MIB = 1 << 20
 
 
-def weak(ip, expr: str) -> StorageWeakRef:
-    """A weak handle on the storage of the tensor ``expr`` names (no strong ref kept)."""
-    tensor = eval(expr, ip.user_ns)  # test code, not user input
-    ref = StorageWeakRef(tensor.untyped_storage())
-    del tensor
-    return ref
-
-
 def storage_bytes(ip, expr: str) -> int:
     """The size of the storage under the tensor ``expr`` names."""
     tensor = eval(expr, ip.user_ns)  # test code, not user input
     return tensor.untyped_storage().nbytes()
-
-
-def report(ip):
-    return ip.run_line_magic("gpumem", "--device cpu -o")
-
-
-def holder(snap, name):
-    h = snap.holder(name)
-    assert h is not None, f"{name} not blamed; holders: {[x.label for x in snap.holders]}"
-    return h
-
-
-def purge(ip, args: str):
-    return ip.run_line_magic("gpumem", f"purge {args} --device cpu -o")
 
 
 def assert_freed(ref: StorageWeakRef):
@@ -60,43 +38,37 @@ def _torch(ip):
     run(ip, "import torch")
 
 
-@pytest.fixture
-def unrelated(ip):
-    run(ip, f"keep = torch.full(({N},), 7.0)")
-    ref = weak(ip, "keep")
-    yield ref
-    assert not ref.expired(), "purge freed an unrelated tensor"
-    assert "keep" in ip.user_ns and float(ip.user_ns["keep"][0]) == 7.0
-
-
 # -- SPEC's table ---------------------------------------------------------------
+def case(setup: str, blamed: str, weak_expr: str | None = None, purge_args: str | None = None):
+    """A row of the table: the cell that leaks, the holder it blames, the tensor whose
+    storage the purge must free (by default the blamed name's), what to purge (by
+    default the blamed name) and the name the purge removes (the blamed one)."""
+    return setup, blamed, weak_expr or blamed, purge_args or blamed, blamed
+
+
 CASES = {
-    "plain variable": (f"t = torch.ones({N})", "t", "t", "t", "t"),
-    "exception in a variable": (
+    "plain variable": case(f"t = torch.ones({N})", "t"),
+    "exception in a variable": case(
         f"def f():\n    t = torch.ones({N})\n    1/0\ntry:\n    f()\nexcept ZeroDivisionError as e:\n    err = e",
-        "err", "err.__traceback__.tb_next.tb_frame.f_locals['t']", "err", "err"),
-    "autograd graph of a scalar loss": (
+        "err", "err.__traceback__.tb_next.tb_frame.f_locals['t']"),
+    "autograd graph of a scalar loss": case(
         "model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1))\n"
         "x = torch.randn(512, 256)\nloss = model(x).square().mean()",
-        "loss", "loss.grad_fn.next_functions[0][0].next_functions[0][0]._saved_mat1", "loss", "loss"),
-    "closure": (
-        f"def make():\n    t = torch.ones({N})\n    return lambda: t.sum()\nfn = make()",
-        "fn", "fn.__closure__[0].cell_contents", "fn", "fn"),
-    "lru_cache": (
+        "loss", "loss.grad_fn.next_functions[0][0].next_functions[0][0]._saved_mat1"),
+    "closure": case(f"def make():\n    t = torch.ones({N})\n    return lambda: t.sum()\nfn = make()",
+                    "fn", "fn.__closure__[0].cell_contents"),
+    "lru_cache": case(
         f"import functools\n@functools.lru_cache\ndef cached(n):\n    return torch.ones(n)\ncached({N});",
-        "cached", f"cached({N})", "cached", "cached"),
-    "suspended generator": (
+        "cached", f"cached({N})"),
+    "suspended generator": case(
         f"def gen():\n    t = torch.ones({N})\n    yield 1\n    yield 2\nit = gen()\nnext(it);",
-        "it", "it.gi_frame.f_locals['t']", "it", "it"),
-    "class attribute": (
-        f"class Holder:\n    cache = torch.ones({N})\ninst = Holder()",
-        "Holder", "Holder.cache", "Holder inst", "Holder"),
-    "view of a big tensor": (
-        f"base = torch.ones({4 * N})\nv = base[:16]\ndel base",
-        "v", "v", "v", "v"),
-    "module object in sys.modules": (
+        "it", "it.gi_frame.f_locals['t']"),
+    "class attribute": case(f"class Holder:\n    cache = torch.ones({N})\ninst = Holder()",
+                            "Holder", "Holder.cache", purge_args="Holder inst"),
+    "view of a big tensor": case(f"base = torch.ones({4 * N})\nv = base[:16]\ndel base", "v"),
+    "module object in sys.modules": case(
         f"import sys, types\nmymod = types.ModuleType('mymod')\nmymod.t = torch.ones({N})\nsys.modules['mymod'] = mymod",
-        "mymod", "mymod.t", "mymod", "mymod"),
+        "mymod", "mymod.t"),
 }
 
 

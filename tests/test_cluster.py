@@ -28,32 +28,10 @@ from distributed import Client, wait  # noqa: E402
 from conftest import run  # noqa: E402
 from jupyter_gpumem import cluster as jc  # noqa: E402
 from jupyter_gpumem.cluster import remote  # noqa: E402
-from conftest import two_worker_cluster  # noqa: E402
+from conftest import stored  # noqa: E402 - and conftest's cluster, client, workers
 
 MiB = 1 << 20
 LIMIT = 3.0
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with two_worker_cluster() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def client(cluster):
-    with Client(cluster) as c:
-        workers = sorted(c.scheduler_info()["workers"])
-        # each worker imports torch and the product's worker side once, before any figure
-        ns = {"client": c, "warm": c.map(torch.ones, [1, 2], workers=workers, pure=False)}
-        wait(ns["warm"])
-        jc.purge(["warm"], client=c, namespace=ns, device="cpu")
-        yield c
-
-
-@pytest.fixture
-def workers(client):
-    return sorted(client.scheduler_info()["workers"])
 
 
 @pytest.fixture
@@ -66,11 +44,6 @@ def ns(client):
     deadline = time.time() + 5
     while client.futures and time.time() < deadline:
         time.sleep(0.05)
-
-
-def stored(client) -> dict:
-    """Worker -> the keys its data store holds (read by the test, not the product)."""
-    return client.run(lambda dask_worker: list(dask_worker.data))
 
 
 def host_rss(client, address) -> int:

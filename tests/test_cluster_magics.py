@@ -27,38 +27,17 @@ import pytest
 torch = pytest.importorskip("torch")
 distributed = pytest.importorskip("distributed")
 
-from distributed import Client, wait  # noqa: E402
+from distributed import wait  # noqa: E402
 from IPython.core.error import UsageError  # noqa: E402
 
 import jupyter_gpumem  # noqa: E402
 from conftest import run  # noqa: E402
 from jupyter_gpumem import cluster as jc  # noqa: E402
-from conftest import two_worker_cluster  # noqa: E402
+from conftest import stored  # noqa: E402 - and conftest's cluster, client, workers
 from test_comm import open_sidebar, send  # noqa: E402 - the recording comm of test_comm.py
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with two_worker_cluster() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def client(cluster):
-    with Client(cluster) as c:
-        workers = sorted(c.scheduler_info()["workers"])
-        ns = {"warm": c.map(torch.ones, [1, 2], workers=workers, pure=False)}
-        wait(ns["warm"])   # each worker imports torch and the product's worker side once
-        jc.purge(["warm"], client=c, namespace=ns, device="cpu")
-        yield c
-
-
-@pytest.fixture
-def workers(client):
-    return sorted(client.scheduler_info()["workers"])
 
 
 @pytest.fixture
@@ -76,11 +55,6 @@ def sh(ip, client):
     deadline = time.time() + 5
     while client.futures and time.time() < deadline:
         time.sleep(0.05)
-
-
-def stored(client) -> dict:
-    """Worker -> the keys its data store holds (read by the test, not the product)."""
-    return client.run(lambda dask_worker: list(dask_worker.data))
 
 
 def hold(sh, workers, size=16 * MiB):

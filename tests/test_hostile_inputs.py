@@ -4,8 +4,6 @@ types in ``Out``, streams whose ``write`` raises, odd device strings, and what
 from __future__ import annotations
 
 import os
-import queue
-import time
 import uuid
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import run  # noqa: E402
+from conftest import kernel_messages, run  # noqa: E402
 
 N = 1 << 16
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,12 +27,7 @@ class _Kernel:
     def reply(self, code: str, timeout: float = 30) -> dict | None:
         """The execute reply's content, or None when none came within ``timeout``."""
         msg_id = self.kc.execute(code)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                msg = self.kc.get_shell_msg(timeout=1)
-            except queue.Empty:
-                continue
+        for msg in kernel_messages(self.kc.get_shell_msg, timeout):
             if msg["parent_header"].get("msg_id") == msg_id:
                 return msg["content"]
         return None
@@ -47,12 +40,8 @@ class _Kernel:
         return comm_id
 
     def comm_messages(self, comm_id: str, seconds: float) -> list[dict]:
-        out, deadline = [], time.time() + seconds
-        while time.time() < deadline:
-            try:
-                msg = self.kc.get_iopub_msg(timeout=0.2)
-            except queue.Empty:
-                continue
+        out = []
+        for msg in kernel_messages(self.kc.get_iopub_msg, seconds, poll=0.2):
             if msg["msg_type"] == "comm_msg" and msg["content"]["comm_id"] == comm_id:
                 out.append(msg["content"]["data"])
         return out

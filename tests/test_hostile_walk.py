@@ -14,6 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import run  # noqa: E402
+from recording import records  # noqa: E402
+from wrapper_tensor import wrapper_class  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 1 << 14
@@ -113,71 +115,32 @@ def test_the_time_limit_holds_and_the_scan_says_it_was_cut(code, limit, form):
 CALLS: list[str] = []
 
 
+def _tuple_ran(what):
+    CALLS.append(what)
+    if LogTuple.HOW == "slow":
+        import time
+        time.sleep(1.0)
+    elif LogTuple.HOW == "raise":
+        raise RuntimeError(f"{what} of the user's")
+
+
+@records("tuple", "__bool__", "__iter__", "__len__", record=_tuple_ran)
 class LogTuple(tuple):
     """A tuple subclass whose protocol methods record that they ran (and may be slow,
     or raise, as ``HOW`` says)."""
 
     HOW = "log"
 
-    def _ran(self, what):
-        CALLS.append(what)
-        if LogTuple.HOW == "slow":
-            import time
-            time.sleep(1.0)
-        elif LogTuple.HOW == "raise":
-            raise RuntimeError(f"{what} of the user's")
 
-    def __bool__(self):
-        self._ran("tuple __bool__")
-        return True
-
-    def __iter__(self):
-        self._ran("tuple __iter__")
-        return tuple.__iter__(self)
-
-    def __len__(self):
-        self._ran("tuple __len__")
-        return tuple.__len__(self)
-
-
+@records("dict", "__bool__", "__len__", "__iter__", "keys", "items", "__getitem__",
+         "__setitem__", record=CALLS.append)
 class LogDict(dict):
-    def __bool__(self):
-        CALLS.append("dict __bool__")
-        return True
-
-    def __len__(self):
-        CALLS.append("dict __len__")
-        return dict.__len__(self)
-
-    def __iter__(self):
-        CALLS.append("dict __iter__")
-        return dict.__iter__(self)
-
-    def keys(self):
-        CALLS.append("dict keys")
-        return dict.keys(self)
-
-    def items(self):
-        CALLS.append("dict items")
-        return dict.items(self)
-
-    def __getitem__(self, key):
-        CALLS.append("dict __getitem__")
-        return dict.__getitem__(self, key)
-
-    def __setitem__(self, key, value):
-        CALLS.append("dict __setitem__")
-        dict.__setitem__(self, key, value)
+    pass
 
 
+@records("list", "__bool__", "__len__", record=CALLS.append)
 class LogList(list):
-    def __bool__(self):
-        CALLS.append("list __bool__")
-        return True
-
-    def __len__(self):
-        CALLS.append("list __len__")
-        return list.__len__(self)
+    pass
 
 
 def every_view(ip, *names):
@@ -287,31 +250,9 @@ def test_a_library_function_beside_a_tensor_is_no_refusal(ip, walk):
 
 
 # -- tensors a framework object keeps where the walk did not look ----------------------
-class Wrapper(torch.Tensor):
-    """A wrapper subclass (as torch's own tensor subclasses are made): no memory of its
-    own, the real tensor in ``.elem``; its dispatch and attribute reads record that
-    they ran."""
-
-    @staticmethod
-    def __new__(cls, elem):
-        out = torch.Tensor._make_wrapper_subclass(cls, elem.size(), dtype=elem.dtype,
-                                                  device=elem.device)
-        out.elem = elem
-        return out
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        CALLS.append(f"__torch_dispatch__ {func}")
-        from torch.utils._pytree import tree_map
-
-        def unwrap(x):
-            return x.elem if type(x) is cls else x
-
-        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
-
-    def __getattribute__(self, name):
-        CALLS.append(f"__getattribute__ {name}")
-        return object.__getattribute__(self, name)
+# a wrapper subclass (as torch's own tensor subclasses are made): no memory of its own,
+# the real tensor in ``.elem``; its dispatch and attribute reads record that they ran
+Wrapper = wrapper_class(CALLS.append)
 
 
 def test_a_wrapper_tensor_subclass_counts_its_inner_tensor(ip, walk):

@@ -10,14 +10,12 @@ missing one fails, it is not skipped.
 from __future__ import annotations
 
 import gc
-import os
-import subprocess
-import sys
 
 import pytest
 
-from child_checks import ROOT, assert_passed, names_of_checks, in_child, run_checks
-from conftest import run
+from child_checks import (SHELL_ON_ALL_DEVICES, assert_passed, in_child, names_of_checks,
+                          run_checks, run_python)
+from conftest import holder, purge, report, run
 
 FRAMEWORK = "jax"
 CHILD = in_child(FRAMEWORK)
@@ -51,20 +49,6 @@ def jax():
     import jax
 
     return jax
-
-
-def report(ip, names: str = ""):
-    return ip.run_line_magic("gpumem", f"{names} --device cpu -o")
-
-
-def purge(ip, args: str):
-    return ip.run_line_magic("gpumem", f"purge {args} --device cpu -o")
-
-
-def holder(snap, name):
-    found = snap.holder(name)
-    assert found is not None, f"{name} not among {[h.name for h in snap.holders]}"
-    return found
 
 
 def live_ids(jax) -> set[int]:
@@ -164,15 +148,6 @@ def check_preallocation_note_names_pool_in_use_and_the_cure(jax):
 
 
 def check_importing_jax_does_not_create_its_backends(tmp_path):
-    code = (
-        "import jax\n"
-        "from jax._src import xla_bridge\n"
-        "from IPython.core.interactiveshell import InteractiveShell\n"
-        "ip = InteractiveShell.instance()\n"
-        "ip.run_line_magic('load_ext', 'jupyter_gpumem')\n"
-        "ip.run_line_magic('gpumem', '--device all')\n"
-        "ip.run_line_magic('gpumem', 'purge --device all')\n"
-        "print('STARTED', xla_bridge.backends_are_initialized())\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, env=dict(os.environ), timeout=300)
+    proc = run_python("import jax\nfrom jax._src import xla_bridge\n" + SHELL_ON_ALL_DEVICES +
+                      "print('STARTED', xla_bridge.backends_are_initialized())\n")
     assert "STARTED False" in proc.stdout, proc.stdout + proc.stderr

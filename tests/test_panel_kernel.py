@@ -7,7 +7,6 @@ does (comm messages of the Jupyter widget protocol) and purges a name.
 from __future__ import annotations
 
 import os
-import queue
 import time
 from pathlib import Path
 
@@ -18,6 +17,8 @@ pytest.importorskip("ipywidgets")
 pytest.importorskip("torch")
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
+
+from conftest import kernel_messages  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "panel.ipynb"
@@ -98,12 +99,7 @@ class Frontend:
             raise AssertionError("kernel error: " + "\n".join(content["traceback"]))
 
     def _until_idle(self, msg_id: str, timeout: float = 60) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                msg = self.kc.get_iopub_msg(timeout=1)
-            except queue.Empty:
-                continue
+        for msg in kernel_messages(self.kc.get_iopub_msg, timeout):
             self._handle(msg)
             if (msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
                     and msg["parent_header"].get("msg_id") == msg_id):

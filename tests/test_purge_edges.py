@@ -16,22 +16,10 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
-from conftest import run  # noqa: E402
+from conftest import purge, run, weak  # noqa: E402
 
 N = 1 << 18          # elements: 1 MiB of float32
 MIB = 1 << 20
-
-
-def weak(ip, expr: str) -> StorageWeakRef:
-    """A weak handle on the storage of the tensor ``expr`` names (no strong ref kept)."""
-    tensor = eval(expr, ip.user_ns)  # test code, not user input
-    ref = StorageWeakRef(tensor.untyped_storage())
-    del tensor
-    return ref
-
-
-def purge(ip, args: str):
-    return ip.run_line_magic("gpumem", f"purge {args} --device cpu -o")
 
 
 def alive(ref: StorageWeakRef) -> bool:
@@ -47,15 +35,6 @@ def paths_shown(ip, name: str) -> list[str]:
 @pytest.fixture(autouse=True)
 def _torch(ip):
     run(ip, "import torch")
-
-
-@pytest.fixture
-def unrelated(ip):
-    run(ip, f"keep = torch.full(({N},), 7.0)")
-    ref = weak(ip, "keep")
-    yield ref
-    assert alive(ref), "purge freed an unrelated tensor"
-    assert float(ip.user_ns["keep"][0]) == 7.0
 
 
 # -- 1. a path into a list names a position ---------------------------------------------

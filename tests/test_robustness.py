@@ -59,6 +59,14 @@ def test_usage_error_in_a_cell_leaves_no_traceback_holding_memory(ns):
     assert snap.holder("last traceback") is None, snap.holder("last traceback")
 
 
+def _refusing(message: str):
+    """A method of :class:`Hostile` that counts its call, then raises."""
+    def method(self, *args):
+        Hostile.calls += 1
+        raise RuntimeError(message)
+    return method
+
+
 class Hostile:
     """Every way an object can fight introspection; each of them counts its calls
     (an exception the scan swallowed would hide that user code ran)."""
@@ -68,14 +76,8 @@ class Hostile:
     def __init__(self):
         self.t = torch.ones(N)
 
-    @property
-    def boom(self):
-        Hostile.calls += 1
-        raise RuntimeError("property evaluated")
-
-    def __getattr__(self, name):
-        Hostile.calls += 1
-        raise RuntimeError("__getattr__ called")
+    boom = property(_refusing("property evaluated"))
+    __getattr__ = _refusing("__getattr__ called")
 
     def __getattribute__(self, name):
         # every name: `o.__dict__` and `o.__class__` run this too (the scan reads
@@ -83,18 +85,9 @@ class Hostile:
         Hostile.calls += 1
         return object.__getattribute__(self, name)
 
-    def __len__(self):
-        Hostile.calls += 1
-        raise RuntimeError("len called")
-
-    def __iter__(self):
-        Hostile.calls += 1
-        raise RuntimeError("iter called")
-
-    def __eq__(self, other):
-        Hostile.calls += 1
-        raise RuntimeError("eq called")
-
+    __len__ = _refusing("len called")
+    __iter__ = _refusing("iter called")
+    __eq__ = _refusing("eq called")
     __hash__ = object.__hash__
 
 

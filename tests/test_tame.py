@@ -90,6 +90,11 @@ SHELL = ("from IPython.core.interactiveshell import InteractiveShell\n"
          "ip.run_line_magic('load_ext', 'jupyter_gpumem')\n")
 
 
+def _tame_after(setup: str, then: str = "", **env) -> subprocess.CompletedProcess:
+    """A child that runs ``setup``, then ``%gpumem tame`` in a fresh shell, then ``then``."""
+    return _child(setup + SHELL + "ip.run_line_magic('gpumem', 'tame')\n" + then, **env)
+
+
 def test_config_trait_applies_on_every_start():
     proc = _child("import os\nfrom traitlets.config import Config\n"
                   "from IPython.core.interactiveshell import InteractiveShell\n"
@@ -103,9 +108,8 @@ def test_config_trait_applies_on_every_start():
 
 @needs_jax
 def test_imported_but_unstarted_jax_still_takes_the_setting():
-    proc = _child("import jax\n" + SHELL + "ip.run_line_magic('gpumem', 'tame')\n"
-                  "from jax._src import xla_bridge\n"
-                  "print('STARTED', xla_bridge.backends_are_initialized())\n")
+    proc = _tame_after("import jax\n", "from jax._src import xla_bridge\n"
+                       "print('STARTED', xla_bridge.backends_are_initialized())\n")
     assert "jax: imported, no device used yet: it will allocate on demand" in proc.stdout, \
         proc.stdout + proc.stderr
     assert "STARTED False" in proc.stdout and "warning" not in proc.stderr
@@ -113,8 +117,7 @@ def test_imported_but_unstarted_jax_still_takes_the_setting():
 
 @needs_jax
 def test_warns_when_a_framework_has_already_set_up_its_devices():
-    proc = _child("import jax, jax.numpy as jnp\nx = jnp.ones(4)\n" + SHELL +
-                  "ip.run_line_magic('gpumem', 'tame')\n", JAX_PLATFORMS="cpu")
+    proc = _tame_after("import jax, jax.numpy as jnp\nx = jnp.ones(4)\n", JAX_PLATFORMS="cpu")
     assert "jupyter_gpumem: warning: jax has already set up its devices" in proc.stderr, \
         proc.stdout + proc.stderr
     assert "%gpumem tame` before `import jax`" in proc.stderr
@@ -123,7 +126,6 @@ def test_warns_when_a_framework_has_already_set_up_its_devices():
 
 @needs_tensorflow
 def test_warns_for_tensorflow_started_before_tame():
-    proc = _child("import tensorflow as tf\nx = tf.ones(4)\n" + SHELL +
-                  "ip.run_line_magic('gpumem', 'tame')\n", CUDA_VISIBLE_DEVICES="")
+    proc = _tame_after("import tensorflow as tf\nx = tf.ones(4)\n", CUDA_VISIBLE_DEVICES="")
     assert "warning: tensorflow has already set up its devices" in proc.stderr, \
         proc.stdout + proc.stderr

@@ -23,8 +23,9 @@ import weakref
 
 import pytest
 
-from child_checks import ROOT, assert_passed, names_of_checks, in_child, run_checks
-from conftest import run
+from child_checks import (ROOT, SHELL_ON_ALL_DEVICES, assert_passed, in_child,
+                          names_of_checks, run_checks, run_python)
+from conftest import holder, purge, report, run
 
 FRAMEWORK = "tensorflow"
 CHILD = in_child(FRAMEWORK)
@@ -122,20 +123,6 @@ class Released:
         alive = [r() for r in self.refs if r() is not None]
         assert not alive, f"{len(alive)} of {len(self.refs)} watched objects outlived the purge"
         return self.before - current(self.tf) if STATS else self.nbytes
-
-
-def report(ip, names: str = ""):
-    return ip.run_line_magic("gpumem", f"{names} --device cpu -o")
-
-
-def purge(ip, args: str):
-    return ip.run_line_magic("gpumem", f"purge {args} --device cpu -o")
-
-
-def holder(snap, name):
-    found = snap.holder(name)
-    assert found is not None, f"{name} not among {[h.name for h in snap.holders]}"
-    return found
 
 
 def settle():
@@ -319,16 +306,7 @@ def check_gpu_device_names_map_to_cuda_ordinals(ip, tf):
 
 
 def check_importing_tensorflow_does_not_start_its_runtime(tmp_path):
-    code = (
-        "import tensorflow as tf\n"
-        "from tensorflow.python.eager import context\n"
-        "from IPython.core.interactiveshell import InteractiveShell\n"
-        "ip = InteractiveShell.instance()\n"
-        "ip.run_line_magic('load_ext', 'jupyter_gpumem')\n"
-        "ip.run_line_magic('gpumem', '--device all')\n"
-        "ip.run_line_magic('gpumem', 'purge --device all')\n"
-        "ctx = context.context_safe()\n"
-        "print('STARTED', bool(ctx is not None and ctx._initialized))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, env=dict(os.environ), timeout=300)
+    proc = run_python("import tensorflow as tf\nfrom tensorflow.python.eager import context\n" +
+                      SHELL_ON_ALL_DEVICES + "ctx = context.context_safe()\n"
+                      "print('STARTED', bool(ctx is not None and ctx._initialized))\n")
     assert "STARTED False" in proc.stdout, proc.stdout + proc.stderr

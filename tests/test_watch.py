@@ -5,6 +5,7 @@ peak counters: the process's peak resident set (VmHWM) and tracemalloc.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import gc
 import json
@@ -367,12 +368,21 @@ def test_a_scope_started_from_the_last_close_reads_only_what_it_must(monkeypatch
     assert LEDGER.open_count() == 0
 
 
-def test_nested_scopes_and_a_user_reset_with_tracemalloc():
+@contextlib.contextmanager
+def _tracing():
+    """numpy, with tracemalloc tracing inside the block (the test skips without numpy)."""
     np = pytest.importorskip("numpy")
-    import jupyter_gpumem
-
     tracemalloc.start()
     try:
+        yield np
+    finally:
+        tracemalloc.stop()
+
+
+def test_nested_scopes_and_a_user_reset_with_tracemalloc():
+    import jupyter_gpumem
+
+    with _tracing() as np:
         a = np.ones(200 * MB // 8)
         del a                                   # the user's own peak, before any scope
         with jupyter_gpumem.watch(device="cpu", report=False) as outer:
@@ -392,16 +402,12 @@ def test_nested_scopes_and_a_user_reset_with_tracemalloc():
         assert 100 * MB <= i.peak_traced < 110 * MB
         assert 20 * MB <= user_since_reset < 25 * MB   # the user's view: since their reset
         assert tracemalloc.get_traced_memory()[1] < 25 * MB
-    finally:
-        tracemalloc.stop()
 
 
 def test_the_user_view_of_a_peak_is_restored_after_scopes_reset_it():
-    np = pytest.importorskip("numpy")
     import jupyter_gpumem
 
-    tracemalloc.start()
-    try:
+    with _tracing() as np:
         a = np.ones(200 * MB // 8)
         del a
         with jupyter_gpumem.watch(device="cpu", report=False) as w:
@@ -410,16 +416,12 @@ def test_the_user_view_of_a_peak_is_restored_after_scopes_reset_it():
         assert 50 * MB <= w.result.device("cpu").peak_traced < 60 * MB
         assert _TRACEMALLOC_ORIG["get_traced_memory"]()[1] < 100 * MB   # the counter was reset
         assert tracemalloc.get_traced_memory()[1] >= 200 * MB            # what the user reads
-    finally:
-        tracemalloc.stop()
 
 
 def test_a_reset_that_bypasses_the_wrappers_is_reported():
-    np = pytest.importorskip("numpy")
     import jupyter_gpumem
 
-    tracemalloc.start()
-    try:
+    with _tracing() as np:
         with jupyter_gpumem.watch(device="cpu", report=False, interval=0.01) as w:
             b = np.ones(50 * MB // 8)
             del b
@@ -427,8 +429,6 @@ def test_a_reset_that_bypasses_the_wrappers_is_reported():
             _TRACEMALLOC_ORIG["reset_peak"]()    # as if torch._C were called directly
         assert any("bypassed jupyter_gpumem" in m for m in w.result.messages)
         assert w.result.device("cpu").peak_traced >= 50 * MB   # kept by the sampler's folds
-    finally:
-        tracemalloc.stop()
 
 
 # -- plot, history, export -----------------------------------------------------------------------

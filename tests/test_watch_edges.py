@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import importlib
 import os
-import queue
 import re
 import threading
 import time
@@ -20,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import raises_fatal, run  # noqa: E402
+from conftest import kernel_messages, raises_fatal, run  # noqa: E402
 from IPython.core.error import UsageError  # noqa: E402
 
 watch_mod = importlib.import_module("jupyter_gpumem.watch.scope")
@@ -289,12 +288,7 @@ class _Kernel:
         """(type, content) of each iopub message of the cell, up to its idle status (not
         yielded)."""
         msg_id = self.kc.execute(code)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                msg = self.kc.get_iopub_msg(timeout=1)
-            except queue.Empty:
-                continue
+        for msg in kernel_messages(self.kc.get_iopub_msg, timeout):
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]

@@ -27,22 +27,26 @@ TARGET = "jupyter_gpumem"
 def _shift(data: dict, offset: float) -> dict:
     """The message with every ``time`` field moved by ``offset`` seconds."""
     data = copy.deepcopy(data)
-    if isinstance(data.get("time"), (int, float)):
-        data["time"] += offset
-    for device in data.get("devices") or []:
-        if isinstance(device.get("time"), (int, float)):
-            device["time"] += offset
+    _shift_own(data, offset)
     snap = data.get("snapshot")
     if isinstance(snap, dict):
-        if isinstance(snap.get("time"), (int, float)):
-            snap["time"] += offset
-        for device in snap.get("devices") or []:
-            if isinstance(device.get("time"), (int, float)):
-                device["time"] += offset
+        _shift_own(snap, offset)
         cluster = snap.get("cluster")
-        if isinstance(cluster, dict) and isinstance(cluster.get("time"), (int, float)):
-            cluster["time"] += offset
+        if isinstance(cluster, dict):
+            _shift_time(cluster, offset)
     return data
+
+
+def _shift_own(part: dict, offset: float) -> None:
+    """``part``'s own ``time`` and its devices' (in place)."""
+    _shift_time(part, offset)
+    for device in part.get("devices") or []:
+        _shift_time(device, offset)
+
+
+def _shift_time(part: dict, offset: float) -> None:
+    if isinstance(part.get("time"), (int, float)):
+        part["time"] += offset
 
 
 def _wall_times(stream: dict) -> list[float]:

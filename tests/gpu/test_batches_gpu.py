@@ -13,18 +13,15 @@ from __future__ import annotations
 import gc
 import time
 
-import pytest
+from gpu_setup import MIB, cuda_torch
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device: these tests run on the GPU machine", allow_module_level=True)
+torch = cuda_torch()
 
 from conftest import run  # noqa: E402
 
 from gpu_floor import (  # noqa: E402,F401
     assert_at_most_floor, empty_caches_after_each_test, floor, process_bytes)
 
-MIB = 1 << 20
 LAYERS, WIDTH = 24, 2048
 PARAMS = LAYERS * (WIDTH * WIDTH + WIDTH) * 4     # bytes of the weights and biases
 

@@ -18,13 +18,14 @@ Run on the GPU machine: ``python -m pytest -q -s tests/gpu/test_internals_gpu.py
 """
 from __future__ import annotations
 
+import textwrap
 import time
 
 import pytest
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device: these tests run on the GPU machine", allow_module_level=True)
+from gpu_setup import GPT_STEP, cuda_torch
+
+torch = cuda_torch()
 
 from conftest import run  # noqa: E402
 
@@ -46,11 +47,7 @@ model = GPT().cuda()
 opt = torch.optim.Adam(model.parameters(), lr=3e-4)
 for step in range({STEPS}):
     batch = torch.randint(0, 512, (16, 129), device="cuda")
-    logits = model(batch[:, :-1])
-    loss = F.cross_entropy(logits.reshape(-1, 512), batch[:, 1:].reshape(-1))
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
+""" + textwrap.indent(GPT_STEP, "    ") + """\
 torch.cuda.synchronize()
 final = loss.item()
 """

@@ -7,12 +7,7 @@ Run on a two-GPU machine: ``python -m pytest -q -s tests/gpu/test_multi_gpu.py``
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -22,11 +17,10 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
     pytest.skip("needs two CUDA devices: runs on the two-GPU machine", allow_module_level=True)
 
-from conftest import run  # noqa: E402
+from conftest import child_result, run  # noqa: E402
 
 from gpu_floor import empty_caches_after_each_test  # noqa: E402,F401
 
-ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -63,13 +57,7 @@ def test_cuda_visible_devices_reads_the_right_physical_gpu():
             'uuid1': nvml.read_device(1).uuid,
             'torch_uuid': str(torch.cuda.get_device_properties(0).uuid)}))
         """)
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=300)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert lines, proc.stdout + proc.stderr
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = child_result(code, set_env={"CUDA_VISIBLE_DEVICES": "1"}, any_exit=True)
     print(f"\nCUDA_VISIBLE_DEVICES=1: {out}")
     assert out["id"] == "cuda:0" and out["nvml_index"] == 1 and out["uuid"] == out["uuid1"]
     assert out["uuid1"].endswith(out["torch_uuid"])  # torch names the same physical GPU

@@ -26,15 +26,12 @@ from __future__ import annotations
 
 import collections
 import datetime
-import json
 import os
 import statistics
-import subprocess
 import sys
 import textwrap
 import time
 import types
-from pathlib import Path
 
 import pytest
 
@@ -49,9 +46,9 @@ from jupyter_gpumem.backends import nvml  # noqa: E402
 if not nvml.available():
     pytest.skip(f"NVML is not available: {nvml.status()}", allow_module_level=True)
 
+from conftest import child_result  # noqa: E402
 from gpu_floor import empty_caches_after_each_test  # noqa: E402,F401
 
-ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -284,13 +281,7 @@ def test_cuda_visible_devices_by_uuid_maps_to_that_gpu(form):
     last = pynvml.nvmlDeviceGetCount() - 1
     uuid = _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(last)))
     value = uuid if form == "uuid" else uuid[:len("GPU-") + 8]   # as CUDA's docs abbreviate
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=value,
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=300)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, proc.stdout + proc.stderr
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = child_result(CHILD, set_env={"CUDA_VISIBLE_DEVICES": value}, any_exit=True)
     figures(f"CUDA_VISIBLE_DEVICES={value}", result=out)
     for part in ("nvml_only", "torch"):
         got = out[part]

@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device: these tests run on the GPU machine", allow_module_level=True)
+from gpu_setup import GIB_FLOATS, MIB, cuda_torch
+
+torch = cuda_torch()
 
 from conftest import run  # noqa: E402
 
 from gpu_floor import (  # noqa: E402,F401
     assert_at_most_floor, empty_caches_after_each_test, floor, process_bytes)
 
-MIB = 1 << 20
-GIB_FLOATS = 1 << 28     # 1 GiB of float32
 
 CASES = {
     "plain variable": f"t = torch.ones({GIB_FLOATS}, device='cuda')",

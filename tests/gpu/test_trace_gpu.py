@@ -38,6 +38,7 @@ if not torch.cuda.is_available():
 from conftest import run  # noqa: E402
 
 from gpu_floor import empty_caches_after_each_test  # noqa: E402,F401
+from gpu_setup import GPT_STEP  # noqa: E402
 
 from jupyter_gpumem.core import trace  # noqa: E402
 
@@ -64,16 +65,9 @@ CELLS = [
     # 4: the data
     "data = torch.randint(0, 512, (64, 129), device='cuda')",
     # 5: the training loop
-    textwrap.dedent("""\
-    for step in range(STEPS):
-        batch = data[torch.randint(0, 64, (16,), device='cuda')]
-        logits = model(batch[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, 512), batch[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    torch.cuda.synchronize()
-    """),
+    "for step in range(STEPS):\n"
+    "    batch = data[torch.randint(0, 64, (16,), device='cuda')]\n"
+    + textwrap.indent(GPT_STEP, "    ") + "torch.cuda.synchronize()\n",
     # 6: a scalar that keeps its autograd graph (and the activations it saved)
     "kept = F.cross_entropy(model(data[:2, :-1]).reshape(-1, 512), data[:2, 1:].reshape(-1))",
 ]

@@ -8,34 +8,21 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device: these tests run on the GPU machine", allow_module_level=True)
+from gpu_setup import GIB_FLOATS, MIB, cuda_torch
+
+torch = cuda_torch()
 
 from conftest import run  # noqa: E402
 
 from gpu_floor import (  # noqa: E402,F401
     assert_at_most_floor, empty_caches_after_each_test, floor, process_bytes)
 
-MIB = 1 << 20
-GIB_FLOATS = 1 << 28     # 1 GiB of float32
 
 DEFINE = """
 import torch
-from torch.utils._pytree import tree_map
+from wrapper_tensor import wrapper_class
 
-class Wrapper(torch.Tensor):
-    @staticmethod
-    def __new__(cls, elem):
-        out = torch.Tensor._make_wrapper_subclass(cls, elem.size(), dtype=elem.dtype,
-                                                  device=elem.device)
-        out.elem = elem
-        return out
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        unwrap = lambda x: x.elem if type(x) is cls else x
-        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+Wrapper = wrapper_class()
 
 class KeepsExtra(torch.autograd.Function):
     @staticmethod
