@@ -10,8 +10,9 @@ kernel API: the children live on as orphans. The restarted kernel's report
 notebooks, the orphans as orphans of the third notebook) with bytes matching NVML's
 per-process figures, read here, within 2 MiB; the server's endpoint must show the same
 figures; ``%gpumem purge --orphans`` must end both and bring the device's used bytes
-back to what they were with only the two kernels on it, within 2 MiB. Prints its
-figures (run with ``-s``). Skips, with the reason, without CUDA or the Jupyter server.
+back to what they were with only the two kernels on it, within 2 MiB. A second test
+does the same through the live panel's Orphans section (its button, its question,
+Cancel, then Yes) for one orphan a kernel left. Prints its figures (run with ``-s``). Skips, with the reason, without CUDA or the Jupyter server.
 """
 from __future__ import annotations
 
@@ -180,3 +181,69 @@ def test_restarted_kernels_orphans_named_and_purged(tmp_path):
             except psutil.Error:
                 pass
         server.stop()
+
+
+CUDA_HOLD = ("import os, sys, time, torch\n"
+             "x = torch.ones(int(sys.argv[1]), dtype=torch.uint8, device='cuda')\n"
+             "torch.cuda.synchronize()\n"
+             "print(os.getpid(), flush=True)\n"
+             "time.sleep(float(sys.argv[2]))\n")
+
+
+def test_the_panels_button_ends_a_kernels_orphan_after_its_question(ip):
+    """The panel's Orphans section on the real GPU: an orphan a kernel left (its parent
+    gone, a kernel's environment) holding 256 MiB is listed with NVML's bytes within
+    2 MiB; Cancel ends nothing; the button and its Yes end it, and the device's used bytes
+    come back to what they were before it, within 2 MiB."""
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+    from gpu_holders import ORPHAN
+    from jupyter_gpumem.views import panel as panel_mod
+
+    before, _ = nvml_figures()
+    env = {**os.environ, "JPY_PARENT_PID": "999999", "JPY_SESSION_NAME": "old.ipynb"}
+    out = subprocess.run([sys.executable, "-c", ORPHAN, CUDA_HOLD, str(256 * MiB), "300"],
+                         stdout=subprocess.PIPE, text=True, env=env, check=True, timeout=120)
+    pid = int(out.stdout.strip())
+    try:
+        deadline = time.time() + 10
+        while psutil.Process(pid).ppid() not in (0, 1) and time.time() < deadline:
+            time.sleep(0.05)
+        wait_listed([pid])
+        time.sleep(1)
+        with_orphan, procs = nvml_figures()
+        ip.run_cell("%gpumem panel", store_history=True)
+        panel = panel_mod.current(ip)
+        section = panel.orphan_section
+        rows = {o["pid"]: o for o in section.rows()}
+        print(f"\norphan {pid}: NVML {procs[pid] / MiB:.1f} MiB, panel "
+              f"{rows.get(pid, {}).get('bytes', 0) / MiB:.1f} MiB; used before it "
+              f"{before / MiB:.1f} MiB, with it {with_orphan / MiB:.1f} MiB")
+        assert rows[pid]["purgeable"] and rows[pid]["path"] == "old.ipynb"
+        assert abs(rows[pid]["bytes"] - procs[pid]) <= SLACK
+        assert os.getpid() not in rows
+        section.button.click()
+        assert f"data-confirm-orphan='{pid}'" in section.confirm_text.value
+        section.cancel_button.click()
+        time.sleep(0.5)
+        assert alive(pid), "Cancel ended the orphan"
+        section.button.click()
+        section.confirm_button.click()
+        assert not alive(pid)
+        wait_listed([pid], present=False)
+        time.sleep(1)
+        after, _ = nvml_figures()
+        print("the panel's result:", section.status.value)
+        print(f"used after the panel's purge {after / MiB:.1f} MiB "
+              f"(difference to before the orphan {(after - before) / MiB:+.1f} MiB)")
+        assert f"data-step='{pid}'" in section.result.value
+        assert abs(after - before) <= SLACK
+    finally:
+        panel_mod.close(ip)
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
