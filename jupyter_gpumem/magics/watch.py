@@ -14,10 +14,11 @@ from IPython.core.error import UsageError
 from ..core import devices as _devices
 from ..core.roots import Root
 from ..watch import export as _export
-from ..watch.footer import _parse_share, fmt_share, _start_footer, _stop_footer, _traced_lines
+from ..watch.footer import _start_footer, _stop_footer, _traced_lines
 from ..watch.peaks import uninstall_all
 from ..watch.result import fmt_seconds
 from ..session import session_of
+from ..settings import fmt_share, parse_share
 from ..watch.scope import HUB, Watch, _complain, _current_count, _state_for_shell, _State
 from ..views.plot import show_figure
 from .args import parser, split_line, usage_errors
@@ -43,7 +44,7 @@ def magic_watch(magics, argv: list[str]) -> None:
     state.magics = magics
     if args.warn_at is not None:
         try:
-            share = _parse_share(args.warn_at)
+            share = parse_share(args.warn_at)
         except ValueError as exc:
             raise UsageError(f"--warn-at: {exc}") from None
         magics.warn_at = None if share is None else fmt_share(share)
@@ -64,10 +65,7 @@ def magic_watch(magics, argv: list[str]) -> None:
 
 def _status(magics, state: _State) -> str:
     on = state.footer is not None
-    try:
-        share = _parse_share(magics.warn_at)
-    except ValueError:
-        share = None
+    share = magics.warn_share
     parts = [f"watch is {'on' if on else 'off'}"]
     if on:
         parts.append(f"device {state.footer_device or magics.default_device}")

@@ -39,7 +39,7 @@ MISSING = ("jupyter_gpumem: the live panel needs ipywidgets: run `pip install ip
 
 
 
-def _widgets():
+def widgets():
     """ipywidgets, imported on first use; a clear ImportError when missing."""
     try:
         import ipywidgets
@@ -144,7 +144,7 @@ class Panel:
 
     # -- widgets -------------------------------------------------------------------------
     def _build_widgets(self) -> None:
-        w = _widgets()
+        w = widgets()
         self._w = w
         self.title = w.HTML()
         self.refresh_button = w.Button(description="Refresh", icon="refresh",

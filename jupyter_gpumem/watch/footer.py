@@ -17,34 +17,10 @@ from ..core import trace as _trace
 from ..core import purge as _purge
 from ..core.render import fmt_bytes
 from ..session import hook_cells, unhook_cells
+from ..settings import fmt_share
 from .result import WatchResult
 from .peaks import LEDGER
 from .scope import HUB, Watch, _complain, _current_count, _ordered, _read_devices, _State
-
-def _parse_share(value: Any) -> float | None:
-    """``"80%"``, ``0.8`` or ``80`` -> 0.8; ``None``/``"off"`` -> None; ValueError otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("", "off", "none", "no"):
-            return None
-        percent = text.endswith("%")
-        number = float(text.rstrip("%").strip())
-        share = number / 100 if percent or number > 1 else number
-    else:
-        number = float(value)
-        share = number / 100 if number > 1 else number
-    if not 0 < share <= 1:
-        raise ValueError(f"a share between 0% and 100% is needed, not {value!r}")
-    return share
-
-
-def fmt_share(share: float) -> str:
-    """A share as a percentage with the precision it was given: 0.8 -> ``80%``,
-    0.001 -> ``0.1%``, 0.125 -> ``12.5%``."""
-    return f"{round(share * 100, 6):g}%"
-
 
 #: a line that runs one of the product's own commands: ``%gpumem ...``, ``r = %gpumem -o``
 _OWN_LINE = re.compile(r"\s*(?:[A-Za-z_]\w*\s*=\s*)?%gpumem(?:\s|$)")
@@ -62,9 +38,9 @@ def is_own_command(cell: Any) -> bool:
 
 _UNSET = object()
 
-#: the magics' settings the footer reads every cell, and their defaults without magics
-_SETTINGS = {"default_device": "auto", "sample_interval": 0.05, "scan_time_limit": 3.0,
-             "warn_at": None}
+#: the settings (traits of ``GpuMemSettings``) the footer reads every cell; ``warn_at``
+#: is read as its parsed form, ``warn_share``
+FOOTER_SETTINGS = ("default_device", "sample_interval", "scan_time_limit", "warn_at")
 
 #: seconds after a cell's end within which the next cell (run-all, a queue of cells)
 #: starts from that end's readings instead of reading the devices and the names again:
@@ -244,18 +220,19 @@ class _Footer:
         return self.state.magics
 
     def settings(self) -> dict:
-        """The magics' settings the footer reads every cell (``_SETTINGS``): read once, and
+        """The settings the footer reads every cell (``FOOTER_SETTINGS``): read once, and
         again after one of them changes (traitlets tells; reading a trait costs more than
         anything else the footer reads)."""
         magics = self.state.magics
         kept = self._kept
         if kept is not None and kept[0] is magics:
             return kept[1]
-        values = {name: getattr(magics, name, default) for name, default in _SETTINGS.items()}
+        values = {name: getattr(magics, name) for name in FOOTER_SETTINGS}
+        values["warn_share"] = magics.warn_share
         if self._observed is not magics:
             self._unobserve()
             try:
-                magics.observe(self._forget, names=list(_SETTINGS))
+                magics.observe(self._forget, names=list(FOOTER_SETTINGS))
                 self._observed = magics
             except Exception:  # noqa: BLE001 - not a HasTraits: read them every cell
                 return values
@@ -269,7 +246,7 @@ class _Footer:
         magics, self._observed, self._kept = self._observed, None, None
         if magics is not None:
             try:
-                magics.unobserve(self._forget, names=list(_SETTINGS))
+                magics.unobserve(self._forget, names=list(FOOTER_SETTINGS))
             except Exception:  # noqa: BLE001
                 pass
 
@@ -368,11 +345,7 @@ class _Footer:
 
     def _thresholds(self, w: Watch, r: WatchResult) -> None:
         magics = self.magics
-        try:
-            share = _parse_share(self.settings()["warn_at"])
-        except ValueError as exc:
-            r.messages.append(f"warn_at ignored: {exc}")
-            return
+        share = self.settings()["warn_share"]
         if share is None:
             return
         full = [d for d in r.devices if d.share_after is not None and d.share_after >= share]
