@@ -40,11 +40,12 @@ from typing import Any, Callable, Protocol
 
 from .core.snapshot import build, build_many_steps
 from .core import monitor as _monitor
+from .core import purge as _purge
 from .core.devices import read_devices
 from .core.monitor import CellEvents
 from .core import trace as _trace
 from .core.trace import CellSpans
-from . import cluster
+from . import cluster as _cluster
 from .settings import GpuMemSettings
 from .units import complain
 
@@ -93,9 +94,9 @@ def cluster_part(client: Any, names: Any, device: str, time_limit: float) -> dic
     """The cluster part of a snapshot (JSON), or a one-line note of why there is none.
     Asks only the cluster (``names`` were walked on the main thread): any thread."""
     try:
-        part = cluster.snapshot(client, names=names, device=device,
+        part = _cluster.snapshot(client, names=names, device=device,
                                 time_limit=time_limit).to_json()
-    except cluster.ClusterError as exc:
+    except _cluster.ClusterError as exc:
         return f"cluster: {exc}"
     except Exception as exc:  # noqa: BLE001 - the local snapshot stands
         return f"cluster: {type(exc).__name__}: {exc}"
@@ -161,6 +162,10 @@ class Session:
         self._cluster_threads: list[threading.Thread] = []
         #: what refreshing costs: how many, their wall seconds, how many were dropped
         self.stats = {"refreshes": 0, "seconds": 0.0, "dropped": 0, "deferred": 0}
+        #: purges of this shell's names so far (dry runs aside), whichever way they came
+        #: (:func:`purge`): a reading or a result from before one is stale (the footer and
+        #: the panel ask)
+        self.purges = 0
         _monitor.hook_cells(shell, self._pre_run_cell, self._post_run_cell)
 
     # -- settings ----------------------------------------------------------------
@@ -201,6 +206,16 @@ class Session:
         self._generation += 1
         self._cancel()
         drive_now(self._refresh_steps(self._generation))
+
+    # -- purges ------------------------------------------------------------------------
+    def purge(self, names=(), **options: Any) -> Any:
+        """:func:`purge` of this shell's names (``options`` as there)."""
+        options.setdefault("shell", self.shell)
+        return purge(names, **options)
+
+    def purged(self) -> None:
+        """A purge of this shell's names began (called by :func:`purge`)."""
+        self.purges += 1
 
     # -- cell events (main thread) ---------------------------------------------------
     def hook_cells(self, pre: Callable, post: Callable) -> None:
@@ -362,18 +377,18 @@ class Session:
         devices given; nothing when Dask is not in use or no client is connected.
         The walk of the names runs here (main thread), the question to the cluster
         is an :class:`Offload`; together within ``scan_time_limit``."""
-        if not cluster.dask_imported():
+        if not _cluster.dask_imported():
             return {}
-        client = cluster.find_client(shell=self.shell)
+        client = _cluster.find_client(shell=self.shell)
         if client is None:
             return {}
         start = time.perf_counter()
         limit = self.time_limit
         try:
-            names = cluster.held_names(client, shell=self.shell,
+            names = _cluster.held_names(client, shell=self.shell,
                                        time_limit=limit * CLUSTER_WALK_SHARE)
         except Exception as exc:  # noqa: BLE001 - an asynchronous client, say
-            note = f"cluster: {exc}" if isinstance(exc, cluster.ClusterError) \
+            note = f"cluster: {exc}" if isinstance(exc, _cluster.ClusterError) \
                 else f"cluster: {type(exc).__name__}: {exc}"
             return {device: note for device in devices}
         out: dict[str, Any] = {}
@@ -476,6 +491,33 @@ def _running_loop_and_task(shell: Any) -> tuple[Any, Any]:
     return loop, task
 
 
+def purge(names=(), *, shell: Any = None, namespace: dict | None = None, cluster: Any = None,
+          **options: Any) -> Any:
+    """Every purge goes through here: :func:`jupyter_gpumem.core.purge.purge` (``options``:
+    ``all``, ``dry_run``, ``device``, ``time_limit``), or with ``cluster`` (a Dask client,
+    or True for the one in use) :func:`jupyter_gpumem.cluster.purge`. The session of the
+    shell whose names go (``shell``, or the shell whose namespace ``namespace`` is) hears
+    of it (:attr:`Session.purges`), unless it was a dry run or it refused the names
+    (a ``PurgeError``: nothing was deleted)."""
+    session = session_of(shell) if shell is not None else _session_of_namespace(namespace)
+    dry_run = bool(options.get("dry_run", False))
+    try:
+        if cluster is not None and cluster is not False:
+            result = _cluster.purge(names, client=None if cluster is True else cluster,
+                                    namespace=namespace, shell=shell, **options)
+        else:
+            result = _purge.purge(names, shell=shell, namespace=namespace, **options)
+    except _purge.PurgeError:
+        raise
+    except BaseException:
+        if session is not None and not dry_run:
+            session.purged()        # it may have deleted some before it failed
+        raise
+    if session is not None and not dry_run:
+        session.purged()
+    return result
+
+
 _sessions: dict[int, Session] = {}
 
 
@@ -488,6 +530,17 @@ def open_session(shell: Any, settings: GpuMemSettings | None = None) -> Session:
     elif settings is not None:
         session.settings = settings
     return session
+
+
+def _session_of_namespace(namespace: dict | None) -> Session | None:
+    """The session of the shell whose user namespace ``namespace`` is (a cell's
+    ``globals()``), if any."""
+    if namespace is None:
+        return None
+    for session in list(_sessions.values()):
+        if getattr(session.shell, "user_ns", None) is namespace:
+            return session
+    return None
 
 
 def session_of(shell: Any) -> Session | None:

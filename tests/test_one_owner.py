@@ -56,3 +56,51 @@ def test_warn_at_is_checked_when_set_and_parsed_once_not_every_cell(watched, cap
 def test_tame_refuses_what_it_does_not_know_with_its_usage(ip, line):
     with pytest.raises(UsageError, match=r"unknown arguments '.*': %gpumem tame"):
         ip.run_line_magic("gpumem", line)
+
+
+def test_every_purge_a_shell_can_take_reaches_its_session(ip):
+    """The magics', the sidebar's, the panel's, and the API's from a cell (with the shell
+    or its ``globals()``): each counts once in the session; a dry run and a refused purge
+    (nothing deleted) do not; the panel's shown result goes after a purge from elsewhere."""
+    pytest.importorskip("ipywidgets")
+    from test_comm import open_sidebar, send
+
+    from jupyter_gpumem.session import session_of
+    from jupyter_gpumem.views import panel as panel_mod
+
+    session = session_of(ip)
+    run(ip, "import torch, jupyter_gpumem\n" + "\n".join(
+        f"{n} = torch.ones(1000)" for n in ("a", "b", "c", "d", "e", "f")))
+
+    def counted(fn) -> int:
+        before = session.purges
+        fn()
+        return session.purges - before
+
+    assert counted(lambda: run(ip, "%gpumem purge a --device cpu")) == 1
+    assert counted(lambda: run(ip, "%gpumem purge b --dry-run --device cpu")) == 0
+    assert counted(lambda: run(ip, "%gpumem purge nosuch --device cpu", expect_error=True)) == 0
+    assert counted(lambda: run(ip, "jupyter_gpumem.purge(['b'], shell=get_ipython(), "
+                                   "device='cpu')")) == 1
+    assert counted(lambda: run(ip, "jupyter_gpumem.purge(['c'], namespace=globals(), "
+                                   "device='cpu')")) == 1
+    sidebar = open_sidebar()
+    try:
+        send(sidebar, {"type": "set_device", "device": "cpu"})
+        assert counted(lambda: send(sidebar, {"type": "purge", "names": ["d"], "dry_run": True})) == 0
+        assert counted(lambda: send(sidebar, {"type": "purge", "names": ["d"]})) == 1
+    finally:
+        sidebar.close()
+    run(ip, "%gpumem panel --device cpu")
+    panel = panel_mod.current(ip)
+    try:
+        panel.checkbox("e").value = True
+        panel.purge_button.click()
+        assert counted(lambda: panel.confirm_button.click()) == 1
+        assert "e" not in ip.user_ns and panel.result.value
+        run(ip, "%gpumem purge f --device cpu")
+        panel.refresh()
+        assert panel.result.value == "", "a purge from elsewhere makes the shown result stale"
+    finally:
+        panel_mod.close(ip)
+    assert not {"a", "b", "c", "d", "e", "f"} & set(ip.user_ns)

@@ -246,7 +246,7 @@ def test_back_to_back_cells_start_from_the_last_end_unless_a_pause_or_purge_came
     assert [c.name for c in second.changes] == ["b"]
     time.sleep(1.0)
     assert cell("c = 1") == 2                          # read again after a pause
-    from jupyter_gpumem.core.purge import purge
+    from jupyter_gpumem import purge
     monkeypatch.setattr(watch_footer, "ARM_TTL", 600.0)   # however long the purge takes
     assert cell("pass") in (1, 2)
     purge(["b"], shell=wip)                           # between cells, as the sidebar does

@@ -13,6 +13,7 @@ from ..core.monitor import check_interval
 from ..core.paths import PathError
 from ..core import purge as _purge
 from ..core import snapshot as _snapshot
+from .. import session as _session
 from ..settings import GpuMemSettings
 from ..units import complain
 from . import panel as _panel
@@ -170,7 +171,7 @@ class GpuMemMagics(Magics, GpuMemSettings):
             raise UsageError("--grace goes with --orphans")
         if args.cluster:
             return self._cluster_purge(args, device)
-        result = usage_errors(lambda: _purge.purge(
+        result = usage_errors(lambda: _session.purge(
             args.names, shell=self.shell, all=args.all, dry_run=args.dry_run, device=device,
             time_limit=self.scan_time_limit), _purge.PurgeError)
         return self.show(result, args.output)
@@ -187,10 +188,10 @@ class GpuMemMagics(Magics, GpuMemSettings):
 
     def _cluster_purge(self, args: Any, device: str) -> Any:
         """``%gpumem purge NAME ... --cluster``: release the names' keys on the cluster."""
-        result = usage_errors(lambda: cluster.purge(
-            args.names, shell=self.shell, all=args.all, dry_run=args.dry_run, device=device,
-            time_limit=self.scan_time_limit), (cluster.ClusterError, _purge.PurgeError),
-            "--cluster: ")
+        result = usage_errors(lambda: _session.purge(
+            args.names, shell=self.shell, cluster=True, all=args.all, dry_run=args.dry_run,
+            device=device, time_limit=self.scan_time_limit),
+            (cluster.ClusterError, _purge.PurgeError), "--cluster: ")
         return self.show(result, args.output)
 
     @cell_magic

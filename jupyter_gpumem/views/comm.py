@@ -195,8 +195,8 @@ class _Channel:
 
     def purge(self, names: list[str], dry_run: bool, rid: Any) -> None:
         try:
-            result = _purge.purge(names, shell=self.hub.shell, dry_run=dry_run, device=self.device,
-                           time_limit=self.hub.session.time_limit)
+            result = self.hub.session.purge(names, dry_run=dry_run, device=self.device,
+                                            time_limit=self.hub.session.time_limit)
         except _purge.PurgeError as exc:
             self.error(str(exc), rid)
             return

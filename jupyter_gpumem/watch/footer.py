@@ -14,9 +14,8 @@ from typing import Any
 from ..core import devices as _devices
 from ..core import monitor as _monitor
 from ..core import trace as _trace
-from ..core import purge as _purge
 from ..core.render import fmt_bytes
-from ..session import hook_cells, unhook_cells
+from ..session import hook_cells, purge, session_of, unhook_cells
 from ..settings import fmt_share
 from .result import WatchResult
 from .peaks import LEDGER
@@ -211,9 +210,14 @@ class _Footer:
     def _take_armed(self) -> tuple | None:
         armed, self._armed = self._armed, None
         if armed is None or time.perf_counter() - armed[0] > ARM_TTL \
-                or armed[1] != _purge.PURGES[0]:
+                or armed[1] != self._purges():
             return None
         return armed[2]
+
+    def _purges(self) -> int | None:
+        """How many purges of the shell's names its session has heard of."""
+        session = session_of(self.state.shell)
+        return session.purges if session is not None else None
 
     @property
     def magics(self):
@@ -329,7 +333,7 @@ class _Footer:
                     text += "\n" + lines
                 _emit(text + "\n", wrote)
                 if w.end is not None and r.auto_purge is None:
-                    self._armed = (time.perf_counter(), _purge.PURGES[0], w.end)
+                    self._armed = (time.perf_counter(), self._purges(), w.end)
         except Exception as exc:  # noqa: BLE001
             _complain("watch footer failed", exc)
         self.state.costs.append(self._pre_cost + time.perf_counter() - t)
@@ -366,7 +370,7 @@ class _Footer:
             removed: list[str] = []
             freed: dict[str, int | None] = {}
             for dev in ids:
-                res = _purge.purge(shell=self.state.shell, device=dev,
+                res = purge(shell=self.state.shell, device=dev,
                             time_limit=getattr(magics, "scan_time_limit", 3.0))
                 removed += [n for n in res.removed if n not in removed]
                 freed.update({k: v for k, v in res.freed.items() if k == dev})
