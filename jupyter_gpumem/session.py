@@ -121,6 +121,33 @@ class View(Protocol):
         """Say in one line that the refresh failed."""
 
 
+class CellFollower(Protocol):
+    """What follows the outer cells of a shell through its session's one pairing of
+    IPython's cell events (the ``watch on`` footer): a cell run from inside a cell is
+    part of its outer cell, and a "pre" or "post" without its partner is sorted out by
+    the session, once for everyone."""
+
+    def cell_began(self, info: Any) -> Any:
+        """An outer cell begins: what to keep for it (None: nothing)."""
+
+    def cell_ended(self, kept: Any, result: Any) -> None:
+        """The outer cell for which ``kept`` was kept ended with ``result``."""
+
+    def cell_lost(self, kept: Any) -> None:
+        """The cell ended unseen (its "post" never came), or the follower left while it
+        ran: no end to report."""
+
+
+class _CellRun:
+    """An outer cell while it runs: its span and what each follower keeps for it."""
+
+    __slots__ = ("span", "kept")
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+        self.kept: dict[Any, Any] = {}
+
+
 class Session:
     """What the extension keeps for one shell (see the module docstring)."""
 
@@ -140,7 +167,10 @@ class Session:
         #: the shell's only pre/post_run_cell callbacks of the extension (trace's too: the
         #: magics give trace.start the session's hooks)
         self._cell_hooks: list[tuple[Callable, Callable]] = []
+        #: the :class:`CellFollower` s, told of each outer cell before the hooks above
+        self._followers: list[CellFollower] = []
         self._views: list[View] = []
+        #: the shell's one pairing of IPython's cell events (each outer cell a _CellRun)
         self._pairing = CellEvents(shell)
         #: the outer cells' spans ``[start, end]`` (unix s; end None while the cell runs)
         #: with their execution counts (``span.count``), oldest first, and a count that
@@ -227,27 +257,68 @@ class Session:
         if (pre, post) in self._cell_hooks:
             self._cell_hooks.remove((pre, post))
 
+    def follow_cells(self, follower: CellFollower) -> None:
+        """Tell ``follower`` of every outer cell from the next one on."""
+        if follower not in self._followers:
+            self._followers.append(follower)
+
+    def unfollow_cells(self, follower: CellFollower) -> list:
+        """Stop telling ``follower``; what it kept for the cells running now (to let go)."""
+        if follower in self._followers:
+            self._followers.remove(follower)
+        return [run.kept.pop(follower) for run in self._pairing.payloads()
+                if follower in run.kept]
+
+    def kept_by(self, follower: CellFollower) -> Any:
+        """What ``follower`` keeps for the outer cell running now, if any."""
+        run = self._pairing.outer_payload()
+        return run.kept.get(follower) if run is not None else None
+
+    def _lose(self, runs: list) -> None:
+        for run in runs:        # cells whose "post" never came: their end is unknown
+            self.cells.end(run.span, run.span[0])
+            for follower, kept in list(run.kept.items()):
+                _guarded(follower.cell_lost, kept)
+            run.kept.clear()
+
     def _pre_run_cell(self, info: Any = None) -> None:
-        cell, ended = self._pairing.pre(info)
-        for span in ended:      # cells whose "post" never came: their end is unknown
-            self.cells.end(span, span[0])
+        try:
+            cell, ended = self._pairing.pre(info)
+        except Exception as exc:  # noqa: BLE001 - never raise into the user's cell
+            complain("cell events failed", exc)
+            return
+        self._lose(ended)
+        run = None
         if cell.outer:      # a cell run from inside a cell is part of the outer one
-            cell.payload = self.cells.begin(self.shell, info, time.time())
+            run = cell.payload = _CellRun(self.cells.begin(self.shell, info, time.time()))
         self.cells_version += 1
+        if run is not None:
+            for follower in list(self._followers):
+                kept = _guarded(follower.cell_began, info)
+                if kept is not None:
+                    run.kept[follower] = kept
         for pre, _ in list(self._cell_hooks):
             _guarded(pre, info)
 
     def _post_run_cell(self, result: Any = None) -> None:
-        self._after_cell(result)
+        try:
+            run, ended = self._pairing.post(result)
+        except Exception as exc:  # noqa: BLE001 - never raise into the user's cell
+            complain("cell events failed", exc)
+            run, ended = None, []
+        self._lose(ended)
+        self._after_cell(run, result)
+        if run is not None:
+            for follower, kept in list(run.kept.items()):
+                _guarded(follower.cell_ended, kept, result)
+            run.kept.clear()
         for _, post in list(self._cell_hooks):
             _guarded(post, result)
 
-    def _after_cell(self, result: Any) -> None:
+    def _after_cell(self, run: _CellRun | None, result: Any) -> None:
         try:
-            span, ended = self._pairing.post(result)
+            span = run.span if run is not None else None
             now = time.time()
-            for other in ended:
-                self.cells.end(other, other[0])
             if span is not None:
                 self.cells.end(span, now, result)
             self.cells_version += 1
@@ -441,11 +512,12 @@ class Session:
         return _trace.stop() if _trace.tracer() is tracer else tracer.stop()
 
 
-def _guarded(fn: Callable, arg: Any) -> None:
+def _guarded(fn: Callable, *args: Any) -> Any:
     try:
-        fn(arg)
+        return fn(*args)
     except Exception as exc:  # noqa: BLE001 - as IPython's own events: one line, go on
         complain(f"{getattr(fn, '__qualname__', 'a cell hook')} failed", exc)
+        return None
 
 
 def hook_cells(shell: Any, pre: Callable, post: Callable) -> None:

@@ -90,7 +90,8 @@ def test_every_purge_a_shell_can_take_reaches_its_session(ip):
         assert counted(lambda: send(sidebar, {"type": "purge", "names": ["d"], "dry_run": True})) == 0
         assert counted(lambda: send(sidebar, {"type": "purge", "names": ["d"]})) == 1
     finally:
-        sidebar.close()
+        sidebar.handle_close({"content": {"comm_id": sidebar.comm_id, "data": {}}})
+    assert not session.sampler.subscriptions
     run(ip, "%gpumem panel --device cpu")
     panel = panel_mod.current(ip)
     try:
