@@ -169,6 +169,7 @@ class Session:
         self._cell_hooks: list[tuple[Callable, Callable]] = []
         #: the :class:`CellFollower` s, told of each outer cell before the hooks above
         self._followers: list[CellFollower] = []
+        self._closers: list[Callable[[], Any]] = []
         self._views: list[View] = []
         #: the shell's one pairing of IPython's cell events (each outer cell a _CellRun)
         self._pairing = CellEvents(shell)
@@ -487,10 +488,28 @@ class Session:
                 except Exception:  # noqa: BLE001
                     pass
 
+    def on_close(self, fn: Callable[[], Any]) -> None:
+        """Call ``fn()`` when the session closes (the last given first): what the magics
+        added to the shell beside the session (an input transformer, the magics
+        themselves) goes with it."""
+        self._closers.append(fn)
+
     def close(self) -> None:
-        """Unhook the cell events, drop a pending refresh and end the sampling thread."""
+        """The one teardown of what the extension added to the shell: the upper layers'
+        objects (the sidebar's comm hub, the panel, the watch state: each closed), what
+        was given to :meth:`on_close`, the pending refresh, the sampling thread (joined),
+        the cluster's thread, the trace this shell started, and the cell hooks."""
         self._cancel()
+        for name in ("comm_hub", "panel", "watch"):
+            part = getattr(self, name)
+            setattr(self, name, None)
+            if part is not None:
+                _guarded(part.close)
+        while self._closers:
+            _guarded(self._closers.pop())
+        self._cancel()      # a refresh a closer asked for
         self._views.clear()
+        self._followers.clear()
         self.sampler.close(SAMPLER_JOIN_TIMEOUT)
         if self._cluster_pool is not None:
             # a question under way ends within the time limit: wait for it, no longer
@@ -622,6 +641,9 @@ def session_of(shell: Any) -> Session | None:
 
 
 def close_session(shell: Any) -> None:
-    session = _sessions.pop(id(shell), None)
-    if session is not None:
+    """Close the session of ``shell`` (:meth:`Session.close`: everything of the extension
+    in that shell goes), if it has one."""
+    session = _sessions.get(id(shell))
+    if session is not None and session.shell is shell:
+        del _sessions[id(shell)]
         session.close()

@@ -105,3 +105,52 @@ def test_every_purge_a_shell_can_take_reaches_its_session(ip):
     finally:
         panel_mod.close(ip)
     assert not {"a", "b", "c", "d", "e", "f"} & set(ip.user_ns)
+
+
+def test_closing_the_session_alone_takes_back_everything_the_extension_added(ip):
+    """``Session.close`` is the one teardown (``%unload_ext`` calls it): with the footer,
+    the panel, the sidebar and trace on, closing the session removes the magics, the cell
+    hooks, the input transformer, the comm target and the sampling thread."""
+    pytest.importorskip("ipywidgets")
+    import threading
+
+    import comm
+    from test_comm import open_sidebar
+
+    from jupyter_gpumem.session import close_session, session_of
+    from jupyter_gpumem.views import comm as gpucomm
+
+    def ours() -> dict:
+        return {"hooks": sorted(getattr(cb, "__qualname__", "") for cbs in
+                                ip.events.callbacks.values() for cb in cbs
+                                if "Session" in getattr(cb, "__qualname__", "")),
+                "magics": sorted(n for kind in ("line", "cell")
+                                 for n in ip.magics_manager.magics[kind]
+                                 if n in ("gpumem", "gpuwatch")),
+                "transformers": [t for t in ip.input_transformers_cleanup
+                                 if getattr(t, "__jupyter_gpumem__", False)],
+                "target": gpucomm.TARGET in comm.get_comm_manager().targets,
+                "threads": sorted(t.name for t in threading.enumerate()
+                                  if t.name.startswith("jupyter_gpumem") and t.is_alive())}
+
+    run(ip, "import torch\nt = torch.ones(1000)")
+    run(ip, "%gpumem watch on --device cpu --interval 0.01")
+    run(ip, "%gpumem panel --device cpu --interval 0.05")
+    open_sidebar()
+    run(ip, "%gpumem trace on --device cpu")
+    run(ip, "u = torch.ones(1000)")
+    session = session_of(ip)
+    loaded = ours()
+    assert loaded["magics"] == ["gpumem", "gpuwatch"] and loaded["target"]
+    assert loaded["threads"] == ["jupyter_gpumem-sampler"] and loaded["transformers"]
+    assert len(loaded["hooks"]) == 2
+    try:
+        close_session(ip)
+        assert ours() == {"hooks": [], "magics": [], "transformers": [], "target": False,
+                          "threads": []}
+        assert session_of(ip) is None and session.watch is None and session.panel is None
+        assert session.comm_hub is None and session.tracer is None and session.sampler.closed
+        assert "GpuMemMagics" not in ip.magics_manager.registry
+    finally:
+        ip.extension_manager.loaded.discard("jupyter_gpumem")
+        run(ip, "%load_ext jupyter_gpumem")

@@ -15,7 +15,6 @@ from ..core import purge as _purge
 from ..core import snapshot as _snapshot
 from .. import session as _session
 from ..settings import GpuMemSettings
-from ..units import complain
 from . import panel as _panel
 from . import processes as _processes
 from . import tame as _tame
@@ -84,23 +83,7 @@ class GpuMemMagics(Magics, GpuMemSettings):
     """The jupyter_gpumem magics; the traits of :class:`~..settings.GpuMemSettings` are the
     extension's settings (``c.GpuMemMagics.scan_time_limit``)."""
 
-    def __init__(self, shell=None, **kwargs):
-        super().__init__(shell=shell, **kwargs)
-        self._cleanups: list[Callable[[], Any]] = []
-
     # -- helpers for the other modules ------------------------------------------
-    def add_cleanup(self, fn: Callable[[], Any]) -> None:
-        """Run ``fn`` when the extension unloads."""
-        self._cleanups.append(fn)
-
-    def run_cleanups(self) -> None:
-        while self._cleanups:
-            fn = self._cleanups.pop()
-            try:
-                fn()
-            except Exception as exc:  # noqa: BLE001
-                complain("cleanup failed", exc)
-
     @staticmethod
     def interval(value: Any, what: str = "--interval") -> float:
         """A validated sampling interval (seconds, finite, 1 ms .. 1 h) or a UsageError."""

@@ -7,6 +7,7 @@ import sys
 from IPython.core.error import UsageError
 
 from ..backends.tame import USAGE, TameResult, settings, status, tame, untame
+from ..session import session_of
 from .args import parser
 
 
@@ -56,4 +57,4 @@ def on_load(ip, magics) -> None:
 
     apply()
     magics.observe(apply, names="tame")
-    magics.add_cleanup(lambda: magics.unobserve(apply, names="tame"))
+    session_of(ip).on_close(lambda: magics.unobserve(apply, names="tame"))

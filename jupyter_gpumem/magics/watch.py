@@ -408,7 +408,8 @@ def _shows_images(shell: Any) -> bool:
 
 # -- loading -----------------------------------------------------------------------------
 def on_load(ip, magics) -> None:
-    """Called by ``%load_ext``: start the footer if configured; register the cleanup."""
+    """Called by ``%load_ext``: start the footer if configured; what it added goes when
+    the session closes."""
     state = state_for(ip)
 
     def on_watch_trait(change) -> None:
@@ -432,9 +433,5 @@ def on_load(ip, magics) -> None:
             magics.unobserve(on_watch_trait, names="watch")
         except ValueError:
             pass
-        session = session_of(ip)
-        if session is not None and session.watch is not None:
-            session.watch, watch_state = None, session.watch
-            watch_state.close()
 
-    magics.add_cleanup(cleanup)
+    session_of(ip).on_close(cleanup)      # the watch state closes with the session
