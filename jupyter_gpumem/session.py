@@ -27,6 +27,14 @@ The session owns the shell's one sampling thread too (:attr:`Session.sampler`, a
 sidebar's channels subscribe to it, each at its own interval, and the thread runs
 only while one of them is subscribed.
 
+It is the one owner of everything else the extension keeps for the shell: the one
+pairing of IPython's cell events (its followers, :meth:`Session.follow_cells`, and its
+hooks, :meth:`Session.hook_cells`, hear each cell through it), the record of the cells
+(:attr:`Session.cells`), the count of purges of the shell's names (every purge goes
+through :func:`purge`), the upper layers' objects (``watch``, ``panel``,
+``comm_hub``) and their teardown: :meth:`Session.close` is the only one, and
+:func:`open_session` the only place a session is made.
+
 Nothing here imports a widget, a framework or Dask; it holds no user object beyond
 the last snapshot's JSON (bytes, names and paths).
 """
@@ -609,6 +617,7 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, cluster
     return result
 
 
+#: the one per-shell registry: id(shell) -> its session
 _sessions: dict[int, Session] = {}
 
 
