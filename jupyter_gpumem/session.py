@@ -253,7 +253,7 @@ class Session:
         return purge(names, **options)
 
     def purged(self) -> None:
-        """A purge of this shell's names began (called by :func:`purge`)."""
+        """A purge of this shell's names ran (called by :func:`purge`)."""
         self.purges += 1
 
     # -- cell events (main thread) ---------------------------------------------------
