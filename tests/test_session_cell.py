@@ -63,17 +63,20 @@ def test_one_pairing_of_the_cell_events_walks_the_stack_once_a_cell(ip, monkeypa
     real = monitor._running_cell_frames
     monkeypatch.setattr(monitor, "_running_cell_frames",
                         lambda first_only=False: (walks.append(first_only), real(first_only))[1])
+    footer = state_for(ip).footer
     seen = []
-    ip.user_ns["seen"] = seen
+    ip.user_ns["seen"] = lambda: seen.append(footer.watch)
     try:
         run(ip, "x = 1")
-        run(ip, "seen.append(get_ipython().magics_manager.registry['GpuMemMagics'])")
-        footer = state_for(ip).footer
-        run(ip, "seen.append(1)")
+        run(ip, "seen()")
+        run(ip, "get_ipython().run_cell('seen()')\nseen()")     # a cell inside a cell
         assert footer.watch is None                 # no cell runs now
     finally:
         monkeypatch.undo()
+        ip.user_ns.pop("seen", None)
         run(ip, "%gpumem trace off")
         run(ip, "%gpumem watch off")
-    assert walks == [True, True, True]
-    assert len(session_of(ip).cells) >= 3
+    # one walk per outer cell, up to the innermost frame; the nested cell walks it whole
+    assert walks == [True, True, True, False]
+    assert seen[0] is not None and seen[0].label == f"In [{ip.execution_count - 4}]"
+    assert seen[1] is seen[2] is not None and seen[1] is not seen[0]   # the outer cell's
