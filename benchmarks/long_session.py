@@ -33,8 +33,8 @@ from jupyter_gpumem.core import roots as _roots
 _forgetful = _roots._items_except
 _roots._items_except = lambda ns, types, memo=None, judge=None: _forgetful(ns, types)
 """
-COSTS = ("list(__import__('jupyter_gpumem.watch.scope', fromlist=['_'])"
-         "._state_of(get_ipython()).costs)")
+COSTS = ("list(__import__('jupyter_gpumem.watch.state', fromlist=['_'])"
+         ".state_for(get_ipython()).costs)")
 
 
 def costs(k: Kernel) -> list[float]:

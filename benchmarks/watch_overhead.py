@@ -142,7 +142,7 @@ def footer_cost(ip, cells: int) -> dict:
     t0 = time.perf_counter()
     quiet_run(ip, "%gpumem watch on")
     seed = time.perf_counter() - t0
-    state = watch._state_for_shell(ip)
+    state = importlib.import_module("jupyter_gpumem.watch.state").state_for(ip)
     before = len(state.costs)
     for i in range(cells):
         quiet_run(ip, SMALL_CELLS[i % len(SMALL_CELLS)])

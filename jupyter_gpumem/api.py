@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import cluster as _cluster
+from . import session as _session
 from .core.purge import PurgeError, PurgeResult
-from .core.purge import purge as _purge
 from .core.snapshot import Snapshot, build
 from .watch.scope import Watch, watch
 
@@ -52,10 +52,9 @@ def purge(names=(), *, namespace: dict | None = None, shell: Any = None, all: bo
     (what ``%gpumem purge NAME --cluster`` does). Bad input raises
     :class:`~jupyter_gpumem.cluster.ClusterPurgeError` (a ``PurgeError``) having
     deleted nothing.
+
+    In a shell with the extension loaded (``shell``, or ``namespace`` its ``globals()``),
+    its session hears of the purge, as of one from the magics or the views.
     """
-    if cluster is not None and cluster is not False:
-        return _cluster.purge(names, client=None if cluster is True else cluster,
-                              namespace=namespace, shell=shell, all=all, dry_run=dry_run,
-                              device=device, time_limit=time_limit)
-    return _purge(names, shell=shell, namespace=namespace, all=all, dry_run=dry_run,
-                  device=device, time_limit=time_limit)
+    return _session.purge(names, shell=shell, namespace=namespace, cluster=cluster, all=all,
+                          dry_run=dry_run, device=device, time_limit=time_limit)

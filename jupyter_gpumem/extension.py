@@ -9,7 +9,6 @@ from .magics import tame as _tame
 from .magics import trace as _trace
 from .magics import GpuMemMagics
 from .views import comm as _comm
-from .views import panel as _panel
 from .units import complain
 from .magics import watch as _watch
 
@@ -21,7 +20,8 @@ def load(ip) -> None:
         return      # loaded already
     magics = GpuMemMagics(shell=ip)
     ip.register_magics(magics)
-    _session.open_session(ip, magics)
+    session = _session.open_session(ip, magics)
+    session.on_close(lambda: _unregister_magics(ip, magics))
     _guarded("comm", lambda: _comm.register_comm(ip))
     for name, on_load in (("watch", _watch.on_load), ("tame", _tame.on_load),
                           ("trace", _trace.on_load)):
@@ -29,15 +29,14 @@ def load(ip) -> None:
 
 
 def unload(ip) -> None:
-    """Remove every magic, hook, thread and comm target :func:`load` added."""
+    """Remove every magic, hook, thread and comm target :func:`load` added: the session
+    closes (:meth:`~jupyter_gpumem.session.Session.close`, the one teardown)."""
     session = _session.session_of(ip)
-    magics = session.settings if session is not None else None
-    if not isinstance(magics, GpuMemMagics):
-        return
-    _guarded("comm", lambda: _comm.unregister_comm(ip))
-    _guarded("panel", lambda: _panel.close(ip))
-    magics.run_cleanups()
-    _session.close_session(ip)
+    if session is not None and isinstance(session.settings, GpuMemMagics):
+        _session.close_session(ip)
+
+
+def _unregister_magics(ip, magics: GpuMemMagics) -> None:
     mm = ip.magics_manager
     for kind, names in (("line", ("gpumem",)), ("cell", ("gpuwatch",))):
         for name in names:

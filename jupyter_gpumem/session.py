@@ -27,6 +27,14 @@ The session owns the shell's one sampling thread too (:attr:`Session.sampler`, a
 sidebar's channels subscribe to it, each at its own interval, and the thread runs
 only while one of them is subscribed.
 
+It is the one owner of everything else the extension keeps for the shell: the one
+pairing of IPython's cell events (its followers, :meth:`Session.follow_cells`, and its
+hooks, :meth:`Session.hook_cells`, hear each cell through it), the record of the cells
+(:attr:`Session.cells`), the count of purges of the shell's names (every purge goes
+through :func:`purge`), the upper layers' objects (``watch``, ``panel``,
+``comm_hub``) and their teardown: :meth:`Session.close` is the only one, and
+:func:`open_session` the only place a session is made.
+
 Nothing here imports a widget, a framework or Dask; it holds no user object beyond
 the last snapshot's JSON (bytes, names and paths).
 """
@@ -40,11 +48,12 @@ from typing import Any, Callable, Protocol
 
 from .core.snapshot import build, build_many_steps
 from .core import monitor as _monitor
+from .core import purge as _purge
 from .core.devices import read_devices
 from .core.monitor import CellEvents
 from .core import trace as _trace
 from .core.trace import CellSpans
-from . import cluster
+from . import cluster as _cluster
 from .settings import GpuMemSettings
 from .units import complain
 
@@ -93,9 +102,9 @@ def cluster_part(client: Any, names: Any, device: str, time_limit: float) -> dic
     """The cluster part of a snapshot (JSON), or a one-line note of why there is none.
     Asks only the cluster (``names`` were walked on the main thread): any thread."""
     try:
-        part = cluster.snapshot(client, names=names, device=device,
+        part = _cluster.snapshot(client, names=names, device=device,
                                 time_limit=time_limit).to_json()
-    except cluster.ClusterError as exc:
+    except _cluster.ClusterError as exc:
         return f"cluster: {exc}"
     except Exception as exc:  # noqa: BLE001 - the local snapshot stands
         return f"cluster: {type(exc).__name__}: {exc}"
@@ -120,6 +129,33 @@ class View(Protocol):
         """Say in one line that the refresh failed."""
 
 
+class CellFollower(Protocol):
+    """What follows the outer cells of a shell through its session's one pairing of
+    IPython's cell events (the ``watch on`` footer): a cell run from inside a cell is
+    part of its outer cell, and a "pre" or "post" without its partner is sorted out by
+    the session, once for everyone."""
+
+    def cell_began(self, info: Any) -> Any:
+        """An outer cell begins: what to keep for it (None: nothing)."""
+
+    def cell_ended(self, kept: Any, result: Any) -> None:
+        """The outer cell for which ``kept`` was kept ended with ``result``."""
+
+    def cell_lost(self, kept: Any) -> None:
+        """The cell ended unseen (its "post" never came), or the follower left while it
+        ran: no end to report."""
+
+
+class _CellRun:
+    """An outer cell while it runs: its span and what each follower keeps for it."""
+
+    __slots__ = ("span", "kept")
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+        self.kept: dict[Any, Any] = {}
+
+
 class Session:
     """What the extension keeps for one shell (see the module docstring)."""
 
@@ -139,7 +175,11 @@ class Session:
         #: the shell's only pre/post_run_cell callbacks of the extension (trace's too: the
         #: magics give trace.start the session's hooks)
         self._cell_hooks: list[tuple[Callable, Callable]] = []
+        #: the :class:`CellFollower` s, told of each outer cell before the hooks above
+        self._followers: list[CellFollower] = []
+        self._closers: list[Callable[[], Any]] = []
         self._views: list[View] = []
+        #: the shell's one pairing of IPython's cell events (each outer cell a _CellRun)
         self._pairing = CellEvents(shell)
         #: the outer cells' spans ``[start, end]`` (unix s; end None while the cell runs)
         #: with their execution counts (``span.count``), oldest first, and a count that
@@ -161,6 +201,10 @@ class Session:
         self._cluster_threads: list[threading.Thread] = []
         #: what refreshing costs: how many, their wall seconds, how many were dropped
         self.stats = {"refreshes": 0, "seconds": 0.0, "dropped": 0, "deferred": 0}
+        #: purges of this shell's names so far (dry runs aside), whichever way they came
+        #: (:func:`purge`): a reading or a result from before one is stale (the footer and
+        #: the panel ask)
+        self.purges = 0
         _monitor.hook_cells(shell, self._pre_run_cell, self._post_run_cell)
 
     # -- settings ----------------------------------------------------------------
@@ -202,6 +246,16 @@ class Session:
         self._cancel()
         drive_now(self._refresh_steps(self._generation))
 
+    # -- purges ------------------------------------------------------------------------
+    def purge(self, names=(), **options: Any) -> Any:
+        """:func:`purge` of this shell's names (``options`` as there)."""
+        options.setdefault("shell", self.shell)
+        return purge(names, **options)
+
+    def purged(self) -> None:
+        """A purge of this shell's names ran (called by :func:`purge`)."""
+        self.purges += 1
+
     # -- cell events (main thread) ---------------------------------------------------
     def hook_cells(self, pre: Callable, post: Callable) -> None:
         """Call ``pre(info)`` and ``post(result)`` around every cell, after the session's own."""
@@ -212,27 +266,68 @@ class Session:
         if (pre, post) in self._cell_hooks:
             self._cell_hooks.remove((pre, post))
 
+    def follow_cells(self, follower: CellFollower) -> None:
+        """Tell ``follower`` of every outer cell from the next one on."""
+        if follower not in self._followers:
+            self._followers.append(follower)
+
+    def unfollow_cells(self, follower: CellFollower) -> list:
+        """Stop telling ``follower``; what it kept for the cells running now (to let go)."""
+        if follower in self._followers:
+            self._followers.remove(follower)
+        return [run.kept.pop(follower) for run in self._pairing.payloads()
+                if follower in run.kept]
+
+    def kept_by(self, follower: CellFollower) -> Any:
+        """What ``follower`` keeps for the outer cell running now, if any."""
+        run = self._pairing.outer_payload()
+        return run.kept.get(follower) if run is not None else None
+
+    def _lose(self, runs: list) -> None:
+        for run in runs:        # cells whose "post" never came: their end is unknown
+            self.cells.end(run.span, run.span[0])
+            for follower, kept in list(run.kept.items()):
+                _guarded(follower.cell_lost, kept)
+            run.kept.clear()
+
     def _pre_run_cell(self, info: Any = None) -> None:
-        cell, ended = self._pairing.pre(info)
-        for span in ended:      # cells whose "post" never came: their end is unknown
-            self.cells.end(span, span[0])
+        try:
+            cell, ended = self._pairing.pre(info)
+        except Exception as exc:  # noqa: BLE001 - never raise into the user's cell
+            complain("cell events failed", exc)
+            return
+        self._lose(ended)
+        run = None
         if cell.outer:      # a cell run from inside a cell is part of the outer one
-            cell.payload = self.cells.begin(self.shell, info, time.time())
+            run = cell.payload = _CellRun(self.cells.begin(self.shell, info, time.time()))
         self.cells_version += 1
+        if run is not None:
+            for follower in list(self._followers):
+                kept = _guarded(follower.cell_began, info)
+                if kept is not None:
+                    run.kept[follower] = kept
         for pre, _ in list(self._cell_hooks):
             _guarded(pre, info)
 
     def _post_run_cell(self, result: Any = None) -> None:
-        self._after_cell(result)
+        try:
+            run, ended = self._pairing.post(result)
+        except Exception as exc:  # noqa: BLE001 - never raise into the user's cell
+            complain("cell events failed", exc)
+            run, ended = None, []
+        self._lose(ended)
+        self._after_cell(run, result)
+        if run is not None:
+            for follower, kept in list(run.kept.items()):
+                _guarded(follower.cell_ended, kept, result)
+            run.kept.clear()
         for _, post in list(self._cell_hooks):
             _guarded(post, result)
 
-    def _after_cell(self, result: Any) -> None:
+    def _after_cell(self, run: _CellRun | None, result: Any) -> None:
         try:
-            span, ended = self._pairing.post(result)
+            span = run.span if run is not None else None
             now = time.time()
-            for other in ended:
-                self.cells.end(other, other[0])
             if span is not None:
                 self.cells.end(span, now, result)
             self.cells_version += 1
@@ -362,18 +457,18 @@ class Session:
         devices given; nothing when Dask is not in use or no client is connected.
         The walk of the names runs here (main thread), the question to the cluster
         is an :class:`Offload`; together within ``scan_time_limit``."""
-        if not cluster.dask_imported():
+        if not _cluster.dask_imported():
             return {}
-        client = cluster.find_client(shell=self.shell)
+        client = _cluster.find_client(shell=self.shell)
         if client is None:
             return {}
         start = time.perf_counter()
         limit = self.time_limit
         try:
-            names = cluster.held_names(client, shell=self.shell,
+            names = _cluster.held_names(client, shell=self.shell,
                                        time_limit=limit * CLUSTER_WALK_SHARE)
         except Exception as exc:  # noqa: BLE001 - an asynchronous client, say
-            note = f"cluster: {exc}" if isinstance(exc, cluster.ClusterError) \
+            note = f"cluster: {exc}" if isinstance(exc, _cluster.ClusterError) \
                 else f"cluster: {type(exc).__name__}: {exc}"
             return {device: note for device in devices}
         out: dict[str, Any] = {}
@@ -401,10 +496,28 @@ class Session:
                 except Exception:  # noqa: BLE001
                     pass
 
+    def on_close(self, fn: Callable[[], Any]) -> None:
+        """Call ``fn()`` when the session closes (the last given first): what the magics
+        added to the shell beside the session (an input transformer, the magics
+        themselves) goes with it."""
+        self._closers.append(fn)
+
     def close(self) -> None:
-        """Unhook the cell events, drop a pending refresh and end the sampling thread."""
+        """The one teardown of what the extension added to the shell: the upper layers'
+        objects (the sidebar's comm hub, the panel, the watch state: each closed), what
+        was given to :meth:`on_close`, the pending refresh, the sampling thread (joined),
+        the cluster's thread, the trace this shell started, and the cell hooks."""
         self._cancel()
+        for name in ("comm_hub", "panel", "watch"):
+            part = getattr(self, name)
+            setattr(self, name, None)
+            if part is not None:
+                _guarded(part.close)
+        while self._closers:
+            _guarded(self._closers.pop())
+        self._cancel()      # a refresh a closer asked for
         self._views.clear()
+        self._followers.clear()
         self.sampler.close(SAMPLER_JOIN_TIMEOUT)
         if self._cluster_pool is not None:
             # a question under way ends within the time limit: wait for it, no longer
@@ -426,11 +539,12 @@ class Session:
         return _trace.stop() if _trace.tracer() is tracer else tracer.stop()
 
 
-def _guarded(fn: Callable, arg: Any) -> None:
+def _guarded(fn: Callable, *args: Any) -> Any:
     try:
-        fn(arg)
+        return fn(*args)
     except Exception as exc:  # noqa: BLE001 - as IPython's own events: one line, go on
         complain(f"{getattr(fn, '__qualname__', 'a cell hook')} failed", exc)
+        return None
 
 
 def hook_cells(shell: Any, pre: Callable, post: Callable) -> None:
@@ -476,6 +590,34 @@ def _running_loop_and_task(shell: Any) -> tuple[Any, Any]:
     return loop, task
 
 
+def purge(names=(), *, shell: Any = None, namespace: dict | None = None, cluster: Any = None,
+          **options: Any) -> Any:
+    """Every purge goes through here: :func:`jupyter_gpumem.core.purge.purge` (``options``:
+    ``all``, ``dry_run``, ``device``, ``time_limit``), or with ``cluster`` (a Dask client,
+    or True for the one in use) :func:`jupyter_gpumem.cluster.purge`. The session of the
+    shell whose names go (``shell``, or the shell whose namespace ``namespace`` is) hears
+    of it (:attr:`Session.purges`), unless it was a dry run or it refused the names
+    (a ``PurgeError``: nothing was deleted)."""
+    session = session_of(shell) if shell is not None else _session_of_namespace(namespace)
+    dry_run = bool(options.get("dry_run", False))
+    try:
+        if cluster is not None and cluster is not False:
+            result = _cluster.purge(names, client=None if cluster is True else cluster,
+                                    namespace=namespace, shell=shell, **options)
+        else:
+            result = _purge.purge(names, shell=shell, namespace=namespace, **options)
+    except _purge.PurgeError:
+        raise
+    except BaseException:
+        if session is not None and not dry_run:
+            session.purged()        # it may have deleted some before it failed
+        raise
+    if session is not None and not dry_run:
+        session.purged()
+    return result
+
+
+#: the one per-shell registry: id(shell) -> its session
 _sessions: dict[int, Session] = {}
 
 
@@ -490,6 +632,17 @@ def open_session(shell: Any, settings: GpuMemSettings | None = None) -> Session:
     return session
 
 
+def _session_of_namespace(namespace: dict | None) -> Session | None:
+    """The session of the shell whose user namespace ``namespace`` is (a cell's
+    ``globals()``), if any."""
+    if namespace is None:
+        return None
+    for session in list(_sessions.values()):
+        if getattr(session.shell, "user_ns", None) is namespace:
+            return session
+    return None
+
+
 def session_of(shell: Any) -> Session | None:
     """The session of ``shell`` while the extension is loaded in it."""
     session = _sessions.get(id(shell))
@@ -497,6 +650,9 @@ def session_of(shell: Any) -> Session | None:
 
 
 def close_session(shell: Any) -> None:
-    session = _sessions.pop(id(shell), None)
-    if session is not None:
+    """Close the session of ``shell`` (:meth:`Session.close`: everything of the extension
+    in that shell goes), if it has one."""
+    session = _sessions.get(id(shell))
+    if session is not None and session.shell is shell:
+        del _sessions[id(shell)]
         session.close()

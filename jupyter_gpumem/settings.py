@@ -10,15 +10,48 @@ from __future__ import annotations
 import sys
 import warnings
 
-from traitlets import Bool, Float, TraitError, Unicode, Union, validate
+from typing import Any
+
+from traitlets import Bool, Float, TraitError, Unicode, Union, observe, validate
 from traitlets.config import Configurable
 
 from .core.devices import parse_device
 from .core.monitor import check_interval
 
 
+def parse_share(value: Any) -> float | None:
+    """``"80%"``, ``0.8`` or ``80`` -> 0.8; ``None``/``"off"`` -> None; ValueError otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("", "off", "none", "no"):
+            return None
+        percent = text.endswith("%")
+        number = float(text.rstrip("%").strip())
+        share = number / 100 if percent or number > 1 else number
+    else:
+        number = float(value)
+        share = number / 100 if number > 1 else number
+    if not 0 < share <= 1:
+        raise ValueError(f"a share between 0% and 100% is needed, not {value!r}")
+    return share
+
+
+def fmt_share(share: float) -> str:
+    """A share as a percentage with the precision it was given: 0.8 -> ``80%``,
+    0.001 -> ``0.1%``, 0.125 -> ``12.5%``."""
+    return f"{round(share * 100, 6):g}%"
+
+
 class GpuMemSettings(Configurable):
-    """What the user can set; the magics (``GpuMemMagics``) carry these traits."""
+    """What the user can set; the magics (``GpuMemMagics``) carry these traits.
+
+    ``warn_share`` is ``warn_at`` parsed (a share in (0, 1], or None): parsed once,
+    when ``warn_at`` is set, and read by the footer after every cell."""
+
+    #: ``warn_at`` as a share of the device (None: no warning); kept up to date with it
+    warn_share: float | None = None
 
     default_device = Unicode("auto", help="device used when --device is not given: "
                              "auto (accelerators, else cpu), all, cpu, cuda:N").tag(config=True)
@@ -64,6 +97,18 @@ class GpuMemSettings(Configurable):
             except TraitError as exc:
                 print(f"jupyter_gpumem: {exc}; the setting keeps {trait.default()!r}",
                       file=sys.stderr)
+
+    @validate("warn_at")
+    def _check_warn_at(self, proposal):
+        try:
+            parse_share(proposal["value"])
+        except (TypeError, ValueError) as exc:
+            raise TraitError(f"GpuMemMagics.warn_at: {exc}") from None
+        return proposal["value"]
+
+    @observe("warn_at")
+    def _parse_warn_at(self, change) -> None:
+        self.warn_share = parse_share(change["new"])
 
     @validate("sample_interval")
     def _check_sample_interval(self, proposal) -> float:

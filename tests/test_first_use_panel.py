@@ -107,8 +107,8 @@ def test_timeline_ticks_at_round_values_on_both_axes():
 def test_the_process_line_is_drawn_from_the_panels_opening_watch_or_not(shell):
     panel = open_panel(shell)
     assert panel.session is not None
-    from jupyter_gpumem.magics.watch import _state_for_shell
-    assert _state_for_shell(shell).footer is None     # no watch on
+    from jupyter_gpumem.watch.state import state_for
+    assert state_for(shell).footer is None     # no watch on
     panel._tick()
     coords = re.findall(r"data-line='used_process' points='([^']*)'", panel.timeline.value)
     assert coords and len(coords[0].split()) >= 2, panel.timeline.value

@@ -49,35 +49,34 @@ def test_the_snapshot_after_a_cell_carries_that_cells_start_end_and_number(ip):
         session.remove_view(view)
 
 
-def test_the_stack_is_walked_once_a_cell_for_every_pairing_of_its_events(ip, monkeypatch):
-    """The session, the footer and the panel each pair a cell's events (CellEvents); the
-    first to hear a cell's "pre" walks the stack for the frames of the running cells,
-    the others take what it found for that same cell."""
+def test_one_pairing_of_the_cell_events_walks_the_stack_once_a_cell(ip, monkeypatch):
+    """The session pairs a cell's events for everyone who follows the cells (the footer,
+    the views, trace): with all of them on, a cell walks the stack for the frames of the
+    running cells once, and only up to the innermost one; the footer's watch is the
+    session's outer cell's."""
     from jupyter_gpumem.core import monitor
+    from jupyter_gpumem.watch.state import state_for
 
+    run(ip, "%gpumem watch on --device cpu")
+    run(ip, "%gpumem trace on --device cpu")
     walks = []
     real = monitor._running_cell_frames
     monkeypatch.setattr(monitor, "_running_cell_frames",
                         lambda first_only=False: (walks.append(first_only), real(first_only))[1])
-    first, second = monitor.CellEvents(ip), monitor.CellEvents(ip)
+    footer = state_for(ip).footer
     seen = []
-
-    def pre(info):
-        seen.append((first.pre(info)[0], second.pre(info)[0]))
-
-    def post(result):
-        first.post(result), second.post(result)
-
-    ip.events.register("pre_run_cell", pre)
-    ip.events.register("post_run_cell", post)
+    ip.user_ns["seen"] = lambda: seen.append(footer.watch)
     try:
-        ip.run_cell("x = 1")
-        ip.run_cell("y = 2")
+        run(ip, "x = 1")
+        run(ip, "seen()")
+        run(ip, "get_ipython().run_cell('seen()')\nseen()")     # a cell inside a cell
+        assert footer.watch is None                 # no cell runs now
     finally:
-        ip.events.unregister("pre_run_cell", pre)
-        ip.events.unregister("post_run_cell", post)
-    # one walk per cell, not per pairing; with no cell of theirs open, up to the innermost
-    assert walks == [True, True]
-    (a1, b1), (a2, b2) = seen
-    assert a1.frame == b1.frame is not None and a1.outer and b1.outer
-    assert a1.info is not a2.info and a2.frame == b2.frame
+        monkeypatch.undo()
+        ip.user_ns.pop("seen", None)
+        run(ip, "%gpumem trace off")
+        run(ip, "%gpumem watch off")
+    # one walk per outer cell, up to the innermost frame; the nested cell walks it whole
+    assert walks == [True, True, True, False]
+    assert seen[0] is not None and seen[0].label == f"In [{ip.execution_count - 4}]"
+    assert seen[1] is seen[2] is not None and seen[1] is not seen[0]   # the outer cell's

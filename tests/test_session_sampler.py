@@ -25,6 +25,7 @@ from jupyter_gpumem.session import session_of  # noqa: E402
 from jupyter_gpumem.views import comm as gpucomm  # noqa: E402
 from jupyter_gpumem.views import panel as panel_mod  # noqa: E402
 from jupyter_gpumem.watch import scope as watch_mod  # noqa: E402
+from jupyter_gpumem.watch.sampling import PROCESS_SAMPLER  # noqa: E402
 
 WATCH, PANEL, SIDEBAR = 0.05, 0.2, 0.25     # seconds: each subscriber's own interval
 
@@ -180,7 +181,7 @@ def test_unload_leaves_no_thread(three):
 
 def test_a_script_watch_without_a_shell_samples_on_a_thread_of_its_own():
     namespace: dict = {}
-    own = watch_mod.sampler_of(None).stats
+    own = PROCESS_SAMPLER.stats
     calls = own["calls"]
     with watch_mod.watch(namespace=namespace, device="cpu", interval=0.01, report=False) as w:
         inside = [t.name for t in threading.enumerate() if t.name.startswith("jupyter_gpumem")]

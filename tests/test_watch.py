@@ -24,6 +24,8 @@ import importlib  # noqa: E402
 
 watch_mod = importlib.import_module("jupyter_gpumem.watch.scope")
 from jupyter_gpumem.watch import footer as watch_footer  # noqa: E402
+from jupyter_gpumem.watch import sampling as watch_sampling  # noqa: E402
+from jupyter_gpumem.watch.state import state_for  # noqa: E402
 from jupyter_gpumem.watch.holders import HolderTracker  # noqa: E402
 from jupyter_gpumem.watch.peaks import LEDGER, RssCounter, _PATCHES, _TRACEMALLOC_ORIG  # noqa: E402
 
@@ -46,8 +48,8 @@ def _magics(shell):
 def wip(ip):
     """The shared shell, with this module's watch state fresh before and after."""
     def fresh():
-        state = watch_mod._state_for_shell(ip)
-        watch_footer._stop_footer(state)
+        state = state_for(ip)
+        watch_footer.stop_footer(state)
         state.history.clear()
         state.tracker = HolderTracker()
         state.footer_device = None
@@ -228,9 +230,9 @@ def test_back_to_back_cells_start_from_the_last_end_unless_a_pause_or_purge_came
     run(wip, "import torch")
     run(wip, "%gpumem watch on --device cpu")
     reads = []
-    real = watch_mod._read_devices
+    real = watch_sampling.read_devices
     # the footer's own readings (the sampling thread's ticks pass their shared reading)
-    monkeypatch.setattr(watch_mod, "_read_devices", lambda ids, read=None: (
+    monkeypatch.setattr(watch_sampling, "read_devices", lambda ids, read=None: (
         read is None and reads.append(list(ids)), real(ids, read))[1])
 
     def cell(code: str) -> int:
@@ -247,7 +249,7 @@ def test_back_to_back_cells_start_from_the_last_end_unless_a_pause_or_purge_came
     assert [c.name for c in second.changes] == ["b"]
     time.sleep(1.0)
     assert cell("c = 1") == 2                          # read again after a pause
-    from jupyter_gpumem.core.purge import purge
+    from jupyter_gpumem import purge
     monkeypatch.setattr(watch_footer, "ARM_TTL", 600.0)   # however long the purge takes
     assert cell("pass") in (1, 2)
     purge(["b"], shell=wip)                           # between cells, as the sidebar does
@@ -613,7 +615,7 @@ def test_settings_changed_while_the_footer_is_on_count_from_the_next_cell(wip, c
     capsys.readouterr()
     run(wip, "del keep")
     assert "warning" not in capsys.readouterr().out
-    footer = watch_mod._state_for_shell(wip).footer
+    footer = state_for(wip).footer
     run(wip, "%gpumem watch off")
     assert footer._observed is None and footer._kept is None    # nothing left observed
     notifiers = _magics(wip)._trait_notifiers.get("warn_at", {}).get("change", [])
@@ -627,7 +629,7 @@ def test_between_watched_cells_the_sampler_pauses_on_its_own(wip, capsys):
     _magics(wip).sample_interval = 0.5      # no tick between the cell's end and the check
     run(wip, "%gpumem watch on --device cpu")
     run(wip, "x = 1")
-    lane = next(iter(watch_mod.HUB._lanes.values()))
+    lane = state_for(wip).hub
     sub = lane.sub
     assert sub.active and not lane.open                 # kept running past the cell's end
     deadline = time.monotonic() + 5

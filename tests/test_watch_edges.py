@@ -26,6 +26,8 @@ watch_mod = importlib.import_module("jupyter_gpumem.watch.scope")
 from jupyter_gpumem.core import monitor  # noqa: E402
 from jupyter_gpumem.watch.holders import HolderTracker  # noqa: E402
 from jupyter_gpumem.watch.peaks import LEDGER, RssCounter  # noqa: E402
+from jupyter_gpumem.watch.sampling import SamplerHub  # noqa: E402
+from jupyter_gpumem.watch.state import state_for  # noqa: E402
 
 MB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +76,7 @@ def test_intervals_out_of_range_are_usage_errors_everywhere(wip, thread_tracebac
     for value in ("inf", "nan", "1e9"):
         res = wip.run_cell(f"%gpumem panel --device cpu --window={value}", store_history=True)
         assert isinstance(res.error_in_exec, UsageError), value
-    assert ran == [] and watch_mod._state_for_shell(wip).footer is None
+    assert ran == [] and state_for(wip).footer is None
     assert panel_mod.current(wip) is None
     assert _magics(wip).sample_interval == 0.05
     # the range's ends are fine
@@ -132,7 +134,7 @@ def test_a_sampler_thread_never_dies_with_a_traceback(thread_tracebacks):
 
 def test_a_sampler_that_stops_is_said_in_the_report_not_in_a_traceback(wip, monkeypatch,
                                                                        thread_tracebacks):
-    monkeypatch.setattr(watch_mod.HUB, "_tick", raises_fatal("no more readings"))
+    monkeypatch.setattr(SamplerHub, "_tick", raises_fatal("no more readings"))
     run(wip, "import time")
     run(wip, "%%gpuwatch -o r --device cpu --interval 0.01\ntime.sleep(0.1)")
     r = wip.user_ns["r"]

@@ -426,6 +426,8 @@ class Cell:
                 and self.frame not in frames)
 
 
+#: per process: the code object of IPython's ``run_cell_async`` (the same for every
+#: shell of the process), looked up once
 _RUN_CELL_ASYNC: list = []
 
 
@@ -442,24 +444,6 @@ def _run_cell_async_code():
         except Exception:  # noqa: BLE001
             _RUN_CELL_ASYNC.append(None)
     return _RUN_CELL_ASYNC[0]
-
-
-#: (the ExecutionInfo of the cell whose "pre" walked the stack last, what it found): the
-#: session's pairing, the footer's and the panel's all hear that cell's "pre" from the same
-#: frame of IPython's events, so the stack is walked once for them all
-_LAST_WALK: list = [None, None]
-
-
-def _cell_frames_for(info: object, whole: bool = True) -> list[int]:
-    """:func:`_running_cell_frames` for the "pre" of the cell of ``info``; one walk per
-    cell (main thread only: the events are heard there). Without ``whole`` only the
-    innermost frame is sure to be there: the walk stops at it (a cell that begins
-    while none of ours is open needs no more, and that is every cell but nested ones)."""
-    if info is not None and _LAST_WALK[0] is info and (not whole or _LAST_WALK[1][1]):
-        return _LAST_WALK[1][0]
-    frames = _running_cell_frames(first_only=not whole)
-    _LAST_WALK[:] = [info, (frames, whole or not frames)] if info is not None else [None, None]
-    return frames
 
 
 def _running_cell_frames(first_only: bool = False) -> list[int]:
@@ -524,6 +508,10 @@ class CellEvents:
         """True while an outer cell is open."""
         return any(c.outer for c in self._open)
 
+    def payloads(self) -> list:
+        """The payloads of the cells open now, outermost first."""
+        return [c.payload for c in self._open if c.payload is not None]
+
     def outer_payload(self) -> object:
         for c in self._open:
             if c.outer:
@@ -532,7 +520,9 @@ class CellEvents:
 
     def pre(self, info: object) -> tuple[Cell, list]:
         """A cell begins: (its :class:`Cell`, payloads of cells found to have ended unseen)."""
-        frames = _cell_frames_for(info, whole=bool(self._open))
+        # with no cell of ours open only the innermost frame is needed: the walk stops at
+        # it (that is every cell but nested ones)
+        frames = _running_cell_frames(first_only=not self._open)
         current = frames[0] if frames else None
         enclosing = set(frames[1:])
         last = getattr(getattr(self.shell, "last_execution_result", None), "info", None)

@@ -13,8 +13,8 @@ from ..core.monitor import check_interval
 from ..core.paths import PathError
 from ..core import purge as _purge
 from ..core import snapshot as _snapshot
+from .. import session as _session
 from ..settings import GpuMemSettings
-from ..units import complain
 from . import panel as _panel
 from . import processes as _processes
 from . import tame as _tame
@@ -83,23 +83,7 @@ class GpuMemMagics(Magics, GpuMemSettings):
     """The jupyter_gpumem magics; the traits of :class:`~..settings.GpuMemSettings` are the
     extension's settings (``c.GpuMemMagics.scan_time_limit``)."""
 
-    def __init__(self, shell=None, **kwargs):
-        super().__init__(shell=shell, **kwargs)
-        self._cleanups: list[Callable[[], Any]] = []
-
     # -- helpers for the other modules ------------------------------------------
-    def add_cleanup(self, fn: Callable[[], Any]) -> None:
-        """Run ``fn`` when the extension unloads."""
-        self._cleanups.append(fn)
-
-    def run_cleanups(self) -> None:
-        while self._cleanups:
-            fn = self._cleanups.pop()
-            try:
-                fn()
-            except Exception as exc:  # noqa: BLE001
-                complain("cleanup failed", exc)
-
     @staticmethod
     def interval(value: Any, what: str = "--interval") -> float:
         """A validated sampling interval (seconds, finite, 1 ms .. 1 h) or a UsageError."""
@@ -170,7 +154,7 @@ class GpuMemMagics(Magics, GpuMemSettings):
             raise UsageError("--grace goes with --orphans")
         if args.cluster:
             return self._cluster_purge(args, device)
-        result = usage_errors(lambda: _purge.purge(
+        result = usage_errors(lambda: _session.purge(
             args.names, shell=self.shell, all=args.all, dry_run=args.dry_run, device=device,
             time_limit=self.scan_time_limit), _purge.PurgeError)
         return self.show(result, args.output)
@@ -187,10 +171,10 @@ class GpuMemMagics(Magics, GpuMemSettings):
 
     def _cluster_purge(self, args: Any, device: str) -> Any:
         """``%gpumem purge NAME ... --cluster``: release the names' keys on the cluster."""
-        result = usage_errors(lambda: cluster.purge(
-            args.names, shell=self.shell, all=args.all, dry_run=args.dry_run, device=device,
-            time_limit=self.scan_time_limit), (cluster.ClusterError, _purge.PurgeError),
-            "--cluster: ")
+        result = usage_errors(lambda: _session.purge(
+            args.names, shell=self.shell, cluster=True, all=args.all, dry_run=args.dry_run,
+            device=device, time_limit=self.scan_time_limit),
+            (cluster.ClusterError, _purge.PurgeError), "--cluster: ")
         return self.show(result, args.output)
 
     @cell_magic

@@ -10,7 +10,7 @@ from ..core import snapshot as _snapshot
 from ..core.monitor import MAX_INTERVAL, check_interval
 from ..session import session_of
 from ..views.panel import (INTERVAL, MAX_WINDOW, MIN_INTERVAL, MIN_WINDOW, WINDOW, Panel,
-                           _widgets, close, current)
+                           close, current, widgets)
 from .args import parser
 
 
@@ -42,7 +42,7 @@ def magic_panel(magics: Any, argv: list[str]) -> None:
                 raise UsageError(str(exc)) from None
     device = magics.device(args.device) if args.device is not None else None
     try:
-        _widgets()
+        widgets()
     except ImportError as exc:
         _text_report(magics, device or magics.device(None), str(exc))
         return None

@@ -7,6 +7,17 @@ import sys
 from IPython.core.error import UsageError
 
 from ..backends.tame import USAGE, TameResult, settings, status, tame, untame
+from ..session import session_of
+from .args import parser
+
+
+def _parser():
+    p = parser("%gpumem tame", "make JAX and TensorFlow allocate on demand", device=False,
+               output="return the result object")
+    p.add_argument("state", nargs="?", default=None, help="off or status")
+    p.add_argument("--give-back", dest="give_back", action="store_true",
+                   help="also let them give memory back")
+    return p
 
 
 def _print(result: TameResult) -> None:
@@ -18,19 +29,22 @@ def _print(result: TameResult) -> None:
 
 def magic_tame(magics, argv: list[str]) -> TameResult | None:
     """``%gpumem tame [--give-back] | off | status``."""
-    args = [a for a in argv if a != "-o"]
-    output = len(args) != len(argv)
-    if args == ["status"]:
+    unknown = UsageError(f"unknown arguments {' '.join(a for a in argv if a != '-o')!r}: {USAGE}")
+    try:
+        args, rest = _parser().parse_known_args(argv)
+    except UsageError:
+        raise unknown from None
+    if rest or args.state not in (None, "off", "status") or (args.state and args.give_back):
+        raise unknown
+    if args.state == "status":
         result = TameResult(frameworks=status())
         result.changed = {k: os.environ.get(k) for k in settings(give_back=True)}
-    elif args == ["off"]:
+    elif args.state == "off":
         result = untame()
-    elif args in ([], ["--give-back"]):
-        result = tame(give_back=bool(args))
     else:
-        raise UsageError(f"unknown arguments {' '.join(args)!r}: {USAGE}")
+        result = tame(give_back=args.give_back)
     _print(result)
-    return result if output else None
+    return result if args.output else None
 
 
 def on_load(ip, magics) -> None:
@@ -43,4 +57,4 @@ def on_load(ip, magics) -> None:
 
     apply()
     magics.observe(apply, names="tame")
-    magics.add_cleanup(lambda: magics.unobserve(apply, names="tame"))
+    session_of(ip).on_close(lambda: magics.unobserve(apply, names="tame"))

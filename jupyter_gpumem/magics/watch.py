@@ -14,11 +14,14 @@ from IPython.core.error import UsageError
 from ..core import devices as _devices
 from ..core.roots import Root
 from ..watch import export as _export
-from ..watch.footer import _parse_share, fmt_share, _start_footer, _stop_footer, _traced_lines
-from ..watch.peaks import uninstall_all
-from ..watch.result import fmt_seconds
 from ..session import session_of
-from ..watch.scope import HUB, Watch, _complain, _current_count, _state_for_shell, _State
+from ..settings import fmt_share, parse_share
+from ..units import complain
+from ..watch.footer import start_footer, stop_footer, traced_lines
+from ..watch.frames import current_count
+from ..watch.result import fmt_seconds
+from ..watch.scope import Watch
+from ..watch.state import WatchState, state_for
 from ..views.plot import show_figure
 from .args import parser, split_line, usage_errors
 
@@ -39,11 +42,10 @@ def magic_watch(magics, argv: list[str]) -> None:
     """``%gpumem watch on|off [--warn-at 80%] [--auto-purge-hidden] [--interval S] [--device D]``."""
     args = _watch_parser().parse_args(argv)
     interval = magics.interval(args.interval) if args.interval is not None else None
-    state = _state_for_shell(magics.shell)
-    state.magics = magics
+    state = state_for(magics.shell)
     if args.warn_at is not None:
         try:
-            share = _parse_share(args.warn_at)
+            share = parse_share(args.warn_at)
         except ValueError as exc:
             raise UsageError(f"--warn-at: {exc}") from None
         magics.warn_at = None if share is None else fmt_share(share)
@@ -55,27 +57,25 @@ def magic_watch(magics, argv: list[str]) -> None:
         state.footer_device = magics.device(args.device)
     if args.state == "on":
         magics.watch = True
-        _start_footer(state)
+        start_footer(state)
     elif args.state == "off":
         magics.watch = False
-        _stop_footer(state)
+        stop_footer(state)
     print(_status(magics, state))
 
 
-def _status(magics, state: _State) -> str:
+def _status(magics, state: WatchState) -> str:
     on = state.footer is not None
-    try:
-        share = _parse_share(magics.warn_at)
-    except ValueError:
-        share = None
+    share = magics.warn_share
     parts = [f"watch is {'on' if on else 'off'}"]
     if on:
         parts.append(f"device {state.footer_device or magics.default_device}")
         parts.append(f"warn at {fmt_share(share)}" if share is not None else "no warning threshold")
         if share is not None:
             parts.append(f"auto-purge-hidden {'on' if magics.auto_purge_hidden else 'off'}")
-        parts.append(f"sampling every {fmt_seconds(magics.sample_interval)}" if not HUB.failure
-                     else f"sampling stopped ({HUB.failure}); it starts again with the next cell")
+        failure = state.hub.failure
+        parts.append(f"sampling every {fmt_seconds(magics.sample_interval)}" if not failure
+                     else f"sampling stopped ({failure}); it starts again with the next cell")
     parts.append(f"{len(state.history)} cell(s) in history")
     return " · ".join(parts)
 
@@ -156,12 +156,11 @@ class _GpuwatchCell:
         device = magics.device(args.device)
         shell = self.shell = magics.shell
         self.magics, self.args = magics, args
-        self.number = _current_count(shell) or 0
+        self.number = current_count(shell) or 0
         self.statements, self.expression = _compile_cell(shell, cell, self.number)
         self.silenced = _ends_with_semicolon(cell)
         self.awaits = _is_coroutine(self.statements) or _is_coroutine(self.expression)
-        state = _state_for_shell(shell)
-        state.magics = magics
+        state = state_for(shell)
         footer_open = state.footer is not None and state.footer.watch is not None
         self._state = state
         self._record = not footer_open
@@ -175,7 +174,7 @@ class _GpuwatchCell:
                                time_limit=self.magics.scan_time_limit, source="%%gpuwatch",
                                state=self._state, record=self._record).start()
         except Exception as exc:  # noqa: BLE001 - run the cell unwatched rather than not at all
-            _complain("%%gpuwatch could not start; the cell runs unwatched", exc)
+            complain("%%gpuwatch could not start; the cell runs unwatched", exc)
             self.watch = None
 
     def failed(self, error: BaseException) -> None:
@@ -309,7 +308,7 @@ def _finish(magics, w: Watch | None, args, number: int, error: BaseException | N
         result = w.stop(error=error, execution_count=number)
         if result is None:
             return
-        lines = _traced_lines(number)
+        lines = traced_lines(number)
         if lines:
             result.messages.append(lines)
         result.verbose = args.verbose
@@ -317,10 +316,10 @@ def _finish(magics, w: Watch | None, args, number: int, error: BaseException | N
         if args.output:
             magics.shell.user_ns[args.output] = result
         if args.plot:
-            show_figure([result], _state_for_shell(magics.shell).series.points(result.start - 0.5),
+            show_figure([result], state_for(magics.shell).series.points(result.start - 0.5),
                         rich=_shows_images(magics.shell))
     except Exception as exc:  # noqa: BLE001
-        _complain("%%gpuwatch report failed", exc)
+        complain("%%gpuwatch report failed", exc)
 
 
 def _history_parser():
@@ -333,7 +332,7 @@ def _history_parser():
     return p
 
 
-def _last_records(state: "_State", last: int | None) -> list:
+def _last_records(state: WatchState, last: int | None) -> list:
     """The per-cell records kept, or the last ``last`` of them (``--last N``)."""
     records = list(state.history)
     if last is None:
@@ -346,7 +345,7 @@ def _last_records(state: "_State", last: int | None) -> list:
 def magic_history(magics, argv: list[str]) -> Any:
     """``%gpumem history [--save FILE] [--tensorboard DIR] [--last N] [--clear] [-o]``."""
     args = _history_parser().parse_args(argv)
-    state = _state_for_shell(magics.shell)
+    state = state_for(magics.shell)
     records = _last_records(state, args.last)
     done = False
     if args.save:
@@ -382,7 +381,7 @@ def _plot_parser():
 def magic_plot(magics, argv: list[str]) -> Any:
     """``%gpumem plot [--last N] [--device D] [--save FILE] [-o]``."""
     args = _plot_parser().parse_args(argv)
-    state = _state_for_shell(magics.shell)
+    state = state_for(magics.shell)
     records = _last_records(state, args.last)
     if not records:
         raise UsageError("nothing to plot yet: run `%gpumem watch on` or a `%%gpuwatch` cell first")
@@ -409,19 +408,19 @@ def _shows_images(shell: Any) -> bool:
 
 # -- loading -----------------------------------------------------------------------------
 def on_load(ip, magics) -> None:
-    """Called by ``%load_ext``: start the footer if configured; register the cleanup."""
-    state = _state_for_shell(ip)
-    state.magics = magics
+    """Called by ``%load_ext``: start the footer if configured; what it added goes when
+    the session closes."""
+    state = state_for(ip)
 
     def on_watch_trait(change) -> None:
         if change["new"]:
-            _start_footer(state)
+            start_footer(state)
         else:
-            _stop_footer(state)
+            stop_footer(state)
 
     magics.observe(on_watch_trait, names="watch")
     if magics.watch:
-        _start_footer(state)
+        start_footer(state)
     transforms = getattr(ip, "input_transformers_cleanup", None)
     transform = async_cells_transform(ip)
     if transforms is not None:
@@ -430,14 +429,9 @@ def on_load(ip, magics) -> None:
     def cleanup() -> None:
         if transforms is not None and transform in transforms:
             transforms.remove(transform)
-        _stop_footer(state)
         try:
             magics.unobserve(on_watch_trait, names="watch")
         except ValueError:
             pass
-        session = session_of(ip)
-        if session is not None:
-            session.watch = None
-        uninstall_all()
 
-    magics.add_cleanup(cleanup)
+    session_of(ip).on_close(cleanup)      # the watch state closes with the session

@@ -66,13 +66,18 @@ def hub_of(ip: Any) -> "_Hub | None":
 
 
 def unregister_comm(ip: Any) -> None:
-    """Remove what :func:`register_comm` added: comm target, open comms,
-    sampling thread (stopped and joined) and the after-cell hook."""
+    """Remove what :func:`register_comm` added: comm target, open comms and their
+    sampling; the session too where the comm made it (registered without the extension:
+    its close is the teardown, the hub's included)."""
     session = session_of(ip)
     hub = session.comm_hub if session is not None else None
-    if hub is not None:
+    if hub is None:
+        return
+    if hub.owns_session:
+        close_session(ip)
+    else:
         session.comm_hub = None
-        hub.stop()
+        hub.close()
 
 
 def _short(value: str) -> str:
@@ -195,8 +200,8 @@ class _Channel:
 
     def purge(self, names: list[str], dry_run: bool, rid: Any) -> None:
         try:
-            result = _purge.purge(names, shell=self.hub.shell, dry_run=dry_run, device=self.device,
-                           time_limit=self.hub.session.time_limit)
+            result = self.hub.session.purge(names, dry_run=dry_run, device=self.device,
+                                            time_limit=self.hub.session.time_limit)
         except _purge.PurgeError as exc:
             self.error(str(exc), rid)
             return
@@ -251,10 +256,10 @@ class _Hub:
 
         comm.get_comm_manager().register_target(TARGET, self.on_open)
 
-    def stop(self) -> None:
+    def close(self) -> None:
+        """Unregister the target, close the open comms and end their sampling (the
+        session closes it, or :func:`unregister_comm`)."""
         self._stopped.set()
-        if self.owns_session:
-            close_session(self.shell)
         try:
             import comm
 

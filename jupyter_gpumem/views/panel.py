@@ -46,7 +46,7 @@ MISSING = ("jupyter_gpumem: the live panel needs ipywidgets: run `pip install ip
 
 
 
-def _widgets():
+def widgets():
     """ipywidgets, imported on first use; a clear ImportError when missing."""
     try:
         import ipywidgets
@@ -138,7 +138,7 @@ class Panel:
         self._rows: list[tuple[Any, Any]] = []
         self._syncing = False
         self._pending: list[str] | None = None
-        #: the purge count (core.purge.PURGES) after the purge whose result is shown
+        #: the session's purge count after the purge whose result is shown
         self._result_purges: int | None = None
         self._said_purged = False
         self._thread_error: str | None = None
@@ -151,7 +151,7 @@ class Panel:
 
     # -- widgets -------------------------------------------------------------------------
     def _build_widgets(self) -> None:
-        w = _widgets()
+        w = widgets()
         self._w = w
         self.title = w.HTML()
         self.refresh_button = w.Button(description="Refresh", icon="refresh",
@@ -429,7 +429,7 @@ class Panel:
         the workers' device bars under the local ones and the cluster's holders. A purge
         result shown goes once another purge (from any view) ran after it."""
         self._merge_watched()
-        if self._result_purges is not None and _purge.PURGES[0] != self._result_purges:
+        if self._result_purges is not None and self.session.purges != self._result_purges:
             self._result_purges = None
             self.result.value = ""
             if self._said_purged:
@@ -514,8 +514,8 @@ class Panel:
             self._say("check the names to purge first")
             return
         try:
-            dry = _purge.purge(names, shell=self.shell, device=self.device, dry_run=True,
-                        time_limit=self.time_limit).to_json()
+            dry = self.session.purge(names, device=self.device, dry_run=True,
+                                     time_limit=self.time_limit).to_json()
         except _purge.PurgeError as exc:
             self._say(str(exc), error=True)
             return
@@ -542,8 +542,8 @@ class Panel:
             return
         error = None
         try:
-            data = _purge.purge(names, shell=self.shell, device=self.device,
-                         time_limit=self.time_limit).to_json()
+            data = self.session.purge(names, device=self.device,
+                                      time_limit=self.time_limit).to_json()
         except _purge.PurgeError as exc:
             error = str(exc)
         if error is not None:
@@ -551,7 +551,7 @@ class Panel:
         else:
             when = time.strftime("%H:%M:%S")
             self.result.value = _render.purge_result_html(data, when)
-            self._result_purges = _purge.PURGES[0]
+            self._result_purges = self.session.purges
             self._checked -= set(names)
             self._say(f"purged {', '.join(names)} at {when}")
             self._said_purged = True

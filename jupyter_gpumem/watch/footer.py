@@ -1,7 +1,10 @@
 """``%gpumem watch on``: the one-line footer after every cell, its warning and auto-purge.
 
-It hooks the shell's cell events (no IPython import: the shell is passed in)
-and reads its settings from the magics' configurable.
+Its face: :func:`start_footer` / :func:`stop_footer` (on a shell's
+:class:`~.state.WatchState`), :func:`traced_lines`, :func:`is_own_command`. The
+footer follows the shell's cells through its session's one pairing of the cell
+events (:meth:`Session.follow_cells`) and reads the user's settings from the
+session (no IPython import: the shell is passed in).
 """
 from __future__ import annotations
 
@@ -11,40 +14,16 @@ import sys
 import time
 from typing import Any
 
-from ..core import devices as _devices
-from ..core import monitor as _monitor
 from ..core import trace as _trace
-from ..core import purge as _purge
 from ..core.render import fmt_bytes
-from ..session import hook_cells, unhook_cells
-from .result import WatchResult
+from ..session import purge
+from ..settings import fmt_share
+from ..units import complain
+from .frames import current_count
 from .peaks import LEDGER
-from .scope import HUB, Watch, _complain, _current_count, _ordered, _read_devices, _State
-
-def _parse_share(value: Any) -> float | None:
-    """``"80%"``, ``0.8`` or ``80`` -> 0.8; ``None``/``"off"`` -> None; ValueError otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("", "off", "none", "no"):
-            return None
-        percent = text.endswith("%")
-        number = float(text.rstrip("%").strip())
-        share = number / 100 if percent or number > 1 else number
-    else:
-        number = float(value)
-        share = number / 100 if number > 1 else number
-    if not 0 < share <= 1:
-        raise ValueError(f"a share between 0% and 100% is needed, not {value!r}")
-    return share
-
-
-def fmt_share(share: float) -> str:
-    """A share as a percentage with the precision it was given: 0.8 -> ``80%``,
-    0.001 -> ``0.1%``, 0.125 -> ``12.5%``."""
-    return f"{round(share * 100, 6):g}%"
-
+from .result import WatchResult
+from .scope import Watch
+from .state import WatchState
 
 #: a line that runs one of the product's own commands: ``%gpumem ...``, ``r = %gpumem -o``
 _OWN_LINE = re.compile(r"\s*(?:[A-Za-z_]\w*\s*=\s*)?%gpumem(?:\s|$)")
@@ -62,9 +41,10 @@ def is_own_command(cell: Any) -> bool:
 
 _UNSET = object()
 
-#: the magics' settings the footer reads every cell, and their defaults without magics
-_SETTINGS = {"default_device": "auto", "sample_interval": 0.05, "scan_time_limit": 3.0,
-             "warn_at": None}
+#: the settings (traits of ``GpuMemSettings``) the footer reads every cell; ``warn_at``
+#: is read as its parsed form, ``warn_share``
+FOOTER_SETTINGS = ("default_device", "sample_interval", "scan_time_limit", "warn_at",
+                   "auto_purge_hidden")
 
 #: seconds after a cell's end within which the next cell (run-all, a queue of cells)
 #: starts from that end's readings instead of reading the devices and the names again:
@@ -211,16 +191,17 @@ class _FooterCell:
 
 
 class _Footer:
-    """The ``pre_run_cell`` / ``post_run_cell`` pair of ``%gpumem watch on``.
+    """``%gpumem watch on`` for one shell: a :class:`Watch` per outer cell and its line.
 
-    The events are paired by :class:`~.monitor.CellEvents` (IPython does not
-    pair them): a cell run from inside a cell counts in its outer cell, and a
-    "pre" or "post" without its partner never turns the footer off.
+    It follows the outer cells through the session's pairing of the cell events
+    (:class:`~jupyter_gpumem.session.CellFollower`): a cell run from inside a cell
+    counts in its outer cell, and a "pre" or "post" without its partner never turns
+    the footer off.
     """
 
-    def __init__(self, state: _State) -> None:
+    def __init__(self, state: WatchState) -> None:
         self.state = state
-        self.cells = _monitor.CellEvents(state.shell)
+        self.session = state.session
         self._pre_cost = 0.0
         #: the cells' output watcher, made at the first cell and kept while the footer is on
         #: (a new one when the cell's ``sys.stdout`` is another stream)
@@ -228,76 +209,98 @@ class _Footer:
         #: (when, purges so far, the last cell's ``Watch.end``): a cell that starts within
         #: ARM_TTL of the last one's end, no purge between, starts from that end
         self._armed: tuple | None = None
-        #: (the magics, their settings the footer reads) until one of them changes
+        #: (the settings, those the footer reads) until one of them changes
         self._kept: tuple | None = None
-        self._observed: Any = None      # the magics whose settings it observes
+        self._observed: Any = None      # the settings it observes
+        #: the line waiting for the kernel's flush of ``sys.stderr``: at most one (the
+        #: stream's patch, as :func:`_patch` gives it, and what hands the line over)
+        self._pending: list = []
 
+    # -- on and off --------------------------------------------------------------------------
+    def start(self) -> None:
+        self.session.follow_cells(self)
+        self.state.hub.hold()
+        LEDGER.hold()
+        self._seed()
+
+    def close(self) -> None:
+        """Off: no more cells followed; what the running cells kept let go."""
+        self.send_pending()
+        self._unobserve()
+        for payload in self.session.unfollow_cells(self):
+            payload.abandon()
+        line, self._line = self._line, None
+        if line is not None:
+            line.remove()
+        self.state.hub.release()
+        LEDGER.release()
+
+    def _seed(self) -> None:
+        """Scan every holder once now, so the first watched cell's footer need not."""
+        try:
+            settings = self.settings()
+            w = Watch(shell=self.state.shell, device=self.state.footer_device or
+                      settings["default_device"], report=False, state=self.state,
+                      record=False, time_limit=settings["scan_time_limit"])
+            w.scan_holders(force_full=not self.state.tracker.seeded)
+        except Exception as exc:  # noqa: BLE001
+            complain("could not scan the holders", exc)
+
+    # -- settings ----------------------------------------------------------------------------
     def _take_armed(self) -> tuple | None:
         armed, self._armed = self._armed, None
         if armed is None or time.perf_counter() - armed[0] > ARM_TTL \
-                or armed[1] != _purge.PURGES[0]:
+                or armed[1] != self.session.purges:
             return None
         return armed[2]
 
-    @property
-    def magics(self):
-        return self.state.magics
-
     def settings(self) -> dict:
-        """The magics' settings the footer reads every cell (``_SETTINGS``): read once, and
+        """The settings the footer reads every cell (``FOOTER_SETTINGS``): read once, and
         again after one of them changes (traitlets tells; reading a trait costs more than
         anything else the footer reads)."""
-        magics = self.state.magics
+        settings = self.state.settings
         kept = self._kept
-        if kept is not None and kept[0] is magics:
+        if kept is not None and kept[0] is settings:
             return kept[1]
-        values = {name: getattr(magics, name, default) for name, default in _SETTINGS.items()}
-        if self._observed is not magics:
+        values = {name: getattr(settings, name) for name in FOOTER_SETTINGS}
+        values["warn_share"] = settings.warn_share
+        if self._observed is not settings:
             self._unobserve()
-            try:
-                magics.observe(self._forget, names=list(_SETTINGS))
-                self._observed = magics
-            except Exception:  # noqa: BLE001 - not a HasTraits: read them every cell
-                return values
-        self._kept = (magics, values)
+            settings.observe(self._forget, names=list(FOOTER_SETTINGS))
+            self._observed = settings
+        self._kept = (settings, values)
         return values
 
     def _forget(self, change: Any = None) -> None:
         self._kept = None
 
     def _unobserve(self) -> None:
-        magics, self._observed, self._kept = self._observed, None, None
-        if magics is not None:
+        settings, self._observed, self._kept = self._observed, None, None
+        if settings is not None:
             try:
-                magics.unobserve(self._forget, names=list(_SETTINGS))
+                settings.unobserve(self._forget, names=list(FOOTER_SETTINGS))
             except Exception:  # noqa: BLE001
                 pass
 
+    # -- cells -------------------------------------------------------------------------------
     @property
     def watch(self) -> Watch | None:
         """The watch of the outermost cell running now, if any."""
-        payload = self.cells.outer_payload()
+        payload = self.session.kept_by(self)
         return payload.watch if payload is not None else None
 
-    def pre(self, info=None) -> None:
+    def cell_lost(self, payload: _FooterCell) -> None:
+        payload.abandon()       # its "post" never came: no footer to print now
+
+    def cell_began(self, info=None) -> _FooterCell:
         t = time.perf_counter()
-        send_pending()      # the last cell's footer, if no flush has sent it yet
-        try:
-            cell, ended = self.cells.pre(info)
-        except Exception as exc:  # noqa: BLE001 - never in the user's way
-            _complain("watch footer failed", exc)
-            return
-        for payload in ended:       # cells whose "post" never came: no footer to print now
-            payload.abandon()
-        if not cell.outer:
-            return      # a cell run from inside a cell (%%capture, run_cell): the outer one counts
+        self.send_pending()      # the last cell's footer, if no flush has sent it yet
         if is_own_command(getattr(info, "raw_cell", None)):
-            cell.payload = _FooterCell(None, None)   # it reports for itself
-            return
+            return _FooterCell(None, None)   # it reports for itself
         shell = self.state.shell
         w = line = None
         try:
-            count = _current_count(shell)
+            count = current_count(shell)
             settings = self.settings()
             device = self.state.footer_device or settings["default_device"]
             w = Watch(shell=shell, device=device,
@@ -313,20 +316,11 @@ class _Footer:
                 line = self._line = _OpenLine(shell)
             line.begin()
         except Exception as exc:  # noqa: BLE001 - never in the user's way
-            _complain("watch footer failed", exc)
-        cell.payload = _FooterCell(w, line)
+            complain("watch footer failed", exc)
         self._pre_cost = time.perf_counter() - t
+        return _FooterCell(w, line)
 
-    def post(self, result=None) -> None:
-        try:
-            payload, ended = self.cells.post(result)
-        except Exception as exc:  # noqa: BLE001
-            _complain("watch footer failed", exc)
-            return
-        for other in ended:
-            other.abandon()
-        if payload is None:
-            return      # an inner cell, or the cell that turned watching on
+    def cell_ended(self, payload: _FooterCell, result=None) -> None:
         line, payload.line = payload.line, None
         w, payload.watch = payload.watch, None
         newline, wrote = False, True    # unknown: as if the cell had written
@@ -347,32 +341,19 @@ class _Footer:
                     r.label = f"In [{count}]"
                 self._thresholds(w, r)
                 text = ("\n" if newline else "") + r.footer()
-                lines = _traced_lines(count)
+                lines = traced_lines(count)
                 if lines:
                     text += "\n" + lines
-                _emit(text + "\n", wrote)
+                self._emit(text + "\n", wrote)
                 if w.end is not None and r.auto_purge is None:
-                    self._armed = (time.perf_counter(), _purge.PURGES[0], w.end)
+                    self._armed = (time.perf_counter(), self.session.purges, w.end)
         except Exception as exc:  # noqa: BLE001
-            _complain("watch footer failed", exc)
+            complain("watch footer failed", exc)
         self.state.costs.append(self._pre_cost + time.perf_counter() - t)
 
-    def abandon(self) -> None:
-        send_pending()
-        self._unobserve()
-        for payload in self.cells.clear():
-            payload.abandon()
-        line, self._line = self._line, None
-        if line is not None:
-            line.remove()
-
     def _thresholds(self, w: Watch, r: WatchResult) -> None:
-        magics = self.magics
-        try:
-            share = _parse_share(self.settings()["warn_at"])
-        except ValueError as exc:
-            r.messages.append(f"warn_at ignored: {exc}")
-            return
+        settings = self.settings()
+        share = settings["warn_share"]
         if share is None:
             return
         full = [d for d in r.devices if d.share_after is not None and d.share_after >= share]
@@ -389,141 +370,117 @@ class _Footer:
                      f"{fmt_bytes(worst.total)}) after this cell, above {fmt_share(share)}; "
                      f"purge candidates: {names}"
                      + (f" → {r.purge_command}" if r.purge_command else ""))
-        if getattr(magics, "auto_purge_hidden", False):
+        if settings["auto_purge_hidden"]:
             removed: list[str] = []
             freed: dict[str, int | None] = {}
             for dev in ids:
-                res = _purge.purge(shell=self.state.shell, device=dev,
-                            time_limit=getattr(magics, "scan_time_limit", 3.0))
+                res = purge(shell=self.state.shell, device=dev,
+                            time_limit=settings["scan_time_limit"])
                 removed += [n for n in res.removed if n not in removed]
                 freed.update({k: v for k, v in res.freed.items() if k == dev})
             r.auto_purge = {"removed": removed, "freed": freed}
 
+    # -- the line out ------------------------------------------------------------------------
+    def _emit(self, text: str, wrote: bool) -> None:
+        """Write the footer to ``sys.stdout``. In a kernel it goes out as a stream message
+        of its own, built and sent on the kernel's I/O thread as the stream's own text is,
+        and handed to that thread once the kernel has flushed the cell's text
+        (``sys.stderr``'s next flush, which the kernel makes before the cell's reply): so
+        it comes after the cell's text on both streams and before the kernel says it is
+        idle, and the kernel's main thread, which waits for its flushes, does not wait for
+        the footer's message too. Written to the stream instead, it would wake that
+        thread once more and have it build the message while the cell's reply waits."""
+        out = sys.stdout
+        if out is None:
+            return
+        self.send_pending()      # a footer still waiting (its flush never came) goes first
+        kernel_io = sys.modules.get("ipykernel.iostream")
+        stream_type = getattr(kernel_io, "OutStream", None)
+        try:
+            direct = (stream_type is not None and isinstance(out, stream_type)
+                      and getattr(out, "name", None) == "stdout"
+                      # hooks that see (or take) its messages, registered on the stream
+                      and not getattr(out, "_hooks", ())
+                      and getattr(out, "echo", None) is None
+                      and getattr(out.session, "pid", None) == os.getpid())
+            if direct:
+                session, thread, topic = out.session, out.pub_thread, out.topic
+                socket, parent = thread.socket, out.parent_header
+        except Exception:  # noqa: BLE001 - not the stream we know: write to it
+            direct = False
+        if not direct:
+            out.write(text)   # one write, not print's two (text, then end)
+            return
+        content = {"name": "stdout", "text": text}
 
-def _start_footer(state: _State) -> None:
+        def send() -> None:   # on the I/O thread, the socket's own
+            try:
+                session.send(socket, "stream", content, parent=parent, ident=topic)
+            except Exception as exc:  # noqa: BLE001 - never stop the kernel's I/O thread
+                print("jupyter_gpumem: the footer could not be sent: "
+                      f"{type(exc).__name__}: {exc}", file=sys.__stderr__)
+
+        def hand_over() -> None:
+            try:
+                thread.schedule(send)
+            except Exception:  # noqa: BLE001 - the stream's own way, then
+                out.write(text)
+
+        errors = sys.stderr
+        if isinstance(errors, stream_type) and self._after_next_flush(errors, hand_over):
+            return
+        if wrote:
+            for stream in (out, errors):
+                if stream is not None:
+                    stream.flush()
+        hand_over()
+
+    def _after_next_flush(self, stream: Any, then) -> bool:
+        """Call ``then()`` right after the next ``stream.flush()`` (once: the stream's own
+        ``flush`` is back as soon as it is called); False where the stream takes no patch."""
+        def make(original):
+            def flush(*args, **kwargs):
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    self.send_pending()
+            return flush
+
+        patch = _patch(stream, "flush", make)
+        if patch is None:
+            return False
+        self._pending.append((patch, then))
+        return True
+
+    def send_pending(self) -> None:
+        """Hand over a footer that waits for a flush now (it is due, or the footer stops);
+        any thread (a thread of the user's may flush the stream first): one of them takes
+        it."""
+        try:
+            patch, then = self._pending.pop()
+        except IndexError:
+            return
+        _unpatch(patch)
+        then()
+
+
+def start_footer(state: WatchState) -> None:
+    """``watch on`` for the shell of ``state`` (one with a session); nothing if it is on."""
     if state.footer is not None:
         return
     footer = _Footer(state)
-    hook_cells(state.shell, footer.pre, footer.post)
     state.footer = footer
-    HUB.hold()
-    LEDGER.hold()
-    if state.magics is not None:
-        _seed(state, state.magics)
+    footer.start()
 
 
-def _stop_footer(state: _State) -> None:
+def stop_footer(state: WatchState) -> None:
+    """``watch off``: the footer leaves the shell's cells, its sampling and patches go."""
     footer, state.footer = state.footer, None
-    if footer is None:
-        return
-    unhook_cells(state.shell, footer.pre, footer.post)
-    footer.abandon()
-    HUB.release()
-    LEDGER.release()
+    if footer is not None:
+        footer.close()
 
 
-def _seed(state: _State, magics) -> None:
-    """Scan every holder once now, so the first watched cell's footer need not."""
-    try:
-        device = state.footer_device or magics.default_device
-        ids = _devices.selected_ids(device)
-        w = Watch(shell=state.shell, device=device, report=False, state=state, record=False,
-                  time_limit=magics.scan_time_limit)
-        w._update(_read_devices(_ordered(ids + ["cpu"])), force_full=not state.tracker.seeded)
-    except Exception as exc:  # noqa: BLE001
-        _complain("could not scan the holders", exc)
-
-
-def _emit(text: str, wrote: bool) -> None:
-    """Write the footer to ``sys.stdout``. In a kernel it goes out as a stream message of
-    its own, built and sent on the kernel's I/O thread as the stream's own text is, and
-    handed to that thread once the kernel has flushed the cell's text (``sys.stderr``'s
-    next flush, which the kernel makes before the cell's reply): so it comes after the
-    cell's text on both streams and before the kernel says it is idle, and the kernel's
-    main thread, which waits for its flushes, does not wait for the footer's message
-    too. Written to the stream instead, it would wake that thread once more and have it
-    build the message while the cell's reply waits."""
-    out = sys.stdout
-    if out is None:
-        return
-    send_pending()      # a footer still waiting (its flush never came) goes first
-    kernel_io = sys.modules.get("ipykernel.iostream")
-    stream_type = getattr(kernel_io, "OutStream", None)
-    try:
-        direct = (stream_type is not None and isinstance(out, stream_type)
-                  and getattr(out, "name", None) == "stdout"
-                  # hooks that see (or take) its messages, registered on the stream: theirs
-                  and not getattr(out, "_hooks", ())
-                  and getattr(out, "echo", None) is None
-                  and getattr(out.session, "pid", None) == os.getpid())
-        if direct:
-            session, thread, topic = out.session, out.pub_thread, out.topic
-            socket, parent = thread.socket, out.parent_header
-    except Exception:  # noqa: BLE001 - not the stream we know: write to it
-        direct = False
-    if not direct:
-        out.write(text)   # one write, not print's two (text, then end)
-        return
-    content = {"name": "stdout", "text": text}
-
-    def send() -> None:   # on the I/O thread, the socket's own
-        try:
-            session.send(socket, "stream", content, parent=parent, ident=topic)
-        except Exception as exc:  # noqa: BLE001 - never stop the kernel's I/O thread
-            print(f"jupyter_gpumem: the footer could not be sent: {type(exc).__name__}: {exc}",
-                  file=sys.__stderr__)
-
-    def hand_over() -> None:
-        try:
-            thread.schedule(send)
-        except Exception:  # noqa: BLE001 - the stream's own way, then
-            out.write(text)
-
-    errors = sys.stderr
-    if isinstance(errors, stream_type) and _after_next_flush(errors, hand_over):
-        return
-    if wrote:
-        for stream in (out, errors):
-            if stream is not None:
-                stream.flush()
-    hand_over()
-
-
-#: the footer waiting for the kernel's flush of ``sys.stderr``: at most one
-#: (the stream's patch, as :func:`_patch` gives it, and what hands the footer over)
-_PENDING: list = []
-
-
-def _after_next_flush(stream: Any, then) -> bool:
-    """Call ``then()`` right after the next ``stream.flush()`` (once: the stream's own
-    ``flush`` is back as soon as it is called); False where the stream takes no patch."""
-    def make(original):
-        def flush(*args, **kwargs):
-            try:
-                return original(*args, **kwargs)
-            finally:
-                send_pending()
-        return flush
-
-    patch = _patch(stream, "flush", make)
-    if patch is None:
-        return False
-    _PENDING.append((patch, then))
-    return True
-
-
-def send_pending() -> None:
-    """Hand over a footer that waits for a flush now (it is due, or the footer stops);
-    any thread (a thread of the user's may flush the stream first): one of them takes it."""
-    try:
-        patch, then = _PENDING.pop()
-    except IndexError:
-        return
-    _unpatch(patch)
-    then()
-
-
-def _traced_lines(count: int | None) -> str | None:
+def traced_lines(count: int | None) -> str | None:
     """While ``%gpumem trace`` is on: the lines of cell ``count`` that allocated the most,
     and the line at its peak, in one line."""
     if count is None or not _trace.is_on():

@@ -348,6 +348,9 @@ def counter_for(key: tuple) -> Counter | None:
     return None
 
 
+#: per process: the counters it keeps right (an allocator's peak per device, the
+#: process's peak resident set, tracemalloc's peak) are the process's, whichever shell
+#: or script opens the scopes
 LEDGER = PeakLedger()
 
 
@@ -391,6 +394,7 @@ class _Patches:
             return set(self._installed)
 
 
+#: per process: the functions it wraps are the frameworks' module-level ones
 _PATCHES = _Patches()
 
 

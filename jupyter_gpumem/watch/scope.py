@@ -8,27 +8,20 @@ and the names it created, grew, shrank or deleted. When the code raises,
 out-of-memory included, the report still comes and names the biggest
 holders with the ``%gpumem purge ...`` command that frees them.
 
-Pieces (each a module of its own):
+Its face: :class:`Watch`, :func:`watch`, :func:`purge_names`, and, from
+:mod:`.state`, :func:`history_for` and :func:`series_for` (a shell's records and
+timeline, which the panel reads). The pieces, each a module of its own:
 
-- :mod:`.watch_peaks`: exact peaks that stay right when scopes nest and
-  when user code resets the counters; nobody's reading is lowered.
-- :mod:`.watch_holders`: per-root storages kept up to date cheaply, so the
-  per-cell footer does not rescan the whole namespace.
-- :mod:`.watch_result`: :class:`WatchResult` with text, HTML and JSON.
-- :mod:`.watch_plot`, :mod:`.watch_export`: the timeline figure, CSV/JSON
-  and TensorBoard export.
-
-For other parts of the product (the live panel, the sidebar):
-
-- :func:`history_for(shell) <history_for>`: the list of per-cell records
-  (:class:`WatchResult`, oldest first, at most ``MAX_HISTORY``) kept while
-  ``%gpumem watch on`` is on, plus ``%%gpuwatch`` cells run while it is off.
-  Read it on the main thread; records are never changed once appended.
-- :func:`series_for(shell) <series_for>`: the :class:`~.monitor.Series` the
-  sampling thread fills while watched code runs: points
-  ``(unix time, {device: {"allocated", "reserved", "used_process", "total"}})``
-  as :func:`~.monitor.device_point` makes them, about every
-  ``sample_interval`` seconds; none between cells.
+- :mod:`.state`: :class:`~.state.WatchState`, what the watches of one shell keep (its
+  session owns it), and a script watch's own;
+- :mod:`.sampling`: the process's peak from a sampling thread (:class:`~.sampling.SamplerHub`);
+- :mod:`.peaks`: exact peaks that stay right when scopes nest and
+  when user code resets the counters; nobody's reading is lowered;
+- :mod:`.holders`: per-root storages kept up to date cheaply, so the
+  per-cell footer does not rescan the whole namespace;
+- :mod:`.frames`: the caller's frame, the running shell, the cell's number;
+- :mod:`.result`: :class:`~.result.WatchResult` with text, HTML and JSON;
+  :mod:`.export`: CSV/JSON and TensorBoard export.
 
 JSON of one record (``WatchResult.to_json()``, ``"schema":
 "jupyter_gpumem.watch/1"``): ``label``, ``source`` (``"%%gpuwatch"``,
@@ -50,10 +43,7 @@ tracemalloc on) and ``traced_before`` (the traced bytes at the start),
 """
 from __future__ import annotations
 
-import sys
-import threading
 import time
-from collections import OrderedDict, deque
 from typing import Any
 
 from ..backends import REGISTRY
@@ -62,280 +52,19 @@ from ..core import monitor as _monitor
 from ..core import scan as _scan
 from ..core.hidden import traceback_root
 from ..core.roots import Root
-from ..session import session_of
+from ..units import complain
+from . import sampling as _sampling
+from .frames import caller_frame, cell_label, running_shell, show
 from .holders import HolderTracker, RootInfo
 from .peaks import LEDGER, PeakScope, counter_for
 from .result import DeviceWatch, HolderChange, HolderEntry, WatchResult, allocator_measure
-from ..units import complain
+from .sampling import Sampling, ordered
+from .state import WatchState, history_for, series_for, state_for
 
-MAX_HISTORY = 10000
-SERIES_POINTS = 20000
+__all__ = ["Watch", "watch", "purge_names", "history_for", "series_for"]
+
 EXACT_BUDGET = 0.01     # share of a cell's wall time a full holder scan may take
 _HOLDERS_SHOWN = 12
-
-
-# -- state per shell or namespace ---------------------------------------------------------------
-class _State:
-    """History, timeline and holder tracker of one shell (or script namespace)."""
-
-    def __init__(self, shell: Any = None, namespace: dict | None = None) -> None:
-        self.shell = shell
-        self.namespace = namespace
-        self.tracker = HolderTracker()
-        self.history: list[WatchResult] = []
-        self.series = _monitor.Series(maxlen=SERIES_POINTS)
-        self.magics: Any = None
-        self.footer: Any = None   # the watch-on footer (watch.footer) while it is on
-        self.footer_device: str | None = None
-        self.costs: deque = deque(maxlen=2000)   # seconds each footer cost (pre + post)
-        #: the tracker's holders are as the last watch's end left them (no error since):
-        #: a watch that starts right after may take them as they are (``Watch.start``)
-        self.fresh = False
-
-    def record(self, result: WatchResult) -> None:
-        self.history.append(result)
-        if len(self.history) > MAX_HISTORY:
-            del self.history[: len(self.history) - MAX_HISTORY]
-
-    def internal_ids(self) -> set[int]:
-        """Objects of this extension a scan must not walk into (frames of ours hold them)."""
-        objs = [self, self.tracker, self.history, self.series, self.costs, HUB, LEDGER,
-                self.footer, self.magics]
-        return {id(o) for o in objs if o is not None}
-
-
-_ns_states: OrderedDict = OrderedDict()
-_MAX_NS_STATES = 32
-
-
-def _state_for_shell(shell: Any) -> _State:
-    """The watch state of a shell, kept by its session; a shell without the extension
-    loaded gets a fresh one each time (it keeps no history: its cells are not watched)."""
-    session = session_of(shell)
-    if session is None:
-        return _State(shell=shell)
-    if session.watch is None or session.watch.shell is not shell:
-        session.watch = _State(shell=shell)
-    return session.watch
-
-
-def _state_for_namespace(namespace: dict) -> _State:
-    state = _ns_states.get(id(namespace))
-    if state is None or state.namespace is not namespace:
-        state = _State(namespace=namespace)
-        _ns_states[id(namespace)] = state
-        while len(_ns_states) > _MAX_NS_STATES:
-            _ns_states.popitem(last=False)
-    _ns_states.move_to_end(id(namespace))
-    return state
-
-
-def _state_of(target: Any) -> _State:
-    if isinstance(target, dict):
-        return _state_for_namespace(target)
-    return _state_for_shell(target)
-
-
-def history_for(shell_or_namespace: Any) -> list[WatchResult]:
-    """The per-cell records of a shell (or a script's namespace), oldest first."""
-    return _state_of(shell_or_namespace).history
-
-
-def series_for(shell_or_namespace: Any) -> _monitor.Series:
-    """The sampled timeline of a shell (or namespace); see the module docstring."""
-    return _state_of(shell_or_namespace).series
-
-
-# -- the shared sampling thread -------------------------------------------------------------------
-class _Sampling:
-    """What one open watch gathers from the sampler: max process usage per device."""
-
-    def __init__(self, device_ids: list[str], series: _monitor.Series, interval: float,
-                 sampler: _monitor.SharedSampler | None = None) -> None:
-        self.devices = set(device_ids)
-        self.series = series
-        self.interval = interval
-        #: the sampling thread it subscribes to: its shell's session's, else the watch's own
-        self.sampler = sampler if sampler is not None else _OWN_SAMPLER
-        self.max_process: dict[str, int] = {}
-        self.samples: dict[str, int] = {}
-        self.failure: str | None = None     # why the sampling thread stopped while this was open
-
-    def observe(self, point: dict) -> None:
-        for dev in self.devices:
-            value = (point.get(dev) or {}).get("used_process")
-            if value is None:
-                continue
-            self.samples[dev] = self.samples.get(dev, 0) + 1
-            if value > self.max_process.get(dev, -1):
-                self.max_process[dev] = value
-
-
-class _Lane:
-    """The open watches of one sampling thread and the hub's subscription to it."""
-
-    __slots__ = ("sampler", "sub", "open")
-
-    def __init__(self, sampler: _monitor.SharedSampler) -> None:
-        self.sampler = sampler
-        self.sub: _monitor.Subscription | None = None
-        self.open: list[_Sampling] = []
-
-
-class _SamplerHub:
-    """Every open watch's sampling, through one subscription per sampling thread.
-
-    A watch in a shell with the extension loaded samples on the shell's
-    session's thread (:attr:`Session.sampler`, shared with the panel and the
-    sidebar); a script's watch on the watch's own (:data:`_OWN_SAMPLER`). The
-    subscription is called while a watch is open; ``hold()`` (the ``watch on``
-    footer) keeps it between cells, where its first tick with no watch open
-    pauses it (a cell that starts before, run-all, finds it running); without
-    holders it ends. Should
-    it end on its own, the open watches say so in their reports (``failure``)
-    and the next watch subscribes again. It reads counters only.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lanes: dict[_monitor.SharedSampler, _Lane] = {}
-        self._holds = 0
-        #: why the last subscription ended on its own; None once a new one runs
-        self.failure: str | None = None
-
-    def add(self, sampling: _Sampling, usages: dict | None = None,
-            point: dict | None = None) -> None:
-        """Open ``sampling``; its first sample is ``usages`` where the caller has just read
-        the devices (a watch's start), else a reading now; or ``point``, a sample the
-        timeline has already (the last watch's end, which this one starts from)."""
-        sampler = sampling.sampler
-        with self._lock:
-            lane = self._lanes.get(sampler)
-            if lane is None:
-                lane = self._lanes[sampler] = _Lane(sampler)
-            lane.open.append(sampling)
-            interval = sampling.interval if len(lane.open) == 1 else \
-                min(s.interval for s in lane.open)
-            sub = lane.sub
-            if sub is None or sub.stopped:
-                lane.sub = sampler.subscribe(lambda: self._tick(lane), interval, name="watch",
-                                             on_failure=lambda f: self._failed(lane, f))
-                self.failure = None
-            else:
-                if sub.interval != interval:
-                    sub.interval = interval
-                sub.resume()
-        if point is not None:
-            sampling.observe(point)
-        else:
-            self.sample([sampling], usages)
-
-    def remove(self, sampling: _Sampling, usages: dict | None = None) -> dict | None:
-        """Close ``sampling`` after a last sample (``usages``, as for :meth:`add`); that
-        sample's point."""
-        try:
-            return self.sample([sampling], usages)
-        finally:
-            self._drop(sampling)
-
-    def _drop(self, sampling: _Sampling) -> None:
-        stop = None
-        with self._lock:
-            lane = self._lanes.get(sampling.sampler)
-            if lane is None:
-                return
-            if sampling in lane.open:
-                lane.open.remove(sampling)
-            if lane.open:
-                return
-            sub = lane.sub
-            if self._holds and sub is not None and not sub.stopped \
-                    and lane.sampler is not _OWN_SAMPLER:
-                # kept for the footer's next cell: its next tick, finding no watch open,
-                # pauses it (so a cell that follows at once, run-all, resumes nothing)
-                return
-            del self._lanes[lane.sampler]
-            stop = sub
-        if stop is not None:
-            stop.stop()
-
-    def hold(self) -> None:
-        with self._lock:
-            self._holds += 1
-
-    def release(self) -> None:
-        stops = []
-        with self._lock:
-            self._holds = max(self._holds - 1, 0)
-            if not self._holds:
-                for sampler, lane in list(self._lanes.items()):
-                    if not lane.open:
-                        del self._lanes[sampler]
-                        stops.append(lane.sub)
-        for sub in stops:
-            if sub is not None:
-                sub.stop()
-
-    def _failed(self, lane: _Lane, failure: str) -> None:
-        """In the sampling thread as the subscription ends: tell the open watches (never
-        print)."""
-        with self._lock:
-            self.failure = failure
-            for s in lane.open:
-                s.failure = failure
-
-    def _tick(self, lane: _Lane) -> None:
-        with self._lock:
-            opens = list(lane.open)
-            if not opens:
-                sub = lane.sub
-                if sub is not None:
-                    sub.pause()     # between cells: until the next watch resumes it
-                return
-        self.sample(opens, read=lane.sampler.read)
-        LEDGER.tick()
-
-    @staticmethod
-    def sample(opens: list[_Sampling], usages: dict | None = None,
-               read: Any = None) -> dict:
-        ids = sorted(set().union(*(s.devices for s in opens)))
-        if usages is None or not set(ids) <= set(usages):
-            usages = _read_devices(ids, read)
-        else:
-            usages = {d: usages[d] for d in ids}
-        t = time.time()
-        point = _monitor.device_point(usages.values())
-        seen: set[int] = set()
-        for s in opens:
-            s.observe(point)
-            if id(s.series) not in seen:
-                seen.add(id(s.series))
-                s.series.append(t, {d: v for d, v in point.items()})
-        return point
-
-
-HUB = _SamplerHub()
-
-
-def _read_devices(ids: list[str], read: Any = None) -> dict[str, _devices.DeviceUsage]:
-    """Device figures for these ids (counters only; never creates a CUDA context);
-    ``read(selection)``, a sampler's shared reading, where given."""
-    selection = "cpu" if list(ids) == ["cpu"] else "all"
-    wanted = set(ids)
-    usages = (read(selection) if read is not None
-              else _devices.read_devices(selection, detail=False))
-    return {d.id: d for d in usages if d.id in wanted}
-
-
-#: the sampling thread of watches outside a shell's session (a script's ``watch()``)
-_OWN_SAMPLER = _monitor.SharedSampler(read=_devices.read_devices, name="jupyter_gpumem-watch")
-
-
-def sampler_of(shell: Any) -> _monitor.SharedSampler:
-    """The sampling thread a watch in ``shell`` subscribes to: its session's, else the
-    watch's own."""
-    session = session_of(shell) if shell is not None else None
-    return session.sampler if session is not None else _OWN_SAMPLER
 
 
 def _marks(usages: dict[str, _devices.DeviceUsage]) -> dict[str, int]:
@@ -370,10 +99,6 @@ def _error_info(exc: BaseException) -> dict:
     return {"type": type(exc).__name__, "message": message, "oom": _is_oom(exc)}
 
 
-def _ordered(ids) -> list[str]:
-    return sorted(set(ids), key=lambda d: (d == "cpu", d))
-
-
 class Watch:
     """Watch a block of code: ``with Watch(...) as w: ...`` then ``w.result``.
 
@@ -384,7 +109,7 @@ class Watch:
     def __init__(self, *, shell: Any = None, namespace: dict | None = None, device: str = "auto",
                  interval: float = 0.05, label: str | None = None, report: bool = True,
                  time_limit: float = 3.0, exact_budget: float = EXACT_BUDGET,
-                 source: str = "watch()", state: _State | None = None, record: bool = True,
+                 source: str = "watch()", state: WatchState | None = None, record: bool = True,
                  frame: Any = None) -> None:
         self.shell = shell
         self.namespace = namespace
@@ -399,12 +124,9 @@ class Watch:
         self.result: WatchResult | None = None
         self._frame = frame
         if state is None:
-            if shell is not None:
-                state = _state_for_shell(shell)
-            elif frame is not None and namespace is None:
-                state = _State(namespace={})      # a function's locals: a private state
-            else:
-                state = _state_for_namespace(namespace if namespace is not None else {})
+            # a shell's: its session's; outside a session the watch keeps its own
+            state = state_for(shell) if shell is not None else WatchState(
+                namespace=namespace if namespace is not None else {})
         self._state = state
         self._started = False
         self._extra_roots: list[Root] = []
@@ -419,16 +141,16 @@ class Watch:
             self.start()
         except Exception as failure:  # noqa: BLE001 - the block runs unwatched instead
             self.abandon()
-            _complain("watch could not start; the block runs unwatched", failure)
+            complain("watch could not start; the block runs unwatched", failure)
         return self
 
     def __exit__(self, etype, exc, tb) -> bool:
         try:
             self.stop(error=exc)
             if self.report and self.result is not None:
-                _show(self.result)
+                show(self.result)
         except Exception as failure:  # noqa: BLE001 - never raise into the user's code
-            _complain("watch failed", failure)
+            complain("watch failed", failure)
         return False
 
     # -- namespace -------------------------------------------------------------------------
@@ -482,7 +204,7 @@ class Watch:
         else:
             # what changed since the last watch (between cells: a widget's callback, say)
             # is the tracker's before this code runs, not this code's doing
-            usages = _read_devices(_ordered(self._ids0 + ["cpu"]))
+            usages = _sampling.read_devices(ordered(self._ids0 + ["cpu"]))
             if self._update(usages).partial:
                 self._messages.append("holders: partial scan before the code ran")
         self._tracked0 = dict(self._state.tracker.totals)
@@ -491,9 +213,8 @@ class Watch:
         self._usages0 = usages
         self._scope: PeakScope = LEDGER.open(self._ids0, readings)
         try:
-            self._sampling = _Sampling(self._ids0, self._state.series, self.interval,
-                                       sampler_of(self.shell))
-            HUB.add(self._sampling, usages, point)
+            self._sampling = Sampling(self._ids0, self._state.series, self.interval)
+            self._state.hub.add(self._sampling, usages, point)
         except BaseException:
             self.abandon()   # leave no open scope or sampling entry behind
             raise
@@ -511,10 +232,16 @@ class Watch:
         self._frame = None
         try:
             if sampling is not None:
-                HUB.remove(sampling)
+                self._state.hub.remove(sampling)
         finally:
             if scope is not None:
                 LEDGER.close(scope)
+
+    def scan_holders(self, force_full: bool = False) -> None:
+        """Bring the holders' tracker up to date now, outside any watched code (the footer
+        scans every holder once as it starts, so that its first cell need not)."""
+        ids = _devices.selected_ids(self.device)
+        self._update(_sampling.read_devices(ordered(ids + ["cpu"])), force_full=force_full)
 
     def add_root(self, root: Root) -> None:
         """A holder the report should count that no namespace shows yet (the cell's value)."""
@@ -529,9 +256,9 @@ class Watch:
         self._started = False
         wall = t1 - self._t0
         now_ids = _devices.selected_ids(self.device)
-        ids = _ordered(self._ids0 + now_ids)
-        usages = _read_devices(_ordered(ids + ["cpu"]))
-        point = HUB.remove(self._sampling, usages)
+        ids = ordered(self._ids0 + now_ids)
+        usages = _sampling.read_devices(ordered(ids + ["cpu"]))
+        point = self._state.hub.remove(self._sampling, usages)
         LEDGER.close(self._scope, ids)
         self.end = (now_ids, usages, point, self._scope.end)
         upd = self._update(usages, error=error, force_full=error is not None,
@@ -659,23 +386,6 @@ def _entry(info: RootInfo, devices, tracker: HolderTracker) -> HolderEntry:
                        tracker.shared_bytes(info, devices), info.type, info.purge_arg)
 
 
-def _caller_frame():
-    frame = sys._getframe(1)
-    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("jupyter_gpumem"):
-        frame = frame.f_back
-    return frame
-
-
-def _running_shell():
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return None
-    try:
-        return ipython.get_ipython()
-    except Exception:  # noqa: BLE001
-        return None
-
-
 def watch(shell: Any = None, namespace: dict | None = None, *, device: str = "auto",
           interval: float = 0.05, label: str | None = None, report: bool = True,
           time_limit: float = 3.0) -> Watch:
@@ -690,8 +400,8 @@ def watch(shell: Any = None, namespace: dict | None = None, *, device: str = "au
     """
     frame = None
     if shell is None and namespace is None:
-        caller = _caller_frame()
-        ip = _running_shell()
+        caller = caller_frame()
+        ip = running_shell()
         if ip is not None and caller is not None and caller.f_globals is ip.user_ns:
             shell = ip
         elif caller is not None:
@@ -700,34 +410,6 @@ def watch(shell: Any = None, namespace: dict | None = None, *, device: str = "au
             else:
                 frame = caller
     return Watch(shell=shell, namespace=namespace, device=device, interval=interval,
-                 label=label or ("block" if shell is None else f"block in {_cell_label(shell)}"),
+                 label=label or ("block" if shell is None else f"block in {cell_label(shell)}"),
                  report=report, time_limit=time_limit, frame=frame,
                  record=shell is None)   # a shell's history is per cell, not per block
-
-
-def _cell_label(shell: Any) -> str:
-    n = _current_count(shell)
-    return f"In [{n}]" if n is not None else "cell"
-
-
-def _current_count(shell: Any) -> int | None:
-    """The number of the cell running now: what IPython's display hook files ``Out[N]`` under."""
-    try:
-        return int(shell.displayhook.prompt_count)
-    except Exception:  # noqa: BLE001
-        return getattr(shell, "execution_count", None)
-
-
-def _show(result: Any) -> None:
-    """Display ``result`` as IPython's ``display()`` does where a shell runs, else print it."""
-    ip = _running_shell()
-    if ip is None:
-        print(repr(result))
-        return
-    data, metadata = ip.display_formatter.format(result)
-    if data:
-        ip.display_pub.publish(data=data, metadata=metadata)
-
-
-def _complain(what: str, exc: BaseException) -> None:
-    complain(what, exc)

@@ -70,8 +70,9 @@ __all__ = ["BEFORE", "BEFORE_TEXT", "BETWEEN_TEXT", "CONTEXTS", "DEFAULT_MAX_ENT
            "rename_cells", "save", "segments", "short_path", "site_of", "sites_of", "start",
            "status", "stop", "tracer", "unattributed_sites"]
 
-#: the one recording of the process (the framework's allocator history is process-wide,
-#: so one tracer records at a time); the session of the shell that started it owns it
+#: per process: the one recording (the framework's allocator history is process-wide,
+#: so one tracer records at a time, whichever shell started it); the session of the
+#: shell that started it owns it (``Session.tracer``) and stops it when it closes
 _RECORDING: Tracer | None = None
 _LOCK = threading.Lock()
 
