@@ -19,9 +19,9 @@ from typing import Callable
 import psutil
 
 from ..backends import nvml
-from ..units import JsonFields, Report, fmt_bytes, json_field, round6
+from ..units import JsonFields, Report, fmt_bytes, html_table, json_field, round6, text_table
 from . import processes as _processes
-from .render import code_html, html_table, text_table
+from .render import code_html
 
 GRACE = 3.0          # seconds between SIGTERM and SIGKILL
 MAX_GRACE = 60.0
