@@ -34,6 +34,7 @@ from ..backends import Backend
 from ..backends.base import dict_descriptor
 from . import native
 from .scan_kinds import BIG, HANDLERS
+from .steps import run_to_end
 from .scan_tensors import TensorTaking, no_nodes
 from .scan_types import (
     ATOMIC, BUILTIN, CELL, CONTAINER, DICT, EXCEPTION, HAVE_GC, INSTANCE, LRU, METHOD, NDARRAY,
@@ -225,12 +226,7 @@ class Reacher(TensorTaking):
         many objects the walk expanded. Stops at the deadline (``out_of_time``).
 
         ``node(keys)``: the path nodes of those storages (by default ``None`` each)."""
-        steps = self.walk_steps(obj, node)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
+        return run_to_end(self.walk_steps(obj, node))
 
     def walk_steps(self, obj: Any, node: Any = None, due: Any = None):
         """:meth:`walk` as a generator that yields between two chunks once ``due()``
