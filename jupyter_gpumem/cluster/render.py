@@ -73,7 +73,7 @@ def snapshot_text(s) -> str:
     if s.unclaimed:
         lines.append("")
         lines.append("in worker memory, held by no name of this notebook:")
-        lines += ["  " + x for x in text_table(_UNCLAIMED_HEADERS, _unclaimed_rows(s), {1})]
+        lines += text_table(_UNCLAIMED_HEADERS, _unclaimed_rows(s), {1}, indent="  ")
         more = _more_unclaimed(s)
         if more:
             lines.append("  " + more)

@@ -97,7 +97,7 @@ class OrphanPurge(JsonFields, Report):
         head, targets, devices = self._lines()
         lines = [head]
         if targets:
-            lines += ["  " + x for x in text_table(_TARGET_HEADERS, targets, {0, 1})]
+            lines += text_table(_TARGET_HEADERS, targets, {0, 1}, indent="  ")
         lines += ["  " + s.text() for s in self.steps]
         if devices:
             lines += text_table(_DEVICE_HEADERS, devices, {1, 2, 3})

@@ -123,7 +123,7 @@ def snapshot_text(s) -> str:
         for h in s.details:
             lines.append("")
             lines.append(f"{h.name}: {fmt_bytes(h.total)} in {h.tensors} storage(s)")
-            lines += ["  " + x for x in text_table(*_detail_table(h), {1})]
+            lines += text_table(*_detail_table(h), {1}, indent="  ")
         return "\n".join(lines).rstrip()
     lines.append("")
     if s.holders:
