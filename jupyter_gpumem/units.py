@@ -1,7 +1,9 @@
-"""What people read: bytes in units, results as text, HTML or JSON. Imports nothing of the
+"""What people read: bytes in units, the kit of every report (aligned text tables, HTML
+tables, escaping, shortening), results as text, HTML or JSON. Imports nothing of the
 package."""
 from __future__ import annotations
 
+import html
 import sys
 from dataclasses import MISSING, field, fields
 from operator import attrgetter, methodcaller
@@ -28,6 +30,43 @@ def one_line(text, limit: int = 300) -> str:
     lines = str(text).strip().splitlines() or [""]
     line = lines[0].strip()
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+# -- the kit of every report ------------------------------------------------------------
+def text_table(headers: list[str] | None, rows, right=frozenset(), indent: str = "") -> list[str]:
+    """Aligned lines of ``rows`` (lists of text) under ``headers`` (None: no header line),
+    the columns in ``right`` aligned right, each line after ``indent``."""
+    lines = ([list(headers)] if headers is not None else []) + [list(r) for r in rows]
+    widths: list[int] = []
+    for row in lines:
+        for i, cell in enumerate(row):
+            if i < len(widths):
+                widths[i] = max(widths[i], len(cell))
+            else:
+                widths.append(len(cell))
+    return [indent + "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i])
+                               for i, c in enumerate(row)).rstrip() for row in lines]
+
+
+def esc(x) -> str:
+    """``x`` as text, escaped for HTML."""
+    return html.escape(str(x))
+
+
+def html_table(headers, rows, right=frozenset()) -> str:
+    """An HTML table of ``rows`` under ``headers``, every cell escaped, the columns in
+    ``right`` aligned right."""
+    def cell(tag, i, text):
+        return f"<{tag} style='text-align:{'right' if i in right else 'left'}'>{esc(text)}</{tag}>"
+    head = "".join(cell("th", i, h) for i, h in enumerate(headers))
+    body = "".join("<tr>" + "".join(cell("td", i, c) for i, c in enumerate(row)) + "</tr>"
+                   for row in rows)
+    return f"<table class='jupyter-gpumem'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def shorten(text: str, width: int = 60) -> str:
+    """``text`` cut to ``width`` characters, an ellipsis last where it was cut."""
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def complain(what: str, exc: BaseException | None = None) -> None:

@@ -5,7 +5,7 @@ keeps for the node's life, and freeing a chain of wrapped nodes recurses once pe
 node: about 40,000 of them overflowed the stack (``del y`` killed the kernel).
 The scan now wraps a bounded number of nodes per scan and keeps the nodes it
 has wrapped that still live under a process-wide bound (see
-``jupyter_gpumem.backends.pytorch.GraphLedger``).
+``jupyter_gpumem.backends.torch_graph.GraphLedger``).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from jupyter_gpumem.backends.pytorch import GraphLedger  # noqa: E402
+from jupyter_gpumem.backends.torch_graph import GraphLedger  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

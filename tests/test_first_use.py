@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 torch = pytest.importorskip("torch")
 
 import jupyter_gpumem  # noqa: E402
-from jupyter_gpumem.core import scan_reach  # noqa: E402
+from jupyter_gpumem.core import scan_kinds  # noqa: E402
 from conftest import run  # noqa: E402
 
 
@@ -41,14 +41,14 @@ class Stubborn:
 
 
 def test_the_refused_note_names_types_and_where_and_v_lists_all(ip, monkeypatch):
-    real = scan_reach._HANDLERS[scan_reach.FUNCTION]
+    real = scan_kinds.HANDLERS[scan_kinds.FUNCTION]
 
     def failing(walker, obj):
         if getattr(obj, "__name__", "").startswith("stubborn"):
             raise RuntimeError("cannot be read")
         return real(walker, obj)
 
-    monkeypatch.setitem(scan_reach._HANDLERS, scan_reach.FUNCTION, failing)
+    monkeypatch.setitem(scan_kinds.HANDLERS, scan_kinds.FUNCTION, failing)
     ip.user_ns["x"] = torch.ones(8)
     for i in range(5):
         exec(f"def stubborn{i}(): pass", ip.user_ns)

@@ -260,7 +260,7 @@ def test_purge_all_skips_a_name_that_vanishes_while_it_plans(ip, monkeypatch):
 
 def test_purge_skips_a_name_rebound_between_planning_and_deletion(ip, unrelated, monkeypatch):
     purge_mod = _module("jupyter_gpumem.core.purge")
-    real = purge_mod._read
+    real = purge_mod.read_usage
     other = torch.zeros(8)
 
     def read_then_rebind(*args, **kwargs):
@@ -269,7 +269,7 @@ def test_purge_skips_a_name_rebound_between_planning_and_deletion(ip, unrelated,
 
     run(ip, f"t = torch.ones({N})\ntmp_1 = torch.ones({N})")
     ref_t, ref_tmp = weak(ip, "t"), weak(ip, "tmp_1")
-    monkeypatch.setattr(purge_mod, "_read", read_then_rebind)
+    monkeypatch.setattr(purge_mod, "read_usage", read_then_rebind)
     result = purge(ip, "t tmp_1")
     monkeypatch.undo()
     assert not alive(ref_t) and not alive(ref_tmp)

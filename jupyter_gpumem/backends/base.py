@@ -391,6 +391,17 @@ def oom_by_name(exc: BaseException) -> bool:
     return type(exc).__name__ == "OutOfMemoryError"
 
 
+def xla_is_oom(backend: Backend, exc: BaseException, text: str) -> bool:
+    """:meth:`Backend.is_oom` of a framework on XLA's runtime (JAX, TensorFlow): the
+    status its failed allocations carry."""
+    return "RESOURCE_EXHAUSTED" in text
+
+
+#: DLPack device types -> where the memory is: kDLCPU, kDLCUDA, kDLCUDAHost (pinned),
+#: kDLROCM, kDLROCMHost, kDLCUDAManaged ("cuda": a GPU, ROCm's through the CUDA API too)
+DLPACK_DEVICES = {1: "cpu", 2: "cuda", 3: "cpu", 10: "cuda", 11: "cpu", 13: "cuda"}
+
+
 @dataclass
 class Registry:
     """The known backends, in report order."""

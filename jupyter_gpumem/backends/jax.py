@@ -14,7 +14,8 @@ import os
 import sys
 from typing import Any
 
-from .base import AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo
+from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo,
+                   xla_is_oom)
 from ..units import fmt_bytes
 
 _GiB = 1 << 30
@@ -245,8 +246,7 @@ class JaxBackend(Backend):
             return "imported, no device used yet"
         return "too late"
 
-    def is_oom(self, exc: BaseException, text: str) -> bool:
-        return "RESOURCE_EXHAUSTED" in text    # XLA's status when an allocation fails
+    is_oom = xla_is_oom
 
     def release(self) -> list[str]:
         """Clear JAX's compilation caches (they keep constants alive on the device)."""

@@ -24,7 +24,8 @@ import re
 import sys
 from typing import Any, Callable, Iterator
 
-from .base import AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo
+from .base import (DLPACK_DEVICES, AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate,
+                   StorageInfo, xla_is_oom)
 from ..units import fmt_bytes
 
 #: dtypes TensorFlow can export through DLPack (see module docstring)
@@ -46,11 +47,6 @@ _capsule_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _capsule_is_valid = ctypes.pythonapi.PyCapsule_IsValid
 _capsule_is_valid.restype = ctypes.c_int
 _capsule_is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
-#: DLPack device types: CPU, CUDA, CUDA host (pinned), ROCm, ROCm host, CUDA managed
-_DL_HOST = {1, 3, 11}
-_DL_GPU = {2, 10, 13}
-
 
 def dlpack_address(capsule: Any) -> tuple[int, int, int] | None:
     """``(data pointer, DLPack device type, device id)`` of an unconsumed capsule.
@@ -222,9 +218,10 @@ class TensorFlowBackend(Backend):
             address = self._dlpack(t)
             if address is not None:
                 ptr, dl_type, dl_id = address
-                if dl_type in _DL_HOST:
+                kind = DLPACK_DEVICES.get(dl_type)
+                if kind == "cpu":
                     dev = "cpu"
-                elif dl_type in _DL_GPU:
+                elif kind == "cuda":
                     dev = self._device_id("GPU", dl_id)
                 if ptr:
                     return [StorageInfo((dev, ptr), nbytes, dev, "tensorflow")]
@@ -355,8 +352,7 @@ class TensorFlowBackend(Backend):
             return "imported, no device used yet"
         return "too late"
 
-    def is_oom(self, exc: BaseException, text: str) -> bool:
-        return "RESOURCE_EXHAUSTED" in text    # XLA's status when an allocation fails
+    is_oom = xla_is_oom
 
     def tensorboard_may_import(self) -> bool:
         """TensorBoard imports TensorFlow when it is installed (and TensorFlow takes the

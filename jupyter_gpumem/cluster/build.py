@@ -142,7 +142,7 @@ def describe_wanters(record: dict | None, client_id: str, *, ours: str | None) -
     return out
 
 
-def _bytes_on(report: WorkerReport, keys) -> dict[str, int]:
+def bytes_on(report: WorkerReport, keys) -> dict[str, int]:
     """Bytes the given keys hold on one worker, each shared storage counted once."""
     per: dict[str, int] = {}
     repeats: Counter = Counter()
@@ -185,10 +185,10 @@ def attribute(names: list[NameKeys], reports: list[WorkerReport], records: dict,
                 on.setdefault(report.address, (report, []))[1].append(k)
         for address, (report, held) in on.items():
             in_memory.update(held)
-            per = _bytes_on(report, held)
+            per = bytes_on(report, held)
             workers[address] = {d: n for d, n in per.items() if n}
             only = [k for k in held if len(owners[k]) == 1]
-            only_bytes = sum(_bytes_on(report, only).values()) if only else 0
+            only_bytes = sum(bytes_on(report, only).values()) if only else 0
             unique += only_bytes
             shared += sum(per.values()) - only_bytes
             for k in held:
@@ -223,7 +223,7 @@ def held_by_names(names: list[NameKeys], reports: list[WorkerReport]) -> dict:
     claimed = {k for nk in names for k in nk.keys}
     out = {}
     for report in reports:
-        per = _bytes_on(report, [k for k in report.keys if k in claimed])
+        per = bytes_on(report, [k for k in report.keys if k in claimed])
         per = {d: n for d, n in per.items() if n}
         if per:
             out[report.address] = per

@@ -17,14 +17,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import paths as _paths
 from ..core import scan as _scan
-from ..core.roots import Root
-from ..core import hidden as _hidden
-from ..core.purge import PurgeError, _Target
+from ..core.purge_execute import execute
+from ..core.purge_result import PurgeError
+from ..core.purge_targets import (Holdings, Target, hidden_to_clear, names_of, removed_names,
+                                  resolve_targets)
 from ..core.render import fmt_bytes
+from ..core.roots import Root
 from . import remote
-from .build import (Deadline, HeldNames, _bytes_on, build, describe_wanters, run_on_workers,
+from .build import (Deadline, HeldNames, bytes_on, build, describe_wanters, run_on_workers,
                     walk_messages)
 from .names import NameScan, holders_of, scan_roots
 from .render import key_text
@@ -44,7 +45,7 @@ class _Plan:
     """What a purge will do; the only holder of references to the objects it removes."""
 
     names: list[str]
-    targets: list[_Target]
+    targets: list[Target]
     hidden_clear: list[Root]
     found: NameScan
     target_keys: set
@@ -60,52 +61,55 @@ class _Plan:
         self.found.futures.clear()
 
 
+class _Holdings(Holdings):
+    """What the notebook's roots hold on the cluster: the Dask keys of their Futures
+    (key -> path), and for another object a walk of its own (its Futures join the
+    plan's)."""
+
+    def __init__(self, client: Any, roots: list[Root], found: NameScan, shell: Any,
+                 namespace: dict | None, time_limit: float) -> None:
+        self.client, self.found = client, found
+        self.shell, self.namespace, self.time_limit = shell, namespace, time_limit
+        self.keys_of = {id(r): k for r, k in zip(roots, found.keys)}
+        self.by_name = names_of(roots)
+
+    def of(self, root: Root) -> dict:
+        return self.keys_of[id(root)]
+
+    def of_object(self, text: str, obj: Any) -> tuple[dict, str]:
+        extra = scan_roots([Root(text, obj)], client_id=self.client.id, shell=self.shell,
+                           namespace=self.namespace, time_limit=self.time_limit, remember=True)
+        keys = extra.keys[0]
+        for k, refs in extra.futures.items():
+            self.found.futures.setdefault(k, []).extend(refs)
+        extra.release()
+        return keys, self.nothing(text)
+
+    def nothing(self, text: str) -> str:
+        return f"{text!r} holds no key on the cluster"
+
+    def direct(self, text: str) -> list[Target] | str | None:
+        root = self.by_name.get(text)
+        if root is None or not root.hidden:
+            return None
+        keys = self.keys_of[id(root)]
+        return [Target(text, None, root, keys)] if keys else self.nothing(text)
+
+
 def _plan(client: Any, names: list[str], all_names: bool, shell: Any, namespace: dict | None,
           time_limit: float) -> _Plan:
     roots = _scan.collect_roots(namespace, shell)
     found = scan_roots(roots, client_id=client.id, shell=shell, namespace=namespace,
                        time_limit=time_limit, remember=True)
-    keys_of = {id(r): k for r, k in zip(roots, found.keys)}
+    holdings = _Holdings(client, roots, found, shell, namespace, time_limit)
+    keys_of = holdings.keys_of
     if all_names:
         names = [r.name for r in roots if not r.hidden and keys_of[id(r)]]
-    by_name = {r.name: r for r in roots if not r.hidden}
-    for r in roots:
-        if r.hidden:
-            for n in [r.name] + list(r.aliases):
-                by_name.setdefault(n, r)
-    errors: list[str] = []
-    targets: list[_Target] = []
-    for text in names:
-        root = by_name.get(text)
-        if root is not None and root.hidden:
-            if keys_of[id(root)]:
-                targets.append(_Target(text, None, root, keys_of[id(root)]))
-            else:
-                errors.append(f"{text!r} holds no key on the cluster")
-            continue
-        try:
-            binding = _paths.resolve(text, shell=shell, namespace=namespace)
-            _paths.check_deletable(binding)
-        except _paths.PathError as exc:
-            errors.append(str(exc))
-            continue
-        if root is not None and root.obj is binding.obj:
-            keys = keys_of[id(root)]
-        else:
-            root = None
-            extra = scan_roots([Root(text, binding.obj)], client_id=client.id, shell=shell,
-                               namespace=namespace, time_limit=time_limit, remember=True)
-            keys = extra.keys[0]
-            for k, refs in extra.futures.items():
-                found.futures.setdefault(k, []).extend(refs)
-            extra.release()
-        if not keys:
-            errors.append(f"{text!r} holds no key on the cluster")
-            continue
-        targets.append(_Target(text, binding, root, keys))
+    targets, _, errors = resolve_targets(names, roots, holdings, shell=shell,
+                                         namespace=namespace)
     ClusterPurgeError.check(errors)
     if not names and not all_names:   # no names: the hidden holders that hold keys
-        targets = [_Target(r.name, None, r, keys_of[id(r)]) for r in roots
+        targets = [Target(r.name, None, r, keys_of[id(r)]) for r in roots
                    if r.hidden and keys_of[id(r)]]
     target_keys = {k for t in targets for k in t.keys}
     target_roots = {id(t.root) for t in targets if t.root is not None}
@@ -124,10 +128,7 @@ def _plan(client: Any, names: list[str], all_names: bool, shell: Any, namespace:
     remaining_names = {r.name for r, keys in zip(remaining, rest.keys) if keys}
     rest.release()
     own = target_keys - user_held
-    objs = {id(t.binding.obj) for t in targets if t.binding is not None} | \
-        {id(t.root.obj) for t in targets if t.root is not None}
-    hidden_clear = [r for r in roots if r.hidden and keys_of[id(r)] and (
-        not names or id(r.obj) in objs or own & keys_of[id(r)].keys())]
+    hidden_clear = hidden_to_clear(roots, holdings, targets, names, own)
     plan = _Plan(list(names), targets, hidden_clear, found, target_keys, own, named,
                  remaining_names)
     if all_names and not targets:
@@ -135,37 +136,12 @@ def _plan(client: Any, names: list[str], all_names: bool, shell: Any, namespace:
     return plan
 
 
-def _removed_names(plan: _Plan) -> list[str]:
-    out = [t.text for t in plan.targets]
-    for r in plan.hidden_clear:
-        out += [n for n in [r.name] + list(r.aliases) if n not in out]
-    return out
-
-
-def _execute(plan: _Plan, shell: Any) -> tuple[list[str], list[str]]:
-    """Remove the bindings and hidden holders, and every reference this module kept.
-    Returns what went, and the names skipped because they changed meanwhile."""
-    removed: list[str] = []
-    skipped: list[str] = []
-    for t in plan.targets:
-        if t.binding is None:
-            continue
-        obj = t.binding.obj
-        try:
-            _paths.delete(t.binding)
-        except (LookupError, _paths.PathError):   # rebound or gone since the plan
-            skipped.append(t.text)
-            continue
-        removed.append(t.text)
-        if t.binding.is_name and shell is not None:
-            hidden = getattr(shell, "user_ns_hidden", {})
-            if hidden.get(t.text) is obj:
-                del hidden[t.text]
-        obj = None
-    for r in plan.hidden_clear:
-        removed += [n for n in _hidden.clear(r, shell) if n not in removed]
+def _execute(plan: _Plan, shell: Any, namespace: dict | None) -> tuple[list[str], list[str]]:
+    """Remove the bindings and hidden holders (as the notebook's purge does), and every
+    reference this module kept. Returns what went, and the names skipped because they
+    changed meanwhile."""
+    removed, skipped = execute(plan.targets, plan.hidden_clear, shell, namespace)
     refs = [ref for k in plan.own for ref in plan.found.futures.get(k, ())]
-    t = r = None   # noqa: F841 - the loops' last items refer to the removed objects
     plan.release()
     if any(ref() is not None for ref in refs):
         gc.collect()   # a Future in a reference cycle is released by its __del__ only now
@@ -184,7 +160,7 @@ def _kept_by_others(keys, records: dict, client_id: str) -> set:
 def _predicted(snap: ClusterSnapshot, keys) -> dict[str, dict[str, int]]:
     out = {}
     for report in snap.workers:
-        per = _bytes_on(report, [k for k in keys if k in report.keys])
+        per = bytes_on(report, [k for k in keys if k in report.keys])
         per = {d: n for d, n in per.items() if n}
         if per:
             out[report.address] = per
@@ -288,7 +264,8 @@ def purge(client: Any, names=(), *, namespace: dict | None = None, shell: Any = 
     others = _kept_by_others(plan.own, before.records, client.id)
     going = plan.own - others
     target_keys, named = set(plan.target_keys), dict(plan.named)
-    result = ClusterPurgeResult(list(names), _removed_names(plan), len(target_keys),
+    result = ClusterPurgeResult(list(names), removed_names(plan.targets, plan.hidden_clear, names),
+                                len(target_keys),
                                 _predicted(before, going), dry_run=dry_run,
                                 missing=dict(before.missing), messages=list(plan.messages))
     if before.partial:
@@ -302,7 +279,7 @@ def purge(client: Any, names=(), *, namespace: dict | None = None, shell: Any = 
     remaining_names = set(plan.remaining_names)
     where = [w.address for w in before.workers
              if any(k in w.keys or k in w.spilled for k in going)]
-    result.removed, skipped = _execute(plan, shell)
+    result.removed, skipped = _execute(plan, shell, namespace)
     plan = None
     if skipped:
         result.messages.append("changed since the plan, left as they are: " + ", ".join(skipped))

@@ -19,14 +19,13 @@ from math import prod
 from typing import Any
 
 from ..backends import Backend, StorageInfo, active_backends
+from ..backends.base import DLPACK_DEVICES
 from ..core import devices as _devices
 from ..core import scan as _scan
 from ..core.roots import Root
 from ..core.snapshot import Sharing
 from ..core import purge as _purge
 
-#: DLPack device types: kDLCPU, kDLCUDA, kDLCUDAHost, kDLROCM, kDLCUDAManaged, kDLROCMHost
-_DLPACK_DEVICES = {1: "cpu", 2: "cuda", 3: "cpu", 10: "cuda", 13: "cuda", 11: "cpu"}
 #: host arrays: counted by Dask's sizeof, not through their DLPack export
 _HOST_LIBRARIES = frozenset({"numpy", "pandas", "pyarrow", "scipy"})
 _MAX_PROTOCOL_TYPES = 64
@@ -54,7 +53,7 @@ def _dlpack_device(obj: Any) -> str | None:
         kind, index = obj.__dlpack_device__()
     except Exception:
         return None
-    base = _DLPACK_DEVICES.get(int(kind))
+    base = DLPACK_DEVICES.get(int(kind))
     if base is None:
         return None
     return "cpu" if base == "cpu" else f"{base}:{int(index)}"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.render import _esc, _html_table, _table, device_line, fmt_bytes
+from ..core.render import device_line
+from ..units import esc, fmt_bytes, html_table, shorten, text_table
 
 
 def key_text(key: Any) -> str:
@@ -29,12 +30,8 @@ def _holder_rows(s) -> list[list[str]]:
 
 
 def _unclaimed_rows(s) -> list[list[str]]:
-    return [[_short(key_text(u.key)), fmt_bytes(u.nbytes if u.nbytes else u.sizeof),
+    return [[shorten(key_text(u.key)), fmt_bytes(u.nbytes if u.nbytes else u.sizeof),
              u.worker, "; ".join(u.held_by)] for u in s.unclaimed[:_SHOWN_UNCLAIMED]]
-
-
-def _short(text: str, width: int = 60) -> str:
-    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def _worker_head(w) -> str:
@@ -70,13 +67,13 @@ def snapshot_text(s) -> str:
         lines.append(f"worker {address}: {why}")
     lines.append("")
     if s.holders:
-        lines += _table(_HOLDER_HEADERS, _holder_rows(s), {2})
+        lines += text_table(_HOLDER_HEADERS, _holder_rows(s), {2})
     else:
         lines.append("no name of this notebook holds a key on the cluster")
     if s.unclaimed:
         lines.append("")
         lines.append("in worker memory, held by no name of this notebook:")
-        lines += ["  " + x for x in _table(_UNCLAIMED_HEADERS, _unclaimed_rows(s), {1})]
+        lines += text_table(_UNCLAIMED_HEADERS, _unclaimed_rows(s), {1}, indent="  ")
         more = _more_unclaimed(s)
         if more:
             lines.append("  " + more)
@@ -87,24 +84,24 @@ def snapshot_text(s) -> str:
 
 def snapshot_html(s) -> str:
     """Rich HTML of a cluster snapshot (the same facts as the text)."""
-    parts = [f"<div class='{_CSS}'>", f"<div><b>{_esc(_title(s))}</b></div>"]
+    parts = [f"<div class='{_CSS}'>", f"<div><b>{esc(_title(s))}</b></div>"]
     for w in s.workers:
-        parts.append(f"<div>{_esc(_worker_head(w))}</div>")
-        parts += [f"<div style='margin-left:1em'><code>{_esc(device_line(d))}</code></div>"
+        parts.append(f"<div>{esc(_worker_head(w))}</div>")
+        parts += [f"<div style='margin-left:1em'><code>{esc(device_line(d))}</code></div>"
                   for d in w.devices]
     for address, why in s.missing.items():
-        parts.append(f"<div><em>worker {_esc(address)}: {_esc(why)}</em></div>")
+        parts.append(f"<div><em>worker {esc(address)}: {esc(why)}</em></div>")
     if s.holders:
-        parts.append(_html_table(_HOLDER_HEADERS, _holder_rows(s), {2}))
+        parts.append(html_table(_HOLDER_HEADERS, _holder_rows(s), {2}))
     else:
         parts.append("<div>no name of this notebook holds a key on the cluster</div>")
     if s.unclaimed:
         parts.append("<div>in worker memory, held by no name of this notebook:</div>")
-        parts.append(_html_table(_UNCLAIMED_HEADERS, _unclaimed_rows(s), {1}))
+        parts.append(html_table(_UNCLAIMED_HEADERS, _unclaimed_rows(s), {1}))
         more = _more_unclaimed(s)
         if more:
-            parts.append(f"<div>{_esc(more)}</div>")
-    parts += [f"<div><em>note: {_esc(m)}</em></div>" for m in s.messages]
+            parts.append(f"<div>{esc(more)}</div>")
+    parts += [f"<div><em>note: {esc(m)}</em></div>" for m in s.messages]
     parts.append("</div>")
     return "".join(parts)
 
@@ -151,7 +148,7 @@ def _still_lines(r) -> list[str]:
 def purge_text(r) -> str:
     """Plain text of a cluster purge result."""
     lines = [_purge_head(r)]
-    lines += _table(_purge_headers(r), _purge_rows(r), {2} if r.dry_run else {3, 4, 5})
+    lines += text_table(_purge_headers(r), _purge_rows(r), {2} if r.dry_run else {3, 4, 5})
     lines += _still_lines(r)
     lines += [f"worker {w}: {why}" for w, why in r.missing.items()]
     lines += [f"note: {m}" for m in r.messages]
@@ -160,10 +157,10 @@ def purge_text(r) -> str:
 
 def purge_html(r) -> str:
     """Rich HTML of a cluster purge result."""
-    parts = [f"<div class='{_CSS}'><div>{_esc(_purge_head(r))}</div>",
-             _html_table(_purge_headers(r), _purge_rows(r), {2} if r.dry_run else {3, 4, 5})]
-    parts += [f"<div>{_esc(x)}</div>" for x in _still_lines(r)]
-    parts += [f"<div><em>worker {_esc(w)}: {_esc(why)}</em></div>" for w, why in r.missing.items()]
-    parts += [f"<div><em>note: {_esc(m)}</em></div>" for m in r.messages]
+    parts = [f"<div class='{_CSS}'><div>{esc(_purge_head(r))}</div>",
+             html_table(_purge_headers(r), _purge_rows(r), {2} if r.dry_run else {3, 4, 5})]
+    parts += [f"<div>{esc(x)}</div>" for x in _still_lines(r)]
+    parts += [f"<div><em>worker {esc(w)}: {esc(why)}</em></div>" for w, why in r.missing.items()]
+    parts += [f"<div><em>note: {esc(m)}</em></div>" for m in r.messages]
     parts.append("</div>")
     return "".join(parts)

@@ -19,9 +19,9 @@ from typing import Callable, Mapping
 import psutil
 
 from ..backends import nvml
-from ..units import JsonFields, Report, fmt_bytes, json_field, round6
+from ..units import JsonFields, Report, fmt_bytes, html_table, json_field, round6, text_table
 from . import processes as _processes
-from .render import code_html, html_table, text_table
+from .render import code_html
 
 GRACE = 3.0          # seconds between SIGTERM and SIGKILL
 MAX_GRACE = 60.0
@@ -97,7 +97,7 @@ class OrphanPurge(JsonFields, Report):
         head, targets, devices = self._lines()
         lines = [head]
         if targets:
-            lines += ["  " + x for x in text_table(_TARGET_HEADERS, targets, {0, 1})]
+            lines += text_table(_TARGET_HEADERS, targets, {0, 1}, indent="  ")
         lines += ["  " + s.text() for s in self.steps]
         if devices:
             lines += text_table(_DEVICE_HEADERS, devices, {1, 2, 3})

@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 import psutil
 
 from ..backends import nvml
-from ..units import JsonFields, Report, fmt_bytes, json_field
-from .render import code_html, html_table, text_table
+from ..units import JsonFields, Report, fmt_bytes, html_table, json_field, text_table
+from ..units import shorten as _shorten
+from .render import code_html
 
 #: device files a process with a GPU context holds open; a listed pid of this user that
 #: holds none of them is not the process NVML means (another PID namespace's pid).
@@ -177,8 +178,8 @@ def holds_gpu_file(pid: int) -> bool | None:
 
 
 def shorten(text: str, width: int = COMMAND_WIDTH) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """A command line on one line (its runs of spaces as one), cut to ``width``."""
+    return _shorten(" ".join(text.split()), width)
 
 
 def _command(proc: psutil.Process) -> str:

@@ -2,20 +2,8 @@
 from __future__ import annotations
 
 import html
-from typing import Iterable
 
-from ..units import fmt_bytes
-
-
-def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
-    widths = [len(h) for h in headers]
-    for row in rows:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], len(cell))
-    def line(cells):
-        return "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i])
-                         for i, c in enumerate(cells)).rstrip()
-    return [line(headers)] + [line(r) for r in rows]
+from ..units import esc, fmt_bytes, html_table, text_table
 
 
 # -- devices -------------------------------------------------------------------
@@ -135,17 +123,17 @@ def snapshot_text(s) -> str:
         for h in s.details:
             lines.append("")
             lines.append(f"{h.name}: {fmt_bytes(h.total)} in {h.tensors} storage(s)")
-            lines += ["  " + x for x in _table(*_detail_table(h), {1})]
+            lines += text_table(*_detail_table(h), {1}, indent="  ")
         return "\n".join(lines).rstrip()
     lines.append("")
     if s.holders:
-        lines += _table(_HEADERS, _holder_rows(s.holders), {1, 2})
+        lines += text_table(_HEADERS, _holder_rows(s.holders), {1, 2})
     else:
         lines.append("no name holds tensor memory on " + ", ".join(d.id for d in s.devices))
     listed = _listed_internals(s)
     if listed:
         lines.append("")
-        lines += _table(_INTERNAL_HEADERS, _internal_rows(listed), {1, 2})
+        lines += text_table(_INTERNAL_HEADERS, _internal_rows(listed), {1, 2})
     un = {k: v for k, v in s.unattributed.items() if v}
     if un:
         lines.append("unattributed (allocated, reached by no name): " +
@@ -171,14 +159,6 @@ def _detail_table(h) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
-#: the aligned tables, for the other reports of the package
-text_table = _table
-
-
-def _esc(x) -> str:
-    return html.escape(str(x))
-
-
 def code_html(text) -> str:
     """Escaped HTML of a hint or note, its backticked spans as ``<code>`` (what the
     text form shows between backticks is what the user types)."""
@@ -189,59 +169,47 @@ def code_html(text) -> str:
                    for i, p in enumerate(parts))
 
 
-def _html_table(headers: Iterable[str], rows: Iterable[Iterable[str]], right: set[int]) -> str:
-    head = "".join(f"<th style='text-align:{'right' if i in right else 'left'}'>{_esc(h)}</th>"
-                   for i, h in enumerate(headers))
-    body = "".join(
-        "<tr>" + "".join(f"<td style='text-align:{'right' if i in right else 'left'}'>{_esc(c)}</td>"
-                         for i, c in enumerate(r)) + "</tr>"
-        for r in rows)
-    return f"<table class='jupyter-gpumem'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-#: the HTML tables, for the other reports of the package
-html_table = _html_table
 
 
 def snapshot_html(s) -> str:
     """Rich HTML of a snapshot (the same facts as the text)."""
     parts = ["<div class='jupyter-gpumem'>"]
     for d in s.devices:
-        parts.append(f"<div><code>{_esc(device_line(d))}</code></div>")
+        parts.append(f"<div><code>{esc(device_line(d))}</code></div>")
         others = processes_line(s, d.id)
         if others:
             parts.append(f"<div>{code_html(others.strip())}</div>")
         rest = rest_line(_rest_parts(s, d.id))
         if rest:
-            parts.append(f"<div><code>{_esc(rest.strip())}</code></div>")
+            parts.append(f"<div><code>{esc(rest.strip())}</code></div>")
         frag = fragmentation_line(d)
         if frag:
-            parts.append(f"<div><code>{_esc(frag.strip())}</code></div>")
+            parts.append(f"<div><code>{esc(frag.strip())}</code></div>")
     for m in s.messages:
         parts.append(f"<div><em>note: {code_html(m)}</em></div>")
     if s.details:   # %gpumem NAME: that name's storages, not the holders table again
         for h in s.details:
-            parts.append(f"<h4>{_esc(h.name)}: {_esc(fmt_bytes(h.total))}</h4>")
-            parts.append(_html_table(*_detail_table(h), {1}))
+            parts.append(f"<h4>{esc(h.name)}: {esc(fmt_bytes(h.total))}</h4>")
+            parts.append(html_table(*_detail_table(h), {1}))
         parts.append("</div>")
         return "".join(parts)
     if s.holders:
-        parts.append(_html_table(_HEADERS, _holder_rows(s.holders), {1, 2}))
+        parts.append(html_table(_HEADERS, _holder_rows(s.holders), {1, 2}))
     else:
         parts.append("<div>no name holds tensor memory</div>")
     listed = _listed_internals(s)
     if listed:
-        parts.append(_html_table(_INTERNAL_HEADERS, _internal_rows(listed), {1, 2}))
+        parts.append(html_table(_INTERNAL_HEADERS, _internal_rows(listed), {1, 2}))
     un = {k: v for k, v in s.unattributed.items() if v}
     if un:
-        parts.append("<div>unattributed (allocated, reached by no name): " + _esc(
+        parts.append("<div>unattributed (allocated, reached by no name): " + esc(
             ", ".join(f"{fmt_bytes(v)} on {k}" for k, v in un.items())) + "</div>")
         for dev, groups in s.unattributed_sites.items():
-            parts += [f"<div style='margin-left:1em'>{_esc(dev)}: {_esc(g['text'])}</div>"
+            parts += [f"<div style='margin-left:1em'>{esc(dev)}: {esc(g['text'])}</div>"
                       for g in groups]
     for h in s.holders:
         if h.hint:
-            who = "" if names_itself(h) else f"<b>{_esc(h.label)}</b>: "
+            who = "" if names_itself(h) else f"<b>{esc(h.label)}</b>: "
             parts.append(f"<div>hint: {who}{code_html(h.hint)}</div>")
     parts.append("</div>")
     return "".join(parts)
@@ -266,16 +234,16 @@ def purge_text(r) -> str:
     """Plain text of a purge result."""
     head = "dry run: would remove " if r.dry_run else "removed "
     lines = [head + (", ".join(r.removed) if r.removed else "nothing")]
-    lines += _table(_purge_headers(r), _purge_rows(r), {1} if r.dry_run else {2, 3, 4})
+    lines += text_table(_purge_headers(r), _purge_rows(r), {1} if r.dry_run else {2, 3, 4})
     lines += [f"note: {m}" for m in r.messages]
     return "\n".join(lines)
 
 
 def purge_html(r) -> str:
     head = "dry run: would remove " if r.dry_run else "removed "
-    parts = [f"<div class='jupyter-gpumem'><div>{_esc(head)}<code>"
-             f"{_esc(', '.join(r.removed) if r.removed else 'nothing')}</code></div>",
-             _html_table(_purge_headers(r), _purge_rows(r), {1} if r.dry_run else {2, 3, 4})]
+    parts = [f"<div class='jupyter-gpumem'><div>{esc(head)}<code>"
+             f"{esc(', '.join(r.removed) if r.removed else 'nothing')}</code></div>",
+             html_table(_purge_headers(r), _purge_rows(r), {1} if r.dry_run else {2, 3, 4})]
     parts += [f"<div><em>note: {code_html(m)}</em></div>" for m in r.messages]
     parts.append("</div>")
     return "".join(parts)

@@ -31,6 +31,7 @@ from .hidden import hidden_roots
 from .paths import attr_text
 from .roots import Root, format_key, stop_ids_for, user_roots
 from .scan_reach import Reacher
+from .steps import run_to_end
 
 _DEFAULT_MAX_DEPTH = 4000   # levels of the walk (an attribute is one or two)
 _PATH_SHARE = 0.1           # of the time limit: what the paths get at least, after the walk
@@ -146,14 +147,9 @@ def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
          extra_stop: set[int] | None = None, describe: bool = False,
          backends: list[Backend] | None = None) -> ScanResult:
     """Walk every root; see the module docstring."""
-    steps = iter_scan(roots, devices=devices, shell=shell, namespace=namespace,
-                      time_limit=time_limit, extra_stop=extra_stop, describe=describe,
-                      backends=backends)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
+    return run_to_end(iter_scan(roots, devices=devices, shell=shell, namespace=namespace,
+                                time_limit=time_limit, extra_stop=extra_stop, describe=describe,
+                                backends=backends))
 
 
 def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,

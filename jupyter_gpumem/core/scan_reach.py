@@ -25,29 +25,27 @@ from __future__ import annotations
 import gc
 import sys
 import time
-import types
 from collections import OrderedDict, defaultdict, deque
-from itertools import compress, filterfalse, islice, repeat
-from operator import is_, is_not, itemgetter, not_
+from itertools import compress, islice
+from operator import itemgetter, not_
 from typing import Any
 
 from ..backends import Backend
 from ..backends.base import dict_descriptor
 from . import native
+from .scan_kinds import BIG, HANDLERS
+from .steps import run_to_end
+from .scan_tensors import TensorTaking, no_nodes
 from .scan_types import (
-    ATOMIC, CELL, CLASS, CONTAINER, DICT, DICT_SUB, EXCEPTION, FRAME, FUNCTION, GENERATOR,
-    INSTANCE, LRU, MEMORYVIEW, METHOD, BUILTIN, MODULE, MODULE_DICT, NDARRAY, PANDAS, PARTIAL,
-    PROXY, SEQ, SEQ_SUB, SET, SET_SUB, SKIP, TENSOR, TRACEBACK, TYPE_DICT, TYPE_FLAGS, HAVE_GC, classify,
-    is_library_module_name, untracked_holds_nothing, viewed,
+    ATOMIC, BUILTIN, CELL, CONTAINER, DICT, EXCEPTION, HAVE_GC, INSTANCE, LRU, METHOD, NDARRAY,
+    PARTIAL, SEQ, SET, SKIP, TENSOR, TRACEBACK, TYPE_FLAGS, OutOfTime, Refusals, classify, keyable,
+    split_keyable, untracked_holds_nothing,
 )
-from .scan_types import Refusals, keyable, split_keyable, type_name_of
 
 _native = native.CORE   # the C core (built with the package where a compiler was found)
 
 CHUNK = 4096            # objects whose referents are read in one call
-BIG = 1 << 15           # an exact dict, list, tuple or set longer than this is read in slices
 SLICE = 1 << 16         # items per slice of a long container
-BATCH = 8               # this many tensors of one container are taken together; fewer, one by one
 _PLAIN = frozenset({dict, list, tuple, set, frozenset})
 #: exact types whose C length and items the walk reads (a long one in slices)
 _BASE_OF = {dict: dict, list: list, tuple: tuple, set: set, frozenset: frozenset,
@@ -56,17 +54,11 @@ _SIZED = frozenset(_BASE_OF)
 #: kinds read by ``gc.get_referents``: what the gc sees is what the walk follows
 _BY_REFERENTS = frozenset({DICT, SEQ, SET, METHOD, BUILTIN, PARTIAL, LRU, CELL, TRACEBACK,
                            EXCEPTION, INSTANCE})
-_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
-_GRAD = ("attr", "grad")
-_CLASS_SKIP_KEYS = frozenset({"__dict__", "__weakref__", "__module__", "__doc__", "__slots__"})
+_SECOND = itemgetter(1)
 
 is_tracked = gc.is_tracked
 get_referents = gc.get_referents
 getrefcount = sys.getrefcount
-
-
-class OutOfTime(Exception):
-    """The scan's time limit passed inside one level, container or graph."""
 
 
 class _Hit(Exception):
@@ -99,10 +91,9 @@ NATIVE_SLICE = 0.004   # seconds of one C run: the walk can yield (or stop) betw
 #: the C core's loop over many plain tensors (see Backend.batch_spec), or None: the
 #: backend's take_many and the C-level passes of :meth:`Reacher._take_batch`
 TAKE_BATCH = getattr(_native, "take_batch", None) if NATIVE is not None else None
-_UNASKED = object()   # a backend whose batch_spec() the scan has not asked yet
 
 
-class Reacher:
+class Reacher(TensorTaking):
     """Walks roots, one at a time, to the storages they reach (see the module docstring).
 
     One instance per scan: it remembers the kind of every type it met, and each
@@ -160,7 +151,7 @@ class Reacher:
         self._seen: dict[int, Any] = {}
         self._next: list = []
         self._found: dict = {}
-        self._node: Any = _no_nodes
+        self._node: Any = no_nodes
         self._graph_seen: dict = {}
         self.graph_edges: dict[int, list] = {}   # of the root being walked: id(tensor) -> edges
         self.children_of: dict[int, tuple] = {}  # id(model or optimizer) -> (it, its children)
@@ -235,19 +226,14 @@ class Reacher:
         many objects the walk expanded. Stops at the deadline (``out_of_time``).
 
         ``node(keys)``: the path nodes of those storages (by default ``None`` each)."""
-        steps = self.walk_steps(obj, node)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
+        return run_to_end(self.walk_steps(obj, node))
 
     def walk_steps(self, obj: Any, node: Any = None, due: Any = None):
         """:meth:`walk` as a generator that yields between two chunks once ``due()``
         says so, and returns what :meth:`walk` returns."""
         found: dict = {}
         self._found = found
-        self._node = node if node is not None else _no_nodes
+        self._node = node if node is not None else no_nodes
         if self.untracked_is_empty and (type(obj) is dict or type(obj) is tuple) and not is_tracked(obj):
             return found, 1   # atoms only (see untracked_holds_nothing)
         self._seen = {id(obj): obj}
@@ -298,7 +284,7 @@ class Reacher:
             self._seen = {}
             self._graph_seen = {}
             self._found = {}
-            self._node = _no_nodes   # it refers to the path finder, which refers back here
+            self._node = no_nodes   # it refers to the path finder, which refers back here
         return found, count
 
     def leads_to(self, objs: list, wanted: set, graph: dict, deadline: float) -> bool | None:
@@ -394,7 +380,7 @@ class Reacher:
                 big = set(map(id, compress(plain, map(BIG.__lt__, lens))))
                 for o in plain:
                     if id(o) in big:
-                        self._in_slices(o, _BASE_OF[type(o)])
+                        self.in_slices(o, _BASE_OF[type(o)])
                 objs = [o for o in objs if id(o) not in big]
                 if not objs:
                     return
@@ -475,7 +461,7 @@ class Reacher:
         self._next += fresh.values()
 
     # -- a long container, in slices -------------------------------------------------------
-    def _in_slices(self, obj: Any, tp: type) -> None:
+    def in_slices(self, obj: Any, tp: type) -> None:
         try:
             if tp is list:
                 n = list.__len__(obj)
@@ -543,7 +529,7 @@ class Reacher:
         children: list = []
         kind_of = self.kinds
         for obj, tp in zip(objs, kinds_):
-            handler = _HANDLERS.get(kind_of[tp])
+            handler = HANDLERS.get(kind_of[tp])
             if handler is None:
                 continue
             try:
@@ -558,198 +544,6 @@ class Reacher:
         if children:
             self._admit(children)
 
-    # -- tensors -------------------------------------------------------------------------------
-    def _take_tensors(self, tensors: list, kinds_: list) -> None:
-        if self._probe is not None:
-            self._look_up(tensors)
-            return
-        backend_of = self.backend_of
-        backends = set(map(id, map(backend_of.__getitem__, set(kinds_))))
-        if len(backends) == 1:
-            groups = [(backend_of[kinds_[0]], tensors, kinds_)]
-        else:
-            by: dict[int, tuple] = {}
-            for t, tp in zip(tensors, kinds_):
-                backend = backend_of[tp]
-                entry = by.get(id(backend))
-                if entry is None:
-                    entry = by[id(backend)] = (backend, [], [])
-                entry[1].append(t)
-                entry[2].append(tp)
-            groups = list(by.values())
-        for backend, values, types_ in groups:
-            if len(values) >= BATCH and not self.describe:
-                kinds = self._batch_types.get(id(backend))
-                if kinds is None:
-                    kinds = self._batch_types[id(backend)] = backend.batch_types()
-                if kinds:
-                    chosen = list(map(kinds.__contains__, types_))
-                    if all(chosen):
-                        self._take_batch(backend, values)
-                        continue
-                    batch = list(compress(values, chosen))
-                    if len(batch) >= BATCH:
-                        self._take_batch(backend, batch)
-                        values = list(compress(values, map(not_, chosen)))
-            for t in values:
-                try:
-                    self._take_one(backend, t)
-                except OutOfTime:
-                    raise
-                except Exception:
-                    self.refuse(t)
-
-    def _record(self, tensor: Any, infos: list) -> None:
-        found = self._found
-        for info in infos:
-            if info[0] not in found:
-                node, = self._node((info[0],))
-                found[info[0]] = (info, node, self._describe(tensor) if self.describe else None)
-
-    def _filter_devices(self, infos: list) -> list:
-        devices = self.devices
-        if devices is not None and infos and (len(infos) > 1 or infos[0][2] not in devices):
-            return [i for i in infos if i[2] in devices]
-        return infos
-
-    def _take_one(self, backend: Backend, value: Any) -> None:
-        memo = self.memo.get(id(value))
-        if memo is None:
-            infos, edges = backend.take(value, self._graph_seen)
-            infos = self._filter_devices(infos)
-            # edges given as a tuple are the same for every root; a list (an autograd
-            # graph) depends on what the root has seen and is asked again
-            memo = self.memo[id(value)] = [value, infos, edges if type(edges) is tuple else None]
-        else:
-            infos, edges = memo[1], memo[2]
-            if edges is None:
-                edges = backend.tensor_edges(value, self._graph_seen)
-        if type(edges) is not tuple:
-            self.graph_edges[id(value)] = edges
-        self._record(value, infos)
-        if edges:
-            self._admit(list(map(_SECOND, edges)))
-
-    def _take_batch(self, backend: Backend, values: list) -> None:
-        """Many tensors at once (an optimizer's state, a model's parameters): in one loop
-        of the C core where the backend allows (:meth:`Backend.batch_spec`), else in
-        C-level passes over lists; the tensors that need the long way (an autograd
-        graph) are found by halves."""
-        spec = self._batch_specs.get(id(backend), _UNASKED)
-        if spec is _UNASKED:
-            spec = self._batch_specs[id(backend)] = \
-                backend.batch_spec() if self._c_batch is not None else None
-        # how the C loop makes the path nodes: (node type, its head), (None, None) for
-        # none; None where only the walk's node callable knows (then the passes below)
-        node_args = (None, None) if self._node is _no_nodes else getattr(self._node, "args", None)
-        if spec is not None and node_args is not None:
-            held = self._c_batch(values, self._batched, *spec, self._found, self.devices,
-                                 *node_args)
-            if held is None:
-                self._split_batch(backend, values)
-            else:
-                self._take_held(backend, held)
-            return
-        memo = self._batched
-        seen = list(map(memo.get, map(id, values)))
-        taken = self._take_fresh(backend, values, seen) if None in seen else (
-            list(map(_FIRST, seen)), seen[0][1], list(map(_THIRD, seen)))
-        if taken is None:
-            self._split_batch(backend, values)
-            return
-        infos, held_label, held = taken
-        devices = self.devices
-        found = self._found
-        if set(map(len, infos)) == {1}:   # one storage each: the common case
-            single = list(map(_FIRST, infos))
-            if devices is not None and not devices.issuperset(map(_THIRD, single)):
-                keep = list(map(devices.__contains__, map(_THIRD, single)))
-                single = list(compress(single, keep))
-            keys = list(map(_FIRST, single))
-            new = list(filterfalse(found.__contains__, dict.fromkeys(keys)))
-            if len(new) == len(keys):   # each new, once: the common case
-                found.update(zip(keys, zip(single, self._node(keys), repeat(None))))
-            elif new:   # the first tensor met with each storage stands for it
-                info_of = dict(zip(reversed(keys), reversed(single)))
-                found.update(zip(new, zip(map(info_of.__getitem__, new), self._node(new),
-                                          repeat(None))))
-        else:
-            if devices is not None:
-                infos = [[i for i in its if i[2] in devices] for its in infos]
-            for value, its in zip(values, infos):
-                for info in its:
-                    if info[0] not in found:
-                        node, = self._node((info[0],))
-                        found[info[0]] = (info, node, None)
-        if any(map(is_not, held, repeat(None))):
-            self._take_held(backend, [h for h in held if h is not None])
-
-    def _split_batch(self, backend: Backend, values: list) -> None:
-        """A batch where some tensor has an autograd graph: by halves, then one by one."""
-        n = len(values)
-        if n >= 2 * BATCH:
-            self._take_batch(backend, values[:n // 2])
-            self._take_batch(backend, values[n // 2:])
-            return
-        for value in values:
-            self._take_one(backend, value)
-
-    def _take_held(self, backend: Backend, held: list) -> None:
-        """What a batch's tensors hold (gradients), taken at once in the same way. (No
-        memo entry: the path search asks the backend again for the few it meets.)"""
-        if len(held) >= BATCH and set(map(type, held)) <= self._batch_types[id(backend)]:
-            self._take_batch(backend, held)
-        elif held:
-            self._admit(held)
-
-    def _take_fresh(self, backend: Backend, values: list, seen: list) -> tuple | None:
-        """:meth:`Backend.take_many` of the values not met before in this scan (``seen``
-        None), merged in order with those met; None where one has a graph."""
-        if not any(map(is_not, seen, repeat(None))):
-            fresh = values
-        else:
-            fresh = list(compress(values, map(is_, seen, repeat(None))))
-        taken = backend.take_many(fresh)
-        if taken is None:
-            return None
-        infos, label, held = taken
-        new = list(zip(infos, repeat(label), held))
-        self._batched.update(zip(map(id, fresh), new))
-        if fresh is not values:
-            rest = iter(new)
-            new = [s if s is not None else next(rest) for s in seen]
-            infos, held = list(map(_FIRST, new)), list(map(_THIRD, new))
-        return infos, label, held
-
-    def tensor_record(self, obj: Any) -> list | None:
-        """``[tensor, storages, edges]`` of a tensor: as the walk took it, or, for one it
-        took in a batch (no autograd graph), asked again of its backend (which keeps
-        each tensor's storages)."""
-        memo = self.memo.get(id(obj))
-        if memo is not None and memo[0] is obj:
-            return memo
-        backend = self.tensor_backend.get(type(obj))
-        if backend is None or id(obj) not in self._batched:
-            return None   # never taken: its graph (if any) is not read here
-        try:
-            fn, grad = backend.graph_and_grad(obj)
-            if fn is not None:
-                return None   # a graph the walk did not expand: not expanded here either
-            infos = self._filter_devices(backend.storages(obj))
-        except Exception:
-            return None
-        return [obj, infos, ((_GRAD, grad),) if grad is not None else ()]
-
-    def _describe(self, obj: Any) -> str | None:
-        name = type_name_of(type(obj))
-        backend = self.backend_of.get(type(obj))
-        try:
-            text = backend.describe(obj) if backend is not None else None
-        except Exception:
-            text = None
-        return f"{name} {text}" if text else name
-
-
 
 def _subclasses(tp: type) -> set:
     """``tp`` and every subclass of it that exists now."""
@@ -760,159 +554,3 @@ def _subclasses(tp: type) -> set:
             out.add(t)
             todo += type.__subclasses__(t)
     return out
-
-
-def _no_nodes(keys: Any) -> Any:
-    return repeat(None, len(keys))
-
-
-# -- what objects read one by one hold (no labels: the path search has its own) ---------
-def _container(walker: Reacher, obj: Any) -> list:
-    pairs = list(walker.backend_of[type(obj)].children(obj))
-    walker.children_of[id(obj)] = (obj, pairs)   # the path search reads them again
-    return list(map(_SECOND, pairs))
-
-
-def _module(walker: Reacher, obj: Any) -> list:
-    d = MODULE_DICT(obj)
-    main = sys.modules.get("__main__")
-    if is_library_module_name(d.get("__name__")) or (main is not None and main is obj):
-        return []
-    return [v for k, v in dict.items(d)
-            if not (type(k) is str and k.startswith("__") and k.endswith("__"))]
-
-
-def _class(walker: Reacher, obj: Any) -> list:
-    d = TYPE_DICT(obj)
-    if is_library_module_name(d.get("__module__")):
-        return []
-    return [v for k, v in d.items() if k not in _CLASS_SKIP_KEYS]   # a mappingproxy
-
-
-def function_parts(obj: Any) -> tuple:
-    """A function of the user's: its closure's values, defaults and attributes (a
-    library's function: nothing)."""
-    if is_library_module_name(obj.__module__):
-        return (), (), {}, {}
-    closure = []
-    for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
-        try:
-            closure.append((name, cell.cell_contents))
-        except ValueError:
-            continue
-    # read through the base types: a subclass of tuple or dict set as the defaults
-    # never runs its own __bool__, __len__ or __iter__
-    defaults, kwdefaults = obj.__defaults__, obj.__kwdefaults__
-    return (closure, () if defaults is None else list(tuple.__iter__(defaults)),
-            {} if kwdefaults is None else kwdefaults, obj.__dict__)
-
-
-def _function(walker: Reacher, obj: Any) -> list:
-    closure, defaults, kwdefaults, attrs = function_parts(obj)
-    return [v for _, v in closure] + list(defaults) + list(dict.values(kwdefaults)) \
-        + list(dict.values(attrs))
-
-
-def generator_frame(obj: Any) -> Any:
-    """The frame of a generator, coroutine or async generator (None once it ended)."""
-    tp = type(obj)
-    if tp is types.GeneratorType:
-        return obj.gi_frame
-    if tp is types.CoroutineType:
-        return obj.cr_frame
-    return obj.ag_frame
-
-
-def _generator(walker: Reacher, obj: Any) -> list:
-    frame = generator_frame(obj)
-    return _frame(walker, frame) if frame is not None else []
-
-
-CO_OPTIMIZED = 1   # a function's frame (its locals in the frame's fast slots)
-
-
-def frame_locals(obj: Any) -> dict:
-    """A frame's local variables (none for a module's frame: they are its globals).
-
-    A frame whose code is not a function's (a class body, exec'd code) keeps its
-    namespace in a mapping that may be the user's (a metaclass's ``__prepare__``): it is
-    not read through ``f_locals`` (which writes the frame's cells into it, through its
-    ``__setitem__``), but found among the frame's referents; a dict (or a subclass) is
-    read through dict's own methods, any other mapping is one local, ``f_locals``."""
-    if obj.f_code.co_flags & CO_OPTIMIZED:
-        return dict.copy(obj.f_locals)   # a dict the frame makes
-    # its referents: the frame before, the trace function, the namespace, the function,
-    # the code and the cells (a class body's ``__class__``)
-    other = (obj.f_back, obj.f_trace, obj.f_globals)
-    skip = (types.CodeType, types.FunctionType, types.CellType)
-    namespace = next((r for r in get_referents(obj) if not issubclass(type(r), skip)
-                      and not any(map(is_, repeat(r), other))), None)
-    if namespace is None:
-        return {}
-    if issubclass(type(namespace), dict):
-        return dict(dict.items(namespace))
-    return {"f_locals": namespace}
-
-
-def _frame(walker: Reacher, obj: Any) -> list:
-    return [v for v in dict.values(frame_locals(obj)) if v is not obj]
-
-
-def ndarray_holds_objects(obj: Any) -> bool:
-    """Whether a numpy array's elements are Python objects (its dtype's ``hasobject``)."""
-    return sys.modules["numpy"].ndarray.__dict__["dtype"].__get__(obj).hasobject
-
-
-def ndarray_items(obj: Any) -> Any:
-    """The elements of a numpy object array (nothing for other arrays), an iterator."""
-    if not ndarray_holds_objects(obj):
-        return iter(())
-    return iter(sys.modules["numpy"].ndarray.__dict__["flat"].__get__(obj))
-
-
-def ndarray_size(obj: Any) -> int:
-    """How many elements a numpy array has (through the base type's descriptor)."""
-    return sys.modules["numpy"].ndarray.__dict__["size"].__get__(obj)
-
-
-def ndarray_base(obj: Any) -> Any:
-    """What a numpy array views (another array, a tensor, a buffer), or None."""
-    return sys.modules["numpy"].ndarray.__dict__["base"].__get__(obj)
-
-
-def _ndarray(walker: Reacher, obj: Any) -> list:
-    # in slices, the clock looked at between two: a long array is never made a list
-    walker.admit_iter(ndarray_items(obj))
-    base = ndarray_base(obj)
-    return [base] if base is not None else []
-
-
-def _viewed(walker: Reacher, obj: Any) -> list:
-    got = viewed(obj)
-    return [got] if got is not None else []
-
-
-def _pandas(walker: Reacher, obj: Any) -> list:
-    # what the gc sees (block managers and blocks keep their arrays in Cython slots),
-    # numpy arrays included, which the collector does not track
-    tp = type(obj)
-    return [v for v in get_referents(obj) if v is not tp]
-
-
-def _subclass_container(walker: Reacher, obj: Any) -> list:
-    """A subclass of dict, list, tuple or set: its items through the builtin base's C
-    methods (a long one in slices), and what the instance holds besides."""
-    tp = type(obj)
-    base = next(b for b in (dict, list, tuple, set, frozenset) if issubclass(tp, b))
-    if base.__len__(obj) > BIG:
-        walker._in_slices(obj, base)
-        return []
-    return get_referents(obj)
-
-
-_HANDLERS = {
-    CONTAINER: _container, MODULE: _module, CLASS: _class, FUNCTION: _function,
-    GENERATOR: _generator, FRAME: _frame, NDARRAY: _ndarray, PANDAS: _pandas,
-    MEMORYVIEW: _viewed, PROXY: _viewed,
-    DICT_SUB: _subclass_container, SEQ_SUB: _subclass_container, SET_SUB: _subclass_container,
-}

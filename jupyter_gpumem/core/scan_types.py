@@ -133,6 +133,10 @@ def is_own_type(tp: type) -> bool:
 REFUSED_KEPT = 200
 
 
+class OutOfTime(Exception):
+    """The scan's time limit passed inside one level, container or graph."""
+
+
 class Refusals:
     """The objects a scan could not read: how many, and the first few by type and where
     they were met (``(type name, root name)``)."""

@@ -24,6 +24,7 @@ from .render import fmt_bytes, snapshot_html, snapshot_text
 from .paths import resolve
 from .roots import Root, odd_keys
 from .scan_types import is_a, type_name_of
+from .steps import run_to_end
 from ..units import JsonFields, Report, json_field, round6
 
 SNAPSHOT_SCHEMA = "jupyter_gpumem.snapshot/1"
@@ -383,13 +384,8 @@ def build(*, shell: Any = None, namespace: dict | None = None, device: str = "au
     # the scan's many short-lived objects are all gone when _build returns, so the
     # collector, paused meanwhile, finds nothing to do when it resumes
     with _scan.paused_gc():
-        steps = build_steps(shell=shell, namespace=namespace, device=device, names=names,
-                            time_limit=time_limit)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
+        return run_to_end(build_steps(shell=shell, namespace=namespace, device=device,
+                                      names=names, time_limit=time_limit))
 
 
 def build_steps(*, shell: Any = None, namespace: dict | None = None, device: str = "auto",

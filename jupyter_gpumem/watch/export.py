@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import csv
-import html
 import json
 import os
 import sys
 import types
 
 from ..backends import active_backends
-from ..core.render import fmt_bytes
+from ..units import esc, fmt_bytes, html_table, text_table
 from .result import changes_short, device_short, fmt_seconds
 
 CSV_FIELDS = [
@@ -113,6 +112,9 @@ def tensorboard(records, logdir: str) -> int:
     return n
 
 
+_HEADERS = ["cell", "wall", "memory", "names", ""]
+
+
 class HistoryTable:
     """The records as a table (text and HTML); ``records`` holds the WatchResults."""
 
@@ -131,23 +133,15 @@ class HistoryTable:
     def __repr__(self) -> str:
         if not self.records:
             return "no watched cells yet: `%gpumem watch on` or a `%%gpuwatch` cell records them"
-        rows_ = [["cell", "wall", "memory", "names", ""]] + self._rows()
-        widths = [max(len(row[i]) for row in rows_) for i in range(5)]
-        return "\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip()
-                         for row in rows_)
+        return "\n".join(text_table(_HEADERS, self._rows()))
 
     def _repr_pretty_(self, p, cycle) -> None:
         p.text(repr(self))
 
     def _repr_html_(self) -> str:
         if not self.records:
-            return f"<div>{html.escape(repr(self))}</div>"
-        head = "".join(f"<th style='text-align:left'>{h}</th>"
-                       for h in ("cell", "wall", "memory", "names", ""))
-        body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(c)}</td>"
-                                        for c in row) + "</tr>" for row in self._rows())
-        return (f"<table class='jupyter-gpumem'><thead><tr>{head}</tr></thead>"
-                f"<tbody>{body}</tbody></table>")
+            return f"<div>{esc(repr(self))}</div>"
+        return html_table(_HEADERS, self._rows())
 
     def to_json(self) -> list[dict]:
         return [r.to_json() for r in self.records]

@@ -8,13 +8,11 @@ the ``jupyter_gpumem.watch/1`` object described in :mod:`jupyter_gpumem.watch`.
 """
 from __future__ import annotations
 
-import html
 import shlex
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
-from ..core.render import fmt_bytes
-from ..units import JsonFields, json_field, round6
+from ..units import JsonFields, esc, fmt_bytes, html_table, json_field, round6, text_table
 
 WATCH_SCHEMA = "jupyter_gpumem.watch/1"
 _KIND_WORDS = {"created": "new", "grew": "grew", "shrank": "shrank", "deleted": "deleted"}
@@ -335,14 +333,6 @@ def _holder_rows(r: WatchResult) -> list[list[str]]:
              f"{fmt_bytes(h.shared)} shared" if h.shared else ""] for h in r.holders]
 
 
-def _table(rows: list[list[str]], right: set[int]) -> list[str]:
-    if not rows:
-        return []
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i])
-                             for i, c in enumerate(row)).rstrip() for row in rows]
-
-
 def _head(r: WatchResult) -> str:
     return f"{r.source} · {r.label} · {fmt_seconds(r.wall)}"
 
@@ -356,14 +346,14 @@ def watch_text(r: WatchResult) -> str:
     mode = r.holders_mode + (", partial" if r.partial else "")
     if r.changes:
         lines.append(f"names ({mode} scan):")
-        lines += _table(_change_rows(r), {2})
+        lines += text_table(None, _change_rows(r), {2}, indent="  ")
     else:
         lines.append(f"names: no name gained or lost memory ({mode} scan)")
     if r.error:
         lines.append(f"raised {r.error['type']}: {r.error['message']}")
     if r.holders:
         lines.append("biggest holders:")
-        lines += _table(_holder_rows(r), {1})
+        lines += text_table(None, _holder_rows(r), {1}, indent="  ")
     if r.purge_command:
         lines.append(f"free them: {r.purge_command}")
     if r.hidden_purge_command:
@@ -410,28 +400,15 @@ def _summary_lines(r: WatchResult) -> list[str]:
     return lines
 
 
-def _esc(x) -> str:
-    return html.escape(str(x))
-
-
-def _html_table(headers: list[str], rows: list[list[str]], right: set[int]) -> str:
-    def cell(tag, i, text):
-        return f"<{tag} style='text-align:{'right' if i in right else 'left'}'>{_esc(text)}</{tag}>"
-    head = "".join(cell("th", i, h) for i, h in enumerate(headers))
-    body = "".join("<tr>" + "".join(cell("td", i, c) for i, c in enumerate(row)) + "</tr>"
-                   for row in rows)
-    return f"<table class='jupyter-gpumem'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
 def watch_html(r: WatchResult) -> str:
     """The report as HTML: the short report, and every exact figure one click away."""
-    parts = [f"<div class='jupyter-gpumem'><div><b>{_esc(_head(r))}</b></div>"]
-    parts += [f"<div>{_esc(line)}</div>" for line in _summary_lines(r)]
+    parts = [f"<div class='jupyter-gpumem'><div><b>{esc(_head(r))}</b></div>"]
+    parts += [f"<div>{esc(line)}</div>" for line in _summary_lines(r)]
     if r.holders and not (r.error and r.error.get("oom")):
-        parts.append(f"<div>{_esc(holders_short(r))}</div>")
+        parts.append(f"<div>{esc(holders_short(r))}</div>")
     elif r.purge_command:
-        parts.append(f"<div>free them: <code>{_esc(r.purge_command)}</code></div>")
-    parts += [f"<div><em>note: {_esc(m)}</em></div>" for m in r.messages]
+        parts.append(f"<div>free them: <code>{esc(r.purge_command)}</code></div>")
+    parts += [f"<div><em>note: {esc(m)}</em></div>" for m in r.messages]
     parts.append(f"<details{' open' if r.verbose else ''}><summary>exact figures</summary>"
                  f"{_watch_html_full(r)}</details></div>")
     return "".join(parts)
@@ -441,30 +418,30 @@ def _watch_html_full(r: WatchResult) -> str:
     """Every figure of the report as HTML (the same facts as :func:`watch_text`)."""
     parts = ["<div>"]
     for d in r.devices:
-        parts.append(f"<div><code>{_esc(d.id)}</code> " +
-                     " · ".join(_esc(f) for f in device_lines(d, r.interval)) + "</div>")
-        parts += [f"<div><em>note: {_esc(n)}</em></div>" for n in d.notes]
+        parts.append(f"<div><code>{esc(d.id)}</code> " +
+                     " · ".join(esc(f) for f in device_lines(d, r.interval)) + "</div>")
+        parts += [f"<div><em>note: {esc(n)}</em></div>" for n in d.notes]
     mode = r.holders_mode + (", partial" if r.partial else "")
     if r.changes:
-        parts.append(_html_table(["", "name", "bytes", "device", "what", ""],
+        parts.append(html_table(["", "name", "bytes", "device", "what", ""],
                                  _change_rows(r), {2}))
     else:
-        parts.append(f"<div>no name gained or lost memory ({_esc(mode)} scan)</div>")
+        parts.append(f"<div>no name gained or lost memory ({esc(mode)} scan)</div>")
     if r.error:
-        parts.append(f"<div style='color:#b00'>raised <b>{_esc(r.error['type'])}</b>: "
-                     f"{_esc(r.error['message'])}</div>")
+        parts.append(f"<div style='color:#b00'>raised <b>{esc(r.error['type'])}</b>: "
+                     f"{esc(r.error['message'])}</div>")
     if r.holders:
         parts.append("<div>biggest holders:</div>")
-        parts.append(_html_table(["name", "bytes", "device", "what", ""], _holder_rows(r), {1}))
+        parts.append(html_table(["name", "bytes", "device", "what", ""], _holder_rows(r), {1}))
     if r.purge_command:
-        parts.append(f"<div>free them: <code>{_esc(r.purge_command)}</code></div>")
+        parts.append(f"<div>free them: <code>{esc(r.purge_command)}</code></div>")
     if r.hidden_purge_command:
         parts.append(f"<div>hidden holders only (no user name touched): "
-                     f"<code>{_esc(r.hidden_purge_command)}</code></div>")
+                     f"<code>{esc(r.hidden_purge_command)}</code></div>")
     if r.warning:
-        parts.append(f"<div style='color:#b60'>{_esc(r.warning)}</div>")
+        parts.append(f"<div style='color:#b60'>{esc(r.warning)}</div>")
     if r.auto_purge:
-        parts.append(f"<div>{_esc(auto_purge_line(r.auto_purge))}</div>")
-    parts += [f"<div><em>note: {_esc(m)}</em></div>" for m in r.messages]
+        parts.append(f"<div>{esc(auto_purge_line(r.auto_purge))}</div>")
+    parts += [f"<div><em>note: {esc(m)}</em></div>" for m in r.messages]
     parts.append("</div>")
     return "".join(parts)

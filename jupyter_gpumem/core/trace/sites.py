@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..render import fmt_bytes
+from ...units import JsonFields, fmt_bytes, json_field
 from .cells import CellNames, short_path
 
 BEFORE_TEXT = "allocated before trace was on"
@@ -14,7 +14,7 @@ NO_FRAME = " (no Python frame: a C++ thread, e.g. autograd's backward)"
 
 
 @dataclass(frozen=True)
-class Site:
+class Site(JsonFields):
     """Where a block of memory was allocated.
 
     ``cell``/``line``/``source``: the innermost frame that is in a notebook cell (for
@@ -28,6 +28,8 @@ class Site:
     ``"before"`` (allocated before trace was on), ``"rounding"`` (the allocator's
     rounding inside blocks that names hold) or ``"unknown"``.
     """
+
+    JSON_AFTER = {"text": "note"}
 
     cell: int | None
     line: int | None
@@ -70,11 +72,6 @@ class Site:
         return (self.how, self.cell, self.line, self.filename if self.cell is None else None,
                 self.function if self.cell is None else None)
 
-    def to_json(self) -> dict:
-        return {"cell": self.cell, "line": self.line, "source": self.source,
-                "filename": self.filename, "function": self.function, "inner": self.inner,
-                "how": self.how, "note": self.note, "text": self.text}
-
     def __str__(self) -> str:
         return self.text
 
@@ -91,11 +88,13 @@ ROUNDING_NOTE = ("blocks are whole multiples of 512 bytes: the part of a named s
 
 
 @dataclass
-class SiteGroup:
+class SiteGroup(JsonFields):
     """Blocks no name reaches that share an allocation site."""
 
+    JSON_AFTER = {"text": "device"}
+
     site: Site
-    nbytes: int
+    nbytes: int = json_field(key="bytes")
     count: int
     device: str
 
@@ -103,10 +102,6 @@ class SiteGroup:
     def text(self) -> str:
         blocks = f"{self.count} block{'s' if self.count != 1 else ''}"
         return f"{fmt_bytes(self.nbytes)} in {blocks} · {self.site.text}"
-
-    def to_json(self) -> dict:
-        return {"site": self.site.to_json(), "bytes": self.nbytes, "count": self.count,
-                "device": self.device, "text": self.text}
 
 
 class LineAlloc(NamedTuple):
