@@ -218,12 +218,10 @@ class Session:
 
     # -- views -------------------------------------------------------------------
     def add_view(self, view: View) -> None:
-        if view not in self._views:
-            self._views.append(view)
+        _add_once(self._views, view)
 
     def remove_view(self, view: View) -> None:
-        if view in self._views:
-            self._views.remove(view)
+        _discard(self._views, view)
 
     def snapshot_json(self, device: str, names: list[str] | None = None) -> dict:
         """A fresh snapshot now (main thread), with the session's time limit (and the
@@ -268,13 +266,11 @@ class Session:
 
     def follow_cells(self, follower: CellFollower) -> None:
         """Tell ``follower`` of every outer cell from the next one on."""
-        if follower not in self._followers:
-            self._followers.append(follower)
+        _add_once(self._followers, follower)
 
     def unfollow_cells(self, follower: CellFollower) -> list:
         """Stop telling ``follower``; what it kept for the cells running now (to let go)."""
-        if follower in self._followers:
-            self._followers.remove(follower)
+        _discard(self._followers, follower)
         return [run.kept.pop(follower) for run in self._pairing.payloads()
                 if follower in run.kept]
 
@@ -656,3 +652,13 @@ def close_session(shell: Any) -> None:
     if session is not None and session.shell is shell:
         del _sessions[id(shell)]
         session.close()
+
+
+def _add_once(items: list, item: Any) -> None:
+    if item not in items:
+        items.append(item)
+
+
+def _discard(items: list, item: Any) -> None:
+    if item in items:
+        items.remove(item)

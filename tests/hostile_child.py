@@ -257,6 +257,8 @@ def main() -> None:
     out["mock_children"] = sorted(object.__getattribute__(ip.user_ns["mock_tensor"],
                                                           "_mock_children"))
 
+    # what one collection costs now, beside the purge (a loaded machine slows both alike)
+    _, out["gc_purge_s"] = timed(gc.collect)
     _, out["purge_s"] = timed(lambda: ip.run_line_magic("gpumem", "purge named --device cpu"))
     out["named_freed"] = ref.expired()
     out["survivors"] = sorted(k for k in ("raising_class", "deep", "big_list", "graph", "counting_dict")

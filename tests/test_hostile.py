@@ -78,5 +78,7 @@ def test_every_command_answers_within_its_bound(measured):
     assert measured["dry_run_s"] <= SLACK * 2 * limit, measured          # two scans
     assert measured["footer_cell_s"] <= SLACK * limit, measured
     assert measured["comm_refresh_s"] <= SLACK * measured["comm_limit"], measured
-    # a purge scans before and after, and collects garbage (one pass of this heap each)
-    assert measured["purge_s"] <= SLACK * 3 * limit + 2 * gc_s, measured
+    # a purge scans before and after, and collects garbage (one pass of this heap each,
+    # at what a collection cost right before it)
+    gc_now = max(gc_s, measured["gc_purge_s"])
+    assert measured["purge_s"] <= SLACK * 3 * limit + 2 * gc_now, measured

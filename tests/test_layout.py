@@ -353,3 +353,173 @@ def test_leftover_and_broken_files_in_backends_neither_register_twice_nor_stop_t
     assert proc.stdout.strip().splitlines()[-1] == str(["torch", "keras", "tensorflow", "jax",
                                                         "cupy"])
     assert "backend module 'stale' left out: ImportError" in proc.stderr
+
+
+# -- each room's face: sizes, private names, module state -----------------------------------
+MAX_LINES = 700
+
+#: module-level names of the package that are changed after import, or instances of its
+#: classes, each truly per process (never per shell: a shell's state belongs to its
+#: session), and why
+PER_PROCESS = {
+    "session._sessions": "the one registry of sessions, one per shell",
+    "backends.REGISTRY": "the frameworks' backends, found once",
+    "watch.sampling.PROCESS_SAMPLER": "the sampler of script watches, which have no session",
+    "watch.peaks.LEDGER": "allocator and host peaks: the process's counters",
+    "watch.peaks._PATCHES": "the framework functions wrapped for peaks, patched once",
+    "core.trace._RECORDING": "torch's allocation history is process-wide: one recording",
+    "core.monitor._RUN_CELL_ASYNC": "IPython's run_cell_async code object, one per process",
+    "core.devices._PARSED": "device names parsed once (a pure cache of strings)",
+    "core.devices._PROC_FDS": "this process's open /proc descriptors",
+    "core.devices._AVAILABLE": "the host's available memory, read at most every 50 ms",
+    "core.roots._BOOKKEEPING": "which names are IPython's bookkeeping (a cache of strings)",
+    "core.roots._MEMOS": "the C pass's memo per namespace: key strings only, 16 at most; "
+                         "losing it costs speed, never an answer",
+    "core.scan_types._module_is_library": "which modules are libraries (a cache of names)",
+    "backends.nvml._local": "NVML's batch of readings of the thread that reads",
+    "backends.tame._saved": "the environment variables tame set: the process's environment",
+    "backends.torch_trace._MODE_CLASS": "a torch class looked up once",
+    "backends.nvml._exit_hook": "NVML's shutdown at exit, registered once",
+    "units._PLANS": "JSON field plans per dataclass (a pure cache)",
+    "core.scan_types._META_KEYABLE": "per metaclass: may its instances be dict keys (a cache)",
+    "views.panel._box_classes": "widget classes made once",
+}
+
+#: module-level instances of the package's classes that are frozen values, not state
+FROZEN = {"core.hidden.OUTPUT", "core.hidden.UNDERSCORE", "core.hidden.RESULT",
+          "core.hidden.TRACEBACK", "core.trace.queries.UNNUMBERED", "core.trace.sites.BEFORE",
+          "core.trace.sites.BETWEEN"}
+
+_MUTATORS = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update",
+             "setdefault", "add", "discard", "move_to_end", "appendleft", "__setitem__"}
+
+
+def _module_level_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else []
+        for t in targets:
+            for n in ast.walk(t):
+                if isinstance(n, ast.Name):
+                    names.add(n.id)
+    return names
+
+
+def _classes() -> set[str]:
+    return {n.name for _, _, tree in _trees(MODULES) for n in ast.walk(tree)
+            if isinstance(n, ast.ClassDef)}
+
+
+def mutated_module_state(modules=None) -> set[str]:
+    """Module-level names a function of their module changes (rebinds with ``global``,
+    assigns an item or attribute of, or calls a mutating method on) and module-level
+    instances of the package's classes or of ``threading.local`` (but FROZEN values)."""
+    found = set()
+    classes = _classes()
+    for module, _, tree in _trees(modules or MODULES):
+        top = _module_level_names(tree)
+        short = module.split(".", 1)[1] if "." in module else ""
+        for node in tree.body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
+                f = node.value.func
+                called = f.id if isinstance(f, ast.Name) else getattr(f, "attr", None)
+                if called in classes or called == "local":
+                    for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                        if isinstance(t, ast.Name) and f"{short}.{t.id}" not in FROZEN:
+                            found.add(f"{short}.{t.id}")
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            local = {a.arg for a in fn.args.args + fn.args.kwonlyargs + fn.args.posonlyargs}
+            for node in ast.walk(fn):
+                name = None
+                if isinstance(node, ast.Global):
+                    found.update(f"{short}.{n}" for n in node.names if n in top)
+                elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+                    targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) \
+                        else [node.target]
+                    for t in targets:
+                        if isinstance(t, (ast.Subscript, ast.Attribute)) and \
+                                isinstance(t.value, ast.Name):
+                            name = t.value.id
+                            if name in top and name not in local:
+                                found.add(f"{short}.{name}")
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and node.func.attr in _MUTATORS and isinstance(node.func.value, ast.Name):
+                    name = node.func.value.id
+                    if name in top and name not in local:
+                        found.add(f"{short}.{name}")
+    return found
+
+
+def test_no_file_of_the_package_is_over_700_lines():
+    long = {str(path.relative_to(PACKAGE)): n for path, _ in MODULES.values()
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def private_imports(modules=None) -> list[str]:
+    """``from .x import _y`` and ``x._y`` across modules of the package: a room's face is
+    what the others may use. (The C core's module ``core/_reach`` is a module, not a
+    private name of another module.)"""
+    modules = modules or MODULES
+    found = []
+    for module, is_package, tree in _trees(modules):
+        bound = {}          # a local name -> the package module it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _absolute(module, is_package, node)
+                if not (base == NAME or base.startswith(NAME + ".")):
+                    continue
+                for a in node.names:
+                    full = f"{base}.{a.name}"
+                    if full in modules or full == f"{NAME}.core._reach":
+                        bound[a.asname or a.name] = full
+                    elif a.name.startswith("_") and not a.name.startswith("__"):
+                        found.append(f"{module}:{node.lineno} from {base} import {a.name}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith(NAME) and a.asname:
+                        bound[a.asname] = a.name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in bound and node.attr.startswith("_") \
+                    and not node.attr.startswith("__") and bound[node.value.id] != module:
+                found.append(f"{module}:{node.lineno} {node.value.id}.{node.attr}")
+    return sorted(found)
+
+
+def test_no_private_name_is_used_across_modules():
+    assert private_imports() == []
+
+
+def test_module_state_is_per_process_only():
+    """No module keeps per-shell state: every module-level name a function changes is
+    one of PER_PROCESS, each with its reason (a new one is either a session's or added
+    there with why it is the process's)."""
+    assert mutated_module_state() == set(PER_PROCESS)
+
+
+def test_the_room_checks_see_what_they_look_for(tmp_path):
+    """The private-name and module-state checks on a module written to break both."""
+    path = tmp_path / "bad.py"
+    path.write_text(textwrap.dedent('''\
+        from ..core import purge as _purge
+        from ..core.render import _table
+        from .scope import Watch
+        _PENDING: list = []
+        HUB = Watch()
+        COUNT = [0]
+        TABLE = {"a": 1}
+
+        def note(x):
+            _PENDING.append(x)
+            COUNT[0] += 1
+            return _purge._Target, TABLE["a"]
+    '''))
+    mods = {**MODULES, f"{NAME}.watch.bad": (path, False)}
+    bad = {f"{NAME}.watch.bad": (path, False)}
+    assert [f for f in private_imports(mods) if ".bad:" in f] == [f"{NAME}.watch.bad:12 _purge._Target",
+                                     f"{NAME}.watch.bad:2 from {NAME}.core.render import _table"]
+    assert mutated_module_state(bad) == {"watch.bad._PENDING", "watch.bad.COUNT", "watch.bad.HUB"}

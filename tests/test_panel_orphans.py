@@ -99,19 +99,19 @@ def test_the_orphans_are_listed_and_cancel_ends_nothing(shell, machine):
     assert button.description == "End 1 orphan (1.2 GiB)"
     assert not button.disabled and button.button_style == "warning"
     button.click()
-    assert panel.orphan_section.confirm_box.layout.display is None
+    assert panel.orphan_section.question.box.layout.display is None
     assert button.layout.display == "none"         # the question takes its place
-    question = panel.orphan_section.confirm_text.value
+    question = panel.orphan_section.question.text.value
     assert f"data-confirm-orphan='{pids['left']}'" in question and "1.2 GiB" in question
     assert listed[0]["command"].split()[0] in question and "SIGTERM, then SIGKILL" in question
     for never in (pids["stray"], pids["child"], os.getpid()):
         assert f"data-confirm-orphan='{never}'" not in question
     assert alive(pids["left"])                    # asking ends nothing
 
-    panel.orphan_section.cancel_button.click()
+    panel.orphan_section.question.cancel.click()
     time.sleep(0.3)
     assert all(alive(p) for p in pids.values())
-    assert panel.orphan_section.confirm_box.layout.display == "none"
+    assert panel.orphan_section.question.box.layout.display == "none"
     assert button.layout.display is None and not button.disabled
     assert "cancelled: no process was ended" in panel.orphan_section.status.value
     assert panel.orphan_section.result.value == ""
@@ -124,7 +124,7 @@ def test_confirm_ends_the_kernels_orphan_and_shows_each_step(shell, machine):
     shown = []
     panel.orphan_section.result.observe(lambda change: shown.append(change["new"]), "value")
     panel.orphan_section.button.click()
-    panel.orphan_section.confirm_button.click()
+    panel.orphan_section.question.yes.click()
 
     assert not alive(pids["left"])
     assert alive(pids["stray"]) and alive(pids["child"])
@@ -148,7 +148,7 @@ def test_confirm_ends_the_kernels_orphan_and_shows_each_step(shell, machine):
     assert panel.orphan_section.button.disabled and panel.orphan_section.button.description == "End orphans"
     assert panel.orphan_section.button.layout.display is None
     panel.orphan_section.button.click()                  # disabled in the browser; here: nothing
-    assert panel.orphan_section.confirm_box.layout.display == "none"
+    assert panel.orphan_section.question.box.layout.display == "none"
     assert alive(pids["stray"]) and alive(pids["child"])
 
 
@@ -166,8 +166,8 @@ def test_only_what_the_confirmation_named_is_ended(shell, machine):
     started.append(late)
     gh.write_nvml(path, [(pids["left"], 1200 * MiB), (late, 700 * MiB),
                          (pids["child"], 300 * MiB)], base=100 * MiB)
-    assert f"data-confirm-orphan='{late}'" not in panel.orphan_section.confirm_text.value
-    panel.orphan_section.confirm_button.click()
+    assert f"data-confirm-orphan='{late}'" not in panel.orphan_section.question.text.value
+    panel.orphan_section.question.yes.click()
     assert not alive(pids["left"]) and alive(late) and alive(pids["child"])
     result = panel.orphan_section.result.value
     assert f"left alone: pid {late}: not in the confirmation" in result
@@ -190,7 +190,7 @@ def test_a_non_orphan_is_never_offered_nor_ended(shell, fake_nvml):
     assert panel.orphan_section.button.layout.display == "none"     # no orphan: no button
     panel.orphan_section.button.click()          # even if it were clicked: nothing to end
     assert "nothing to end" in panel.orphan_section.status.value
-    assert panel.orphan_section.confirm_box.layout.display == "none"
+    assert panel.orphan_section.question.box.layout.display == "none"
     assert alive(child.pid) and alive(grandchild) and alive(grand_parent.pid)
 
 
@@ -226,12 +226,12 @@ def test_a_failure_is_one_line_in_the_panel_and_ends_nothing(shell, machine, mon
         raise OSError("the process table could not be read")
 
     monkeypatch.setattr(core_orphans, "purge_orphans", broken)
-    panel.orphan_section.confirm_button.click()          # raises nothing out of the callback
+    panel.orphan_section.question.yes.click()          # raises nothing out of the callback
     status = panel.orphan_section.status.value
     assert "ending the orphans failed: OSError: the process table could not be read" in status
     assert "\n" not in status
     assert all(alive(p) for p in pids.values())
     panel.orphan_section.button.click()                  # the dry run fails too: one line
     assert "OSError: the process table could not be read" in panel.orphan_section.status.value
-    assert panel.orphan_section.confirm_box.layout.display == "none"
+    assert panel.orphan_section.question.box.layout.display == "none"
     assert all(alive(p) for p in pids.values())

@@ -25,12 +25,8 @@ from .purge_plan import Budget, make_plan, still_held, tracked
 from .purge_result import (PURGE_SCHEMA, UNNAMED, Change, DeviceChange, PurgeError,
                            PurgeResult, StillHeld)
 
-__all__ = ["PURGE_SCHEMA", "UNNAMED", "Change", "DeviceChange", "PURGES", "PurgeError",
+__all__ = ["PURGE_SCHEMA", "UNNAMED", "Change", "DeviceChange", "PurgeError",
            "PurgeResult", "StillHeld", "purge", "release_caches"]
-
-#: purges begun in this process (not dry runs): what says a reading taken before is stale
-PURGES = [0]
-
 
 def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bool = False,
           dry_run: bool = False, device: str = "auto", time_limit: float = 3.0) -> PurgeResult:
@@ -65,7 +61,6 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bo
         result.messages += still_messages(result.still_held)
         result.seconds = time.perf_counter() - start
         return result
-    PURGES[0] += 1
     try:
         before = read_usage(device)
         # execute empties the plan: after it, nothing here refers to the purged objects.

@@ -31,9 +31,9 @@ from ..core import purge as _purge
 from ..core.monitor import SharedSampler, Subscription, Series, device_point
 from ..session import session_of
 from ..watch.scope import history_for
-from ..units import one_line
 from . import panel_render as _render
 from .panel_orphans import OrphanSection
+from .question import Question, guarded, status_html
 
 INTERVAL = 1.0  # seconds between two readings of the device bars
 WINDOW = 300.0  # seconds of history the timeline shows
@@ -137,7 +137,6 @@ class Panel:
         self._row_names: list[str | None] = []
         self._rows: list[tuple[Any, Any]] = []
         self._syncing = False
-        self._pending: list[str] | None = None
         #: the session's purge count after the purge whose result is shown
         self._result_purges: int | None = None
         self._said_purged = False
@@ -179,16 +178,13 @@ class Panel:
                                      tooltip="delete the checked names and free their memory",
                                      layout=w.Layout(width="auto"))
         self.status = w.HTML()
-        self.confirm_text = w.HTML()
-        self.confirm_button = w.Button(description="Yes, purge", button_style="danger",
-                                       layout=w.Layout(width="auto"))
-        self.cancel_button = w.Button(description="Cancel", layout=w.Layout(width="auto"))
-        # the question takes the purge button's place, its buttons first: it opens where
-        # the click was, not below the visible part of the output
-        self.confirm_box = w.VBox([w.HBox([self.confirm_button, self.cancel_button]),
-                                   self.confirm_text],
-                                  layout=w.Layout(display="none", border="1px solid #d62728",
-                                                  padding="4px"))
+        # the purge's question takes the purge button's place
+        self.question = Question(
+            w, "Yes, purge", changed=self._update_purge_button, confirmed=self._purge_confirmed,
+            cancelled=lambda: self._say("purge cancelled: nothing changed"), guard=self._guard)
+        q = self.question
+        self.confirm_text, self.confirm_button, self.confirm_box = q.text, q.yes, q.box
+        self.cancel_button = q.cancel
         self.result = w.HTML()
         self.widget = _panel_box(w)([
             header, w.HTML("<b>Devices</b>"), self.bars, self.cluster_bars,
@@ -202,8 +198,6 @@ class Panel:
         self.refresh_button.on_click(self._guard(lambda _b: self.refresh()))
         self.close_button.on_click(self._guard(lambda _b: self.close()))
         self.purge_button.on_click(self._guard(self._on_purge))
-        self.confirm_button.on_click(self._guard(self._on_confirm))
-        self.cancel_button.on_click(self._guard(self._on_cancel))
         if getattr(self.widget, "comm", None) is not None:
             self.widget.comm.on_close(lambda _msg: self.close())
         self._update_title()
@@ -220,21 +214,13 @@ class Panel:
 
     def _guard(self, fn):
         """Widget callbacks never raise into the kernel: a failure is one status line."""
-        def call(*args):
-            try:
-                return fn(*args)
-            except Exception as exc:  # noqa: BLE001
-                self._say(f"{type(exc).__name__}: {exc}", error=True)
-                return None
-        return call
+        return guarded(fn, self._say)
 
     def _say(self, text: str, error: bool = False) -> None:
         self._said_purged = False
-        colour = "#d62728" if error else "inherit"
         with self._lock:
             if not self.closed:
-                self.status.value = (f"<span style='color:{colour}'>"
-                                     f"{_render.esc(one_line(text))}</span>")
+                self.status.value = status_html(text, error)
 
     def _update_title(self, devices: list | None = None) -> None:
         """The title: what the bars are (the sidebar's rule, from the devices shown; before
@@ -490,12 +476,12 @@ class Panel:
     def _update_purge_button(self) -> None:
         n = len(self._checked)
         with self.purge_button.hold_sync():
-            disabled = n == 0 or self._pending is not None
+            disabled = n == 0 or self.question.open
             self.purge_button.disabled = disabled
             # grey while it cannot purge, as the sidebar's; orange once it can
             self.purge_button.button_style = "" if disabled else "warning"
             self.purge_button.description = f"Purge {n} checked" if n else "Purge checked"
-            self.purge_button.layout.display = "none" if self._pending is not None else None
+            self.purge_button.layout.display = "none" if self.question.open else None
 
     def checked(self) -> list[str]:
         """The checked names, in table order."""
@@ -519,27 +505,10 @@ class Panel:
         except _purge.PurgeError as exc:
             self._say(str(exc), error=True)
             return
-        self._pending = names
-        with self.confirm_text.hold_sync(), self.confirm_box.layout.hold_sync():
-            self.confirm_text.value = _render.confirm_html(names, dry)
-            self.confirm_box.layout.display = None
-        self._update_purge_button()
+        self.question.ask(_render.confirm_html(names, dry), names)
         self._say("confirm or cancel the purge")
 
-    def _hide_confirm(self) -> None:
-        self._pending = None
-        self.confirm_box.layout.display = "none"
-        self._update_purge_button()
-
-    def _on_cancel(self, _button: Any = None) -> None:
-        self._hide_confirm()
-        self._say("purge cancelled: nothing changed")
-
-    def _on_confirm(self, _button: Any = None) -> None:
-        names = self._pending
-        self._hide_confirm()
-        if not names:
-            return
+    def _purge_confirmed(self, names: list[str]) -> None:
         error = None
         try:
             data = self.session.purge(names, device=self.device,

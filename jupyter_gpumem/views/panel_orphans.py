@@ -16,8 +16,8 @@ from ..backends import nvml as _nvml
 from ..core import devices as _devices
 from ..core import orphans as _orphans
 from ..core.render import fmt_bytes
-from ..units import one_line
 from .panel_render import FONT, cell, esc, positive
+from .question import Question, guarded, status_html
 
 
 # -- the section's HTML (the snapshot's "processes", an OrphanPurge) -------------------
@@ -155,29 +155,21 @@ class OrphanSection:
         self.panel = panel
         w = widgets
         self._rows: list[dict] = []
-        self._pending: list[dict] | None = None
         self.list = w.HTML()
         self.button = w.Button(
             description="End orphans", icon="stop", button_style="", disabled=True,
             tooltip="end this user's orphans that a kernel left: SIGTERM, then SIGKILL "
                     "after a grace period", layout=w.Layout(width="auto"))
         self.status = w.HTML()
-        self.confirm_text = w.HTML()
-        self.confirm_button = w.Button(description="Yes, end them",
-                               button_style="danger",
-                               layout=w.Layout(width="auto"))
-        self.cancel_button = w.Button(description="Cancel",
-                               layout=w.Layout(width="auto"))
-        # as the purge's question: it takes the button's place, its buttons first
-        self.confirm_box = w.VBox(
-            [w.HBox([self.confirm_button, self.cancel_button]),
-             self.confirm_text],
-            layout=w.Layout(display="none", border="1px solid #d62728", padding="4px"))
+        # as the purge's question: it takes the button's place
+        self.question = Question(
+            w, "Yes, end them", changed=self._update_button, confirmed=self._end_confirmed,
+            cancelled=lambda: self._say("cancelled: no process was ended"), guard=self._guard)
         self.result = w.HTML()
         self.box = w.VBox([
             w.HTML("<b>Orphans</b> <span style='opacity:.6'>(this user's processes on the "
                    "GPUs whose parent is gone: a restarted kernel's left-overs)</span>"),
-            self.list, self.confirm_box,
+            self.list, self.question.box,
             w.HBox([self.button, self.status],
                    layout=w.Layout(align_items="center")),
             self.result,
@@ -186,24 +178,14 @@ class OrphanSection:
         children.insert(children.index(self.panel.cluster_bars) + 1, self.box)
         self.panel.widget.children = children
         self.button.on_click(self._guard(self._on_end))
-        self.confirm_button.on_click(self._guard(self._on_confirm))
-        self.cancel_button.on_click(self._guard(self._on_cancel))
 
     def _guard(self, fn):
         """The Orphans section's callbacks never raise into the kernel: one line in it."""
-        def call(*args):
-            try:
-                return fn(*args)
-            except Exception as exc:  # noqa: BLE001
-                self._say(f"{type(exc).__name__}: {exc}", error=True)
-                return None
-        return call
+        return guarded(fn, self._say)
 
     def _say(self, text: str, error: bool = False) -> None:
-        colour = "#d62728" if error else "inherit"
         if not self.panel.closed:
-            self.status.value = (f"<span style='color:{colour}'>"
-                                 f"{esc(one_line(text))}</span>")
+            self.status.value = status_html(text, error)
 
     def rows(self) -> list[dict]:
         """The orphans the section lists (see :func:`orphans_of`)."""
@@ -235,7 +217,7 @@ class OrphanSection:
 
     def _update_button(self) -> None:
         ours = [o for o in self._rows if o.get("purgeable")]
-        pending = self._pending is not None
+        pending = self.question.open
         button = self.button
         with button.hold_sync():
             button.description = orphans_button_text(self._rows)
@@ -265,29 +247,12 @@ class OrphanSection:
             self._say("no orphan a kernel left holds GPU memory now: nothing to end")
             self.panel.refresh()
             return
-        self._pending = targets
-        with self.confirm_text.hold_sync(), self.confirm_box.layout.hold_sync():
-            self.confirm_text.value = orphans_confirm_html(targets, dry.grace)
-            self.confirm_box.layout.display = None
-        self._update_button()
+        self.question.ask(orphans_confirm_html(targets, dry.grace), targets)
         self._say("confirm or cancel: nothing is ended before you confirm")
 
-    def _hide_confirm(self) -> None:
-        self._pending = None
-        self.confirm_box.layout.display = "none"
-        self._update_button()
-
-    def _on_cancel(self, _button: Any = None) -> None:
-        self._hide_confirm()
-        self._say("cancelled: no process was ended")
-
-    def _on_confirm(self, _button: Any = None) -> None:
+    def _end_confirmed(self, pending: list[dict]) -> None:
         """End the confirmed orphans, and no other (``purge --orphans`` checks each again
         just before each signal), showing each step as it is reported."""
-        pending = self._pending
-        self._hide_confirm()
-        if not pending:
-            return
         steps: list[dict] = []
 
         def on_step(step) -> None:

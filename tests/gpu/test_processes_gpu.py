@@ -226,12 +226,12 @@ def test_the_panels_button_ends_a_kernels_orphan_after_its_question(ip):
         assert abs(rows[pid]["bytes"] - procs[pid]) <= SLACK
         assert os.getpid() not in rows
         section.button.click()
-        assert f"data-confirm-orphan='{pid}'" in section.confirm_text.value
-        section.cancel_button.click()
+        assert f"data-confirm-orphan='{pid}'" in section.question.text.value
+        section.question.cancel.click()
         time.sleep(0.5)
         assert alive(pid), "Cancel ended the orphan"
         section.button.click()
-        section.confirm_button.click()
+        section.question.yes.click()
         assert not alive(pid)
         wait_listed([pid], present=False)
         time.sleep(1)
