@@ -21,9 +21,13 @@ was partial at the default 3 s limit. Targets: 100k records under 60 ms and
 at most 2x the sweep's cost per object; 1M records under 600 ms, never partial.
 
 With ``--forms`` it also runs each scenario with the C core and in Python, side by
-side (``benchmarks/scan_forms.py``).
+side (``benchmarks/scan_forms.py``). With ``--against DIR`` (another checkout of the
+project, its C core built) it runs these scenarios in child processes, alternately on
+this checkout's package and on DIR's (``--rounds`` rounds, the order swapped each
+round), and prints each scenario's median ``%gpumem`` on both and their ratio.
 
-Run: ``python benchmarks/scan.py [--device cpu|cuda] [--repeat 15] [--only NAME ...] [--forms]``.
+Run: ``python benchmarks/scan.py [--device cpu|cuda] [--repeat 15] [--only NAME ...] [--forms]
+[--against DIR [--rounds 3]]``.
 """
 from __future__ import annotations
 
@@ -31,16 +35,22 @@ import argparse
 import contextlib
 import gc
 import io
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 import types
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+#: the checkout whose package is measured: this one, or the one --against names
+PACKAGE_ROOT = os.environ.get("GPUMEM_BENCH_PACKAGE_ROOT") or str(Path(__file__).resolve().parents[1])
+sys.path.insert(0, PACKAGE_ROOT)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 HEAP: list = []          # the unrelated objects: reachable from no user name
+MEDIANS: dict = {}       # scenario -> median ms of %gpumem (printed with --json)
 
 
 def build_namespace(heap_scale: int = 1, device: str = "cpu") -> dict:
@@ -175,6 +185,7 @@ def _tensor_scenario(shell, gpumem, snap_of, args) -> bool:
     gc.collect()
     print(f"objects after growing the heap: {len(gc.get_objects()):,}")
     ours10 = median_ms(gpumem, args.repeat)
+    MEDIANS.update({"model": ours, "model, 10x heap": ours10})
     uninstall(shell)
     ok1, ok2, ok3 = ours < 50, sweep / ours >= 5, ours10 / ours <= 1.5
     print(f"%gpumem median: {ours:.1f} ms (target < 50 ms) {'PASS' if ok1 else 'FAIL'}")
@@ -195,6 +206,7 @@ def _plain_scenario(shell, gpumem, snap_of, args, title: str) -> bool:
     snap = snap_of()
     repeat = args.repeat if "1M" not in title and "2M" not in title else max(3, args.repeat // 3)
     ours = median_ms(gpumem, repeat)
+    MEDIANS[title] = ours
     sweep = median_ms(gc_sweep, max(3, args.repeat // 5))
     heap = len(gc.get_objects())
     values = [v for k, v in base.items() if k != "torch"] + [shell.user_ns[name]]
@@ -229,7 +241,14 @@ def main() -> int:
     ap.add_argument("--forms", action="store_true",
                     help="then each scenario with the C core and in Python, side by side "
                          "(benchmarks/scan_forms.py)")
+    ap.add_argument("--against", default=None,
+                    help="another checkout: the scenarios on its package and on this one, "
+                         "alternately in child processes, side by side")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --against")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.against:
+        return against(args)
 
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -264,7 +283,36 @@ def main() -> int:
         ok &= scan_forms.run_all(shell, args.device, max(3, args.repeat // 2))
     if wanted("model"):   # last: it grows the unrelated heap tenfold
         ok &= _tensor_scenario(shell, gpumem, snap_of, args)
+    if args.json:
+        print("RESULT " + json.dumps(MEDIANS), flush=True)
     return 0 if ok else 1
+
+
+def against(args) -> int:
+    """This checkout's package and ``args.against``'s, the same scenarios (this file's)
+    in a fresh child process each, alternately; each scenario's median of the rounds."""
+    here = str(Path(__file__).resolve().parents[1])
+    there = str(Path(args.against).resolve())
+    runs: dict[str, list[dict]] = {here: [], there: []}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--json", "--device", args.device,
+           "--repeat", str(args.repeat)] + (["--only", *args.only] if args.only else [])
+    for r in range(args.rounds):
+        for root in ((here, there) if r % 2 == 0 else (there, here)):
+            env = {**os.environ, "GPUMEM_BENCH_PACKAGE_ROOT": root, "PYTHONPATH": root}
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if not line:
+                print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
+                return 2
+            runs[root].append(json.loads(line[-1][len("RESULT "):]))
+            print(f"round {r + 1}: {'this checkout' if root == here else there}: "
+                  + ", ".join(f"{k} {v:.1f} ms" for k, v in runs[root][-1].items()), flush=True)
+    print(f"== %gpumem, median of {args.rounds} rounds: this checkout vs {there}")
+    for key in runs[here][0]:
+        ours = statistics.median(run[key] for run in runs[here])
+        theirs = statistics.median(run[key] for run in runs[there])
+        print(f"{key:>16}: {ours:8.1f} ms vs {theirs:8.1f} ms  ratio {ours / theirs:.2f}x")
+    return 0
 
 
 if __name__ == "__main__":
