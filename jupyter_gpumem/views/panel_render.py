@@ -6,12 +6,12 @@ JavaScript: the panel puts these strings into standard ``ipywidgets.HTML``.
 """
 from __future__ import annotations
 
-import html
 import math
 import time
 from typing import Iterable
 
 from ..core.render import code_html, fmt_bytes
+from ..units import esc
 
 #: stacked-bar segments of an accelerator (PROTOCOL.md), in order: key, label, colour
 GPU_SEGMENTS = (
@@ -36,10 +36,6 @@ LINES = (
 )
 SVG_WIDTH, SVG_HEIGHT = 560, 72
 FONT = "font-family:var(--jp-ui-font-family, sans-serif);font-size:11px"
-
-
-def esc(x) -> str:
-    return html.escape(str(x), quote=True)
 
 
 def positive(value) -> int:
