@@ -281,7 +281,7 @@ class Session:
 
     def _lose(self, runs: list) -> None:
         for run in runs:        # cells whose "post" never came: their end is unknown
-            self.cells.end(run.span, run.span[0])
+            _guarded(self.cells.end, run.span, run.span[0])
             for follower, kept in list(run.kept.items()):
                 _guarded(follower.cell_lost, kept)
             run.kept.clear()
@@ -602,8 +602,8 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, cluster
                                     namespace=namespace, shell=shell, **options)
         else:
             result = _purge.purge(names, shell=shell, namespace=namespace, **options)
-    except _purge.PurgeError:
-        raise
+    except (_purge.PurgeError, _cluster.ClusterError):
+        raise               # refused before anything was deleted
     except BaseException:
         if session is not None and not dry_run:
             session.purged()        # it may have deleted some before it failed

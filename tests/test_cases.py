@@ -398,3 +398,17 @@ def test_a_report_keeps_nothing_alive(ip):
         assert ref_t.expired() and ref_w.expired()
     finally:
         gc_module.enable()
+
+
+def test_the_torch_backends_children_of_a_tensor_lead_through_its_graph():
+    """``Backend.children`` of a tensor with a ``grad_fn``: the graph's saved tensors and
+    its leaf, labelled by node and attribute (the graph walk lives in torch_graph.py)."""
+    from jupyter_gpumem.backends.pytorch import BACKENDS
+
+    x = torch.ones(3, requires_grad=True)
+    w = torch.full((3,), 2.0)
+    y = (x * w).sum()
+    kids = list(BACKENDS[0].children(y))
+    found = {label: value for label, value in kids}
+    assert found[("graph", "AccumulateGrad", "variable")] is x
+    assert any(v is w for v in found.values())

@@ -52,7 +52,8 @@ def test_warn_at_is_checked_when_set_and_parsed_once_not_every_cell(watched, cap
 
 
 @pytest.mark.parametrize("line", ["tame off status", "tame --give-back off", "tame maybe",
-                                  "tame --give-back=yes", "tame -h"])
+                                  "tame --give-back=yes", "tame -h", "tame --give",
+                                  "tame --g"])
 def test_tame_refuses_what_it_does_not_know_with_its_usage(ip, line):
     with pytest.raises(UsageError, match=r"unknown arguments '.*': %gpumem tame"):
         ip.run_line_magic("gpumem", line)
@@ -80,6 +81,8 @@ def test_every_purge_a_shell_can_take_reaches_its_session(ip):
     assert counted(lambda: run(ip, "%gpumem purge a --device cpu")) == 1
     assert counted(lambda: run(ip, "%gpumem purge b --dry-run --device cpu")) == 0
     assert counted(lambda: run(ip, "%gpumem purge nosuch --device cpu", expect_error=True)) == 0
+    # no Dask client: refused before anything is deleted, so nothing counts
+    assert counted(lambda: run(ip, "%gpumem purge b --cluster", expect_error=True)) == 0
     assert counted(lambda: run(ip, "jupyter_gpumem.purge(['b'], shell=get_ipython(), "
                                    "device='cpu')")) == 1
     assert counted(lambda: run(ip, "jupyter_gpumem.purge(['c'], namespace=globals(), "

@@ -208,7 +208,7 @@ class TorchBackend(Backend):
         fn, grad = self.graph_and_grad(obj)
         if fn is None:
             return iter(() if grad is None else ((_GRAD, grad),))
-        return self._graph_children(fn, {})
+        return graph_children(self.ledger, self._saved_attrs, fn, {})
 
     def graph_and_grad(self, obj: Any) -> tuple:
         """A tensor's ``grad_fn`` and ``grad``, read without a subclass's code."""

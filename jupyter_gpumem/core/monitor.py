@@ -560,8 +560,3 @@ class CellEvents:
         cell, rest = self._open[index], self._open[index + 1:]
         del self._open[index:]
         return cell.payload, [c.payload for c in rest if c.payload is not None]
-
-    def clear(self) -> list:
-        """Forget every open cell; their payloads."""
-        cells, self._open = self._open, []
-        return [c.payload for c in cells if c.payload is not None]

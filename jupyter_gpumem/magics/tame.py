@@ -17,6 +17,7 @@ def _parser():
     p.add_argument("state", nargs="?", default=None, help="off or status")
     p.add_argument("--give-back", dest="give_back", action="store_true",
                    help="also let them give memory back")
+    p.allow_abbrev = False      # `--give` is no word of tame's: refused, not guessed
     return p
 
 
