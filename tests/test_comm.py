@@ -70,6 +70,12 @@ def open_sidebar() -> RecordingComm:
     return c
 
 
+def close_sidebar(c: RecordingComm) -> None:
+    """Close a sidebar's comm the way the frontend does (a ``comm_close`` from it: the
+    kernel's ``Comm.close()`` alone tells the comm's callbacks nothing)."""
+    c.handle_close({"content": {"comm_id": c.comm_id, "data": {}}})
+
+
 def send(c: RecordingComm, data) -> list[dict]:
     """Deliver one request from the sidebar; return the replies it caused."""
     start = len(c.sent)

@@ -136,7 +136,7 @@ def test_a_key_that_is_no_identifier_is_named_and_purged_as_itself(ip):
 
 
 def test_the_sidebars_purge_of_a_row_removes_that_row_only(ip):
-    from tests.test_comm import open_sidebar, send
+    from tests.test_comm import close_sidebar, open_sidebar, send
 
     keeper, inner = _odd_globals(ip)
     c = open_sidebar()
@@ -148,7 +148,7 @@ def test_the_sidebars_purge_of_a_row_removes_that_row_only(ip):
     assert sorted(replies[0]["result"]["removed"]) == sorted(ODD.values())
     assert not set(ODD) & set(ip.user_ns)
     assert ip.user_ns["x"][0] is keeper and ip.user_ns["a"].b is inner
-    c.close()
+    close_sidebar(c)
 
 
 def test_an_attribute_that_is_no_identifier_reads_as_its_dict_key(ip):
@@ -285,7 +285,7 @@ def test_a_name_the_cut_scan_never_reached_says_the_scan_was_cut(ip):
 
 # -- device strings from the sidebar ---------------------------------------------------------
 def test_the_comm_refuses_a_fullwidth_digit_and_normalises_case_and_spaces_exactly(ip):
-    from tests.test_comm import open_sidebar, send
+    from tests.test_comm import close_sidebar, open_sidebar, send
 
     c = open_sidebar()
     try:
@@ -299,7 +299,7 @@ def test_the_comm_refuses_a_fullwidth_digit_and_normalises_case_and_spaces_exact
         with pytest.raises(Exception, match="unknown device"):
             ip.run_line_magic("gpumem", "--device cuda:１")
     finally:
-        c.close()
+        close_sidebar(c)
 
 
 # -- a low recursion limit ------------------------------------------------------------------
