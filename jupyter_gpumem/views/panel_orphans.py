@@ -146,6 +146,10 @@ def orphans_result_html(result: dict, when: str | None = None) -> str:
 
 
 # -- the section ----------------------------------------------------------------------
+END_TIP = ("end this user's orphans that a kernel left: SIGTERM, then SIGKILL after a "
+           "grace period")
+
+
 class OrphanSection:
     """The Orphans section of one panel: the list, the button, its question, the steps."""
 
@@ -158,8 +162,7 @@ class OrphanSection:
         self.list = w.HTML()
         self.button = w.Button(
             description="End orphans", icon="stop", button_style="", disabled=True,
-            tooltip="end this user's orphans that a kernel left: SIGTERM, then SIGKILL "
-                    "after a grace period", layout=w.Layout(width="auto"))
+            tooltip=END_TIP, layout=w.Layout(width="auto"))
         self.status = w.HTML()
         # as the purge's question: it takes the button's place
         self.question = Question(
@@ -223,9 +226,7 @@ class OrphanSection:
             button.description = orphans_button_text(self._rows)
             button.disabled = not ours or pending
             button.button_style = "" if button.disabled else "warning"
-            button.tooltip = (
-                "end this user's orphans that a kernel left: SIGTERM, then SIGKILL after a "
-                "grace period" if ours else "no orphan here was left by a kernel: left alone")
+            button.tooltip = END_TIP if ours else "no orphan here was left by a kernel: left alone"
             # no orphan: no button; while the question is open it takes the button's place
             button.layout.display = "none" if pending or not self._rows else None
 
