@@ -15,6 +15,7 @@ from setuptools import Distribution, Extension
 from setuptools.command.build_ext import build_ext
 
 SOURCE = "jupyter_gpumem/core/_reach.c"
+HEADER = "jupyter_gpumem/core/_fingerprint.h"   # included by SOURCE
 MODULE = "jupyter_gpumem.core._reach"
 
 
@@ -38,7 +39,7 @@ class NativeScanHook(BuildHookInterface):
 
     def _build(self) -> str:
         root = self.root
-        ext = Extension(MODULE, [SOURCE], extra_compile_args=["-O2"])
+        ext = Extension(MODULE, [SOURCE], depends=[HEADER], extra_compile_args=["-O2"])
         dist = Distribution({"name": "jupyter-gpumem-native", "ext_modules": [ext]})
         dist.src_root = root
         cwd = os.getcwd()

@@ -20,6 +20,17 @@ sweep's cost per heap object (``gc.get_objects()``), and whether the report
 was partial at the default 3 s limit. Targets: 100k records under 60 ms and
 at most 2x the sweep's cost per object; 1M records under 600 ms, never partial.
 
+The training-state scenario (``training``): 150 ``TransformerEncoderLayer(64, 4, 128)``
+in a ``Sequential``, Adam after one step, a list of 2,000 small tensors, a 50,000-entry
+dict of ``(int, str, [int])`` tuples, 200 tensors in ``Out``. Printed side by side in one
+process: the first (cold) ``%gpumem``; the warm one (nothing changed, median); after a
+cell that runs one optimizer step in place; after a cell that replaces one name (the
+2,000-tensor list) beside that name's own walk alone; ``%gpumem --full`` (every name
+walked, as before the warm scan); and, with 2 million unrelated heap objects beside it,
+the warm call against a ``gc.get_objects()`` sweep (every scenario runs beside that heap). Targets: warm under 10 ms, after the
+step under 20 ms, after the replacement under 20 ms plus the name's own cost, the sweep
+at least 10x the warm call.
+
 With ``--forms`` it also runs each scenario with the C core and in Python, side by
 side (``benchmarks/scan_forms.py``). With ``--against DIR`` (another checkout of the
 project, its C core built) it runs these scenarios in child processes, alternately on
@@ -196,6 +207,82 @@ def _tensor_scenario(shell, gpumem, snap_of, args) -> bool:
     return ok1 and ok2 and ok3
 
 
+def training_namespace(device: str = "cpu") -> dict:
+    """The training-state scenario's names (see the module docstring)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.TransformerEncoderLayer(64, 4, 128)
+                                  for _ in range(150)]).to(device)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(8, 2, 64, device=device)).sum().backward()
+    opt.step()
+    return {"torch": torch, "model": model, "opt": opt,
+            "batches": [torch.randn(4, 4, device=device) for _ in range(2000)],
+            "table": {i: (i, str(i), [i]) for i in range(50_000)}}
+
+
+def _training_scenario(shell, gpumem, args) -> bool:
+    import torch
+
+    from jupyter_gpumem.session import session_of
+
+    names = training_namespace(args.device)
+    shell.user_ns.update(names)
+    out = shell.history_manager.output_hist
+    for i in range(1, 201):
+        out[i] = shell.user_ns[f"_{i}"] = torch.ones(16, device=args.device)
+    gc.collect()
+    warm_state = session_of(shell).warm
+    t0 = time.perf_counter()
+    gpumem()
+    cold = (time.perf_counter() - t0) * 1000
+    warm = median_ms(gpumem, args.repeat)
+    reused = (warm_state.reused, warm_state.walked)
+
+    def after(cell: str) -> float:
+        times = []
+        for _ in range(max(5, args.repeat // 3)):
+            shell.run_cell(cell, store_history=False)
+            t = time.perf_counter()
+            gpumem()
+            times.append((time.perf_counter() - t) * 1000)
+        return statistics.median(times)
+
+    step = after("opt.step()")
+    replaced = after("batches = [torch.randn(4, 4) for _ in range(2000)]")
+    own = median_ms(lambda: _scan_one(shell, "batches", args.device), args.repeat)
+    full = median_ms(lambda: gpumem("--full"), max(5, args.repeat // 3))
+    warm_heap = median_ms(gpumem, args.repeat)   # the unrelated heap (grow_heap) is beside it
+    sweep = median_ms(gc_sweep, 3)
+    MEDIANS.update({"training cold": cold, "training warm": warm})
+    for name in ("model", "opt", "batches", "table"):
+        shell.user_ns.pop(name, None)
+    for i in range(1, 201):
+        out.pop(i, None)
+        shell.user_ns.pop(f"_{i}", None)
+    checks = [("warm < 10 ms", warm < 10), ("after a step < 20 ms", step < 20),
+              ("after a replacement < 20 ms + its own", replaced < 20 + own),
+              ("sweep >= 10x warm", sweep >= 10 * warm_heap)]
+    print(f"== training state (150 encoder layers, Adam, 2,000 tensors, a 50k dict, 200 Out)\n"
+          f"first %gpumem {cold:.1f} ms; warm {warm:.1f} ms (names reused {reused[0]}, walked "
+          f"{reused[1]}); --full {full:.1f} ms; full / warm {full / warm:.1f}x\n"
+          f"after a cell running opt.step(): {step:.1f} ms; after a cell replacing `batches`: "
+          f"{replaced:.1f} ms (its own walk {own:.1f} ms)\n"
+          f"with {len(gc.get_objects()):,} heap objects: warm {warm_heap:.1f} ms, sweep "
+          f"{sweep:.1f} ms = {sweep / warm_heap:.1f}x\n   "
+          + "; ".join(f"{text} {'PASS' if ok else 'FAIL'}" for text, ok in checks))
+    return all(ok for _, ok in checks)
+
+
+def _scan_one(shell, name: str, device: str) -> None:
+    """One name walked alone, as a full scan walks it (the replaced name's own cost)."""
+    from jupyter_gpumem.core import scan as _scan
+    from jupyter_gpumem.core.roots import Root
+
+    _scan.scan([Root(name, shell.user_ns[name])], devices=None, shell=shell)
+
+
 def _plain_scenario(shell, gpumem, snap_of, args, title: str) -> bool:
     name, build = PLAIN[title]
     base = small_tensors(args.device)
@@ -257,9 +344,9 @@ def main() -> int:
     grow_heap(1)
     sink = io.StringIO()
 
-    def gpumem():
+    def gpumem(extra: str = ""):
         with contextlib.redirect_stdout(sink):
-            shell.run_line_magic("gpumem", f"--device {args.device}")
+            shell.run_line_magic("gpumem", f"--device {args.device} {extra}")
         sink.seek(0)
         sink.truncate()
 
@@ -277,6 +364,8 @@ def main() -> int:
     for title in PLAIN:
         if wanted(title):
             ok &= _plain_scenario(shell, gpumem, snap_of, args, title)
+    if wanted("training"):   # before the model: that one grows the unrelated heap tenfold
+        ok &= _training_scenario(shell, gpumem, args)
     if args.forms:       # before the model: that one grows the unrelated heap tenfold
         import scan_forms
 

@@ -46,6 +46,7 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
+from .core.scan_warm import WarmScan
 from .core.snapshot import build, build_many_steps
 from .core import monitor as _monitor
 from .core import purge as _purge
@@ -205,6 +206,9 @@ class Session:
         #: (:func:`purge`): a reading or a result from before one is stale (the footer and
         #: the panel ask)
         self.purges = 0
+        #: what the last scans walked, per name: a root proved unchanged is not walked
+        #: again (core/scan_warm.py; every snapshot of this shell goes through it)
+        self.warm = WarmScan()
         _monitor.hook_cells(shell, self._pre_run_cell, self._post_run_cell)
 
     # -- settings ----------------------------------------------------------------
@@ -227,7 +231,7 @@ class Session:
         """A fresh snapshot now (main thread), with the session's time limit (and the
         cluster part when a Dask client is connected)."""
         data = build(shell=self.shell, device=device, names=names,
-                               time_limit=self.time_limit).to_json()
+                     time_limit=self.time_limit, warm=self.warm).to_json()
         if not names:
             try:
                 part = drive_now(self._cluster_steps([device])).get(device)
@@ -411,7 +415,7 @@ class Session:
             # views of selections that cover the same devices share one scan; one that
             # fails leaves the others' snapshots standing
             steps = build_many_steps(shell=self.shell, devices=devices,
-                                     time_limit=self.time_limit, errors=failed)
+                                     time_limit=self.time_limit, errors=failed, warm=self.warm)
             while True:
                 try:
                     next(steps)
@@ -524,6 +528,7 @@ class Session:
                     thread.join(self.time_limit + 1.0)
             self._cluster_threads.clear()
         self.stop_trace()
+        self.warm.clear()
         self._cell_hooks.clear()
         _monitor.unhook_cells(self.shell, self._pre_run_cell, self._post_run_cell)
 

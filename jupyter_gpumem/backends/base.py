@@ -254,6 +254,13 @@ class Backend:
         an autograd graph, say."""
         return None
 
+    def fingerprint_spec(self) -> "tuple | None":
+        """What the warm scan's fingerprint reads of a plain tensor (core/_fingerprint.h):
+        ``(known, grad_fn, data_ptr, grad)``, the record of :meth:`batch_spec` and three
+        getters (getset or method descriptors are called through their C functions).
+        None: this backend's tensors are walked each time."""
+        return None
+
     def batch_spec(self) -> "tuple | None":
         """:meth:`take_many` as the C core's one loop runs it (``_reach.take_batch``):
         ``(known, get_fn, get_ptr, get_held, storages, label)``. For each tensor, an

@@ -249,6 +249,12 @@ class TorchBackend(Backend):
         self.tensor_types()
         return self._known, _GRAD_FN, self._data_ptr, _GRAD_OF, self.storages, _GRAD
 
+    def fingerprint_spec(self) -> tuple:
+        self.tensor_types()
+        base = self.torch._C.TensorBase
+        return (self._known, base.__dict__["grad_fn"], base.__dict__["data_ptr"],
+                base.__dict__["grad"])
+
     def tensor_edges(self, obj: Any, seen: dict):
         tp = type(obj)
         if tp in self._plain:

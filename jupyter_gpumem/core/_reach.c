@@ -1002,6 +1002,8 @@ done:
     return result;
 }
 
+#include "_fingerprint.h"
+
 static PyMethodDef reach_functions[] = {
     {"items_except", reach_items_except, METH_VARARGS,
      "items_except(dict, types[, memo, judge]) -> list: the (key, value) pairs whose value's type is "
@@ -1044,5 +1046,17 @@ PyInit__reach(void)
         Py_DECREF(m);
         return NULL;
     }
+#ifdef HAVE_FINGERPRINT
+    if (PyType_Ready(&FingerprintType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&FingerprintType);
+    if (PyModule_AddObject(m, "Fingerprint", (PyObject *)&FingerprintType) < 0) {
+        Py_DECREF(&FingerprintType);
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     return m;
 }

@@ -31,6 +31,7 @@ from .hidden import hidden_roots
 from .paths import attr_text
 from .roots import Root, format_key, stop_ids_for, user_roots
 from .scan_reach import Reacher
+from .scan_warm import Kept, WarmScan
 from .steps import run_to_end
 
 _DEFAULT_MAX_DEPTH = 4000   # levels of the walk (an attribute is one or two)
@@ -62,6 +63,8 @@ class ScanResult:
     errors: int = 0
     #: the first objects refused, as ``(type name, root name)`` (``errors`` counts all)
     refused: list = field(default_factory=list)
+    #: per root, whether a warm scan reused its last walk (see :mod:`.scan_warm`)
+    kept: list = field(default_factory=list)
 
 
 # -- paths -------------------------------------------------------------------------
@@ -145,22 +148,30 @@ class paused_gc:
 def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
          namespace: dict | None = None, time_limit: float = 3.0,
          extra_stop: set[int] | None = None, describe: bool = False,
-         backends: list[Backend] | None = None) -> ScanResult:
+         backends: list[Backend] | None = None, warm: WarmScan | None = None,
+         reuse: bool = True) -> ScanResult:
     """Walk every root; see the module docstring."""
     return run_to_end(iter_scan(roots, devices=devices, shell=shell, namespace=namespace,
                                 time_limit=time_limit, extra_stop=extra_stop, describe=describe,
-                                backends=backends))
+                                backends=backends, warm=warm, reuse=reuse))
 
 
 def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
               namespace: dict | None = None, time_limit: float = 3.0,
               extra_stop: set[int] | None = None, describe: bool = False,
-              backends: list[Backend] | None = None):
+              backends: list[Backend] | None = None, warm: WarmScan | None = None,
+              reuse: bool = True):
     """:func:`scan` in steps: a generator that yields every few milliseconds, between
     roots or between two C-level batches of one root (the garbage collector runs
     again meanwhile), and returns the :class:`ScanResult`. A caller on an event loop
     lets other work run at each step; it must not let the user's code run and then go
-    on (the namespace may have changed): it starts a new scan."""
+    on (the namespace may have changed): it starts a new scan.
+
+    With ``warm`` (the shell's :class:`~jupyter_gpumem.scan_warm.WarmScan`), a root whose
+    fingerprint proves it unchanged since its last walk is not walked: its storages
+    are the last walk's, and only its largest storage's path is kept (any other path
+    node raises when read: a caller that reads them passes no ``warm``). With
+    ``reuse=False`` every root is walked, and kept for the next scan."""
     start = time.perf_counter()
     stop = stop_ids_for(shell, namespace)
     backends = active_backends() if backends is None else backends
@@ -170,6 +181,9 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         backend.start_scan(deadline)
 
     finder = PathFinder(reacher, _PATH_SHARE * time_limit, _DEFAULT_MAX_DEPTH)
+    warm_pass = None if warm is None or extra_stop or describe else \
+        warm.start(backends, reacher.stop, devices, reuse)
+    clean: dict[int, bool] = {}   # root index -> walked whole, and whether no step came since
 
     def walk(i: int, until: float) -> tuple:
         root = roots[i]
@@ -206,7 +220,13 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
             if id(root.obj) in reacher.stop:
                 walked.append(({}, 0, {}))
                 continue
+            if warm_pass is not None:
+                kept = warm_pass.look(i, root)
+                if kept is not None:
+                    walked.append(kept)
+                    continue
             now = time.perf_counter()
+            before = (reacher.errors, len(reacher.reasons), steps.taken)
             try:
                 walked.append((yield from walk(i, now + max(deadline - now, 0.0) / (len(roots) - i))))
             except Exception:  # noqa: BLE001 - one name that cannot be read: the rest stands
@@ -215,6 +235,8 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 continue
             if reacher.out_of_time:
                 cut.append(i)
+            elif before[:2] == (reacher.errors, len(reacher.reasons)):
+                clean[i] = before[2] == steps.taken
             if steps.due():
                 yield from steps.step()
         for i in cut:
@@ -235,7 +257,12 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         # among the largest), the rest when they are read
         finder.budget = max(deadline - time.perf_counter(), _PATH_SHARE * time_limit)
         reach: list[Reach] = []
-        for i, (root, (found, count, graph)) in enumerate(zip(roots, walked)):
+        kept = [type(got) is Kept for got in walked]
+        for i, (root, got) in enumerate(zip(roots, walked)):
+            if type(got) is Kept:
+                reach.append(Reach(got.storages, got.objects))
+                continue
+            found, count, graph = got
             if found:
                 finder.add_root(i, root.name, root.obj, found, graph)
                 try:
@@ -243,27 +270,49 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 except Exception:  # noqa: BLE001 - its storages stand, their paths unknown
                     reacher.current_root = root.name
                     reacher.refuse(root.obj)
+                    clean.pop(i, None)
+                if warm_pass is not None and i in clean:
+                    _keep(warm_pass, finder, i, root, found, count, clean[i])
                 if steps.due():
                     yield from steps.step()
+            elif warm_pass is not None and i in clean:
+                warm_pass.keep(i, root, found, count, None, clean[i])
             reach.append(Reach(found, count))
+        if warm_pass is not None:
+            warm_pass.end()
     finally:
         steps.end()
     result = ScanResult(roots, reach, reacher.partial, reacher.reasons,
                         time.perf_counter() - start, reacher.errors,
-                        reacher.refusals.kept)
+                        reacher.refusals.kept, kept)
     finder.result = weakref.ref(result)
+    if finder.exhausted:   # a path read for what is kept took the last of the time
+        finder.say_partial()
     return result
+
+
+def _keep(warm_pass: Any, finder: PathFinder, i: int, root: Root, found: dict, count: int,
+          again: bool) -> None:
+    """Root ``i``'s walk, kept for the next scan with its largest storage's path read
+    now (as the report reads it); nothing kept where the paths' time ran out."""
+    errors = finder.errors
+    path = format_path(found[next(iter(found))][1])
+    if finder.exhausted or finder.errors != errors:
+        warm_pass.drop(root)
+    else:
+        warm_pass.keep(i, root, found, count, (None, ("root", path)), again)
 
 
 class _Steps:
     """The collector paused while the scan works (see :class:`paused_gc`), and a step
     (a yield of :func:`iter_scan`, the collector running again) now and then: every
-    few milliseconds, not after each root."""
+    few milliseconds, not after each root. ``taken`` counts the steps."""
 
-    __slots__ = ("_was_enabled", "_paused", "_until")
+    __slots__ = ("_was_enabled", "_paused", "_until", "taken")
 
     def __init__(self) -> None:
         self._paused = False
+        self.taken = 0
         self._start()
 
     def _start(self) -> None:
@@ -278,6 +327,7 @@ class _Steps:
     def step(self):
         """Yield once, with the collector as the caller had it."""
         self.end()
+        self.taken += 1
         yield
         self._start()
 

@@ -182,11 +182,12 @@ class PathFinder:
             self._advance(search, enough, on_found)
         except OutOfBudget:
             self.exhausted = True
-            self._say_partial()
+            self.say_partial()
         finally:
             self.budget = max(self.budget - (time.perf_counter() - start), 0.0)
 
-    def _say_partial(self) -> None:
+    def say_partial(self) -> None:
+        """The result this finder's paths belong to is partial (its time ran out)."""
         result = self.result() if self.result is not None else None
         if result is not None:
             result.partial = True

@@ -379,33 +379,42 @@ def _hint(root: Root, backends, nbytes: int) -> str | None:
 
 
 def build(*, shell: Any = None, namespace: dict | None = None, device: str = "auto",
-          names: list[str] | None = None, time_limit: float = 3.0) -> Snapshot:
+          names: list[str] | None = None, time_limit: float = 3.0, warm: Any = None,
+          full: bool = False) -> Snapshot:
     """Scan names and hidden holders and read the devices: one Snapshot."""
     # the scan's many short-lived objects are all gone when _build returns, so the
     # collector, paused meanwhile, finds nothing to do when it resumes
     with _scan.paused_gc():
         return run_to_end(build_steps(shell=shell, namespace=namespace, device=device,
-                                      names=names, time_limit=time_limit))
+                                      names=names, time_limit=time_limit, warm=warm,
+                                      full=full))
 
 
 def build_steps(*, shell: Any = None, namespace: dict | None = None, device: str = "auto",
-                names: list[str] | None = None, time_limit: float = 3.0):
+                names: list[str] | None = None, time_limit: float = 3.0, warm: Any = None,
+                full: bool = False):
     """:func:`build` in steps (see :func:`jupyter_gpumem.scan.iter_scan`): a generator
     that yields while it scans and returns the Snapshot."""
     built = yield from build_many_steps(shell=shell, namespace=namespace, devices=[device],
-                                        names=names, time_limit=time_limit)
+                                        names=names, time_limit=time_limit, warm=warm,
+                                        full=full)
     return built[device]
 
 
 def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
                      devices: list[str], names: list[str] | None = None,
-                     time_limit: float = 3.0, errors: dict | None = None):
+                     time_limit: float = 3.0, errors: dict | None = None, warm: Any = None,
+                     full: bool = False):
     """:func:`build_steps` for several device selections (the views of one shell): a
     generator that returns selection -> Snapshot, in the order given. Selections that
     cover the same devices (``auto`` and ``cpu`` where no accelerator is seen, ``cuda``
     and ``auto`` on a machine of GPUs) share one reading and one scan; each still gets
     its own snapshot, under its own name. With ``errors`` (a dict), a selection whose
-    snapshot fails gets its exception there and the others go on; without, it raises."""
+    snapshot fails gets its exception there and the others go on; without, it raises.
+
+    ``warm``: the shell's :class:`~jupyter_gpumem.scan_warm.WarmScan` (roots proved
+    unchanged are not walked again; not with ``names``, whose rows read every path);
+    ``full``: walk every root all the same (and keep what it reached for the next)."""
     accs = _devices.accelerators()
     groups: dict[tuple[str, ...], list[tuple[str, str]]] = {}   # ids -> (as given, parsed)
     out: dict[str, Snapshot] = {}
@@ -433,11 +442,12 @@ def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
                     extra.append(Root(text, target.obj, purge=text, kind="path"))
             result = yield from _scan.iter_scan(roots + extra, devices=set(ids), shell=shell,
                                                 namespace=namespace, time_limit=time_limit,
-                                                describe=bool(names))
+                                                describe=bool(names),
+                                                warm=None if names else warm, reuse=not full)
             result = fold_own_aliases(result)
             for text, device in selections:
                 out[text] = _assemble(device, list(ids), accs, usages, result, names, extra,
-                                      shell, namespace)
+                                      shell, namespace, warm)
         except Exception as exc:  # noqa: BLE001 - that group's failure alone
             if errors is None:
                 raise
@@ -446,13 +456,33 @@ def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
     return {text: out[text] for text in dict.fromkeys(devices) if text in out}
 
 
+def _hints_again(holders: list[Holder], result: _scan.ScanResult) -> None:
+    backends = active_backends()
+    by_name = {r.name: r for r in result.roots}
+    for h in holders:
+        root = by_name.get(h.name)
+        if root is not None:
+            h.hint = _hint(root, backends, h.total)
+
+
 def _assemble(device: str, ids: list[str], accs, usages, result, names, extra,
-              shell: Any, namespace: dict | None) -> Snapshot:
+              shell: Any, namespace: dict | None, warm: Any = None) -> Snapshot:
     """One selection's Snapshot (``device``, parsed) from a scan of its devices (shared
-    by selections alike)."""
-    sharing = Sharing(result)
+    by selections alike); with ``warm``, the holders of the last scan where it says
+    nothing they come from changed."""
     detail_names = set(names or ())
-    all_holders = attribute(result, rows_for=detail_names, sharing=sharing)
+
+    def compute() -> tuple:
+        sharing = Sharing(result)
+        holders = attribute(result, rows_for=detail_names, sharing=sharing)
+        return holders, sharing.keys, sharing.reached
+
+    if warm is not None and not names and not _trace.is_on():
+        all_holders, reached_keys, reached, reused = warm.attributed(result, compute)
+        if reused:   # a hint reads the object (a view's shape): asked again
+            _hints_again(all_holders, result)
+    else:
+        all_holders, reached_keys, reached = compute()
     details = [h for h in all_holders if h.name in detail_names]
     _allocation_sites(details)
     extra_names = {r.name for r in extra}
@@ -461,8 +491,7 @@ def _assemble(device: str, ids: list[str], accs, usages, result, names, extra,
     odd = odd_keys(namespace, shell)
     if odd:
         messages.append(f"skipped {len(odd)} namespace key(s) that are not names: {', '.join(odd[:5])}")
-    reached = sharing.reached
-    internals, errors = _backends.internals(ids, sharing.keys)
+    internals, errors = _backends.internals(ids, reached_keys)
     messages += errors
     internals = sorted(internals, key=_internal_order) + _rest_remainders(usages, internals)
     unattributed = _unattributed(usages, reached, internals)

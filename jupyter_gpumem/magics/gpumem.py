@@ -35,7 +35,7 @@ SUBCOMMANDS: dict[str, Callable[[Any, list[str]], Any]] = {
 #: every form of the magics, one a line (``%gpumem?`` and ``%gpumem help`` show it);
 #: a new subcommand adds its line here
 USAGE = """\
-%gpumem [NAME ...] [-v] [--device auto|all|cpu|cuda:N] [-o]
+%gpumem [NAME ...] [-v] [--full] [--device auto|all|cpu|cuda:N] [-o]
 %gpumem --cluster [--device ...] [-o]
 %gpumem --processes [--device ...] [-o]
 %gpumem purge [NAME|PATH ...] [--all] [--dry-run] [--device ...] [-o]
@@ -58,6 +58,8 @@ def _report_parser():
     p.add_argument("--cluster", action="store_true",
                    help="the Dask cluster this notebook drives: its workers' devices and the "
                    "names that hold their keys")
+    p.add_argument("--full", action="store_true",
+                   help="walk every name again, even those proved unchanged since the last scan")
     p.add_argument("--processes", action="store_true",
                    help="every other process on the GPUs: who it is and what it holds")
     return p
@@ -136,9 +138,11 @@ class GpuMemMagics(Magics, GpuMemSettings):
             return _processes.report(self, args, device)
         if args.cluster:
             return self._cluster_report(args, device)
+        session = _session.session_of(self.shell)
         snap = usage_errors(lambda: _snapshot.build(
             shell=self.shell, device=device, names=args.names or None,
-            time_limit=self.scan_time_limit), PathError)
+            time_limit=self.scan_time_limit, warm=session.warm if session else None,
+            full=args.full), PathError)
         for name in args.names:
             if not any(h.name == name for h in snap.details):
                 raise UsageError(_devices.holds_nothing(name, [d.id for d in snap.devices]))

@@ -1,0 +1,823 @@
+/* Fingerprints: what proves that a root's walk would read again what it read last time.
+ *
+ * Included by _reach.c (it uses its pointer sets). A Fingerprint hashes everything a
+ * root holds, depth first, in the order a walk reads it, into two 64-bit sums:
+ * each object's kind, address and type; an exact dict's version (CPython gives every
+ * dict a version, unique in the interpreter, new at each change: the same address with
+ * the same version is the same dict with the same keys and values); the length and
+ * items of a list, tuple or set, in order; an OrderedDict's order; a plain tensor's
+ * data pointer and the backend's own record of its storages (the record is kept by the
+ * caller, so it cannot be mistaken for a later one at the same address); a function's
+ * code, module name, closure cells, defaults and attributes; a class's dict version and
+ * entries. Objects met again hash as their address.
+ *
+ * It reads more than any walk reads (a superset is safe: more can only say "changed"),
+ * never less, and it runs no user code. A kind it cannot prove (an autograd graph, a
+ * frame, a numpy array, a type it was not told about...) gives None at once: the
+ * caller walks that root again. So does a structure of more than `limit` objects.
+ *
+ * Only where the dict version is known (CPython 3.11 to 3.13 with the GIL, the same
+ * condition as DICT_TABLE in _reach.c): elsewhere the type is not built and the scan
+ * always walks every root. */
+#ifdef DICT_TABLE
+#define HAVE_FINGERPRINT 1
+
+/* actions, as the caller's judge gives them for a type (see core/scan_warm.py) */
+enum {
+    FP_DOUBT = 0, FP_ATOM = 1, FP_DICT = 2, FP_ODICT = 3, FP_DDICT = 4, FP_SEQ = 5,
+    FP_SET = 6, FP_ITER = 7, FP_TENSOR = 8, FP_INSTANCE_DICT = 9, FP_REFERENTS = 10,
+    FP_FUNCTION = 11, FP_CELL = 12, FP_TYPE = 13, FP_MODULE = 14, FP_ACTIONS = 15
+};
+
+/* a backend's getter (a getset or no-argument method descriptor, called through its C
+ * function; anything else through a call) */
+typedef struct {
+    PyObject *obj;
+    PyTypeObject *owner;   /* the descriptor's type: the tensor must be one */
+    getter get;
+    void *closure;
+    PyCFunction meth;
+} fp_getter;
+
+#define FP_TYPE_CACHE 256
+
+/* what one plain tensor's reading gave, kept for the rest of the scan (a model's
+ * parameters are its optimizer's too): each pointer a strong reference */
+typedef struct {
+    PyObject *tensor;   /* NULL: an empty slot */
+    PyObject *infos;
+    PyObject *held;
+    uint64_t ptr;
+} fp_seen_tensor;
+
+typedef struct {
+    fp_seen_tensor *slots;
+    size_t cap, n;      /* cap: a power of two, or 0 */
+} fp_tensors;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *judge;     /* judge(type) -> action */
+    PyTypeObject *cache_type[FP_TYPE_CACHE];   /* strong references */
+    unsigned char cache_action[FP_TYPE_CACHE];
+    fp_getter fn, ptr, held;
+    fp_tensors tensors;  /* read in this scan (forget() empties it) */
+    PyObject *libs;      /* dict: module name -> whether it is a library's (through is_lib) */
+    PyObject *is_lib;    /* is_lib(name) -> bool */
+    pset stop;           /* objects never entered (their ids) */
+    PyObject *known;     /* the backend's record: id(tensor) -> (weak ref, data pointer, storages) */
+    PyObject *skip_keys; /* a class's entries that are not what it holds (a frozenset) */
+    Py_ssize_t limit;
+} Fingerprint;
+
+typedef struct {
+    uint64_t h1, h2;
+    Py_ssize_t count;
+    PyObject **stack;    /* strong references */
+    size_t top, cap;
+    pset seen;
+    PyObject *held;      /* a list: what seen holds, so no address is reused meanwhile */
+    PyObject *keep;      /* a list or NULL: the records and code objects hashed by address */
+    const pset *stop;
+    int doubt;
+} fp_run;
+
+static inline void
+fp_mix(fp_run *r, uint64_t w)
+{
+    r->h1 = (r->h1 ^ w) * 0x100000001b3ull;
+    uint64_t z = r->h2 + w + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    r->h2 = z ^ (z >> 31);
+}
+
+static inline void
+fp_mix_ptr(fp_run *r, const void *p)
+{
+    fp_mix(r, (uint64_t)(uintptr_t)p);
+}
+
+static int
+fp_push(fp_run *r, PyObject *o)
+{
+    if (r->top == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 256;
+        PyObject **s = PyMem_Realloc(r->stack, cap * sizeof(PyObject *));
+        if (s == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        r->stack = s;
+        r->cap = cap;
+    }
+    r->stack[r->top++] = Py_NewRef(o);
+    return 0;
+}
+
+static inline int
+fp_is_atom(PyTypeObject *tp)
+{
+    return tp == &PyLong_Type || tp == &PyUnicode_Type || tp == &PyFloat_Type ||
+        tp == &PyBool_Type || tp == Py_TYPE(Py_None) || tp == &PyBytes_Type;
+}
+
+#define FP_BELOW 0x5a17c0de5a17c0deull   /* a child read after its siblings' marks */
+
+/* An object's children, in order: their count, then for each the type of an atom (its
+ * value is never part of what a walk reads) or a mark, then (pushed in reverse, so
+ * they are read in their order) each non-atom's own hash, depth first. */
+/* A child hashed where it is met, never stacked: an empty exact dict, OrderedDict,
+ * list, tuple or set (a module carries a dozen empty tables of hooks), or a short
+ * exact list or tuple of atoms (a record's tags). Not one the walk never enters. */
+#define FP_SHALLOW 8
+static inline int
+fp_inline(fp_run *r, PyObject *o, PyTypeObject *tp)
+{
+    Py_ssize_t n;
+    PyObject *const *items;
+    if (tp == &PyDict_Type || tp == &PyODict_Type) {
+        if (PyDict_GET_SIZE(o) != 0)
+            return 0;
+        n = 0;
+        items = NULL;
+    } else if (tp == &PyList_Type) {
+        n = PyList_GET_SIZE(o);
+        items = ((PyListObject *)o)->ob_item;
+    } else if (tp == &PyTuple_Type) {
+        n = PyTuple_GET_SIZE(o);
+        items = ((PyTupleObject *)o)->ob_item;
+    } else if (tp == &PySet_Type || tp == &PyFrozenSet_Type) {
+        if (PySet_GET_SIZE(o) != 0)
+            return 0;
+        n = 0;
+        items = NULL;
+    } else {
+        return 0;
+    }
+    if (n > FP_SHALLOW)
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!fp_is_atom(Py_TYPE(items[i])))
+            return 0;
+    if (pset_has(r->stop, o))
+        return 0;
+    return 1;
+}
+
+static void
+fp_mix_inline(fp_run *r, PyObject *o, PyTypeObject *tp)
+{
+    fp_mix_ptr(r, tp);
+    fp_mix_ptr(r, o);
+    if (tp == &PyDict_Type || tp == &PyODict_Type) {
+        _Pragma("GCC diagnostic push")
+        _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
+        fp_mix(r, ((PyDictObject *)o)->ma_version_tag);
+        _Pragma("GCC diagnostic pop")
+        return;
+    }
+    Py_ssize_t n = tp == &PyList_Type ? PyList_GET_SIZE(o) :
+        tp == &PyTuple_Type ? PyTuple_GET_SIZE(o) : 0;
+    PyObject *const *items = tp == &PyList_Type ? ((PyListObject *)o)->ob_item :
+        ((PyTupleObject *)o)->ob_item;
+    fp_mix(r, (uint64_t)n);
+    for (Py_ssize_t i = 0; i < n; i++)
+        fp_mix_ptr(r, Py_TYPE(items[i]));
+}
+
+static int
+fp_push_all(fp_run *r, PyObject *const *items, Py_ssize_t n)
+{
+    fp_mix(r, (uint64_t)n);
+    Py_ssize_t below = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = items[i] != NULL ? items[i] : Py_None;
+        PyTypeObject *tp = Py_TYPE(o);
+        if (fp_is_atom(tp)) {
+            fp_mix_ptr(r, tp);
+        } else if (fp_inline(r, o, tp)) {
+            fp_mix_inline(r, o, tp);
+        } else {
+            fp_mix(r, FP_BELOW);
+            below++;
+        }
+    }
+    for (Py_ssize_t i = n - 1; i >= 0 && below > 0; i--) {
+        PyObject *o = items[i];
+        if (o != NULL && !fp_is_atom(Py_TYPE(o)) && !fp_inline(r, o, Py_TYPE(o))) {
+            if (fp_push(r, o) < 0)
+                return -1;
+            below--;
+        }
+    }
+    return 0;
+}
+
+static void
+fp_getter_set(fp_getter *g, PyObject *o)
+{
+    g->obj = o;
+    g->owner = NULL;
+    g->get = NULL;
+    g->closure = NULL;
+    g->meth = NULL;
+    if (Py_IS_TYPE(o, &PyGetSetDescr_Type)) {
+        PyGetSetDescrObject *d = (PyGetSetDescrObject *)o;
+        if (d->d_getset != NULL && d->d_getset->get != NULL) {
+            g->owner = PyDescr_TYPE(d);
+            g->get = d->d_getset->get;
+            g->closure = d->d_getset->closure;
+        }
+    } else if (Py_IS_TYPE(o, &PyMethodDescr_Type)) {
+        PyMethodDescrObject *d = (PyMethodDescrObject *)o;
+        int flags = d->d_method->ml_flags & ~(METH_COEXIST);
+        if (flags == METH_NOARGS) {
+            g->owner = PyDescr_TYPE(d);
+            g->meth = d->d_method->ml_meth;
+        }
+    }
+}
+
+static inline PyObject *
+fp_get(fp_getter *g, PyObject *t)
+{
+    if (g->owner != NULL && PyObject_TypeCheck(t, g->owner)) {
+        if (g->get != NULL)
+            return g->get(t, g->closure);
+        return g->meth(t, NULL);
+    }
+    if (Py_IS_TYPE(g->obj, &PyGetSetDescr_Type))
+        return Py_TYPE(g->obj)->tp_descr_get(g->obj, t, (PyObject *)Py_TYPE(t));
+    return PyObject_CallOneArg(g->obj, t);
+}
+
+static int
+fp_keep(fp_run *r, PyObject *o)
+{
+    return r->keep == NULL ? 0 : PyList_Append(r->keep, o);
+}
+
+/* the action for objects of type tp: judged once in Python, then kept here (with a
+ * strong reference to the type, so its address is not another type's meanwhile) */
+static int
+fp_action(Fingerprint *f, PyTypeObject *tp)
+{
+    if (fp_is_atom(tp))
+        return FP_ATOM;
+    if (tp == &PyDict_Type)
+        return FP_DICT;
+    if (tp == &PyList_Type || tp == &PyTuple_Type)
+        return FP_SEQ;
+    size_t slot = (((uintptr_t)tp >> 4) ^ ((uintptr_t)tp >> 12)) & (FP_TYPE_CACHE - 1);
+    if (f->cache_type[slot] == tp)
+        return f->cache_action[slot];
+    PyObject *got = PyObject_CallOneArg(f->judge, (PyObject *)tp);
+    if (got == NULL)
+        return -1;
+    long action = PyLong_AsLong(got);
+    Py_DECREF(got);
+    if (action == -1 && PyErr_Occurred())
+        return -1;
+    if (action < 0 || action >= FP_ACTIONS)
+        action = FP_DOUBT;
+    Py_INCREF(tp);
+    Py_XSETREF(f->cache_type[slot], tp);
+    f->cache_action[slot] = (unsigned char)action;
+    return (int)action;
+}
+
+typedef struct {
+    PyObject **items;   /* borrowed, while tp_traverse runs and until they are pushed */
+    Py_ssize_t n, cap;
+    PyObject *small[32];
+} fp_found;
+
+static int
+fp_collect(PyObject *o, void *arg)
+{
+    fp_found *got = arg;
+    if (o == NULL)
+        return 0;
+    if (got->n == got->cap) {
+        Py_ssize_t cap = got->cap * 2;
+        PyObject **items = got->items == got->small ? PyMem_Malloc(cap * sizeof(PyObject *))
+                                                    : PyMem_Realloc(got->items, cap * sizeof(PyObject *));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (got->items == got->small)
+            memcpy(items, got->small, sizeof(got->small));
+        got->items = items;
+        got->cap = cap;
+    }
+    got->items[got->n++] = o;
+    return 0;
+}
+
+/* a dict's entries: version, length, then key and value of each in order */
+static int
+fp_dict(fp_run *r, PyObject *d)
+{
+    _Pragma("GCC diagnostic push")
+    _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
+    fp_mix(r, ((PyDictObject *)d)->ma_version_tag);
+    _Pragma("GCC diagnostic pop")
+    Py_ssize_t n = PyDict_GET_SIZE(d), pos = 0, i = 0;
+    PyObject *small[64] = {NULL};
+    PyObject **items = n <= 32 ? small : PyMem_Malloc((size_t)(2 * n) * sizeof(PyObject *));
+    if (items == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject *k, *v;
+    while (i < n && PyDict_Next(d, &pos, &k, &v)) {
+        items[2 * i] = k;
+        items[2 * i + 1] = v;
+        i++;
+    }
+    int rc = fp_push_all(r, items, 2 * i);
+    if (items != small)
+        PyMem_Free(items);
+    return rc;
+}
+
+/* the objects a list gives (its items, or what tp_traverse visits), in order */
+static int
+fp_push_list(fp_run *r, PyObject *list)
+{
+    return fp_push_all(r, ((PyListObject *)list)->ob_item, PyList_GET_SIZE(list));
+}
+
+static int
+fp_iterate(fp_run *r, PyObject *o)
+{
+    PyObject *items = PySequence_List(o);   /* exact sets, deques: their C iteration */
+    if (items == NULL)
+        return -1;
+    int rc = fp_push_list(r, items);
+    Py_DECREF(items);
+    return rc;
+}
+
+static int
+fp_referents(fp_run *r, PyObject *o)
+{
+    traverseproc traverse = Py_TYPE(o)->tp_traverse;
+    fp_found got = {NULL, 0, 32, {NULL}};
+    got.items = got.small;
+    int rc = traverse != NULL ? traverse(o, fp_collect, &got) : 0;
+    if (rc == 0)
+        rc = fp_push_all(r, got.items, got.n);
+    if (got.items != got.small)
+        PyMem_Free(got.items);
+    return rc < 0 ? -1 : 0;
+}
+
+static fp_seen_tensor *
+fp_tensor_slot(fp_tensors *m, PyObject *t)
+{
+    if (m->cap == 0)
+        return NULL;
+    size_t mask = m->cap - 1, h = pset_slot(t, mask);
+    while (m->slots[h].tensor != NULL && m->slots[h].tensor != t)
+        h = (h + 1) & mask;
+    return &m->slots[h];
+}
+
+static void
+fp_tensors_clear(fp_tensors *m)
+{
+    for (size_t i = 0; i < m->cap; i++) {
+        Py_CLEAR(m->slots[i].tensor);
+        Py_CLEAR(m->slots[i].infos);
+        Py_CLEAR(m->slots[i].held);
+    }
+    PyMem_Free(m->slots);
+    m->slots = NULL;
+    m->cap = m->n = 0;
+}
+
+static int
+fp_tensors_add(fp_tensors *m, PyObject *t, PyObject *infos, PyObject *held, uint64_t ptr)
+{
+    if ((m->n + 1) * 2 > m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 1024;
+        fp_seen_tensor *slots = PyMem_Calloc(cap, sizeof(fp_seen_tensor));
+        if (slots == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (size_t i = 0; i < m->cap; i++) {
+            if (m->slots[i].tensor != NULL) {
+                size_t h = pset_slot(m->slots[i].tensor, cap - 1);
+                while (slots[h].tensor != NULL)
+                    h = (h + 1) & (cap - 1);
+                slots[h] = m->slots[i];
+            }
+        }
+        PyMem_Free(m->slots);
+        m->slots = slots;
+        m->cap = cap;
+    }
+    fp_seen_tensor *slot = fp_tensor_slot(m, t);
+    slot->tensor = Py_NewRef(t);
+    slot->infos = Py_NewRef(infos);
+    slot->held = Py_NewRef(held);
+    slot->ptr = ptr;
+    m->n++;
+    return 0;
+}
+
+/* one plain tensor's reading hashed, and its gradient (None: inline) pushed */
+static int
+fp_tensor_mix(fp_run *r, PyObject *infos, uint64_t ptr, PyObject *held)
+{
+    fp_mix_ptr(r, infos);
+    fp_mix(r, ptr);
+    if (fp_keep(r, infos) < 0)
+        return -1;
+    if (held == Py_None) {
+        fp_mix_ptr(r, Py_TYPE(held));
+        return 0;
+    }
+    return fp_push(r, held);
+}
+
+/* what a weak reference refers to (borrowed; None once it is gone) */
+static inline PyObject *
+fp_referent(PyObject *ref)
+{
+    _Pragma("GCC diagnostic push")
+    _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
+    return PyWeakref_GetObject(ref);
+    _Pragma("GCC diagnostic pop")
+}
+
+static int
+fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
+{
+    fp_seen_tensor *seen = fp_tensor_slot(&f->tensors, t);
+    if (seen != NULL && seen->tensor == t)
+        return fp_tensor_mix(r, seen->infos, seen->ptr, seen->held);
+    PyObject *fn = fp_get(&f->fn, t);
+    if (fn == NULL)
+        return -1;
+    int graph = fn != Py_None;
+    Py_DECREF(fn);
+    if (graph) {
+        r->doubt = 1;   /* an autograd graph: what it holds is walked each time */
+        return 0;
+    }
+    PyObject *key = PyLong_FromVoidPtr(t);
+    if (key == NULL)
+        return -1;
+    PyObject *rec = PyDict_GetItemWithError(f->known, key);
+    Py_DECREF(key);
+    if (rec == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        r->doubt = 1;   /* never taken: the walk takes it */
+        return 0;
+    }
+    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) < 3 ||
+            !PyWeakref_Check(PyTuple_GET_ITEM(rec, 0)) || fp_referent(PyTuple_GET_ITEM(rec, 0)) != t) {
+        r->doubt = 1;
+        return 0;
+    }
+    Py_INCREF(rec);
+    PyObject *ptr = fp_get(&f->ptr, t);
+    int same = ptr == NULL ? -1 : PyObject_RichCompareBool(PyTuple_GET_ITEM(rec, 1), ptr, Py_EQ);
+    Py_XDECREF(ptr);
+    if (same <= 0) {
+        Py_DECREF(rec);
+        if (same == 0)
+            r->doubt = 1;   /* moved: the walk asks it again */
+        return same;
+    }
+    PyObject *infos = PyTuple_GET_ITEM(rec, 2);
+    uint64_t where = (uint64_t)PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(rec, 1));
+    PyObject *held = fp_get(&f->held, t);   /* its gradient */
+    int rc = held == NULL ? -1 : fp_tensors_add(&f->tensors, t, infos, held, where);
+    if (rc == 0)
+        rc = fp_tensor_mix(r, infos, where, held);
+    Py_XDECREF(held);
+    Py_DECREF(rec);
+    return rc;
+}
+
+/* Whether `name` (a module's name, as a walk reads it) is a library's: the walk reads
+ * nothing inside a library's classes, functions and modules. The name is hashed, so
+ * one renamed is seen. 1, 0, or -1 with an error set. */
+static int
+fp_library(Fingerprint *f, fp_run *r, PyObject *name)
+{
+    if (name == NULL || !PyUnicode_CheckExact(name)) {
+        fp_mix(r, 0);
+        return 0;
+    }
+    Py_hash_t h = PyObject_Hash(name);
+    if (h == -1)
+        return -1;
+    fp_mix(r, (uint64_t)h);
+    PyObject *got = PyDict_GetItemWithError(f->libs, name);
+    if (got == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        got = PyObject_CallOneArg(f->is_lib, name);
+        if (got == NULL)
+            return -1;
+        int rc = PyDict_SetItem(f->libs, name, got);
+        Py_DECREF(got);
+        if (rc < 0)
+            return -1;
+        got = PyDict_GetItemWithError(f->libs, name);
+        if (got == NULL)
+            return -1;
+    }
+    return PyObject_IsTrue(got);
+}
+
+static int
+fp_function(Fingerprint *f, fp_run *r, PyObject *fn)
+{
+    PyObject *code = PyFunction_GetCode(fn);
+    fp_mix_ptr(r, code);
+    if (fp_keep(r, code) < 0)
+        return -1;
+    int lib = fp_library(f, r, PyFunction_GetModule(fn));
+    if (lib != 0)
+        return lib;   /* a library's function: nothing of the user's inside */
+    PyObject *parts[4] = {PyFunction_GetClosure(fn), PyFunction_GetDefaults(fn),
+                          PyFunction_GetKwDefaults(fn), NULL};
+    parts[3] = PyObject_GenericGetDict(fn, NULL);   /* made where it was not yet */
+    if (parts[3] == NULL)
+        return -1;
+    int rc = fp_push_all(r, parts, 4);
+    Py_DECREF(parts[3]);
+    return rc;
+}
+
+static int
+fp_type(Fingerprint *f, fp_run *r, PyTypeObject *tp)
+{
+    if (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || tp->tp_dict == NULL)
+        return 0;   /* a static type: nothing of the user's */
+    PyObject *d = tp->tp_dict;
+    _Pragma("GCC diagnostic push")
+    _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
+    fp_mix(r, ((PyDictObject *)d)->ma_version_tag);
+    _Pragma("GCC diagnostic pop")
+    int lib = fp_library(f, r, PyDict_GetItemString(d, "__module__"));
+    if (lib != 0)
+        return lib;   /* a library's class: the walk reads nothing inside */
+    Py_ssize_t pos = 0;
+    PyObject *k, *v, *items = PyList_New(0);
+    if (items == NULL)
+        return -1;
+    while (PyDict_Next(d, &pos, &k, &v)) {
+        int skip = PyUnicode_CheckExact(k) ? PySet_Contains(f->skip_keys, k) : 0;
+        if (skip < 0 || (!skip && PyList_Append(items, v) < 0)) {
+            Py_DECREF(items);
+            return -1;
+        }
+    }
+    int rc = fp_push_list(r, items);
+    Py_DECREF(items);
+    return rc;
+}
+
+static int
+fp_visit(Fingerprint *f, fp_run *r, PyObject *o)
+{
+    PyTypeObject *tp = Py_TYPE(o);
+    int action = fp_action(f, tp);
+    if (action < 0)
+        return -1;
+    fp_mix(r, (uint64_t)action);
+    fp_mix_ptr(r, tp);
+    if (action == FP_ATOM)
+        return 0;   /* its value is never part of what a walk reads */
+    if (action == FP_DOUBT) {
+        r->doubt = 1;
+        return 0;
+    }
+    fp_mix_ptr(r, o);
+    if (pset_has(&f->stop, o))
+        return 0;   /* never entered by a walk */
+    if (Py_REFCNT(o) > 2) {   /* else only its parent (and this walk's stack) holds it: met once */
+        int added = pset_add(&r->seen, o);
+        if (added < 0)
+            return -1;
+        if (added == 0)
+            return 0;   /* met again: its address said it */
+        if (PyList_Append(r->held, o) < 0)
+            return -1;
+    }
+    if (++r->count > f->limit) {
+        r->doubt = 1;
+        return 0;
+    }
+    switch (action) {
+    case FP_DICT:
+        return fp_dict(r, o);
+    case FP_ODICT: {
+        /* its order is its own (move_to_end leaves the dict's version as it is) */
+        if (PyDict_GET_SIZE(o) == 0)
+            return fp_dict(r, o);
+        PyObject *order = PySequence_List(o);
+        if (order == NULL)
+            return -1;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(order); i++)
+            fp_mix_ptr(r, PyList_GET_ITEM(order, i));
+        Py_DECREF(order);
+        return fp_dict(r, o);
+    }
+    case FP_DDICT:
+        _Pragma("GCC diagnostic push")
+        _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
+        fp_mix(r, ((PyDictObject *)o)->ma_version_tag);
+        _Pragma("GCC diagnostic pop")
+        return fp_referents(r, o);   /* its factory, then its keys and values */
+    case FP_SEQ:
+        if (PyList_CheckExact(o))
+            return fp_push_list(r, o);
+        return fp_push_all(r, ((PyTupleObject *)o)->ob_item, PyTuple_GET_SIZE(o));
+    case FP_SET:
+    case FP_ITER:
+        return fp_iterate(r, o);
+    case FP_TENSOR:
+        return fp_tensor(f, r, o);
+    case FP_INSTANCE_DICT: {
+        PyObject *d = PyObject_GenericGetDict(o, NULL);
+        if (d == NULL) {
+            PyErr_Clear();
+            fp_mix(r, 0);
+            return 0;
+        }
+        int rc = fp_push(r, d);
+        Py_DECREF(d);
+        return rc;
+    }
+    case FP_REFERENTS:
+        if (tp->tp_dictoffset != 0) {   /* its dict made, so it is read as a dict */
+            PyObject *d = PyObject_GenericGetDict(o, NULL);
+            if (d == NULL)
+                PyErr_Clear();
+            Py_XDECREF(d);
+        }
+        return fp_referents(r, o);
+    case FP_FUNCTION:
+        return fp_function(f, r, o);
+    case FP_MODULE: {
+        PyObject *d = PyModule_GetDict(o);   /* borrowed */
+        if (d == NULL)
+            return -1;
+        _Pragma("GCC diagnostic push")
+        _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
+        fp_mix(r, ((PyDictObject *)d)->ma_version_tag);
+        _Pragma("GCC diagnostic pop")
+        int lib = fp_library(f, r, PyDict_GetItemString(d, "__name__"));
+        if (lib == 0)
+            r->doubt = 1;   /* a module of the user's: walked each time */
+        return lib < 0 ? -1 : 0;
+    }
+    case FP_CELL: {
+        PyObject *got = PyCell_GET(o);
+        return fp_push(r, got != NULL ? got : Py_None);
+    }
+    case FP_TYPE:
+        return fp_type(f, r, (PyTypeObject *)o);
+    }
+    r->doubt = 1;
+    return 0;
+}
+
+/* Fingerprint.of(obj, keep=None) -> (h1, h2, objects) | None */
+static PyObject *
+Fingerprint_of(Fingerprint *f, PyObject *args)
+{
+    PyObject *obj, *keep = Py_None;
+    if (!PyArg_ParseTuple(args, "O|O:of", &obj, &keep))
+        return NULL;
+    if (keep != Py_None && !PyList_Check(keep)) {
+        PyErr_SetString(PyExc_TypeError, "of: keep must be a list or None");
+        return NULL;
+    }
+    fp_run r = {0};
+    r.h1 = 0xcbf29ce484222325ull;
+    r.h2 = 0x2545f4914f6cdd1dull;
+    r.keep = keep == Py_None ? NULL : keep;
+    r.stop = &f->stop;
+    r.held = PyList_New(0);
+    PyObject *result = NULL;
+    if (r.held == NULL || fp_push(&r, obj) < 0)
+        goto done;
+    while (r.top > 0 && !r.doubt) {
+        PyObject *o = r.stack[--r.top];
+        int rc = fp_visit(f, &r, o);
+        Py_DECREF(o);
+        if (rc < 0)
+            goto done;
+    }
+    if (r.doubt)
+        result = Py_NewRef(Py_None);
+    else
+        result = Py_BuildValue("(KKn)", (unsigned long long)r.h1, (unsigned long long)r.h2,
+                               r.count);
+done:
+    while (r.top > 0)
+        Py_DECREF(r.stack[--r.top]);
+    PyMem_Free(r.stack);
+    pset_free(&r.seen);
+    Py_XDECREF(r.held);
+    return result;
+}
+
+static int
+Fingerprint_init(Fingerprint *f, PyObject *args, PyObject *kwds)
+{
+    PyObject *judge, *libs, *is_lib, *stop, *known, *get_fn, *get_ptr, *get_held, *skip_keys;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "OO!OOO!OOOO!n:Fingerprint", &judge, &PyDict_Type, &libs,
+                          &is_lib, &stop, &PyDict_Type, &known, &get_fn, &get_ptr, &get_held,
+                          &PyFrozenSet_Type, &skip_keys, &limit))
+        return -1;
+    PyObject *it = PyObject_GetIter(stop);
+    if (it == NULL)
+        return -1;
+    PyObject *item;
+    while ((item = PyIter_Next(it)) != NULL) {
+        void *p = PyLong_AsVoidPtr(item);
+        Py_DECREF(item);
+        if ((p == NULL && PyErr_Occurred()) || pset_add(&f->stop, p) < 0) {
+            Py_DECREF(it);
+            return -1;
+        }
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred())
+        return -1;
+    Py_XSETREF(f->judge, Py_NewRef(judge));
+    Py_XSETREF(f->libs, Py_NewRef(libs));
+    Py_XSETREF(f->is_lib, Py_NewRef(is_lib));
+    Py_XSETREF(f->known, Py_NewRef(known));
+    PyObject *getters[3] = {get_fn, get_ptr, get_held};
+    fp_getter *slots[3] = {&f->fn, &f->ptr, &f->held};
+    for (int i = 0; i < 3; i++) {
+        Py_XDECREF(slots[i]->obj);
+        fp_getter_set(slots[i], Py_NewRef(getters[i]));
+    }
+    Py_XSETREF(f->skip_keys, Py_NewRef(skip_keys));
+    f->limit = limit;
+    return 0;
+}
+
+static void
+Fingerprint_dealloc(Fingerprint *f)
+{
+    Py_CLEAR(f->judge);
+    Py_CLEAR(f->libs);
+    Py_CLEAR(f->is_lib);
+    Py_CLEAR(f->known);
+    Py_CLEAR(f->fn.obj);
+    Py_CLEAR(f->ptr.obj);
+    Py_CLEAR(f->held.obj);
+    for (int i = 0; i < FP_TYPE_CACHE; i++)
+        Py_CLEAR(f->cache_type[i]);
+    fp_tensors_clear(&f->tensors);
+    Py_CLEAR(f->skip_keys);
+    pset_free(&f->stop);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyObject *
+Fingerprint_forget(Fingerprint *f, PyObject *unused)
+{
+    fp_tensors_clear(&f->tensors);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Fingerprint_methods[] = {
+    {"forget", (PyCFunction)Fingerprint_forget, METH_NOARGS,
+     "forget(): the tensors read so far are read again (other code ran meanwhile)"},
+    {"of", (PyCFunction)Fingerprint_of, METH_VARARGS,
+     "of(obj, keep=None) -> (h1, h2, objects) | None: what obj holds, hashed (None: it "
+     "cannot be proved, walk it); keep (a list) gets the records hashed by address"},
+    {NULL, NULL, 0, NULL}
+};
+
+static PyTypeObject FingerprintType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "jupyter_gpumem.core._reach.Fingerprint",
+    .tp_basicsize = sizeof(Fingerprint),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Fingerprint(judge, libs, is_lib, stop_ids, known, get_fn, get_ptr, "
+              "get_held, skip_keys, limit): see core/_fingerprint.h",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Fingerprint_init,
+    .tp_dealloc = (destructor)Fingerprint_dealloc,
+    .tp_methods = Fingerprint_methods,
+};
+#endif

@@ -1,0 +1,278 @@
+"""The warm scan: a root's last walk is reused while its fingerprint proves that the
+walk would read the same again.
+
+A full walk of a training notebook's names asks the framework about every tensor
+(thousands of an optimizer's state) and reads every module, after every cell,
+though most cells change none of them. The C core's :class:`Fingerprint`
+(``core/_fingerprint.h``) hashes what a root holds at C speed, reading no more
+than version tags, lengths, addresses and each tensor's data pointer; where the
+hash is the one taken when the root was last walked, the walk's storages are
+reused, and the holder's largest path with them. Anything the fingerprint cannot
+prove (an autograd graph, a frame, a numpy array, a tensor the backend has no
+record of, a walk that was cut short or refused an object) means the root is
+walked again. So the report is the one a full scan gives, byte for byte
+(tests/test_warm_scan.py); only the time differs.
+
+A :class:`WarmScan` belongs to one shell (the :class:`~jupyter_gpumem.session.Session`
+owns it). It holds no user object: only names, hashes, storage records (keys and
+sizes) and the backend's own records and code objects the hash names by address,
+kept so that no later object can take their address. Without the C core, or with
+``JUPYTER_GPUMEM_FULL_SCAN=1``, or asked for a full scan (``%gpumem --full``), every
+root is walked; a full scan still records what it walked for the next one.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import weakref
+from collections import OrderedDict, defaultdict, deque
+from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
+from typing import Any
+
+from . import native
+from .scan_kinds import CLASS_SKIP_KEYS
+from .scan_types import (
+    ATOMIC_IDS, BUILTIN, CELL, CLASS, CONTAINER, EXCEPTION, FUNCTION, INSTANCE, LRU, METHOD, MODULE,
+    PARTIAL, SKIP, TENSOR, TRACEBACK, classify, is_library_module_name,
+)
+
+#: the environment switch that makes every scan a full one (the warm scan's test switch)
+FULL_ENV = "JUPYTER_GPUMEM_FULL_SCAN"
+#: the C core's type, or None (no C core, or an interpreter whose dict versions it
+#: does not read): every root is then walked each time
+FINGERPRINT = native.function("Fingerprint")
+#: objects a fingerprint reads at most; a root holding more is walked each time
+LIMIT = 4_000_000
+
+# what the fingerprint does with an object of each type (core/_fingerprint.h)
+(DOUBT, ATOM, DICT, ODICT, DDICT, SEQ, SET, ITER, PLAIN_TENSOR, INSTANCE_DICT, REFERENTS,
+ FUNCTION_PARTS, CELL_CONTENTS, CLASS_DICT, MODULE_NAME) = range(15)
+#: by the types' ids: no class of the user's is ever hashed (see scan_types.keyable_meta)
+_EXACT = {id(dict): DICT, id(OrderedDict): ODICT, id(defaultdict): DDICT, id(list): SEQ,
+          id(tuple): SEQ, id(set): SET, id(frozenset): SET, id(deque): ITER}
+#: kinds the walk reads through their referents, as the fingerprint does
+_BY_KIND = {SKIP: ATOM, CLASS: CLASS_DICT, FUNCTION: FUNCTION_PARTS, CELL: CELL_CONTENTS,
+            MODULE: MODULE_NAME, METHOD: REFERENTS, BUILTIN: REFERENTS, PARTIAL: REFERENTS,
+            LRU: REFERENTS, TRACEBACK: REFERENTS, EXCEPTION: REFERENTS, INSTANCE: REFERENTS}
+_FIRST = itemgetter(0)
+
+
+class Unread(tuple):
+    """The path node of a storage a warm scan reused without its path: only each
+    holder's largest storage keeps its path (a report reads no other). Reading it is a
+    mistake of the caller's, said loudly."""
+
+    __slots__ = ()
+
+    def __iter__(self):
+        raise LookupError("a warm scan keeps only each holder's largest path: "
+                          "ask with warm=None for the others")
+
+
+UNREAD = Unread()
+
+
+@dataclass
+class Kept:
+    """What one root's walk reached, kept with the fingerprint taken with it."""
+
+    print: tuple
+    storages: dict          # key -> (storage info, path node, None); the first has its path
+    objects: int
+    keep: list = field(default_factory=list)   # what the fingerprint names by address
+
+
+def root_key(root: Any) -> tuple:
+    return (root.name, root.kind, root.hidden)
+
+
+def _signature(result: Any) -> tuple | None:
+    """What an attribution of ``result`` depends on, where every root that holds
+    storages was reused (None otherwise): each root's names, kind, object and kept
+    storages (the same dict while it is kept)."""
+    kept = result.kept
+    if len(kept) != len(result.roots):
+        return None
+    out = []
+    for root, reach, reused in zip(result.roots, result.reach, kept):
+        if reach.storages and not reused:
+            return None
+        out.append((root.name, root.kind, root.hidden, tuple(root.aliases), root.purge,
+                    id(root.obj), id(type(root.obj)), id(reach.storages) if reach.storages else 0))
+    return tuple(out)
+
+
+class WarmScan:
+    """What the last scans of one shell walked, per root (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple, Kept] = {}
+        self._context: tuple | None = None
+        self._judged: dict[int, tuple] = {}    # id(type) -> (weak ref to it, action)
+        self._libs: dict[str, bool] = {}
+        #: root key -> (id, id(type)) of a root last found unprovable, or holding no storage
+        self._doubted: dict[tuple, tuple] = {}
+        #: the last attribution: (its roots' signature, holders, storage keys, bytes reached,
+        #: the kept storages it was made from, held so that no other takes their address)
+        self._attributed: tuple | None = None
+        #: roots reused and walked by the last scan (benchmarks and tests read them)
+        self.reused = 0
+        self.walked = 0
+
+    @staticmethod
+    def available() -> bool:
+        """Whether scans can be warm here (the C core's fingerprint, no FULL_ENV)."""
+        return FINGERPRINT is not None and os.environ.get(FULL_ENV, "").strip() in ("", "0")
+
+    def start(self, backends: list, stop: set, devices: set | None,
+              reuse: bool = True) -> "WarmPass | None":
+        """One scan's use of what is kept (None: every root is walked and nothing kept).
+        ``reuse=False``: every root is walked, and what it reached kept for the next."""
+        if not self.available():
+            return None
+        spec, plain, spec_backend = None, frozenset(), None
+        for backend in backends:
+            got = backend.fingerprint_spec()
+            if got is not None:
+                spec, plain, spec_backend = got, frozenset(map(id, backend.batch_types())), backend
+                break
+        context = (tuple(map(id, backends)), frozenset(stop),
+                   None if devices is None else frozenset(devices))
+        if context != self._context:
+            self.clear()
+            self._context = context
+        known, get_fn, get_ptr, get_held = spec if spec is not None else ({}, None, None, None)
+
+        def judge(tp: type) -> int:
+            entry = self._judged.get(id(tp))
+            if entry is not None and entry[0]() is tp:
+                return entry[1]
+            action = self._action(tp, backends, spec_backend, plain)
+            try:
+                self._judged[id(tp)] = (weakref.ref(tp), action)
+            except TypeError:
+                pass
+            return action
+
+        fingerprint = FINGERPRINT(judge, self._libs, is_library_module_name, stop, known,
+                                  get_fn, get_ptr, get_held, CLASS_SKIP_KEYS, LIMIT)
+        return WarmPass(self, fingerprint, reuse)
+
+    @staticmethod
+    def _action(tp: type, backends: list, spec_backend: Any, plain: frozenset) -> int:
+        exact = _EXACT.get(id(tp))   # OrderedDict, defaultdict: dict's subclasses of its own
+        if exact is not None:
+            return exact
+        if id(tp) in ATOMIC_IDS:
+            return ATOM
+        try:
+            kind, backend = classify(tp, backends)
+        except Exception:
+            return DOUBT
+        if kind == TENSOR:
+            return PLAIN_TENSOR if backend is spec_backend and id(tp) in plain else DOUBT
+        if kind == CONTAINER:
+            # a module or an optimizer: its class, then its instance dict (more than its
+            # backend's children, never less)
+            return REFERENTS if backend is spec_backend else DOUBT
+        return _BY_KIND.get(kind, DOUBT)
+
+    def attributed(self, result: Any, compute: Any) -> tuple[list, Any, Any, bool]:
+        """``compute()`` (``(holders, storage keys, bytes reached)`` of ``result``), or its
+        last answer where every root holding storages was reused from the same kept walk,
+        and the roots are those of last time, with the same names and aliases (the
+        holders are then copies; the last item says it was reused)."""
+        sig = _signature(result)
+        last = self._attributed
+        if sig is not None and last is not None and last[0] == sig:
+            return [copy.copy(h) for h in last[1]], last[2], last[3], True
+        holders, keys, reached = compute()
+        self._attributed = None if sig is None else (
+            sig, [copy.copy(h) for h in holders], keys, reached,
+            [r.storages for r in result.reach])
+        return holders, keys, reached, False
+
+    def clear(self) -> None:
+        """Forget every root (the next scan walks them all)."""
+        self._kept.clear()
+        self._doubted.clear()
+        self._attributed = None
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+class WarmPass:
+    """One scan's look-ups and records (made by :meth:`WarmScan.start`)."""
+
+    def __init__(self, warm: WarmScan, fingerprint: Any, reuse: bool) -> None:
+        self.warm = warm
+        self.fingerprint = fingerprint
+        self.reuse = reuse
+        self._pre: dict[int, tuple] = {}    # root index -> (print, keep) taken before its walk
+        self._seen: set = set()
+        warm.reused = warm.walked = 0
+
+    def look(self, i: int, root: Any) -> Kept | None:
+        """Root ``i``'s kept walk where its fingerprint is the one kept with it; else
+        None (the caller walks it), its fingerprint noted for :meth:`keep`."""
+        key = root_key(root)
+        self._seen.add(key)
+        warm = self.warm
+        ident = (id(root.obj), id(type(root.obj)))
+        if warm._doubted.get(key) == ident:
+            warm.walked += 1
+            return None    # unprovable or plain last time, and still the same object
+        keep: list = []
+        got = self.fingerprint.of(root.obj, keep)
+        kept = warm._kept.get(key)
+        if got is not None and kept is not None and kept.print == got and self.reuse:
+            warm.reused += 1
+            return kept
+        self._pre[i] = (got, keep)
+        warm.walked += 1
+        return None
+
+    def keep(self, i: int, root: Any, found: dict, objects: int, path: Any,
+             again: bool) -> None:
+        """Keep root ``i``'s clean walk: ``found`` (its largest storage first, whose path
+        node is ``path``), ``objects``. ``again``: the fingerprint may be taken again
+        now (no step of the scan let other code run since the walk began)."""
+        key = root_key(root)
+        warm = self.warm
+        got, keep = self._pre.pop(i, (None, None))
+        if not found:
+            # a root of plain data alone is walked at C speed each time: proving it
+            # unchanged would cost as much (the fingerprint reads every object too)
+            warm._kept.pop(key, None)
+            warm._doubted[key] = (id(root.obj), id(type(root.obj)))
+            return
+        if got is None:
+            if not again:
+                warm._kept.pop(key, None)
+                return
+            keep = []
+            got = self.fingerprint.of(root.obj, keep)
+            if got is None:
+                warm._kept.pop(key, None)
+                warm._doubted[key] = (id(root.obj), id(type(root.obj)))
+                return
+        warm._doubted.pop(key, None)
+        storages = dict(zip(found, zip(map(_FIRST, found.values()), repeat(UNREAD),
+                                       repeat(None))))
+        if storages:
+            first = next(iter(storages))
+            storages[first] = (storages[first][0], path, None)
+        warm._kept[key] = Kept(got, storages, objects, keep)
+
+    def drop(self, root: Any) -> None:
+        """Root ``root``'s walk was not clean: nothing of it is kept."""
+        self.warm._kept.pop(root_key(root), None)
+
+    def end(self) -> None:
+        """Forget the roots this scan did not meet (names deleted, outputs gone)."""
+        for table in (self.warm._kept, self.warm._doubted):
+            for key in [k for k in table if k not in self._seen]:
+                del table[key]

@@ -1,0 +1,164 @@
+"""The warm scan (core/scan_warm.py): a name proved unchanged is not walked again, and
+the report is the one a full scan gives, byte for byte, after every kind of change a
+notebook makes between two ``%gpumem``.
+
+Each step runs a cell in a real IPython shell, then ``%gpumem`` (warm: it reuses what
+the last scan walked wherever the fingerprint proves it unchanged) and
+``%gpumem --full`` (every name walked again); the two reports' text, HTML and JSON must
+be the same, the devices' own readings (host memory, this process) aside, which are
+read anew by each. Every step also says whether the change is one the report shows, so
+a step that changes nothing shown cannot pass for a check.
+"""
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import run, weak  # noqa: E402
+from jupyter_gpumem.core import scan_warm  # noqa: E402
+from jupyter_gpumem.session import session_of  # noqa: E402
+
+warm_here = pytest.mark.skipif(not scan_warm.WarmScan.available(),
+                               reason="no fingerprint here (no C core, or the full-scan switch)")
+
+SETUP = """
+import collections, torch
+class Box:
+    pass
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+opt = torch.optim.Adam(model.parameters())
+model(torch.ones(2, 8)).sum().backward()
+opt.step()
+items = [torch.ones(16) for _ in range(5)]
+cfg = {'a': torch.ones(32), 'b': [torch.ones(8), torch.ones(9)], 'n': 3}
+box = Box()
+box.t = torch.ones(64)
+box.inner = {'x': torch.ones(4)}
+def make():
+    held = torch.ones(128)
+    def f():
+        return held
+    return f
+fn = make()
+tup = (torch.ones(3), [torch.ones(5)])
+od = collections.OrderedDict(a=torch.ones(100), b=torch.ones(100))
+table = {i: (i, str(i), [i]) for i in range(2000)}
+"""
+
+#: (what the cell does, the cell, whether the report shows the change)
+STEPS = [
+    ("nothing", "pass", False),
+    ("append to a list", "items.append(torch.ones(1000))", True),
+    ("replace a dict's value", "cfg['a'] = torch.ones(64)", True),
+    ("an in-place op", "items[0].add_(1);", False),
+    ("an optimizer step in place", "opt.step()", False),
+    ("param.data = new", "model[0].weight.data = torch.ones(8, 8, dtype=torch.float64)", True),
+    ("a new entry in the optimizer's state",
+     "opt.state[model[0].weight]['extra'] = torch.ones(300)", True),
+    ("del of an inner item", "del cfg['b'][0]", True),
+    ("a mutation through a closure's cell", "fn.__closure__[0].cell_contents = torch.ones(4096)",
+     True),
+    ("an instance's attribute replaced", "box.t = torch.ones(8)", True),
+    ("a dict inside an instance", "box.inner['x'] = torch.ones(1024)", True),
+    ("a list inside a tuple", "tup[1].append(torch.ones(700))", True),
+    ("an OrderedDict's order", "od.move_to_end('a')", False),
+    ("a hook registered", "h = model[1].register_forward_hook(lambda *a: None)", False),
+    ("a resize that moves the storage", "items[1].resize_(100_000);", True),
+    ("a gradient replaced (the same size)", "model[0].bias.grad = torch.full((8,), 3.0)", False),
+    ("gradients dropped", "opt.zero_grad()", True),
+    ("a class attribute of the user's", "Box.shared = torch.ones(2048)", True),
+    ("a tensor with an autograd graph", "y = torch.ones(3000, requires_grad=True) * 2", True),
+    ("a tensor into plain data", "table[5][2].append(torch.ones(50))", True),
+    ("a name rebound", "cfg = {'a': torch.ones(32)}", True),
+    ("a name deleted", "del items", True),
+    ("a value shown (Out)", "torch.ones(77)", True),
+]
+
+
+def _same(warm, full) -> None:
+    """The two snapshots are the same report: the scan's part byte for byte."""
+    assert [d.attributed for d in warm.devices] == [d.attributed for d in full.devices]
+    # the devices' readings are taken anew by each call: the same ones for both
+    full.devices, full.unattributed, full.processes = warm.devices, warm.unattributed, warm.processes
+    full.time, full.scan_seconds = warm.time, warm.scan_seconds
+    assert repr(warm) == repr(full)
+    assert warm._repr_html_() == full._repr_html_()
+    assert warm.to_json() == full.to_json()
+
+
+def _reports(ip):
+    warm = ip.run_line_magic("gpumem", "--device cpu -o")
+    state = session_of(ip).warm
+    counts = (state.reused, state.walked)
+    full = ip.run_line_magic("gpumem", "--device cpu --full -o")
+    assert state.reused == 0, "--full reused a walk"
+    return warm, full, counts
+
+
+def test_every_change_gives_the_full_scans_report(ip):
+    run(ip, SETUP)
+    _reports(ip)   # the first scan: every name walked, and kept
+    before = None
+    for what, cell, shown in STEPS:
+        run(ip, cell)
+        warm, full, (reused, walked) = _reports(ip)
+        _same(warm, full)
+        text = repr(full).split("\n", 2)[2]   # below the devices' line and its note
+        if before is not None:
+            assert (text != before) == shown, f"{what}: shown {text != before}, expected {shown}"
+        before = text
+        if scan_warm.WarmScan.available() and what in ("nothing", "an in-place op",
+                                                       "an optimizer step in place"):
+            assert reused >= 8 and walked <= 3, f"{what}: reused {reused}, walked {walked}"
+
+
+@warm_here
+def test_an_unchanged_namespace_is_not_walked_again(ip):
+    run(ip, SETUP)
+    ip.run_line_magic("gpumem", "--device cpu -o")
+    state = session_of(ip).warm
+    ip.run_line_magic("gpumem", "--device cpu -o")
+    # every name holding tensors is reused; the plain table is walked (at C speed)
+    assert state.reused >= 8
+    roots = {r for r in state._kept}
+    assert {("model", "user", False), ("opt", "user", False), ("fn", "user", False),
+            ("box", "user", False), ("od", "user", False)} <= roots
+    assert ("table", "user", False) not in roots
+
+
+@warm_here
+def test_the_switch_and_full_walk_every_name(ip, monkeypatch):
+    run(ip, SETUP)
+    ip.run_line_magic("gpumem", "--device cpu -o")
+    state = session_of(ip).warm
+    ip.run_line_magic("gpumem", "--device cpu --full -o")
+    assert state.reused == 0 and state.walked > 8
+    monkeypatch.setenv(scan_warm.FULL_ENV, "1")
+    assert not scan_warm.WarmScan.available()
+    ip.run_line_magic("gpumem", "--device cpu -o")
+    assert state.reused == 0
+
+
+def test_what_is_kept_pins_nothing(ip):
+    run(ip, SETUP + "\nbig = torch.ones(1 << 20)\nholder = {'big': big}")
+    ip.run_line_magic("gpumem", "--device cpu -o")
+    ip.run_line_magic("gpumem", "--device cpu -o")
+    ref = weak(ip, "big")
+    run(ip, "del big, holder")
+    gc.collect()
+    assert ref.expired(), "a kept walk holds the tensor"
+
+
+def test_a_walked_path_is_never_read_from_a_kept_walk(ip):
+    """Only each holder's largest path is kept: ``%gpumem NAME`` (every row's path) walks
+    its names again, and a kept walk's other nodes refuse to be read."""
+    run(ip, SETUP)
+    ip.run_line_magic("gpumem", "--device cpu -o")
+    detail = ip.run_line_magic("gpumem", "items --device cpu -o")
+    paths = sorted(r.path for r in detail.holder("items").rows)
+    assert paths == [f"items[{i}]" for i in range(5)]
+    with pytest.raises(LookupError):
+        parent, label = scan_warm.UNREAD
