@@ -221,6 +221,8 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 walked.append(({}, 0, {}))
                 continue
             if warm_pass is not None:
+                if steps.taken != warm_pass.steps:   # other code ran: tensors read again
+                    warm_pass.forget(steps.taken)
                 kept = warm_pass.look(i, root)
                 if kept is not None:
                     walked.append(kept)

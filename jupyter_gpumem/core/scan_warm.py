@@ -213,7 +213,15 @@ class WarmPass:
         self.reuse = reuse
         self._pre: dict[int, tuple] = {}    # root index -> (print, keep) taken before its walk
         self._seen: set = set()
+        #: the scan's steps when the fingerprint last forgot the tensors it read
+        self.steps = 0
         warm.reused = warm.walked = 0
+
+    def forget(self, steps: int) -> None:
+        """A step of the scan let other code run (``steps`` so far): the tensors the
+        fingerprint read in this scan are read again."""
+        self.fingerprint.forget()
+        self.steps = steps
 
     def look(self, i: int, root: Any) -> Kept | None:
         """Root ``i``'s kept walk where its fingerprint is the one kept with it; else
