@@ -185,6 +185,7 @@ def _tensor_scenario(shell, gpumem, snap_of, args) -> bool:
     t0 = time.perf_counter()
     gpumem()  # the first call also fills the caches (type tables, NVML, tensor storages)
     first = (time.perf_counter() - t0) * 1000
+    MEDIANS["model first"] = first
     snap = snap_of()
     print(f"== model (2,000 parameters, Adam, 200 outputs, a 50k dict of atoms)\n"
           f"first %gpumem: {first:.1f} ms")
@@ -233,12 +234,13 @@ def _training_scenario(shell, gpumem, args) -> bool:
     for i in range(1, 201):
         out[i] = shell.user_ns[f"_{i}"] = torch.ones(16, device=args.device)
     gc.collect()
-    warm_state = session_of(shell).warm
+    # (a checkout from before the warm scan, run with --against, has no WarmScan)
+    warm_state = getattr(session_of(shell), "warm", None)
     t0 = time.perf_counter()
     gpumem()
     cold = (time.perf_counter() - t0) * 1000
     warm = median_ms(gpumem, args.repeat)
-    reused = (warm_state.reused, warm_state.walked)
+    reused = (warm_state.reused, warm_state.walked) if warm_state is not None else ("-", "-")
 
     def after(cell: str) -> float:
         times = []
@@ -252,10 +254,12 @@ def _training_scenario(shell, gpumem, args) -> bool:
     step = after("opt.step()")
     replaced = after("batches = [torch.randn(4, 4) for _ in range(2000)]")
     own = median_ms(lambda: _scan_one(shell, "batches", args.device), args.repeat)
-    full = median_ms(lambda: gpumem("--full"), max(5, args.repeat // 3))
+    full = median_ms(lambda: gpumem("--full" if warm_state is not None else ""),
+                     max(5, args.repeat // 3))
     warm_heap = median_ms(gpumem, args.repeat)   # the unrelated heap (grow_heap) is beside it
     sweep = median_ms(gc_sweep, 3)
-    MEDIANS.update({"training cold": cold, "training warm": warm})
+    MEDIANS.update({"training first": cold, "training warm": warm,
+                    "training after a step": step, "training after a replacement": replaced})
     for name in ("model", "opt", "batches", "table"):
         shell.user_ns.pop(name, None)
     for i in range(1, 201):
@@ -289,7 +293,9 @@ def _plain_scenario(shell, gpumem, snap_of, args, title: str) -> bool:
     shell.user_ns.update(base)
     shell.user_ns[name] = build()
     gc.collect()
-    gpumem()   # fills the caches
+    t0 = time.perf_counter()
+    gpumem()   # fills the caches (cold: nothing of these names was walked before)
+    MEDIANS[f"{title} first"] = (time.perf_counter() - t0) * 1000
     snap = snap_of()
     repeat = args.repeat if "1M" not in title and "2M" not in title else max(3, args.repeat // 3)
     ours = median_ms(gpumem, repeat)

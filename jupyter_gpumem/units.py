@@ -37,15 +37,25 @@ def text_table(headers: list[str] | None, rows, right=frozenset(), indent: str =
     """Aligned lines of ``rows`` (lists of text) under ``headers`` (None: no header line),
     the columns in ``right`` aligned right, each line after ``indent``."""
     lines = ([list(headers)] if headers is not None else []) + [list(r) for r in rows]
-    widths: list[int] = []
+    if not lines:
+        return []
+    n = max(map(len, lines))
+    widths = [0] * n
     for row in lines:
-        for i, cell in enumerate(row):
-            if i < len(widths):
-                widths[i] = max(widths[i], len(cell))
-            else:
-                widths.append(len(cell))
-    return [indent + "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i])
-                               for i, c in enumerate(row)).rstrip() for row in lines]
+        for i, w in enumerate(map(len, row)):
+            if w > widths[i]:
+                widths[i] = w
+    # one format per row length (a short row is aligned as far as it goes)
+    formats: dict[int, str] = {}
+    out = []
+    for row in lines:
+        fmt = formats.get(len(row))
+        if fmt is None:
+            fmt = formats[len(row)] = "  ".join(
+                ("{:>%d}" if i in right else "{:<%d}") % widths[i] if widths[i] else "{}"
+                for i in range(len(row)))
+        out.append(indent + fmt.format(*row).rstrip())
+    return out
 
 
 def esc(x) -> str:
@@ -56,10 +66,13 @@ def esc(x) -> str:
 def html_table(headers, rows, right=frozenset()) -> str:
     """An HTML table of ``rows`` under ``headers``, every cell escaped, the columns in
     ``right`` aligned right."""
-    def cell(tag, i, text):
-        return f"<{tag} style='text-align:{'right' if i in right else 'left'}'>{esc(text)}</{tag}>"
-    head = "".join(cell("th", i, h) for i, h in enumerate(headers))
-    body = "".join("<tr>" + "".join(cell("td", i, c) for i, c in enumerate(row)) + "</tr>"
+    def opening(tag: str, i: int) -> str:
+        return f"<{tag} style='text-align:{'right' if i in right else 'left'}'>"
+
+    head = "".join(opening("th", i) + esc(h) + "</th>" for i, h in enumerate(headers))
+    width = max(map(len, rows), default=0)
+    opens = [opening("td", i) for i in range(width)]
+    body = "".join("<tr>" + "".join(o + esc(c) + "</td>" for o, c in zip(opens, row)) + "</tr>"
                    for row in rows)
     return f"<table class='jupyter-gpumem'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 

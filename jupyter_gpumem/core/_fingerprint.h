@@ -39,7 +39,7 @@ typedef struct {
     PyCFunction meth;
 } fp_getter;
 
-#define FP_TYPE_CACHE 256
+#define FP_TYPE_CACHE 512   /* a power of two; emptied when half full */
 
 /* what one plain tensor's reading gave, kept for the rest of the scan (a model's
  * parameters are its optimizer's too): each pointer a strong reference */
@@ -58,8 +58,9 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     PyObject *judge;     /* judge(type) -> action */
-    PyTypeObject *cache_type[FP_TYPE_CACHE];   /* strong references */
+    PyTypeObject *cache_type[FP_TYPE_CACHE];   /* open addressing; strong references */
     unsigned char cache_action[FP_TYPE_CACHE];
+    int cache_n;
     fp_getter fn, ptr, held;
     fp_tensors tensors;  /* read in this scan (forget() empties it) */
     PyObject *libs;      /* dict: module name -> whether it is a library's (through is_lib) */
@@ -129,7 +130,7 @@ fp_is_atom(PyTypeObject *tp)
  * they are read in their order) each non-atom's own hash, depth first. */
 /* A child hashed where it is met, never stacked: an empty exact dict, OrderedDict,
  * list, tuple or set (a module carries a dozen empty tables of hooks), or a short
- * exact list or tuple of atoms (a record's tags). Not one the walk never enters. */
+ * exact list or tuple of atoms (a record's tags). */
 #define FP_SHALLOW 8
 static inline int
 fp_inline(fp_run *r, PyObject *o, PyTypeObject *tp)
@@ -160,9 +161,7 @@ fp_inline(fp_run *r, PyObject *o, PyTypeObject *tp)
     for (Py_ssize_t i = 0; i < n; i++)
         if (!fp_is_atom(Py_TYPE(items[i])))
             return 0;
-    if (pset_has(r->stop, o))
-        return 0;
-    return 1;
+    return 1;   /* (one the walk never enters holds nothing to enter either) */
 }
 
 static void
@@ -190,7 +189,12 @@ static int
 fp_push_all(fp_run *r, PyObject *const *items, Py_ssize_t n)
 {
     fp_mix(r, (uint64_t)n);
-    Py_ssize_t below = 0;
+    Py_ssize_t small[64], *below = n <= 64 ? small : PyMem_Malloc((size_t)n * sizeof(Py_ssize_t));
+    if (below == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t m = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *o = items[i] != NULL ? items[i] : Py_None;
         PyTypeObject *tp = Py_TYPE(o);
@@ -200,18 +204,15 @@ fp_push_all(fp_run *r, PyObject *const *items, Py_ssize_t n)
             fp_mix_inline(r, o, tp);
         } else {
             fp_mix(r, FP_BELOW);
-            below++;
+            below[m++] = i;
         }
     }
-    for (Py_ssize_t i = n - 1; i >= 0 && below > 0; i--) {
-        PyObject *o = items[i];
-        if (o != NULL && !fp_is_atom(Py_TYPE(o)) && !fp_inline(r, o, Py_TYPE(o))) {
-            if (fp_push(r, o) < 0)
-                return -1;
-            below--;
-        }
-    }
-    return 0;
+    int rc = 0;
+    while (m > 0 && rc == 0)
+        rc = fp_push(r, items[below[--m]]);
+    if (below != small)
+        PyMem_Free(below);
+    return rc;
 }
 
 static void
@@ -269,9 +270,12 @@ fp_action(Fingerprint *f, PyTypeObject *tp)
         return FP_DICT;
     if (tp == &PyList_Type || tp == &PyTuple_Type)
         return FP_SEQ;
-    size_t slot = (((uintptr_t)tp >> 4) ^ ((uintptr_t)tp >> 12)) & (FP_TYPE_CACHE - 1);
-    if (f->cache_type[slot] == tp)
-        return f->cache_action[slot];
+    size_t mask = FP_TYPE_CACHE - 1, slot = pset_slot(tp, mask);
+    while (f->cache_type[slot] != NULL) {
+        if (f->cache_type[slot] == tp)
+            return f->cache_action[slot];
+        slot = (slot + 1) & mask;
+    }
     PyObject *got = PyObject_CallOneArg(f->judge, (PyObject *)tp);
     if (got == NULL)
         return -1;
@@ -281,9 +285,15 @@ fp_action(Fingerprint *f, PyTypeObject *tp)
         return -1;
     if (action < 0 || action >= FP_ACTIONS)
         action = FP_DOUBT;
-    Py_INCREF(tp);
-    Py_XSETREF(f->cache_type[slot], tp);
+    if (2 * (f->cache_n + 1) > FP_TYPE_CACHE) {   /* half full: start again */
+        for (int i = 0; i < FP_TYPE_CACHE; i++)
+            Py_CLEAR(f->cache_type[i]);
+        f->cache_n = 0;
+        slot = pset_slot(tp, mask);
+    }
+    f->cache_type[slot] = (PyTypeObject *)Py_NewRef(tp);
     f->cache_action[slot] = (unsigned char)action;
+    f->cache_n++;
     return (int)action;
 }
 
@@ -316,7 +326,9 @@ fp_collect(PyObject *o, void *arg)
     return 0;
 }
 
-/* a dict's entries: version, length, then key and value of each in order */
+/* a dict's entries: its version, then the key and value of each in order; where
+ * every key is a str (read in place, see dict_table in _reach.c) the version says which
+ * keys, and only the values are read */
 static int
 fp_dict(fp_run *r, PyObject *d)
 {
@@ -324,20 +336,28 @@ fp_dict(fp_run *r, PyObject *d)
     _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
     fp_mix(r, ((PyDictObject *)d)->ma_version_tag);
     _Pragma("GCC diagnostic pop")
-    Py_ssize_t n = PyDict_GET_SIZE(d), pos = 0, i = 0;
+    Py_ssize_t n = PyDict_GET_SIZE(d), count = 0, i = 0;
+    table_entry *e = dict_table_ok ? dict_table(d, &count) : NULL;
     PyObject *small[64] = {NULL};
     PyObject **items = n <= 32 ? small : PyMem_Malloc((size_t)(2 * n) * sizeof(PyObject *));
     if (items == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    PyObject *k, *v;
-    while (i < n && PyDict_Next(d, &pos, &k, &v)) {
-        items[2 * i] = k;
-        items[2 * i + 1] = v;
-        i++;
+    if (e != NULL) {
+        fp_mix(r, 1);   /* values only */
+        for (Py_ssize_t j = 0; j < count && i < n; j++)
+            if (e[j].me_value != NULL)
+                items[i++] = e[j].me_value;
+    } else {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (i < 2 * n && PyDict_Next(d, &pos, &k, &v)) {
+            items[i++] = k;
+            items[i++] = v;
+        }
     }
-    int rc = fp_push_all(r, items, 2 * i);
+    int rc = fp_push_all(r, items, i);
     if (items != small)
         PyMem_Free(items);
     return rc;

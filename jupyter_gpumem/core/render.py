@@ -56,6 +56,52 @@ def _devices_of(h) -> str:
     return ",".join(sorted(h.devices)) or "-"
 
 
+#: what the last reports laid out, with what it was made of: "rows" -> (the holders list,
+#: its rows), "text" / "html" -> (rows, the table), "text hints" / "html hints" -> (the
+#: hints, their lines). A report after a cell that changed no holder has the same rows
+#: and hints: compared, not laid out again (200 outputs' rows cost milliseconds), and
+#: the text and HTML of one report make its rows once.
+_LAST_TABLE: dict[str, tuple] = {}
+
+
+def _rows_of(holders) -> list[list[str]]:
+    last = _LAST_TABLE.get("rows")
+    if last is not None and last[0] is holders:   # held there: not another list
+        return last[1]
+    rows = _holder_rows(holders)
+    _LAST_TABLE["rows"] = (holders, rows)
+    return rows
+
+
+def _holders_table(holders, form: str):
+    """The holders table as text lines (``form`` "text") or HTML."""
+    rows = _rows_of(holders)
+    last = _LAST_TABLE.get(form)
+    if last is not None and last[0] == rows:
+        return last[1]
+    out = text_table(_HEADERS, rows, {1, 2}) if form == "text" else \
+        html_table(_HEADERS, rows, {1, 2})
+    _LAST_TABLE[form] = (rows, out)
+    return out
+
+
+def _hint_lines(holders, form: str) -> list[str]:
+    """One line per holder's hint, as text or HTML."""
+    items = [(h.label, h.hint, names_itself(h)) for h in holders if h.hint]
+    key = form + " hints"
+    last = _LAST_TABLE.get(key)
+    if last is not None and last[0] == items:
+        return last[1]
+    if form == "text":
+        out = [f"hint: {hint}" if alone else f"hint: {label}: {hint}"
+               for label, hint, alone in items]
+    else:
+        out = [f"<div>hint: {'' if alone else f'<b>{esc(label)}</b>: '}{code_html(hint)}</div>"
+               for label, hint, alone in items]
+    _LAST_TABLE[key] = (items, out)
+    return out
+
+
 def _holder_rows(holders) -> list[list[str]]:
     rows = []
     for h in holders:
@@ -127,7 +173,7 @@ def snapshot_text(s) -> str:
         return "\n".join(lines).rstrip()
     lines.append("")
     if s.holders:
-        lines += text_table(_HEADERS, _holder_rows(s.holders), {1, 2})
+        lines += _holders_table(s.holders, "text")
     else:
         lines.append("no name holds tensor memory on " + ", ".join(d.id for d in s.devices))
     listed = _listed_internals(s)
@@ -140,11 +186,10 @@ def snapshot_text(s) -> str:
                      ", ".join(f"{fmt_bytes(v)} on {k}" for k, v in un.items()))
         for dev, groups in s.unattributed_sites.items():
             lines += [f"  {dev}: {g['text']}" for g in groups]
-    hints = [h for h in s.holders if h.hint]
+    hints = _hint_lines(s.holders, "text")
     if hints:
         lines.append("")
-        lines += [f"hint: {h.hint}" if names_itself(h) else f"hint: {h.label}: {h.hint}"
-                  for h in hints]
+        lines += hints
     return "\n".join(lines).rstrip()
 
 
@@ -194,7 +239,7 @@ def snapshot_html(s) -> str:
         parts.append("</div>")
         return "".join(parts)
     if s.holders:
-        parts.append(html_table(_HEADERS, _holder_rows(s.holders), {1, 2}))
+        parts.append(_holders_table(s.holders, "html"))
     else:
         parts.append("<div>no name holds tensor memory</div>")
     listed = _listed_internals(s)
@@ -207,10 +252,7 @@ def snapshot_html(s) -> str:
         for dev, groups in s.unattributed_sites.items():
             parts += [f"<div style='margin-left:1em'>{esc(dev)}: {esc(g['text'])}</div>"
                       for g in groups]
-    for h in s.holders:
-        if h.hint:
-            who = "" if names_itself(h) else f"<b>{esc(h.label)}</b>: "
-            parts.append(f"<div>hint: {who}{code_html(h.hint)}</div>")
+    parts += _hint_lines(s.holders, "html")
     parts.append("</div>")
     return "".join(parts)
 

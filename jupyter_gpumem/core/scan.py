@@ -153,14 +153,14 @@ def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     """Walk every root; see the module docstring."""
     return run_to_end(iter_scan(roots, devices=devices, shell=shell, namespace=namespace,
                                 time_limit=time_limit, extra_stop=extra_stop, describe=describe,
-                                backends=backends, warm=warm, reuse=reuse))
+                                backends=backends, warm=warm, reuse=reuse, interleaved=False))
 
 
 def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
               namespace: dict | None = None, time_limit: float = 3.0,
               extra_stop: set[int] | None = None, describe: bool = False,
               backends: list[Backend] | None = None, warm: WarmScan | None = None,
-              reuse: bool = True):
+              reuse: bool = True, interleaved: bool = True):
     """:func:`scan` in steps: a generator that yields every few milliseconds, between
     roots or between two C-level batches of one root (the garbage collector runs
     again meanwhile), and returns the :class:`ScanResult`. A caller on an event loop
@@ -171,7 +171,10 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     fingerprint proves it unchanged since its last walk is not walked: its storages
     are the last walk's, and only its largest storage's path is kept (any other path
     node raises when read: a caller that reads them passes no ``warm``). With
-    ``reuse=False`` every root is walked, and kept for the next scan."""
+    ``reuse=False`` every root is walked, and kept for the next scan. ``interleaved``:
+    the caller may run other code at a step (an event loop); where it does not (it
+    drives the steps to the end at once), a root is fingerprinted right after its walk
+    even if steps came during it."""
     start = time.perf_counter()
     stop = stop_ids_for(shell, namespace)
     backends = active_backends() if backends is None else backends
@@ -183,7 +186,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     finder = PathFinder(reacher, _PATH_SHARE * time_limit, _DEFAULT_MAX_DEPTH)
     warm_pass = None if warm is None or extra_stop or describe else \
         warm.start(backends, reacher.stop, devices, reuse)
-    clean: dict[int, bool] = {}   # root index -> walked whole, and whether no step came since
+    clean: set[int] = set()   # roots walked whole (no refusal, not cut short)
 
     def walk(i: int, until: float) -> tuple:
         root = roots[i]
@@ -221,7 +224,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 walked.append(({}, 0, {}))
                 continue
             if warm_pass is not None:
-                if steps.taken != warm_pass.steps:   # other code ran: tensors read again
+                if interleaved and steps.taken != warm_pass.steps:   # other code ran
                     warm_pass.forget(steps.taken)
                 kept = warm_pass.look(i, root)
                 if kept is not None:
@@ -238,17 +241,27 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
             if reacher.out_of_time:
                 cut.append(i)
             elif before[:2] == (reacher.errors, len(reacher.reasons)):
-                clean[i] = before[2] == steps.taken
+                clean.add(i)
+                if warm_pass is not None:   # before any other code can run
+                    warm_pass.walked(i, root, walked[i][0],
+                                     interleaved and before[2] != steps.taken)
             if steps.due():
                 yield from steps.step()
         for i in cut:
             if time.perf_counter() < deadline:
+                before = (reacher.errors, len(reacher.reasons), steps.taken)
                 try:
                     walked[i] = yield from walk(i, deadline)
                 except Exception:  # noqa: BLE001 - as above: what it found before stands
                     reacher.current_root = roots[i].name
                     reacher.refuse(roots[i].obj)
                     continue
+                if not reacher.out_of_time and before[:2] == (reacher.errors,
+                                                              len(reacher.reasons)):
+                    clean.add(i)   # walked whole on its second turn
+                    if warm_pass is not None:
+                        warm_pass.walked(i, roots[i], walked[i][0],
+                                         interleaved and before[2] != steps.taken)
                 yield from steps.step()
                 if not reacher.out_of_time:
                     continue
@@ -272,13 +285,13 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 except Exception:  # noqa: BLE001 - its storages stand, their paths unknown
                     reacher.current_root = root.name
                     reacher.refuse(root.obj)
-                    clean.pop(i, None)
+                    clean.discard(i)
                 if warm_pass is not None and i in clean:
-                    _keep(warm_pass, finder, i, root, found, count, clean[i])
+                    _keep(warm_pass, finder, i, root, found, count)
                 if steps.due():
                     yield from steps.step()
             elif warm_pass is not None and i in clean:
-                warm_pass.keep(i, root, found, count, None, clean[i])
+                warm_pass.keep(i, root, found, count, None)
             reach.append(Reach(found, count))
         if warm_pass is not None:
             warm_pass.end()
@@ -293,8 +306,8 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     return result
 
 
-def _keep(warm_pass: Any, finder: PathFinder, i: int, root: Root, found: dict, count: int,
-          again: bool) -> None:
+def _keep(warm_pass: Any, finder: PathFinder, i: int, root: Root, found: dict,
+          count: int) -> None:
     """Root ``i``'s walk, kept for the next scan with its largest storage's path read
     now (as the report reads it); nothing kept where the paths' time ran out."""
     errors = finder.errors
@@ -302,7 +315,7 @@ def _keep(warm_pass: Any, finder: PathFinder, i: int, root: Root, found: dict, c
     if finder.exhausted or finder.errors != errors:
         warm_pass.drop(root)
     else:
-        warm_pass.keep(i, root, found, count, (None, ("root", path)), again)
+        warm_pass.keep(i, root, found, count, (None, ("root", path)))
 
 
 class _Steps:

@@ -22,7 +22,6 @@ root is walked; a full scan still records what it walked for the next one.
 """
 from __future__ import annotations
 
-import copy
 import os
 import weakref
 from collections import OrderedDict, defaultdict, deque
@@ -45,6 +44,8 @@ FULL_ENV = "JUPYTER_GPUMEM_FULL_SCAN"
 FINGERPRINT = native.function("Fingerprint")
 #: objects a fingerprint reads at most; a root holding more is walked each time
 LIMIT = 4_000_000
+#: types judged at most before the record of them starts again
+_JUDGED_MAX = 10_000
 
 # what the fingerprint does with an object of each type (core/_fingerprint.h)
 (DOUBT, ATOM, DICT, ODICT, DDICT, SEQ, SET, ITER, PLAIN_TENSOR, INSTANCE_DICT, REFERENTS,
@@ -84,8 +85,11 @@ class Kept:
     keep: list = field(default_factory=list)   # what the fingerprint names by address
 
 
-def root_key(root: Any) -> tuple:
-    return (root.name, root.kind, root.hidden)
+def _copy(obj: Any) -> Any:
+    """A shallow copy of a plain instance (a Holder), without copy's protocol."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    return new
 
 
 def _signature(result: Any) -> tuple | None:
@@ -138,8 +142,7 @@ class WarmScan:
             if got is not None:
                 spec, plain, spec_backend = got, frozenset(map(id, backend.batch_types())), backend
                 break
-        context = (tuple(map(id, backends)), frozenset(stop),
-                   None if devices is None else frozenset(devices))
+        context = (tuple(map(id, backends)), frozenset(stop))
         if context != self._context:
             self.clear()
             self._context = context
@@ -158,7 +161,10 @@ class WarmScan:
 
         fingerprint = FINGERPRINT(judge, self._libs, is_library_module_name, stop, known,
                                   get_fn, get_ptr, get_held, CLASS_SKIP_KEYS, LIMIT)
-        return WarmPass(self, fingerprint, reuse)
+        if len(self._judged) > _JUDGED_MAX:   # classes made and gone, run after run
+            self._judged.clear()
+        return WarmPass(self, fingerprint, reuse,
+                        None if devices is None else frozenset(devices))
 
     @staticmethod
     def _action(tp: type, backends: list, spec_backend: Any, plain: frozenset) -> int:
@@ -187,11 +193,10 @@ class WarmScan:
         sig = _signature(result)
         last = self._attributed
         if sig is not None and last is not None and last[0] == sig:
-            return [copy.copy(h) for h in last[1]], last[2], last[3], True
+            return list(map(_copy, last[1])), last[2], last[3], True
         holders, keys, reached = compute()
         self._attributed = None if sig is None else (
-            sig, [copy.copy(h) for h in holders], keys, reached,
-            [r.storages for r in result.reach])
+            sig, list(map(_copy, holders)), keys, reached, [r.storages for r in result.reach])
         return holders, keys, reached, False
 
     def clear(self) -> None:
@@ -207,15 +212,21 @@ class WarmScan:
 class WarmPass:
     """One scan's look-ups and records (made by :meth:`WarmScan.start`)."""
 
-    def __init__(self, warm: WarmScan, fingerprint: Any, reuse: bool) -> None:
+    def __init__(self, warm: WarmScan, fingerprint: Any, reuse: bool,
+                 devices: frozenset | None) -> None:
         self.warm = warm
         self.fingerprint = fingerprint
         self.reuse = reuse
+        self.devices = devices   # what a walk keeps depends on the devices it counts
         self._pre: dict[int, tuple] = {}    # root index -> (print, keep) taken before its walk
         self._seen: set = set()
         #: the scan's steps when the fingerprint last forgot the tensors it read
         self.steps = 0
         warm.reused = warm.walked = 0
+
+    def key(self, root: Any) -> tuple:
+        """Where what root ``root``'s walk reached is kept."""
+        return (root.name, root.kind, root.hidden, self.devices)
 
     def forget(self, steps: int) -> None:
         """A step of the scan let other code run (``steps`` so far): the tensors the
@@ -226,7 +237,7 @@ class WarmPass:
     def look(self, i: int, root: Any) -> Kept | None:
         """Root ``i``'s kept walk where its fingerprint is the one kept with it; else
         None (the caller walks it), its fingerprint noted for :meth:`keep`."""
-        key = root_key(root)
+        key = self.key(root)
         self._seen.add(key)
         warm = self.warm
         ident = (id(root.obj), id(type(root.obj)))
@@ -243,12 +254,28 @@ class WarmPass:
         warm.walked += 1
         return None
 
-    def keep(self, i: int, root: Any, found: dict, objects: int, path: Any,
-             again: bool) -> None:
+    def walked(self, i: int, root: Any, found: dict, stepped: bool) -> None:
+        """Root ``i`` was just walked whole (``found``: its storages), and no other code
+        ran since (``stepped``: a step of the scan came during the walk). Where its
+        fingerprint before the walk could not be taken (a tensor met for the first
+        time), it is taken now, so it matches what the walk read; after a step, nothing
+        is kept of it; a root that reaches no storage is not fingerprinted (see keep)."""
+        got, _ = self._pre.get(i, (None, None))
+        if got is not None or not found:
+            return
+        if stepped:
+            self._pre.pop(i, None)
+            return
+        keep: list = []
+        got = self.fingerprint.of(root.obj, keep)
+        if got is None:
+            self.warm._doubted[self.key(root)] = (id(root.obj), id(type(root.obj)))
+        self._pre[i] = (got, keep)
+
+    def keep(self, i: int, root: Any, found: dict, objects: int, path: Any) -> None:
         """Keep root ``i``'s clean walk: ``found`` (its largest storage first, whose path
-        node is ``path``), ``objects``. ``again``: the fingerprint may be taken again
-        now (no step of the scan let other code run since the walk began)."""
-        key = root_key(root)
+        node is ``path``) and ``objects``, with the fingerprint taken beside the walk."""
+        key = self.key(root)
         warm = self.warm
         got, keep = self._pre.pop(i, (None, None))
         if not found:
@@ -258,29 +285,21 @@ class WarmPass:
             warm._doubted[key] = (id(root.obj), id(type(root.obj)))
             return
         if got is None:
-            if not again:
-                warm._kept.pop(key, None)
-                return
-            keep = []
-            got = self.fingerprint.of(root.obj, keep)
-            if got is None:
-                warm._kept.pop(key, None)
-                warm._doubted[key] = (id(root.obj), id(type(root.obj)))
-                return
+            warm._kept.pop(key, None)
+            return
         warm._doubted.pop(key, None)
         storages = dict(zip(found, zip(map(_FIRST, found.values()), repeat(UNREAD),
                                        repeat(None))))
-        if storages:
-            first = next(iter(storages))
-            storages[first] = (storages[first][0], path, None)
+        first = next(iter(storages))
+        storages[first] = (storages[first][0], path, None)
         warm._kept[key] = Kept(got, storages, objects, keep)
 
     def drop(self, root: Any) -> None:
         """Root ``root``'s walk was not clean: nothing of it is kept."""
-        self.warm._kept.pop(root_key(root), None)
+        self.warm._kept.pop(self.key(root), None)
 
     def end(self) -> None:
         """Forget the roots this scan did not meet (names deleted, outputs gone)."""
         for table in (self.warm._kept, self.warm._doubted):
-            for key in [k for k in table if k not in self._seen]:
+            for key in [k for k in table if k[3] == self.devices and k not in self._seen]:
                 del table[key]

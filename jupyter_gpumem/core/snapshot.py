@@ -387,24 +387,24 @@ def build(*, shell: Any = None, namespace: dict | None = None, device: str = "au
     with _scan.paused_gc():
         return run_to_end(build_steps(shell=shell, namespace=namespace, device=device,
                                       names=names, time_limit=time_limit, warm=warm,
-                                      full=full))
+                                      full=full, interleaved=False))
 
 
 def build_steps(*, shell: Any = None, namespace: dict | None = None, device: str = "auto",
                 names: list[str] | None = None, time_limit: float = 3.0, warm: Any = None,
-                full: bool = False):
+                full: bool = False, interleaved: bool = True):
     """:func:`build` in steps (see :func:`jupyter_gpumem.scan.iter_scan`): a generator
     that yields while it scans and returns the Snapshot."""
     built = yield from build_many_steps(shell=shell, namespace=namespace, devices=[device],
                                         names=names, time_limit=time_limit, warm=warm,
-                                        full=full)
+                                        full=full, interleaved=interleaved)
     return built[device]
 
 
 def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
                      devices: list[str], names: list[str] | None = None,
                      time_limit: float = 3.0, errors: dict | None = None, warm: Any = None,
-                     full: bool = False):
+                     full: bool = False, interleaved: bool = True):
     """:func:`build_steps` for several device selections (the views of one shell): a
     generator that returns selection -> Snapshot, in the order given. Selections that
     cover the same devices (``auto`` and ``cpu`` where no accelerator is seen, ``cuda``
@@ -414,7 +414,8 @@ def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
 
     ``warm``: the shell's :class:`~jupyter_gpumem.scan_warm.WarmScan` (roots proved
     unchanged are not walked again; not with ``names``, whose rows read every path);
-    ``full``: walk every root all the same (and keep what it reached for the next)."""
+    ``full``: walk every root all the same (and keep what it reached for the next);
+    ``interleaved``: the caller may run other code between steps (see iter_scan)."""
     accs = _devices.accelerators()
     groups: dict[tuple[str, ...], list[tuple[str, str]]] = {}   # ids -> (as given, parsed)
     out: dict[str, Snapshot] = {}
@@ -443,7 +444,8 @@ def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
             result = yield from _scan.iter_scan(roots + extra, devices=set(ids), shell=shell,
                                                 namespace=namespace, time_limit=time_limit,
                                                 describe=bool(names),
-                                                warm=None if names else warm, reuse=not full)
+                                                warm=None if names else warm, reuse=not full,
+                                                interleaved=interleaved)
             result = fold_own_aliases(result)
             for text, device in selections:
                 out[text] = _assemble(device, list(ids), accs, usages, result, names, extra,
@@ -457,8 +459,10 @@ def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
 
 
 def _hints_again(holders: list[Holder], result: _scan.ScanResult) -> None:
+    """The hints of reused holders that read more than the walk proved unchanged: a
+    name's own tensor (a view's shape); a hidden holder's hint is its kind's."""
     backends = active_backends()
-    by_name = {r.name: r for r in result.roots}
+    by_name = {r.name: r for r in result.roots if not r.hidden}
     for h in holders:
         root = by_name.get(h.name)
         if root is not None:
