@@ -165,3 +165,26 @@ def test_a_walked_path_is_never_read_from_a_kept_walk(ip):
     assert paths == [f"items[{i}]" for i in range(5)]
     with pytest.raises(LookupError):
         parent, label = scan_warm.UNREAD
+
+
+def test_the_views_refresh_in_steps_with_the_same_report(ip):
+    """The session's refresh (the panel's, the sidebar's) scans in steps on the kernel's
+    loop, where other code may run between two: a root walked across a step is kept
+    only with the fingerprint taken before its walk, so it is reused from the scan after
+    next; every refresh's JSON is the full scan's."""
+    from jupyter_gpumem.core.snapshot import build_many_steps
+    from jupyter_gpumem.session import drive_now
+
+    run(ip, SETUP)
+    state = session_of(ip).warm
+
+    def refresh() -> dict:
+        return drive_now(build_many_steps(shell=ip, devices=["cpu"], warm=state))["cpu"]
+
+    for step in range(3):
+        warm = refresh()
+        full = ip.run_line_magic("gpumem", "--device cpu --full -o")
+        _same(warm, full)
+    if scan_warm.WarmScan.available():
+        refresh()
+        assert state.reused >= 8

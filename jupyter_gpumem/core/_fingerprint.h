@@ -63,6 +63,8 @@ typedef struct {
     int cache_n;
     fp_getter fn, ptr, held;
     fp_tensors tensors;  /* read in this scan (forget() empties it) */
+    PyObject *taken;     /* a dict or NULL: id -> (storages, label, gradient) of the tensors
+                            this scan's walk took (use_taken), read instead of the tensor */
     PyObject *libs;      /* dict: module name -> whether it is a library's (through is_lib) */
     PyObject *is_lib;    /* is_lib(name) -> bool */
     pset stop;           /* objects never entered (their ids) */
@@ -450,12 +452,13 @@ fp_tensors_add(fp_tensors *m, PyObject *t, PyObject *infos, PyObject *held, uint
     return 0;
 }
 
-/* one plain tensor's reading hashed, and its gradient (None: inline) pushed */
+/* one plain tensor's reading hashed (its record of storages: the walk's answer while the
+ * record stands, and the record is checked to stand), its gradient (None: inline) pushed */
 static int
 fp_tensor_mix(fp_run *r, PyObject *infos, uint64_t ptr, PyObject *held)
 {
+    (void)ptr;
     fp_mix_ptr(r, infos);
-    fp_mix(r, ptr);
     if (fp_keep(r, infos) < 0)
         return -1;
     if (held == Py_None) {
@@ -481,6 +484,23 @@ fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
     fp_seen_tensor *seen = fp_tensor_slot(&f->tensors, t);
     if (seen != NULL && seen->tensor == t)
         return fp_tensor_mix(r, seen->infos, seen->ptr, seen->held);
+    if (f->taken != NULL) {
+        /* taken by this scan's walk (no other code ran since): what it read then, the
+           backend's record of storages and the gradient, without a graph */
+        PyObject *key = PyLong_FromVoidPtr(t);
+        if (key == NULL)
+            return -1;
+        PyObject *entry = PyDict_GetItemWithError(f->taken, key);
+        Py_DECREF(key);
+        if (entry == NULL && PyErr_Occurred())
+            return -1;
+        if (entry != NULL && PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) >= 3) {
+            PyObject *infos = PyTuple_GET_ITEM(entry, 0), *held = PyTuple_GET_ITEM(entry, 2);
+            if (fp_tensors_add(&f->tensors, t, infos, held, 0) < 0)
+                return -1;
+            return fp_tensor_mix(r, infos, 0, held);
+        }
+    }
     PyObject *fn = fp_get(&f->fn, t);
     if (fn == NULL)
         return -1;
@@ -816,12 +836,28 @@ static PyObject *
 Fingerprint_forget(Fingerprint *f, PyObject *unused)
 {
     fp_tensors_clear(&f->tensors);
+    Py_CLEAR(f->taken);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Fingerprint_use_taken(Fingerprint *f, PyObject *taken)
+{
+    if (taken != Py_None && !PyDict_Check(taken)) {
+        PyErr_SetString(PyExc_TypeError, "use_taken: a dict or None");
+        return NULL;
+    }
+    Py_XSETREF(f->taken, taken == Py_None ? NULL : Py_NewRef(taken));
     Py_RETURN_NONE;
 }
 
 static PyMethodDef Fingerprint_methods[] = {
     {"forget", (PyCFunction)Fingerprint_forget, METH_NOARGS,
-     "forget(): the tensors read so far are read again (other code ran meanwhile)"},
+     "forget(): the tensors read so far are read again, and what the walk took is not "
+     "used (other code ran meanwhile)"},
+    {"use_taken", (PyCFunction)Fingerprint_use_taken, METH_O,
+     "use_taken(dict | None): id -> (storages, label, gradient) of the tensors this scan's "
+     "walk took, read instead of asking each tensor (valid while no other code runs)"},
     {"of", (PyCFunction)Fingerprint_of, METH_VARARGS,
      "of(obj, keep=None) -> (h1, h2, objects) | None: what obj holds, hashed (None: it "
      "cannot be proved, walk it); keep (a list) gets the records hashed by address"},

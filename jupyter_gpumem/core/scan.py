@@ -186,6 +186,8 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     finder = PathFinder(reacher, _PATH_SHARE * time_limit, _DEFAULT_MAX_DEPTH)
     warm_pass = None if warm is None or extra_stop or describe else \
         warm.start(backends, reacher.stop, devices, reuse)
+    if warm_pass is not None:   # what the walk takes, read by the fingerprint too
+        warm_pass.fingerprint.use_taken(reacher.taken)
     clean: set[int] = set()   # roots walked whole (no refusal, not cut short)
 
     def walk(i: int, until: float) -> tuple:

@@ -169,6 +169,12 @@ class Reacher(TensorTaking):
 
     # -- bookkeeping -----------------------------------------------------------------
     @property
+    def taken(self) -> dict:
+        """id -> (storages, held label, held) of the tensors taken in batches by this
+        scan so far (the warm scan's fingerprint reads them instead of each tensor)."""
+        return self._batched
+
+    @property
     def errors(self) -> int:
         """How many objects refused introspection (see :meth:`refuse`)."""
         return self.refusals.count

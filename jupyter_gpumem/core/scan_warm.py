@@ -116,8 +116,11 @@ class WarmScan:
         self._context: tuple | None = None
         self._judged: dict[int, tuple] = {}    # id(type) -> (weak ref to it, action)
         self._libs: dict[str, bool] = {}
-        #: root key -> (id, id(type)) of a root last found unprovable, or holding no storage
+        #: root key -> (id, id(type)) of a root last found unprovable
         self._doubted: dict[tuple, tuple] = {}
+        #: the roots walked at least once (a root met for the first time is walked at
+        #: once: proving it unchanged needs a walk's record of its tensors first)
+        self._met: set = set()
         #: the last attribution: (its roots' signature, holders, storage keys, bytes reached,
         #: the kept storages it was made from, held so that no other takes their address)
         self._attributed: tuple | None = None
@@ -203,6 +206,7 @@ class WarmScan:
         """Forget every root (the next scan walks them all)."""
         self._kept.clear()
         self._doubted.clear()
+        self._met.clear()
         self._attributed = None
 
     def __len__(self) -> int:
@@ -241,9 +245,13 @@ class WarmPass:
         self._seen.add(key)
         warm = self.warm
         ident = (id(root.obj), id(type(root.obj)))
-        if warm._doubted.get(key) == ident:
+        if warm._doubted.get(key) == ident or key not in warm._met:
+            # unprovable last time, and still the same object; or not walked yet, or
+            # holding no storage then: walked first (its fingerprint, if it holds
+            # storages, is taken right after the walk: see walked)
+            warm._met.add(key)
             warm.walked += 1
-            return None    # unprovable or plain last time, and still the same object
+            return None
         keep: list = []
         got = self.fingerprint.of(root.obj, keep)
         kept = warm._kept.get(key)
@@ -280,9 +288,10 @@ class WarmPass:
         got, keep = self._pre.pop(i, (None, None))
         if not found:
             # a root of plain data alone is walked at C speed each time: proving it
-            # unchanged would cost as much (the fingerprint reads every object too)
+            # unchanged would cost as much (the fingerprint reads every object too); it
+            # is walked as if met for the first time, until it holds a storage
             warm._kept.pop(key, None)
-            warm._doubted[key] = (id(root.obj), id(type(root.obj)))
+            warm._met.discard(key)
             return
         if got is None:
             warm._kept.pop(key, None)
@@ -303,3 +312,5 @@ class WarmPass:
         for table in (self.warm._kept, self.warm._doubted):
             for key in [k for k in table if k[3] == self.devices and k not in self._seen]:
                 del table[key]
+        met = self.warm._met
+        met.difference_update([k for k in met if k[3] == self.devices and k not in self._seen])
