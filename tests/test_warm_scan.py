@@ -146,13 +146,31 @@ def test_the_switch_and_full_walk_every_name(ip, monkeypatch):
 
 
 def test_what_is_kept_pins_nothing(ip):
-    run(ip, SETUP + "\nbig = torch.ones(1 << 20)\nholder = {'big': big}")
-    ip.run_line_magic("gpumem", "--device cpu -o")
-    ip.run_line_magic("gpumem", "--device cpu -o")
+    """Nothing a scan keeps, nor anything it made, holds a tensor once the scan is over:
+    after warm scans, a purge frees every parameter, gradient and state tensor of a
+    model and its optimizer (taken in batches, with the gradients held beside them), and
+    a ``del`` frees a tensor held in a dict."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    run(ip, SETUP + "\nbig = torch.ones(1 << 20)\nholder = {'big': big}\n"
+        "deep = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(40)])\n"
+        "deep_opt = torch.optim.Adam(deep.parameters())\n"
+        "deep(torch.ones(2, 16)).sum().backward()\ndeep_opt.step()")
+    for _ in range(3):
+        ip.run_line_magic("gpumem", "--device cpu -o")
+    deep, deep_opt = ip.user_ns["deep"], ip.user_ns["deep_opt"]
+    refs = [StorageWeakRef(t.untyped_storage()) for p in deep.parameters()
+            for t in (p, p.grad)]
+    refs += [StorageWeakRef(t.untyped_storage()) for state in deep_opt.state.values()
+             for t in state.values()]
+    del deep, deep_opt
+    assert len(refs) == 2 * 80 + 3 * 80   # 40 weights and 40 biases, with grads; 3 states each
     ref = weak(ip, "big")
+    ip.run_line_magic("gpumem", "purge deep deep_opt --device cpu -o")
     run(ip, "del big, holder")
     gc.collect()
     assert ref.expired(), "a kept walk holds the tensor"
+    assert sum(not r.expired() for r in refs) == 0, "a scan left a tensor held"
 
 
 def test_a_walked_path_is_never_read_from_a_kept_walk(ip):

@@ -827,6 +827,7 @@ Fingerprint_dealloc(Fingerprint *f)
     for (int i = 0; i < FP_TYPE_CACHE; i++)
         Py_CLEAR(f->cache_type[i]);
     fp_tensors_clear(&f->tensors);
+    Py_CLEAR(f->taken);
     Py_CLEAR(f->skip_keys);
     pset_free(&f->stop);
     Py_TYPE(f)->tp_free((PyObject *)f);
