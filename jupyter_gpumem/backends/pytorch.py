@@ -55,6 +55,14 @@ def _alive() -> bool:
     return True
 
 
+_UNNAMED = object()   # a device not met yet (see TorchBackend.storages)
+
+
+class _KeyedRef(weakref.ref):
+    """A weak reference carrying its tensor's key in the record: one callback for all."""
+    __slots__ = ("key",)
+
+
 def device_id(dev: Any) -> str:
     """``cuda:0``, ``cpu``, ``mps:0`` from a ``torch.device``."""
     text = str(dev)
@@ -79,6 +87,8 @@ class TorchBackend(Backend):
         self._strided = None
         self._device_names: dict = {}
         self._known: dict[int, tuple] = {}   # id -> (weak ref, data pointer, storages)
+        known = self._known   # an entry leaves with its tensor (one callback for all):
+        self._forget_known = lambda ref: known.pop(ref.key, None)
         self._views: dict[int, tuple] = {}   # GPU -> (allocator counters, AllocatorView)
         self._sizes: dict[int, tuple] = {}   # GPU -> (workspace sizes, where they come from)
         self._graphs: dict[tuple, list] = {}   # graph pool id -> weak refs to its CUDA graphs
@@ -119,28 +129,32 @@ class TorchBackend(Backend):
             # an entry leaves with its tensor (the weak reference's callback), so an
             # entry under this id is this tensor's
             cached = self._known.get(oid)
-            if cached is not None and cached[1] == obj.data_ptr():
+            where = obj.data_ptr()
+            if cached is not None and cached[1] == where:
                 return cached[2]
             dev = obj.device
-            if obj.layout is self._strided and dev.type not in _SKIP_DEVICE_TYPES:
+            name = self._device_names.get(dev, _UNNAMED)
+            if name is _UNNAMED:   # "meta" holds no memory: named None
+                name = self._device_names[dev] = \
+                    None if dev.type in _SKIP_DEVICE_TYPES else device_id(dev)
+            if name is not None and obj.layout is self._strided:
                 try:
                     storage = obj.untyped_storage()
                 except (RuntimeError, NotImplementedError, TypeError):
                     return []
                 nbytes = storage.nbytes()
                 ptr = storage.data_ptr()
-                name = self._device_names.get(dev)
-                if name is None:
-                    name = self._device_names[dev] = device_id(dev)
                 key = (name, ptr) if ptr else (name, "torch", id(storage))
                 infos = [_new_info(StorageInfo, (key, nbytes, name, "torch"))] if nbytes else []
-                known = self._known
                 try:
-                    ref = weakref.ref(obj, lambda _, k=oid: known.pop(k, None))
+                    ref = _KeyedRef(obj, self._forget_known)
                 except TypeError:
                     return infos
-                known[oid] = (ref, obj.data_ptr(), infos)
+                ref.key = oid
+                self._known[oid] = (ref, where, infos)
                 return infos
+            if name is None:
+                return []
         torch = self.torch
         tp = type(obj)
         if issubclass(tp, torch.TypedStorage):
