@@ -269,8 +269,9 @@ class WarmPass:
         time), it is taken now, so it matches what the walk read; after a step, nothing
         is kept of it; a root that reaches no storage is not fingerprinted (see keep)."""
         got, _ = self._pre.get(i, (None, None))
-        if got is not None or not found:
-            return
+        if got is not None or not found or \
+                self.warm._doubted.get(self.key(root)) == (id(root.obj), id(type(root.obj))):
+            return   # (one found unprovable is not asked again while it is the same)
         if stepped:
             self._pre.pop(i, None)
             return
