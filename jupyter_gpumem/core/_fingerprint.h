@@ -95,6 +95,16 @@ fp_mix(fp_run *r, uint64_t w)
     r->h2 = z ^ (z >> 31);
 }
 
+/* a dict's version (see the top of this file) */
+static inline uint64_t
+fp_version(PyObject *d)
+{
+    _Pragma("GCC diagnostic push")
+    _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
+    return ((PyDictObject *)d)->ma_version_tag;
+    _Pragma("GCC diagnostic pop")
+}
+
 static inline void
 fp_mix_ptr(fp_run *r, const void *p)
 {
@@ -172,10 +182,7 @@ fp_mix_inline(fp_run *r, PyObject *o, PyTypeObject *tp)
     fp_mix_ptr(r, tp);
     fp_mix_ptr(r, o);
     if (tp == &PyDict_Type || tp == &PyODict_Type) {
-        _Pragma("GCC diagnostic push")
-        _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
-        fp_mix(r, ((PyDictObject *)o)->ma_version_tag);
-        _Pragma("GCC diagnostic pop")
+        fp_mix(r, fp_version(o));
         return;
     }
     Py_ssize_t n = tp == &PyList_Type ? PyList_GET_SIZE(o) :
@@ -334,10 +341,7 @@ fp_collect(PyObject *o, void *arg)
 static int
 fp_dict(fp_run *r, PyObject *d)
 {
-    _Pragma("GCC diagnostic push")
-    _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
-    fp_mix(r, ((PyDictObject *)d)->ma_version_tag);
-    _Pragma("GCC diagnostic pop")
+    fp_mix(r, fp_version(d));
     Py_ssize_t n = PyDict_GET_SIZE(d), count = 0, i = 0;
     table_entry *e = dict_table_ok ? dict_table(d, &count) : NULL;
     PyObject *small[64] = {NULL};
@@ -605,10 +609,7 @@ fp_type(Fingerprint *f, fp_run *r, PyTypeObject *tp)
     if (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || tp->tp_dict == NULL)
         return 0;   /* a static type: nothing of the user's */
     PyObject *d = tp->tp_dict;
-    _Pragma("GCC diagnostic push")
-    _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
-    fp_mix(r, ((PyDictObject *)d)->ma_version_tag);
-    _Pragma("GCC diagnostic pop")
+    fp_mix(r, fp_version(d));
     int lib = fp_library(f, r, PyDict_GetItemString(d, "__module__"));
     if (lib != 0)
         return lib;   /* a library's class: the walk reads nothing inside */
@@ -675,10 +676,7 @@ fp_visit(Fingerprint *f, fp_run *r, PyObject *o)
         return fp_dict(r, o);
     }
     case FP_DDICT:
-        _Pragma("GCC diagnostic push")
-        _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
-        fp_mix(r, ((PyDictObject *)o)->ma_version_tag);
-        _Pragma("GCC diagnostic pop")
+        fp_mix(r, fp_version(o));
         return fp_referents(r, o);   /* its factory, then its keys and values */
     case FP_SEQ:
         if (PyList_CheckExact(o))
@@ -714,10 +712,7 @@ fp_visit(Fingerprint *f, fp_run *r, PyObject *o)
         PyObject *d = PyModule_GetDict(o);   /* borrowed */
         if (d == NULL)
             return -1;
-        _Pragma("GCC diagnostic push")
-        _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
-        fp_mix(r, ((PyDictObject *)d)->ma_version_tag);
-        _Pragma("GCC diagnostic pop")
+        fp_mix(r, fp_version(d));
         int lib = fp_library(f, r, PyDict_GetItemString(d, "__name__"));
         if (lib == 0)
             r->doubt = 1;   /* a module of the user's: walked each time */

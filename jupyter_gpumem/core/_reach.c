@@ -1029,34 +1029,20 @@ static struct PyModuleDef reach_module = {
 PyMODINIT_FUNC
 PyInit__reach(void)
 {
-    if (PyType_Ready(&WalkerType) < 0)
-        return NULL;
     if (check_dict_table() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&reach_module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddIntConstant(m, "DICT_TABLE", dict_table_ok) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&WalkerType);
-    if (PyModule_AddObject(m, "Walker", (PyObject *)&WalkerType) < 0) {
-        Py_DECREF(&WalkerType);
-        Py_DECREF(m);
-        return NULL;
-    }
+    /* each type under its own name (PyModule_AddType readies it) */
+    if (PyModule_AddIntConstant(m, "DICT_TABLE", dict_table_ok) < 0 ||
+            PyModule_AddType(m, &WalkerType) < 0
 #ifdef HAVE_FINGERPRINT
-    if (PyType_Ready(&FingerprintType) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&FingerprintType);
-    if (PyModule_AddObject(m, "Fingerprint", (PyObject *)&FingerprintType) < 0) {
-        Py_DECREF(&FingerprintType);
-        Py_DECREF(m);
-        return NULL;
-    }
+            || PyModule_AddType(m, &FingerprintType) < 0
 #endif
+            ) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }
