@@ -25,8 +25,8 @@
 /* actions, as the caller's judge gives them for a type (see core/scan_warm.py) */
 enum {
     FP_DOUBT = 0, FP_ATOM = 1, FP_DICT = 2, FP_ODICT = 3, FP_DDICT = 4, FP_SEQ = 5,
-    FP_SET = 6, FP_ITER = 7, FP_TENSOR = 8, FP_INSTANCE_DICT = 9, FP_REFERENTS = 10,
-    FP_FUNCTION = 11, FP_CELL = 12, FP_TYPE = 13, FP_MODULE = 14, FP_ACTIONS = 15
+    FP_SET = 6, FP_ITER = 7, FP_TENSOR = 8, FP_REFERENTS = 9,
+    FP_FUNCTION = 10, FP_CELL = 11, FP_TYPE = 12, FP_MODULE = 13, FP_ACTIONS = 14
 };
 
 /* a backend's getter (a getset or no-argument method descriptor, called through its C
@@ -47,7 +47,6 @@ typedef struct {
     PyObject *tensor;   /* NULL: an empty slot */
     PyObject *infos;
     PyObject *held;
-    uint64_t ptr;
 } fp_seen_tensor;
 
 typedef struct {
@@ -426,7 +425,7 @@ fp_tensors_clear(fp_tensors *m)
 }
 
 static int
-fp_tensors_add(fp_tensors *m, PyObject *t, PyObject *infos, PyObject *held, uint64_t ptr)
+fp_tensors_add(fp_tensors *m, PyObject *t, PyObject *infos, PyObject *held)
 {
     if ((m->n + 1) * 2 > m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 1024;
@@ -451,7 +450,6 @@ fp_tensors_add(fp_tensors *m, PyObject *t, PyObject *infos, PyObject *held, uint
     slot->tensor = Py_NewRef(t);
     slot->infos = Py_NewRef(infos);
     slot->held = Py_NewRef(held);
-    slot->ptr = ptr;
     m->n++;
     return 0;
 }
@@ -459,9 +457,8 @@ fp_tensors_add(fp_tensors *m, PyObject *t, PyObject *infos, PyObject *held, uint
 /* one plain tensor's reading hashed (its record of storages: the walk's answer while the
  * record stands, and the record is checked to stand), its gradient (None: inline) pushed */
 static int
-fp_tensor_mix(fp_run *r, PyObject *infos, uint64_t ptr, PyObject *held)
+fp_tensor_mix(fp_run *r, PyObject *infos, PyObject *held)
 {
-    (void)ptr;
     fp_mix_ptr(r, infos);
     if (fp_keep(r, infos) < 0)
         return -1;
@@ -487,7 +484,7 @@ fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
 {
     fp_seen_tensor *seen = fp_tensor_slot(&f->tensors, t);
     if (seen != NULL && seen->tensor == t)
-        return fp_tensor_mix(r, seen->infos, seen->ptr, seen->held);
+        return fp_tensor_mix(r, seen->infos, seen->held);
     if (f->taken != NULL) {
         /* taken by this scan's walk (no other code ran since): what it read then, the
            backend's record of storages and the gradient, without a graph */
@@ -500,9 +497,9 @@ fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
             return -1;
         if (entry != NULL && PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) >= 3) {
             PyObject *infos = PyTuple_GET_ITEM(entry, 0), *held = PyTuple_GET_ITEM(entry, 2);
-            if (fp_tensors_add(&f->tensors, t, infos, held, 0) < 0)
+            if (fp_tensors_add(&f->tensors, t, infos, held) < 0)
                 return -1;
-            return fp_tensor_mix(r, infos, 0, held);
+            return fp_tensor_mix(r, infos, held);
         }
     }
     PyObject *fn = fp_get(&f->fn, t);
@@ -541,11 +538,10 @@ fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
         return same;
     }
     PyObject *infos = PyTuple_GET_ITEM(rec, 2);
-    uint64_t where = (uint64_t)PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(rec, 1));
     PyObject *held = fp_get(&f->held, t);   /* its gradient */
-    int rc = held == NULL ? -1 : fp_tensors_add(&f->tensors, t, infos, held, where);
+    int rc = held == NULL ? -1 : fp_tensors_add(&f->tensors, t, infos, held);
     if (rc == 0)
-        rc = fp_tensor_mix(r, infos, where, held);
+        rc = fp_tensor_mix(r, infos, held);
     Py_XDECREF(held);
     Py_DECREF(rec);
     return rc;
@@ -687,17 +683,6 @@ fp_visit(Fingerprint *f, fp_run *r, PyObject *o)
         return fp_iterate(r, o);
     case FP_TENSOR:
         return fp_tensor(f, r, o);
-    case FP_INSTANCE_DICT: {
-        PyObject *d = PyObject_GenericGetDict(o, NULL);
-        if (d == NULL) {
-            PyErr_Clear();
-            fp_mix(r, 0);
-            return 0;
-        }
-        int rc = fp_push(r, d);
-        Py_DECREF(d);
-        return rc;
-    }
     case FP_REFERENTS:
         if (tp->tp_dictoffset != 0) {   /* its dict made, so it is read as a dict */
             PyObject *d = PyObject_GenericGetDict(o, NULL);

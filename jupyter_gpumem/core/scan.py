@@ -190,6 +190,16 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         warm_pass.fingerprint.use_taken(reacher.taken)
     clean: set[int] = set()   # roots walked whole (no refusal, not cut short)
 
+    def whole(i: int, before: tuple) -> None:
+        """Root ``i`` was walked to its end; ``before``: the refusals, reasons and steps
+        when its walk began. Clean if it refused nothing and said nothing, and then told
+        the warm scan before any other code can run."""
+        if before[:2] == (reacher.errors, len(reacher.reasons)):
+            clean.add(i)
+            if warm_pass is not None:
+                warm_pass.walked(i, roots[i], walked[i][0],
+                                 interleaved and before[2] != steps.taken)
+
     def walk(i: int, until: float) -> tuple:
         root = roots[i]
         reacher.current_root = root.name
@@ -242,11 +252,8 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 continue
             if reacher.out_of_time:
                 cut.append(i)
-            elif before[:2] == (reacher.errors, len(reacher.reasons)):
-                clean.add(i)
-                if warm_pass is not None:   # before any other code can run
-                    warm_pass.walked(i, root, walked[i][0],
-                                     interleaved and before[2] != steps.taken)
+            else:
+                whole(i, before)
             if steps.due():
                 yield from steps.step()
         for i in cut:
@@ -258,12 +265,8 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                     reacher.current_root = roots[i].name
                     reacher.refuse(roots[i].obj)
                     continue
-                if not reacher.out_of_time and before[:2] == (reacher.errors,
-                                                              len(reacher.reasons)):
-                    clean.add(i)   # walked whole on its second turn
-                    if warm_pass is not None:
-                        warm_pass.walked(i, roots[i], walked[i][0],
-                                         interleaved and before[2] != steps.taken)
+                if not reacher.out_of_time:
+                    whole(i, before)   # walked whole on its second turn
                 yield from steps.step()
                 if not reacher.out_of_time:
                     continue

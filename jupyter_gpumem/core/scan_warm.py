@@ -48,8 +48,8 @@ LIMIT = 4_000_000
 _JUDGED_MAX = 10_000
 
 # what the fingerprint does with an object of each type (core/_fingerprint.h)
-(DOUBT, ATOM, DICT, ODICT, DDICT, SEQ, SET, ITER, PLAIN_TENSOR, INSTANCE_DICT, REFERENTS,
- FUNCTION_PARTS, CELL_CONTENTS, CLASS_DICT, MODULE_NAME) = range(15)
+(DOUBT, ATOM, DICT, ODICT, DDICT, SEQ, SET, ITER, PLAIN_TENSOR, REFERENTS,
+ FUNCTION_PARTS, CELL_CONTENTS, CLASS_DICT, MODULE_NAME) = range(14)
 #: by the types' ids: no class of the user's is ever hashed (see scan_types.keyable_meta)
 _EXACT = {id(dict): DICT, id(OrderedDict): ODICT, id(defaultdict): DDICT, id(list): SEQ,
           id(tuple): SEQ, id(set): SET, id(frozenset): SET, id(deque): ITER}
