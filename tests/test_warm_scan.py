@@ -206,3 +206,40 @@ def test_the_views_refresh_in_steps_with_the_same_report(ip):
     if scan_warm.WarmScan.available():
         refresh()
         assert state.reused >= 8
+
+
+def test_a_tensor_in_the_place_of_one_gone_is_read_anew(ip):
+    """The fingerprint keeps the backend's record of each tensor from scan to scan, by the
+    tensor's address: a tensor made where one freed lay (CPython reuses the address at
+    once), of another size and so another storage, gives the full scan's report, in a
+    list (whose items are compared by address) as in a dict."""
+    run(ip, SETUP + "\nrow = [torch.ones(10) for _ in range(40)]\nbag = {'t': torch.ones(10)}")
+    for _ in range(2):
+        ip.run_line_magic("gpumem", "--device cpu -o")
+    reused_address = 0
+    for i in range(6):
+        before = ip.user_ns["row"][i].data_ptr(), id(ip.user_ns["row"][i])
+        run(ip, f"del row[{i}]\nrow.insert({i}, torch.ones({1000 * (i + 2)}))\n"
+                f"del bag['t']\nbag['t'] = torch.ones({500 * (i + 2)})")
+        reused_address += id(ip.user_ns["row"][i]) == before[1]
+        warm, full, _ = _reports(ip)
+        _same(warm, full)
+        assert warm.holder("row").total == 4 * (10 * 39 + 1000 * (i + 2)) + 4 * sum(
+            1000 * (j + 2) - 10 for j in range(i))
+    # the case this test is for happened (an address of a tensor gone, taken by another)
+    assert reused_address >= 1
+
+
+def test_a_class_redefined_is_not_held_by_the_fingerprint(ip):
+    """The fingerprint, kept from scan to scan, lets go of the types it judged when each
+    scan ends: a class of the user's, defined again, frees what its old version held."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    run(ip, "import torch\nclass Cache:\n    big = torch.ones(1 << 18)\nc = Cache()")
+    for _ in range(3):
+        ip.run_line_magic("gpumem", "--device cpu -o")
+    ref = StorageWeakRef(ip.user_ns["Cache"].big.untyped_storage())
+    run(ip, "class Cache:\n    pass\nc = Cache()")
+    ip.run_line_magic("gpumem", "--device cpu -o")
+    gc.collect()
+    assert ref.expired(), "the old class's tensor is still held"

@@ -54,6 +54,24 @@ typedef struct {
     size_t cap, n;      /* cap: a power of two, or 0 */
 } fp_tensors;
 
+/* the backend's record of one plain tensor, kept from scan to scan so that proving the
+ * tensor unchanged asks no dict: by the tensor's address (no reference to it), the
+ * record (a strong reference: a weak ref, the data pointer, the storages), and the
+ * record's weak ref, pointer and storages read out of it */
+typedef struct {
+    PyObject *tensor;   /* NULL: an empty slot */
+    PyObject *rec;
+    PyObject *ref;
+    void *ptr;
+    PyObject *infos;
+} fp_record;
+
+typedef struct {
+    fp_record *slots;
+    size_t cap, n;      /* cap: a power of two, or 0 */
+    size_t live;        /* entries at the last sweep */
+} fp_records;
+
 typedef struct {
     PyObject_HEAD
     PyObject *judge;     /* judge(type) -> action */
@@ -62,6 +80,7 @@ typedef struct {
     int cache_n;
     fp_getter fn, ptr, held;
     fp_tensors tensors;  /* read in this scan (forget() empties it) */
+    fp_records records;  /* the backend's records met in earlier scans (see fp_record) */
     PyObject *taken;     /* a dict or NULL: id -> (storages, label, gradient) of the tensors
                             this scan's walk took (use_taken), read instead of the tensor */
     PyObject *libs;      /* dict: module name -> whether it is a library's (through is_lib) */
@@ -203,6 +222,9 @@ fp_push_all(fp_run *r, PyObject *const *items, Py_ssize_t n)
         return -1;
     }
     Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < n; i++)   /* each child's header asked for at once */
+        if (items[i] != NULL)
+            __builtin_prefetch(items[i]);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *o = items[i] != NULL ? items[i] : Py_None;
         PyTypeObject *tp = Py_TYPE(o);
@@ -479,16 +501,93 @@ fp_referent(PyObject *ref)
     _Pragma("GCC diagnostic pop")
 }
 
+static fp_record *
+fp_record_slot(fp_records *m, PyObject *t)
+{
+    if (m->cap == 0)
+        return NULL;
+    size_t mask = m->cap - 1, h = pset_slot(t, mask);
+    while (m->slots[h].tensor != NULL && m->slots[h].tensor != t)
+        h = (h + 1) & mask;
+    return &m->slots[h];
+}
+
+static void
+fp_records_clear(fp_records *m)
+{
+    for (size_t i = 0; i < m->cap; i++)
+        Py_CLEAR(m->slots[i].rec);
+    PyMem_Free(m->slots);
+    m->slots = NULL;
+    m->cap = m->n = m->live = 0;
+}
+
+/* the table again, without the records whose tensor is gone (its weak ref dead, or
+ * another object at its address), in a table of room for twice the rest */
+static int
+fp_records_sweep(fp_records *m, size_t room)
+{
+    size_t live = 0;
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->slots[i].tensor != NULL && fp_referent(m->slots[i].ref) == m->slots[i].tensor)
+            live++;
+    size_t cap = 1024;
+    while (cap < 2 * (live + room))
+        cap *= 2;
+    fp_record *slots = PyMem_Calloc(cap, sizeof(fp_record));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < m->cap; i++) {
+        fp_record *e = &m->slots[i];
+        if (e->tensor == NULL)
+            continue;
+        if (fp_referent(e->ref) != e->tensor) {
+            Py_CLEAR(e->rec);
+            continue;
+        }
+        size_t h = pset_slot(e->tensor, cap - 1);
+        while (slots[h].tensor != NULL)
+            h = (h + 1) & (cap - 1);
+        slots[h] = *e;
+    }
+    PyMem_Free(m->slots);
+    m->slots = slots;
+    m->cap = cap;
+    m->n = m->live = live;
+    return 0;
+}
+
+/* record `rec` (checked: a tuple of a live weak ref to t, its pointer, its storages) kept
+ * for tensor t, in place of any other it had */
+static int
+fp_records_put(fp_records *m, PyObject *t, PyObject *rec, void *ptr)
+{
+    if ((m->n + 1) * 2 > m->cap && fp_records_sweep(m, m->n + 1) < 0)
+        return -1;
+    fp_record *e = fp_record_slot(m, t);
+    if (e->tensor == NULL)
+        m->n++;
+    Py_XSETREF(e->rec, Py_NewRef(rec));
+    e->tensor = t;
+    e->ref = PyTuple_GET_ITEM(rec, 0);
+    e->ptr = ptr;
+    e->infos = PyTuple_GET_ITEM(rec, 2);
+    return 0;
+}
+
 static int
 fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
 {
     fp_seen_tensor *seen = fp_tensor_slot(&f->tensors, t);
     if (seen != NULL && seen->tensor == t)
         return fp_tensor_mix(r, seen->infos, seen->held);
-    if (f->taken != NULL) {
+    PyObject *key;
+    if (f->taken != NULL && PyDict_GET_SIZE(f->taken) != 0) {
         /* taken by this scan's walk (no other code ran since): what it read then, the
            backend's record of storages and the gradient, without a graph */
-        PyObject *key = PyLong_FromVoidPtr(t);
+        key = PyLong_FromVoidPtr(t);
         if (key == NULL)
             return -1;
         PyObject *entry = PyDict_GetItemWithError(f->taken, key);
@@ -511,39 +610,56 @@ fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
         r->doubt = 1;   /* an autograd graph: what it holds is walked each time */
         return 0;
     }
-    PyObject *key = PyLong_FromVoidPtr(t);
-    if (key == NULL)
+    PyObject *got = fp_get(&f->ptr, t);
+    if (got == NULL)
         return -1;
-    PyObject *rec = PyDict_GetItemWithError(f->known, key);
-    Py_DECREF(key);
-    if (rec == NULL) {
-        if (PyErr_Occurred())
+    void *ptr = PyLong_AsVoidPtr(got);
+    Py_DECREF(got);
+    if (ptr == NULL && PyErr_Occurred())
+        return -1;
+    /* the backend's record of t, kept from an earlier scan: it still stands where its weak
+       ref is still t's and t's data has not moved (the backend then keeps it too) */
+    fp_record *e = fp_record_slot(&f->records, t);
+    PyObject *infos;
+    if (e != NULL && e->tensor == t && e->ptr == ptr && fp_referent(e->ref) == t) {
+        infos = e->infos;
+    } else {
+        key = PyLong_FromVoidPtr(t);
+        if (key == NULL)
             return -1;
-        r->doubt = 1;   /* never taken: the walk takes it */
-        return 0;
-    }
-    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) < 3 ||
-            !PyWeakref_Check(PyTuple_GET_ITEM(rec, 0)) || fp_referent(PyTuple_GET_ITEM(rec, 0)) != t) {
-        r->doubt = 1;
-        return 0;
-    }
-    Py_INCREF(rec);
-    PyObject *ptr = fp_get(&f->ptr, t);
-    int same = ptr == NULL ? -1 : PyObject_RichCompareBool(PyTuple_GET_ITEM(rec, 1), ptr, Py_EQ);
-    Py_XDECREF(ptr);
-    if (same <= 0) {
-        Py_DECREF(rec);
-        if (same == 0)
+        PyObject *rec = PyDict_GetItemWithError(f->known, key);   /* borrowed */
+        Py_DECREF(key);
+        if (rec == NULL) {
+            if (PyErr_Occurred())
+                return -1;
+            r->doubt = 1;   /* never taken: the walk takes it */
+            return 0;
+        }
+        if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) < 3 ||
+                !PyWeakref_Check(PyTuple_GET_ITEM(rec, 0)) ||
+                fp_referent(PyTuple_GET_ITEM(rec, 0)) != t ||
+                !PyLong_Check(PyTuple_GET_ITEM(rec, 1))) {
+            r->doubt = 1;
+            return 0;
+        }
+        void *was = PyLong_AsVoidPtr(PyTuple_GET_ITEM(rec, 1));
+        if (was == NULL && PyErr_Occurred())
+            return -1;
+        if (was != ptr) {
             r->doubt = 1;   /* moved: the walk asks it again */
-        return same;
+            return 0;
+        }
+        if (fp_records_put(&f->records, t, rec, ptr) < 0)
+            return -1;
+        infos = PyTuple_GET_ITEM(rec, 2);   /* held by the record, kept above */
     }
-    PyObject *infos = PyTuple_GET_ITEM(rec, 2);
     PyObject *held = fp_get(&f->held, t);   /* its gradient */
-    int rc = held == NULL ? -1 : fp_tensors_add(&f->tensors, t, infos, held);
+    if (held == NULL)
+        return -1;
+    int rc = fp_tensors_add(&f->tensors, t, infos, held);
     if (rc == 0)
         rc = fp_tensor_mix(r, infos, held);
-    Py_XDECREF(held);
-    Py_DECREF(rec);
+    Py_DECREF(held);
     return rc;
 }
 
@@ -807,17 +923,41 @@ Fingerprint_dealloc(Fingerprint *f)
     for (int i = 0; i < FP_TYPE_CACHE; i++)
         Py_CLEAR(f->cache_type[i]);
     fp_tensors_clear(&f->tensors);
+    fp_records_clear(&f->records);
     Py_CLEAR(f->taken);
     Py_CLEAR(f->skip_keys);
     pset_free(&f->stop);
     Py_TYPE(f)->tp_free((PyObject *)f);
 }
 
-static PyObject *
-Fingerprint_forget(Fingerprint *f, PyObject *unused)
+/* What this scan read is let go: the tensors and gradients (read again if asked), the
+ * walk's record, and the types judged (none is held while no scan runs: a class of the
+ * user's can hold what a purge frees, and the fingerprint is kept from scan to scan). */
+static void
+fp_forget(Fingerprint *f)
 {
     fp_tensors_clear(&f->tensors);
     Py_CLEAR(f->taken);
+    for (int i = 0; i < FP_TYPE_CACHE; i++)
+        Py_CLEAR(f->cache_type[i]);
+    f->cache_n = 0;
+}
+
+static PyObject *
+Fingerprint_forget(Fingerprint *f, PyObject *unused)
+{
+    fp_forget(f);
+    Py_RETURN_NONE;
+}
+
+/* A new scan: as after forget(); the records of tensors are kept, those of tensors gone
+ * dropped once they outnumber the rest. */
+static PyObject *
+Fingerprint_begin(Fingerprint *f, PyObject *unused)
+{
+    fp_forget(f);
+    if (f->records.n > 2 * f->records.live + 1024 && fp_records_sweep(&f->records, 0) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -834,8 +974,10 @@ Fingerprint_use_taken(Fingerprint *f, PyObject *taken)
 
 static PyMethodDef Fingerprint_methods[] = {
     {"forget", (PyCFunction)Fingerprint_forget, METH_NOARGS,
-     "forget(): the tensors read so far are read again, and what the walk took is not "
-     "used (other code ran meanwhile)"},
+     "forget(): the tensors and types read so far are read again, and what the walk took "
+     "is not used (other code ran meanwhile, or the scan is over)"},
+    {"begin", (PyCFunction)Fingerprint_begin, METH_NOARGS,
+     "begin(): a new scan, as after forget() (the backend's records of tensors are kept)"},
     {"use_taken", (PyCFunction)Fingerprint_use_taken, METH_O,
      "use_taken(dict | None): id -> (storages, label, gradient) of the tensors this scan's "
      "walk took, read instead of asking each tensor (valid while no other code runs)"},

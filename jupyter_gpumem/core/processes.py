@@ -362,13 +362,13 @@ def device_processes(device: str, index: int | None, ctx: Context) -> DeviceProc
 def read(devices, ctx: Context | None = None) -> list[DeviceProcesses]:
     """The other processes of each accelerator in ``devices`` (``DeviceUsage`` or
     ``(id, nvml_index)``); nothing for ``cpu``."""
-    ctx = ctx or context()
     out = []
     with nvml.reading():
         for d in devices:
             dev, index = (d.id, d.nvml_index) if hasattr(d, "id") else d
             if dev == "cpu":
                 continue
+            ctx = ctx or context()   # (read only where an accelerator is asked about)
             out.append(device_processes(dev, index, ctx))
     return out
 

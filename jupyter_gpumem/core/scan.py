@@ -302,6 +302,8 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
             warm_pass.end()
     finally:
         steps.end()
+        if warm_pass is not None:
+            warm_pass.close()
     result = ScanResult(roots, reach, reacher.partial, reacher.reasons,
                         time.perf_counter() - start, reacher.errors,
                         reacher.refusals.kept, kept)

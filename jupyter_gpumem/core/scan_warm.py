@@ -124,6 +124,10 @@ class WarmScan:
         #: the last attribution: (its roots' signature, holders, storage keys, bytes reached,
         #: the kept storages it was made from, held so that no other takes their address)
         self._attributed: tuple | None = None
+        #: the last attribution's per-root stats, by their storages (see snapshot.Sharing)
+        self.stats: dict[int, tuple] = {}
+        #: (what it was made from, the C core's Fingerprint), kept from scan to scan
+        self._fingerprint: tuple | None = None
         #: roots reused and walked by the last scan (benchmarks and tests read them)
         self.reused = 0
         self.walked = 0
@@ -150,22 +154,33 @@ class WarmScan:
             self.clear()
             self._context = context
         known, get_fn, get_ptr, get_held = spec if spec is not None else ({}, None, None, None)
+        if len(self._judged) > _JUDGED_MAX:   # classes made and gone, run after run
+            self._judged.clear()
+        made = (tuple(map(id, (known, get_fn, get_ptr, get_held))), plain)
+        if self._fingerprint is not None and self._fingerprint[0] == made:
+            # the same backend's record: the tensors' records read in earlier scans are
+            # kept (the judge below would be the same as the one the fingerprint has)
+            fingerprint = self._fingerprint[1]
+            fingerprint.begin()
+            return WarmPass(self, fingerprint, reuse,
+                            None if devices is None else frozenset(devices))
 
-        def judge(tp: type) -> int:
-            entry = self._judged.get(id(tp))
+        judged, action_of, backends = self._judged, self._action, list(backends)
+
+        def judge(tp: type) -> int:   # (holds no reference to self: the fingerprint is kept)
+            entry = judged.get(id(tp))
             if entry is not None and entry[0]() is tp:
                 return entry[1]
-            action = self._action(tp, backends, spec_backend, plain)
+            action = action_of(tp, backends, spec_backend, plain)
             try:
-                self._judged[id(tp)] = (weakref.ref(tp), action)
+                judged[id(tp)] = (weakref.ref(tp), action)
             except TypeError:
                 pass
             return action
 
         fingerprint = FINGERPRINT(judge, self._libs, is_library_module_name, stop, known,
                                   get_fn, get_ptr, get_held, CLASS_SKIP_KEYS, LIMIT)
-        if len(self._judged) > _JUDGED_MAX:   # classes made and gone, run after run
-            self._judged.clear()
+        self._fingerprint = (made, fingerprint)
         return WarmPass(self, fingerprint, reuse,
                         None if devices is None else frozenset(devices))
 
@@ -208,6 +223,8 @@ class WarmScan:
         self._doubted.clear()
         self._met.clear()
         self._attributed = None
+        self._fingerprint = None
+        self.stats = {}
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -307,6 +324,11 @@ class WarmPass:
     def drop(self, root: Any) -> None:
         """Root ``root``'s walk was not clean: nothing of it is kept."""
         self.warm._kept.pop(self.key(root), None)
+
+    def close(self) -> None:
+        """The scan is over, however it ended: the fingerprint, kept for the next scan,
+        lets go of the tensors and gradients it read, and of the walk's record."""
+        self.fingerprint.forget()
 
     def end(self) -> None:
         """Forget the roots this scan did not meet (names deleted, outputs gone)."""

@@ -171,8 +171,13 @@ class Sharing:
     Built with set operations over the roots' storage keys, so its cost grows
     with the number of roots and shared storages, not with each storage."""
 
-    def __init__(self, result: _scan.ScanResult) -> None:
+    def __init__(self, result: _scan.ScanResult, memo: dict | None = None) -> None:
         self.result = result
+        #: id(storages) -> (storages, stats): a root's stats of an earlier attribution,
+        #: for the same storages (a warm scan's kept walk gives the same dict again; only
+        #: those are noted: a walk's own storages carry path nodes, which hold objects)
+        self._memo_in = memo or {}
+        self.memo: dict[int, tuple] = {}   # the same, for this attribution's roots
         keys: set = set()
         self.keys = keys   # every storage key some root reaches
         multi: set = set()
@@ -199,13 +204,22 @@ class Sharing:
         ``(device, framework)`` they are on."""
         out = self._stats.get(i)
         if out is None:
-            infos = list(map(_INFO, self.result.reach[i].storages.values()))
+            storages = self.result.reach[i].storages
+            last = self._memo_in.get(id(storages))
+            if last is not None and last[0] is storages:
+                out = self._stats[i] = last[1]
+                self.memo[id(storages)] = last
+                return out
+            infos = list(map(_INFO, storages.values()))
             sizes = list(map(_NBYTES, infos))
             devices, frameworks = set(map(_DEVICE, infos)), set(map(_FRAMEWORK, infos))
             # one device and framework (the common case) without a pair per storage
             places = {(devices.pop(), frameworks.pop())} if len(devices) == len(frameworks) == 1 \
                 else set(map(_PLACE, infos))
             out = self._stats[i] = (infos, sizes, sum(sizes), places)
+            kept = self.result.kept
+            if i < len(kept) and kept[i]:   # a kept walk's storages hold no path to read
+                self.memo[id(storages)] = (storages, out)
         return out
 
     @property
@@ -477,8 +491,10 @@ def _assemble(device: str, ids: list[str], accs, usages, result, names, extra,
     detail_names = set(names or ())
 
     def compute() -> tuple:
-        sharing = Sharing(result)
+        sharing = Sharing(result, warm.stats if warm is not None else None)
         holders = attribute(result, rows_for=detail_names, sharing=sharing)
+        if warm is not None:
+            warm.stats = sharing.memo
         return holders, sharing.keys, sharing.reached
 
     if warm is not None and not names and not _trace.is_on():

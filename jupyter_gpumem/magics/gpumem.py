@@ -1,6 +1,8 @@
 """``%gpumem`` and ``%%gpuwatch``: argument parsing over the Python API, nothing clever."""
 from __future__ import annotations
 
+import functools
+
 from typing import Any, Callable
 
 from IPython.core.error import UsageError
@@ -50,6 +52,7 @@ USAGE = """\
 %%gpuwatch [-o NAME] [-v] [--interval S] [--plot] [--device ...]"""
 
 
+@functools.cache   # a parser is read, never changed, by each call: built once
 def _report_parser():
     p = parser("%gpumem", "who holds accelerator memory")
     p.add_argument("names", nargs="*", help="names or paths to detail")
