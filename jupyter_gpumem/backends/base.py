@@ -261,6 +261,13 @@ class Backend:
         None: this backend's tensors are walked each time."""
         return None
 
+    def getters_run_code(self) -> bool:
+        """Whether reading a tensor through :meth:`fingerprint_spec`'s getters can run
+        Python code now (a framework's mode that intercepts them): the warm scan then
+        hashes each root again instead of running its plan of checks, which holds no
+        reference to what it checks (core/_fingerprint.h)."""
+        return False
+
     def batch_spec(self) -> "tuple | None":
         """:meth:`take_many` as the C core's one loop runs it (``_reach.take_batch``):
         ``(known, get_fn, get_ptr, get_held, storages, label)``. For each tensor, an

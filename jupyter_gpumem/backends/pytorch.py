@@ -269,6 +269,10 @@ class TorchBackend(Backend):
         return (self._known, base.__dict__["grad_fn"], base.__dict__["data_ptr"],
                 base.__dict__["grad"])
 
+    def getters_run_code(self) -> bool:
+        # a torch function mode (torch.set_default_device sets one) sees every getter
+        return bool(self.torch._C._is_torch_function_mode_enabled())
+
     def tensor_edges(self, obj: Any, seen: dict):
         tp = type(obj)
         if tp in self._plain:

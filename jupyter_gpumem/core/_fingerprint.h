@@ -91,10 +91,61 @@ typedef struct {
     Py_ssize_t limit;
 } Fingerprint;
 
+/* -- plans -------------------------------------------------------------------------
+ * A plan is what one fingerprint read, kept as checks in the order it read them: the
+ * next scan proves the root unchanged by running them (Fingerprint.check), which reads
+ * far less than hashing it all again. Each check is of one object by its address, and
+ * holds no reference to it: the checks run in the order the fingerprint read, a parent
+ * before what it holds, and stop at the first that fails, so each object checked is one
+ * that a checked parent holds now, alive (no code runs meanwhile: no collection, and no
+ * Python code in the tensor getters: the caller checks first that no torch function
+ * mode is on).
+ *
+ * What a check proves depends on how its object was reached. A dict with the same
+ * address and version is the same dict with the same keys and values (versions are
+ * unique), so what it holds is "proven": the same objects as before, whose immutable
+ * parts (a tuple's items, an atom) need no check at all. A list's items are compared by
+ * address, and an address can be another object's since (one freed, another made), so
+ * what a list (a set, a cell, a function's parts, an instance's referents, a gradient)
+ * holds is not proven: its type is checked, and whether the stop set holds it. A plan
+ * reads what the hash reads; where it cannot say (a check failed), the caller hashes. */
+enum {
+    PL_ATOM, PL_STOP, PL_DICT, PL_ODICT, PL_DDICT, PL_SEQ, PL_ITER, PL_TENSOR, PL_REFS,
+    PL_FUNC, PL_LIBFUNC, PL_CELL, PL_TYPE, PL_STATIC, PL_MODULE, PL_EMPTY_SET, PL_ATOMS
+};
+
+typedef struct {
+    PyObject *obj;          /* an address (no reference: see above) */
+    PyTypeObject *type;     /* its exact type then */
+    uint8_t kind;
+    uint8_t proven;         /* the same object as when recorded (see above) */
+    uint8_t visited;        /* read as itself (its stop-set membership is part of it) */
+    uint32_t n;             /* words in aux */
+    size_t aux;             /* where they start */
+    uint64_t a, b;          /* a version, a pointer... (per kind) */
+} fp_step;
+
+typedef struct {
+    PyObject_HEAD
+    fp_step *steps;
+    size_t n, cap;
+    uintptr_t *aux;
+    size_t naux, capaux;
+    PyObject *types;        /* a list of weak refs: the heap types its checks compare */
+    pset typeset;           /* (while it is recorded) the heap types in types */
+    int broken;             /* recording failed (out of memory): it proves nothing */
+} FpPlan;
+
+static PyTypeObject FpPlanType;
+
 typedef struct {
     uint64_t h1, h2;
     Py_ssize_t count;
     PyObject **stack;    /* strong references */
+    uint8_t *proven;     /* per stack entry: reached from a parent that proves it */
+    uint8_t child_proven;   /* for what is pushed now */
+    uint8_t cur_proven;     /* of the object being read */
+    FpPlan *plan;        /* NULL: none recorded */
     size_t top, cap;
     pset seen;
     PyObject *held;      /* a list: what seen holds, so no address is reused meanwhile */
@@ -103,14 +154,30 @@ typedef struct {
     int doubt;
 } fp_run;
 
+static inline uint64_t
+fp_rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+/* one word into both sums, as MurmurHash3 takes a block: the word is mixed on its own
+ * (two multiplies that do not wait on the sums), then each sum takes it in three quick
+ * steps; the sums are mixed whole once, at the end (fp_end) */
 static inline void
 fp_mix(fp_run *r, uint64_t w)
 {
-    r->h1 = (r->h1 ^ w) * 0x100000001b3ull;
-    uint64_t z = r->h2 + w + 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    r->h2 = z ^ (z >> 31);
+    uint64_t k1 = fp_rotl(w * 0x87c37b91114253d5ull, 31) * 0x4cf5ad432745937full;
+    uint64_t k2 = fp_rotl(w * 0x4cf5ad432745937full, 33) * 0x87c37b91114253d5ull;
+    r->h1 = fp_rotl(r->h1 ^ k1, 27) * 5 + 0x52dce729;
+    r->h2 = fp_rotl(r->h2 ^ k2, 31) * 5 + 0x38495ab5;
+}
+
+static inline uint64_t
+fp_final(uint64_t h)
+{
+    h = (h ^ (h >> 33)) * 0xff51afd7ed558ccdull;
+    h = (h ^ (h >> 33)) * 0xc4ceb9fe1a85ec53ull;
+    return h ^ (h >> 33);
 }
 
 /* a dict's version (see the top of this file) */
@@ -129,6 +196,74 @@ fp_mix_ptr(fp_run *r, const void *p)
     fp_mix(r, (uint64_t)(uintptr_t)p);
 }
 
+/* a check of o appended to the plan being recorded (NULL: none recorded, or it broke) */
+static fp_step *
+plan_step(fp_run *r, int kind, PyObject *o, int proven, int visited)
+{
+    FpPlan *p = r->plan;
+    if (p == NULL || p->broken)
+        return NULL;
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 256;
+        fp_step *steps = PyMem_Realloc(p->steps, cap * sizeof(fp_step));
+        if (steps == NULL) {
+            p->broken = 1;
+            return NULL;
+        }
+        p->steps = steps;
+        p->cap = cap;
+    }
+    PyTypeObject *tp = Py_TYPE(o);
+    if ((tp->tp_flags & Py_TPFLAGS_HEAPTYPE) && !pset_has(&p->typeset, tp)) {
+        PyObject *ref = PyWeakref_NewRef((PyObject *)tp, NULL);
+        if (ref == NULL || PyList_Append(p->types, ref) < 0 || pset_add(&p->typeset, tp) < 0) {
+            Py_XDECREF(ref);
+            PyErr_Clear();
+            p->broken = 1;
+            return NULL;
+        }
+        Py_DECREF(ref);
+    }
+    fp_step *st = &p->steps[p->n++];
+    st->obj = o;
+    st->type = tp;
+    st->kind = (uint8_t)kind;
+    st->proven = (uint8_t)proven;
+    st->visited = (uint8_t)visited;
+    st->n = 0;
+    st->aux = p->naux;
+    st->a = st->b = 0;
+    return st;
+}
+
+/* a word of the last check's (its items' addresses, types...) */
+static void
+plan_word(fp_run *r, fp_step *st, uintptr_t w)
+{
+    FpPlan *p = r->plan;
+    if (st == NULL || p->broken)
+        return;
+    if (p->naux == p->capaux) {
+        size_t cap = p->capaux ? p->capaux * 2 : 1024;
+        uintptr_t *aux = PyMem_Realloc(p->aux, cap * sizeof(uintptr_t));
+        if (aux == NULL) {
+            p->broken = 1;
+            return;
+        }
+        p->aux = aux;
+        p->capaux = cap;
+    }
+    p->aux[p->naux++] = w;
+    st->n++;
+}
+
+static void
+plan_words(fp_run *r, fp_step *st, PyObject *const *items, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        plan_word(r, st, (uintptr_t)items[i]);
+}
+
 static int
 fp_push(fp_run *r, PyObject *o)
 {
@@ -140,8 +275,15 @@ fp_push(fp_run *r, PyObject *o)
             return -1;
         }
         r->stack = s;
+        uint8_t *pr = PyMem_Realloc(r->proven, cap);
+        if (pr == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        r->proven = pr;
         r->cap = cap;
     }
+    r->proven[r->top] = r->child_proven;
     r->stack[r->top++] = Py_NewRef(o);
     return 0;
 }
@@ -212,6 +354,28 @@ fp_mix_inline(fp_run *r, PyObject *o, PyTypeObject *tp)
         fp_mix_ptr(r, Py_TYPE(items[i]));
 }
 
+/* the check of a child hashed where it is met (see fp_inline): an empty table's
+ * version or length, a short list's (or an unproven tuple's) length and item types */
+static void
+plan_inline(fp_run *r, PyObject *o, PyTypeObject *tp, int proven)
+{
+    if (tp == &PyDict_Type || tp == &PyODict_Type) {
+        fp_step *st = plan_step(r, PL_DICT, o, proven, 0);
+        if (st != NULL)
+            st->a = fp_version(o);
+    } else if (tp == &PySet_Type || tp == &PyFrozenSet_Type) {
+        if (!(proven && tp == &PyFrozenSet_Type))
+            plan_step(r, PL_EMPTY_SET, o, proven, 0);
+    } else if (!(proven && tp == &PyTuple_Type)) {   /* a proven tuple: as it was */
+        fp_step *st = plan_step(r, PL_ATOMS, o, proven, 0);
+        Py_ssize_t n = Py_SIZE(o);
+        PyObject *const *items = tp == &PyList_Type ? ((PyListObject *)o)->ob_item :
+            ((PyTupleObject *)o)->ob_item;
+        for (Py_ssize_t i = 0; i < n; i++)
+            plan_word(r, st, (uintptr_t)Py_TYPE(items[i]));
+    }
+}
+
 static int
 fp_push_all(fp_run *r, PyObject *const *items, Py_ssize_t n)
 {
@@ -230,8 +394,12 @@ fp_push_all(fp_run *r, PyObject *const *items, Py_ssize_t n)
         PyTypeObject *tp = Py_TYPE(o);
         if (fp_is_atom(tp)) {
             fp_mix_ptr(r, tp);
+            if (r->plan != NULL && !r->child_proven && items[i] != NULL)
+                plan_step(r, PL_ATOM, o, 0, 0);
         } else if (fp_inline(r, o, tp)) {
             fp_mix_inline(r, o, tp);
+            if (r->plan != NULL)
+                plan_inline(r, o, tp, r->child_proven);
         } else {
             fp_mix(r, FP_BELOW);
             below[m++] = i;
@@ -397,24 +565,26 @@ fp_push_list(fp_run *r, PyObject *list)
     return fp_push_all(r, ((PyListObject *)list)->ob_item, PyList_GET_SIZE(list));
 }
 
+/* what o's tp_traverse visits, in order (into got: its items borrowed while no code runs) */
 static int
-fp_iterate(fp_run *r, PyObject *o)
-{
-    PyObject *items = PySequence_List(o);   /* exact sets, deques: their C iteration */
-    if (items == NULL)
-        return -1;
-    int rc = fp_push_list(r, items);
-    Py_DECREF(items);
-    return rc;
-}
-
-static int
-fp_referents(fp_run *r, PyObject *o)
+fp_collect_referents(PyObject *o, fp_found *got)
 {
     traverseproc traverse = Py_TYPE(o)->tp_traverse;
-    fp_found got = {NULL, 0, 32, {NULL}};
-    got.items = got.small;
-    int rc = traverse != NULL ? traverse(o, fp_collect, &got) : 0;
+    got->items = got->small;
+    got->n = 0;
+    got->cap = 32;
+    return traverse != NULL ? traverse(o, fp_collect, got) : 0;
+}
+
+/* o's referents pushed; with step (a plan's kind, else -1) checked by their addresses */
+static int
+fp_referents(fp_run *r, PyObject *o, int step)
+{
+    fp_found got;
+    int rc = fp_collect_referents(o, &got);
+    if (rc == 0 && step >= 0)
+        plan_words(r, plan_step(r, step, o, r->cur_proven, 1), got.items, got.n);
+    r->child_proven = 0;
     if (rc == 0)
         rc = fp_push_all(r, got.items, got.n);
     if (got.items != got.small)
@@ -577,12 +747,18 @@ fp_records_put(fp_records *m, PyObject *t, PyObject *rec, void *ptr)
     return 0;
 }
 
+/* What a plain tensor's walk would read: the backend's record of its storages and its
+ * gradient (borrowed: this scan's memo holds them). 1; 0 where it cannot be proved (an
+ * autograd graph, no record, data moved); -1 with an error set. */
 static int
-fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
+fp_tensor_read(Fingerprint *f, PyObject *t, PyObject **infos_out, PyObject **held_out)
 {
     fp_seen_tensor *seen = fp_tensor_slot(&f->tensors, t);
-    if (seen != NULL && seen->tensor == t)
-        return fp_tensor_mix(r, seen->infos, seen->held);
+    if (seen != NULL && seen->tensor == t) {
+        *infos_out = seen->infos;
+        *held_out = seen->held;
+        return 1;
+    }
     PyObject *key;
     if (f->taken != NULL && PyDict_GET_SIZE(f->taken) != 0) {
         /* taken by this scan's walk (no other code ran since): what it read then, the
@@ -598,7 +774,9 @@ fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
             PyObject *infos = PyTuple_GET_ITEM(entry, 0), *held = PyTuple_GET_ITEM(entry, 2);
             if (fp_tensors_add(&f->tensors, t, infos, held) < 0)
                 return -1;
-            return fp_tensor_mix(r, infos, held);
+            *infos_out = infos;
+            *held_out = held;
+            return 1;
         }
     }
     PyObject *fn = fp_get(&f->fn, t);
@@ -606,10 +784,8 @@ fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
         return -1;
     int graph = fn != Py_None;
     Py_DECREF(fn);
-    if (graph) {
-        r->doubt = 1;   /* an autograd graph: what it holds is walked each time */
-        return 0;
-    }
+    if (graph)
+        return 0;   /* an autograd graph: what it holds is walked each time */
     PyObject *got = fp_get(&f->ptr, t);
     if (got == NULL)
         return -1;
@@ -629,26 +805,18 @@ fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
             return -1;
         PyObject *rec = PyDict_GetItemWithError(f->known, key);   /* borrowed */
         Py_DECREF(key);
-        if (rec == NULL) {
-            if (PyErr_Occurred())
-                return -1;
-            r->doubt = 1;   /* never taken: the walk takes it */
-            return 0;
-        }
+        if (rec == NULL)
+            return PyErr_Occurred() ? -1 : 0;   /* never taken: the walk takes it */
         if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) < 3 ||
                 !PyWeakref_Check(PyTuple_GET_ITEM(rec, 0)) ||
                 fp_referent(PyTuple_GET_ITEM(rec, 0)) != t ||
-                !PyLong_Check(PyTuple_GET_ITEM(rec, 1))) {
-            r->doubt = 1;
+                !PyLong_Check(PyTuple_GET_ITEM(rec, 1)))
             return 0;
-        }
         void *was = PyLong_AsVoidPtr(PyTuple_GET_ITEM(rec, 1));
         if (was == NULL && PyErr_Occurred())
             return -1;
-        if (was != ptr) {
-            r->doubt = 1;   /* moved: the walk asks it again */
-            return 0;
-        }
+        if (was != ptr)
+            return 0;   /* moved: the walk asks it again */
         if (fp_records_put(&f->records, t, rec, ptr) < 0)
             return -1;
         infos = PyTuple_GET_ITEM(rec, 2);   /* held by the record, kept above */
@@ -657,10 +825,33 @@ fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
     if (held == NULL)
         return -1;
     int rc = fp_tensors_add(&f->tensors, t, infos, held);
-    if (rc == 0)
-        rc = fp_tensor_mix(r, infos, held);
-    Py_DECREF(held);
-    return rc;
+    Py_DECREF(held);   /* (the memo holds it) */
+    if (rc < 0)
+        return -1;
+    *infos_out = infos;
+    *held_out = held;
+    return 1;
+}
+
+/* one plain tensor's reading hashed (the record of storages: the walk's answer while the
+ * record stands, and the record is checked to stand), its gradient pushed */
+static int
+fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
+{
+    PyObject *infos, *held;
+    int got = fp_tensor_read(f, t, &infos, &held);
+    if (got <= 0) {
+        if (got == 0)
+            r->doubt = 1;
+        return got;
+    }
+    fp_step *st = plan_step(r, PL_TENSOR, t, r->cur_proven, 1);
+    if (st != NULL) {
+        st->a = (uintptr_t)infos;
+        st->b = (uintptr_t)held;
+    }
+    r->child_proven = 0;   /* a gradient at the same address can be another */
+    return fp_tensor_mix(r, infos, held);
 }
 
 /* Whether `name` (a module's name, as a walk reads it) is a library's: the walk reads
@@ -695,6 +886,25 @@ fp_library(Fingerprint *f, fp_run *r, PyObject *name)
     return PyObject_IsTrue(got);
 }
 
+/* the hash of a function's module name (0: not a str), as fp_library hashes it */
+static Py_hash_t
+fp_name_hash(PyObject *name)
+{
+    return name != NULL && PyUnicode_CheckExact(name) ? PyObject_Hash(name) : 0;
+}
+
+/* a function's parts a walk reads: closure, defaults, keyword defaults, its dict (a new
+ * reference, made where it was not yet) */
+static int
+fp_function_parts(PyObject *fn, PyObject *parts[4])
+{
+    parts[0] = PyFunction_GetClosure(fn);
+    parts[1] = PyFunction_GetDefaults(fn);
+    parts[2] = PyFunction_GetKwDefaults(fn);
+    parts[3] = PyObject_GenericGetDict(fn, NULL);
+    return parts[3] == NULL ? -1 : 0;
+}
+
 static int
 fp_function(Fingerprint *f, fp_run *r, PyObject *fn)
 {
@@ -702,14 +912,22 @@ fp_function(Fingerprint *f, fp_run *r, PyObject *fn)
     fp_mix_ptr(r, code);
     if (fp_keep(r, code) < 0)
         return -1;
+    Py_hash_t name = fp_name_hash(PyFunction_GetModule(fn));
+    if (name == -1)
+        return -1;
     int lib = fp_library(f, r, PyFunction_GetModule(fn));
+    fp_step *st = plan_step(r, lib ? PL_LIBFUNC : PL_FUNC, fn, r->cur_proven, 1);
+    if (st != NULL) {
+        st->a = (uintptr_t)code;
+        st->b = (uint64_t)name;
+    }
     if (lib != 0)
         return lib;   /* a library's function: nothing of the user's inside */
-    PyObject *parts[4] = {PyFunction_GetClosure(fn), PyFunction_GetDefaults(fn),
-                          PyFunction_GetKwDefaults(fn), NULL};
-    parts[3] = PyObject_GenericGetDict(fn, NULL);   /* made where it was not yet */
-    if (parts[3] == NULL)
+    PyObject *parts[4];
+    if (fp_function_parts(fn, parts) < 0)
         return -1;
+    plan_words(r, st, parts, 4);
+    r->child_proven = 0;
     int rc = fp_push_all(r, parts, 4);
     Py_DECREF(parts[3]);
     return rc;
@@ -718,10 +936,16 @@ fp_function(Fingerprint *f, fp_run *r, PyObject *fn)
 static int
 fp_type(Fingerprint *f, fp_run *r, PyTypeObject *tp)
 {
-    if (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || tp->tp_dict == NULL)
+    if (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || tp->tp_dict == NULL) {
+        plan_step(r, PL_STATIC, (PyObject *)tp, r->cur_proven, 1);
         return 0;   /* a static type: nothing of the user's */
+    }
     PyObject *d = tp->tp_dict;
     fp_mix(r, fp_version(d));
+    fp_step *st = plan_step(r, PL_TYPE, (PyObject *)tp, r->cur_proven, 1);
+    if (st != NULL)
+        st->a = fp_version(d);
+    r->child_proven = 1;   /* the version says which entries */
     int lib = fp_library(f, r, PyDict_GetItemString(d, "__module__"));
     if (lib != 0)
         return lib;   /* a library's class: the walk reads nothing inside */
@@ -741,30 +965,65 @@ fp_type(Fingerprint *f, fp_run *r, PyTypeObject *tp)
     return rc;
 }
 
+/* an exact defaultdict's factory (a new reference, or NULL: none, or an error set) */
+static PyObject *
+fp_factory(PyObject *o)
+{
+    static PyObject *name = NULL;
+    if (name == NULL && (name = PyUnicode_InternFromString("default_factory")) == NULL)
+        return NULL;
+    PyObject *got = PyObject_GetAttr(o, name);   /* a member of the C type: no code runs */
+    if (got == Py_None) {
+        Py_DECREF(got);
+        return NULL;
+    }
+    return got;
+}
+
+/* an instance's dict made, where its type has one, so that it is read as a dict */
+static int
+fp_own_dict(PyObject *o)
+{
+    if (Py_TYPE(o)->tp_dictoffset != 0) {
+        PyObject *d = PyObject_GenericGetDict(o, NULL);
+        if (d == NULL)
+            PyErr_Clear();
+        Py_XDECREF(d);
+    }
+    return 0;
+}
+
 static int
 fp_visit(Fingerprint *f, fp_run *r, PyObject *o)
 {
     PyTypeObject *tp = Py_TYPE(o);
+    int proven = r->cur_proven;
     int action = fp_action(f, tp);
     if (action < 0)
         return -1;
     fp_mix(r, (uint64_t)action);
     fp_mix_ptr(r, tp);
-    if (action == FP_ATOM)
+    if (action == FP_ATOM) {
+        if (!proven)
+            plan_step(r, PL_ATOM, o, 0, 0);
         return 0;   /* its value is never part of what a walk reads */
+    }
     if (action == FP_DOUBT) {
         r->doubt = 1;
         return 0;
     }
     fp_mix_ptr(r, o);
-    if (pset_has(&f->stop, o))
+    if (pset_has(&f->stop, o)) {
+        if (!proven)
+            plan_step(r, PL_STOP, o, 0, 1);
         return 0;   /* never entered by a walk */
+    }
     if (Py_REFCNT(o) > 2) {   /* else only its parent (and this walk's stack) holds it: met once */
         int added = pset_add(&r->seen, o);
         if (added < 0)
             return -1;
         if (added == 0)
-            return 0;   /* met again: its address said it */
+            return 0;   /* met again: its address said it (checked where first met) */
         if (PyList_Append(r->held, o) < 0)
             return -1;
     }
@@ -772,41 +1031,76 @@ fp_visit(Fingerprint *f, fp_run *r, PyObject *o)
         r->doubt = 1;
         return 0;
     }
+    fp_step *st;
+    r->child_proven = 0;
     switch (action) {
     case FP_DICT:
+        st = plan_step(r, PL_DICT, o, proven, 1);
+        if (st != NULL)
+            st->a = fp_version(o);
+        r->child_proven = 1;   /* the version says which keys and values */
         return fp_dict(r, o);
     case FP_ODICT: {
+        st = plan_step(r, PL_ODICT, o, proven, 1);
+        if (st != NULL)
+            st->a = fp_version(o);
         /* its order is its own (move_to_end leaves the dict's version as it is) */
-        if (PyDict_GET_SIZE(o) == 0)
-            return fp_dict(r, o);
-        PyObject *order = PySequence_List(o);
-        if (order == NULL)
-            return -1;
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(order); i++)
-            fp_mix_ptr(r, PyList_GET_ITEM(order, i));
-        Py_DECREF(order);
+        if (PyDict_GET_SIZE(o) != 0) {
+            PyObject *order = PySequence_List(o);
+            if (order == NULL)
+                return -1;
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(order); i++)
+                fp_mix_ptr(r, PyList_GET_ITEM(order, i));
+            plan_words(r, st, ((PyListObject *)order)->ob_item, PyList_GET_SIZE(order));
+            Py_DECREF(order);
+        }
+        r->child_proven = 1;
         return fp_dict(r, o);
     }
-    case FP_DDICT:
+    case FP_DDICT: {
+        PyObject *factory = fp_factory(o);
+        if (factory == NULL && PyErr_Occurred())
+            return -1;
+        st = plan_step(r, PL_DDICT, o, proven, 1);
+        if (st != NULL) {
+            st->a = fp_version(o);
+            st->b = (uintptr_t)factory;
+        }
+        Py_XDECREF(factory);
         fp_mix(r, fp_version(o));
-        return fp_referents(r, o);   /* its factory, then its keys and values */
+        return fp_referents(r, o, -1);   /* its factory, then its keys and values */
+    }
     case FP_SEQ:
-        if (PyList_CheckExact(o))
-            return fp_push_list(r, o);
+        if (PyList_CheckExact(o)) {
+            plan_words(r, plan_step(r, PL_SEQ, o, proven, 1), ((PyListObject *)o)->ob_item,
+                       PyList_GET_SIZE(o));
+            return fp_push_list(r, o);   /* (an item's address can be another's since) */
+        }
+        if (!proven)
+            plan_words(r, plan_step(r, PL_SEQ, o, 0, 1), ((PyTupleObject *)o)->ob_item,
+                       PyTuple_GET_SIZE(o));
+        r->child_proven = proven;   /* a proven tuple holds what it held */
         return fp_push_all(r, ((PyTupleObject *)o)->ob_item, PyTuple_GET_SIZE(o));
     case FP_SET:
-    case FP_ITER:
-        return fp_iterate(r, o);
+    case FP_ITER: {
+        PyObject *items = PySequence_List(o);   /* exact sets, deques: their C iteration */
+        if (items == NULL)
+            return -1;
+        int frozen = proven && tp == &PyFrozenSet_Type;
+        if (!frozen)
+            plan_words(r, plan_step(r, PL_ITER, o, proven, 1), ((PyListObject *)items)->ob_item,
+                       PyList_GET_SIZE(items));
+        r->child_proven = frozen;
+        int rc = fp_push_list(r, items);
+        Py_DECREF(items);
+        return rc;
+    }
     case FP_TENSOR:
         return fp_tensor(f, r, o);
     case FP_REFERENTS:
-        if (tp->tp_dictoffset != 0) {   /* its dict made, so it is read as a dict */
-            PyObject *d = PyObject_GenericGetDict(o, NULL);
-            if (d == NULL)
-                PyErr_Clear();
-            Py_XDECREF(d);
-        }
-        return fp_referents(r, o);
+        if (fp_own_dict(o) < 0)
+            return -1;
+        return fp_referents(r, o, PL_REFS);
     case FP_FUNCTION:
         return fp_function(f, r, o);
     case FP_MODULE: {
@@ -814,6 +1108,9 @@ fp_visit(Fingerprint *f, fp_run *r, PyObject *o)
         if (d == NULL)
             return -1;
         fp_mix(r, fp_version(d));
+        st = plan_step(r, PL_MODULE, o, proven, 1);
+        if (st != NULL)
+            st->a = fp_version(d);
         int lib = fp_library(f, r, PyDict_GetItemString(d, "__name__"));
         if (lib == 0)
             r->doubt = 1;   /* a module of the user's: walked each time */
@@ -821,6 +1118,9 @@ fp_visit(Fingerprint *f, fp_run *r, PyObject *o)
     }
     case FP_CELL: {
         PyObject *got = PyCell_GET(o);
+        st = plan_step(r, PL_CELL, o, proven, 1);
+        if (st != NULL)
+            st->a = (uintptr_t)got;
         return fp_push(r, got != NULL ? got : Py_None);
     }
     case FP_TYPE:
@@ -830,12 +1130,42 @@ fp_visit(Fingerprint *f, fp_run *r, PyObject *o)
     return 0;
 }
 
-/* Fingerprint.of(obj, keep=None) -> (h1, h2, objects) | None */
+static void
+FpPlan_dealloc(FpPlan *p)
+{
+    PyMem_Free(p->steps);
+    PyMem_Free(p->aux);
+    Py_XDECREF(p->types);
+    pset_free(&p->typeset);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static Py_ssize_t
+FpPlan_len(FpPlan *p)
+{
+    return (Py_ssize_t)p->n;
+}
+
+static PySequenceMethods FpPlan_sequence = {.sq_length = (lenfunc)FpPlan_len};
+
+static PyTypeObject FpPlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "jupyter_gpumem.core._reach.FingerprintPlan",
+    .tp_basicsize = sizeof(FpPlan),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "What one fingerprint read, as checks (Fingerprint.of(..., plan=True), "
+              "Fingerprint.check): see core/_fingerprint.h. len() is its number of checks.",
+    .tp_dealloc = (destructor)FpPlan_dealloc,
+    .tp_as_sequence = &FpPlan_sequence,
+};
+
+/* Fingerprint.of(obj, keep=None, plan=False) -> (h1, h2, objects[, plan]) | None */
 static PyObject *
 Fingerprint_of(Fingerprint *f, PyObject *args)
 {
     PyObject *obj, *keep = Py_None;
-    if (!PyArg_ParseTuple(args, "O|O:of", &obj, &keep))
+    int want_plan = 0;
+    if (!PyArg_ParseTuple(args, "O|Op:of", &obj, &keep, &want_plan))
         return NULL;
     if (keep != Py_None && !PyList_Check(keep)) {
         PyErr_SetString(PyExc_TypeError, "of: keep must be a list or None");
@@ -848,27 +1178,225 @@ Fingerprint_of(Fingerprint *f, PyObject *args)
     r.stop = &f->stop;
     r.held = PyList_New(0);
     PyObject *result = NULL;
+    if (want_plan) {
+        r.plan = PyObject_New(FpPlan, &FpPlanType);
+        if (r.plan == NULL)
+            goto done;
+        r.plan->steps = NULL;
+        r.plan->aux = NULL;
+        r.plan->n = r.plan->cap = r.plan->naux = r.plan->capaux = 0;
+        memset(&r.plan->typeset, 0, sizeof(pset));
+        r.plan->broken = 0;
+        r.plan->types = PyList_New(0);
+        if (r.plan->types == NULL)
+            goto done;
+    }
     if (r.held == NULL || fp_push(&r, obj) < 0)
         goto done;
     while (r.top > 0 && !r.doubt) {
         PyObject *o = r.stack[--r.top];
+        r.cur_proven = r.proven[r.top];
         int rc = fp_visit(f, &r, o);
         Py_DECREF(o);
         if (rc < 0)
             goto done;
     }
-    if (r.doubt)
+    if (r.doubt) {
         result = Py_NewRef(Py_None);
-    else
-        result = Py_BuildValue("(KKn)", (unsigned long long)r.h1, (unsigned long long)r.h2,
-                               r.count);
+    } else {
+        unsigned long long h1 = fp_final(r.h1 + r.h2), h2 = fp_final(r.h2 ^ fp_rotl(r.h1, 17));
+        if (!want_plan) {
+            result = Py_BuildValue("(KKn)", h1, h2, r.count);
+        } else {
+            pset_free(&r.plan->typeset);   /* (only while it is recorded) */
+            memset(&r.plan->typeset, 0, sizeof(pset));
+            result = Py_BuildValue("(KKnO)", h1, h2, r.count,
+                                   r.plan->broken ? Py_None : (PyObject *)r.plan);
+        }
+    }
 done:
     while (r.top > 0)
         Py_DECREF(r.stack[--r.top]);
     PyMem_Free(r.stack);
+    PyMem_Free(r.proven);
     pset_free(&r.seen);
     Py_XDECREF(r.held);
+    Py_XDECREF(r.plan);
     return result;
+}
+
+/* Whether what plan p checks still holds of root (see "plans" above): 1, 0, -1 with an
+ * error. Its first check is of the root it was recorded from: another root (a name bound
+ * to another object since) fails there, before any address of the plan is read. */
+static int
+plan_check(Fingerprint *f, FpPlan *p, PyObject *root)
+{
+    if (p->broken || p->n == 0 || p->steps[0].obj != root)
+        return 0;
+    /* the heap types its checks compare are the ones it met: none gone (so none's
+       address is another's since) */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(p->types); i++)
+        if (fp_referent(PyList_GET_ITEM(p->types, i)) == Py_None)
+            return 0;
+    const fp_step *steps = p->steps;
+    for (size_t i = 0; i < p->n; i++) {
+        const fp_step *s = &steps[i];
+        if (i + 8 < p->n)
+            __builtin_prefetch(steps[i + 8].obj);   /* its header, asked for ahead */
+        PyObject *o = s->obj;
+        /* an object not proven the same can be of another type; an instance of a class
+           (a tensor too) can have another class since */
+        if ((!s->proven || s->kind == PL_REFS || s->kind == PL_TENSOR) && Py_TYPE(o) != s->type)
+            return 0;
+        if (!s->proven && s->visited && (pset_has(&f->stop, o) != 0) != (s->kind == PL_STOP))
+            return 0;
+        const uintptr_t *w = p->aux + s->aux;
+        switch (s->kind) {
+        case PL_ATOM:
+        case PL_STOP:
+        case PL_STATIC:
+            break;
+        case PL_DICT:
+            if (fp_version(o) != s->a)
+                return 0;
+            break;
+        case PL_ODICT: {
+            if (fp_version(o) != s->a)
+                return 0;
+            if (s->n == 0)
+                break;
+            PyObject *order = PySequence_List(o);
+            if (order == NULL)
+                return -1;
+            int same = (size_t)PyList_GET_SIZE(order) == s->n &&
+                memcmp(((PyListObject *)order)->ob_item, w, s->n * sizeof(uintptr_t)) == 0;
+            Py_DECREF(order);
+            if (!same)
+                return 0;
+            break;
+        }
+        case PL_DDICT: {
+            if (fp_version(o) != s->a)
+                return 0;
+            PyObject *factory = fp_factory(o);
+            if (factory == NULL && PyErr_Occurred())
+                return -1;
+            Py_XDECREF(factory);   /* (the defaultdict holds it) */
+            if ((uintptr_t)factory != s->b)
+                return 0;
+            break;
+        }
+        case PL_SEQ: {
+            PyObject *const *items = PyList_CheckExact(o) ? ((PyListObject *)o)->ob_item :
+                ((PyTupleObject *)o)->ob_item;
+            if ((size_t)Py_SIZE(o) != s->n ||
+                    (s->n && memcmp(items, w, s->n * sizeof(uintptr_t)) != 0))
+                return 0;
+            break;
+        }
+        case PL_ITER: {
+            PyObject *items = PySequence_List(o);
+            if (items == NULL)
+                return -1;
+            int same = (size_t)PyList_GET_SIZE(items) == s->n && (s->n == 0 ||
+                memcmp(((PyListObject *)items)->ob_item, w, s->n * sizeof(uintptr_t)) == 0);
+            Py_DECREF(items);
+            if (!same)
+                return 0;
+            break;
+        }
+        case PL_EMPTY_SET:
+            if (PySet_GET_SIZE(o) != 0)
+                return 0;
+            break;
+        case PL_ATOMS: {
+            PyObject *const *items = PyList_CheckExact(o) ? ((PyListObject *)o)->ob_item :
+                ((PyTupleObject *)o)->ob_item;
+            if ((size_t)Py_SIZE(o) != s->n)
+                return 0;
+            for (size_t j = 0; j < s->n; j++)
+                if ((uintptr_t)Py_TYPE(items[j]) != w[j])
+                    return 0;
+            break;
+        }
+        case PL_TENSOR: {
+            PyObject *infos, *held;
+            int got = fp_tensor_read(f, o, &infos, &held);
+            if (got <= 0)
+                return got;
+            if ((uintptr_t)infos != s->a || (uintptr_t)held != s->b)
+                return 0;
+            break;
+        }
+        case PL_REFS: {
+            if (fp_own_dict(o) < 0)
+                return -1;
+            fp_found got;
+            int rc = fp_collect_referents(o, &got);
+            int same = rc == 0 && (size_t)got.n == s->n &&
+                (s->n == 0 || memcmp(got.items, w, s->n * sizeof(uintptr_t)) == 0);
+            if (got.items != got.small)
+                PyMem_Free(got.items);
+            if (rc < 0)
+                return -1;
+            if (!same)
+                return 0;
+            break;
+        }
+        case PL_FUNC:
+        case PL_LIBFUNC: {
+            if ((uintptr_t)PyFunction_GetCode(o) != s->a)
+                return 0;
+            Py_hash_t name = fp_name_hash(PyFunction_GetModule(o));
+            if (name == -1)
+                return -1;
+            if ((uint64_t)name != s->b)
+                return 0;
+            if (s->kind == PL_LIBFUNC)
+                break;
+            PyObject *parts[4];
+            if (fp_function_parts(o, parts) < 0)
+                return -1;
+            Py_DECREF(parts[3]);   /* (the function holds it) */
+            for (int j = 0; j < 4; j++)
+                if ((uintptr_t)parts[j] != w[j])
+                    return 0;
+            break;
+        }
+        case PL_CELL:
+            if ((uintptr_t)PyCell_GET(o) != s->a)
+                return 0;
+            break;
+        case PL_TYPE: {
+            PyObject *d = ((PyTypeObject *)o)->tp_dict;
+            if (d == NULL || fp_version(d) != s->a)
+                return 0;
+            break;
+        }
+        case PL_MODULE: {
+            PyObject *d = PyModule_GetDict(o);
+            if (d == NULL || fp_version(d) != s->a)
+                return 0;
+            break;
+        }
+        default:
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Fingerprint.check(plan, obj) -> bool */
+static PyObject *
+Fingerprint_check(Fingerprint *f, PyObject *args)
+{
+    PyObject *plan, *obj;
+    if (!PyArg_ParseTuple(args, "O!O:check", &FpPlanType, &plan, &obj))
+        return NULL;
+    int got = plan_check(f, (FpPlan *)plan, obj);
+    if (got < 0)
+        return NULL;
+    return PyBool_FromLong(got);
 }
 
 static int
@@ -981,9 +1509,13 @@ static PyMethodDef Fingerprint_methods[] = {
     {"use_taken", (PyCFunction)Fingerprint_use_taken, METH_O,
      "use_taken(dict | None): id -> (storages, label, gradient) of the tensors this scan's "
      "walk took, read instead of asking each tensor (valid while no other code runs)"},
+    {"check", (PyCFunction)Fingerprint_check, METH_VARARGS,
+     "check(plan, obj) -> bool: whether what the plan checks holds still of obj, the root "
+     "it was taken of (True: of(obj) would give the fingerprint taken with it)"},
     {"of", (PyCFunction)Fingerprint_of, METH_VARARGS,
-     "of(obj, keep=None) -> (h1, h2, objects) | None: what obj holds, hashed (None: it "
-     "cannot be proved, walk it); keep (a list) gets the records hashed by address"},
+     "of(obj, keep=None, plan=False) -> (h1, h2, objects[, plan]) | None: what obj holds, "
+     "hashed (None: it cannot be proved, walk it); keep (a list) gets the records hashed by "
+     "address; with plan, what was read as checks (or None where it could not be kept)"},
     {NULL, NULL, 0, NULL}
 };
 

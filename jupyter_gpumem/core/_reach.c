@@ -1039,6 +1039,7 @@ PyInit__reach(void)
             PyModule_AddType(m, &WalkerType) < 0
 #ifdef HAVE_FINGERPRINT
             || PyModule_AddType(m, &FingerprintType) < 0
+            || PyModule_AddType(m, &FpPlanType) < 0
 #endif
             ) {
         Py_DECREF(m);

@@ -83,6 +83,7 @@ class Kept:
     storages: dict          # key -> (storage info, path node, None); the first has its path
     objects: int
     keep: list = field(default_factory=list)   # what the fingerprint names by address
+    plan: Any = None        # what the fingerprint read, as checks (or None)
 
 
 def _copy(obj: Any) -> Any:
@@ -124,6 +125,9 @@ class WarmScan:
         #: the last attribution: (its roots' signature, holders, storage keys, bytes reached,
         #: the kept storages it was made from, held so that no other takes their address)
         self._attributed: tuple | None = None
+        #: plain roots (reaching no storage) found changed: root key -> [scans left
+        #: walked without a fingerprint, the next rest's length] (see WarmPass.look)
+        self._resting: dict[tuple, list] = {}
         #: the last attribution's per-root stats, by their storages (see snapshot.Sharing)
         self.stats: dict[int, tuple] = {}
         #: (what it was made from, the C core's Fingerprint), kept from scan to scan
@@ -163,7 +167,8 @@ class WarmScan:
             fingerprint = self._fingerprint[1]
             fingerprint.begin()
             return WarmPass(self, fingerprint, reuse,
-                            None if devices is None else frozenset(devices))
+                            None if devices is None else frozenset(devices),
+                            _plans_safe(backends))
 
         judged, action_of, backends = self._judged, self._action, list(backends)
 
@@ -182,7 +187,8 @@ class WarmScan:
                                   get_fn, get_ptr, get_held, CLASS_SKIP_KEYS, LIMIT)
         self._fingerprint = (made, fingerprint)
         return WarmPass(self, fingerprint, reuse,
-                        None if devices is None else frozenset(devices))
+                        None if devices is None else frozenset(devices),
+                        _plans_safe(backends))
 
     @staticmethod
     def _action(tp: type, backends: list, spec_backend: Any, plain: frozenset) -> int:
@@ -222,6 +228,7 @@ class WarmScan:
         self._kept.clear()
         self._doubted.clear()
         self._met.clear()
+        self._resting.clear()
         self._attributed = None
         self._fingerprint = None
         self.stats = {}
@@ -230,16 +237,34 @@ class WarmScan:
         return len(self._kept)
 
 
+def _plans_safe(backends: list) -> bool:
+    """Whether a plan's checks may run now: no backend's getter can run Python code."""
+    for backend in backends:
+        try:
+            if backend.getters_run_code():
+                return False
+        except Exception:  # noqa: BLE001 - unsure: hashed, as without plans
+            return False
+    return True
+
+
+#: the longest rest of a plain root found changed again and again (scans)
+REST_MAX = 32
+
+
 class WarmPass:
     """One scan's look-ups and records (made by :meth:`WarmScan.start`)."""
 
     def __init__(self, warm: WarmScan, fingerprint: Any, reuse: bool,
-                 devices: frozenset | None) -> None:
+                 devices: frozenset | None, plans: bool = True) -> None:
         self.warm = warm
         self.fingerprint = fingerprint
         self.reuse = reuse
         self.devices = devices   # what a walk keeps depends on the devices it counts
-        self._pre: dict[int, tuple] = {}    # root index -> (print, keep) taken before its walk
+        self.plans = plans       # a kept root's plan may be checked (see _plans_safe)
+        #: root index -> (print, keep, plan) taken before its walk
+        self._pre: dict[int, tuple] = {}
+        self._bare: set = set()  # roots walked without a fingerprint (plain data at rest)
         self._seen: set = set()
         #: the scan's steps when the fingerprint last forgot the tensors it read
         self.steps = 0
@@ -256,26 +281,43 @@ class WarmPass:
         self.steps = steps
 
     def look(self, i: int, root: Any) -> Kept | None:
-        """Root ``i``'s kept walk where its fingerprint is the one kept with it; else
-        None (the caller walks it), its fingerprint noted for :meth:`keep`."""
+        """Root ``i``'s kept walk where its fingerprint is the one kept with it (its plan's
+        checks hold, or else its hash is the same); else None (the caller walks it), its
+        fingerprint noted for :meth:`keep`."""
         key = self.key(root)
         self._seen.add(key)
         warm = self.warm
         ident = (id(root.obj), id(type(root.obj)))
         if warm._doubted.get(key) == ident or key not in warm._met:
-            # unprovable last time, and still the same object; or not walked yet, or
-            # holding no storage then: walked first (its fingerprint, if it holds
-            # storages, is taken right after the walk: see walked)
+            # unprovable last time, and still the same object; or not walked yet: walked
+            # first (its fingerprint is taken right after the walk: see walked)
             warm._met.add(key)
             warm.walked += 1
             return None
-        keep: list = []
-        got = self.fingerprint.of(root.obj, keep)
+        rest = warm._resting.get(key)
+        if rest is not None and rest[0] > 0:
+            rest[0] -= 1   # plain data found changed lately: walked, as it costs no more
+            self._bare.add(i)
+            warm.walked += 1
+            return None
         kept = warm._kept.get(key)
-        if got is not None and kept is not None and kept.print == got and self.reuse:
+        if kept is not None and self.reuse and self.plans and kept.plan is not None and \
+                self.fingerprint.check(kept.plan, root.obj):
+            warm.reused += 1
+            if rest is not None:
+                del warm._resting[key]
+            return kept
+        keep: list = []
+        got = self.fingerprint.of(root.obj, keep, True)
+        now, plan = (got[:3], got[3]) if got is not None else (None, None)
+        if now is not None and kept is not None and kept.print == now and self.reuse:
+            kept.keep, kept.plan = keep, plan   # its plan said changed, its hash not
             warm.reused += 1
             return kept
-        self._pre[i] = (got, keep)
+        if kept is not None and not kept.storages:   # plain data, changed: rests a while
+            span = min(2 * rest[1], REST_MAX) if rest is not None else 1
+            warm._resting[key] = [span, span]
+        self._pre[i] = (now, keep, plan)
         warm.walked += 1
         return None
 
@@ -285,31 +327,33 @@ class WarmPass:
         fingerprint before the walk could not be taken (a tensor met for the first
         time), it is taken now, so it matches what the walk read; after a step, nothing
         is kept of it; a root that reaches no storage is not fingerprinted (see keep)."""
-        got, _ = self._pre.get(i, (None, None))
-        if got is not None or not found or \
+        got = self._pre.get(i, (None,))[0]
+        if got is not None or i in self._bare or (not found and not self.plans) or \
                 self.warm._doubted.get(self.key(root)) == (id(root.obj), id(type(root.obj))):
             return   # (one found unprovable is not asked again while it is the same)
         if stepped:
             self._pre.pop(i, None)
             return
         keep: list = []
-        got = self.fingerprint.of(root.obj, keep)
+        got = self.fingerprint.of(root.obj, keep, True)
         if got is None:
             self.warm._doubted[self.key(root)] = (id(root.obj), id(type(root.obj)))
-        self._pre[i] = (got, keep)
+            return
+        self._pre[i] = (got[:3], keep, got[3])
 
     def keep(self, i: int, root: Any, found: dict, objects: int, path: Any) -> None:
         """Keep root ``i``'s clean walk: ``found`` (its largest storage first, whose path
         node is ``path``) and ``objects``, with the fingerprint taken beside the walk."""
         key = self.key(root)
         warm = self.warm
-        got, keep = self._pre.pop(i, (None, None))
-        if not found:
-            # a root of plain data alone is walked at C speed each time: proving it
-            # unchanged would cost as much (the fingerprint reads every object too); it
-            # is walked as if met for the first time, until it holds a storage
+        got, keep, plan = self._pre.pop(i, (None, None, None))
+        if not found and (plan is None or i in self._bare):
+            # plain data with no plan to check (or resting, see look): walked at C speed
+            # each time, hashing it would cost as much; walked as if met for the first
+            # time, until it holds a storage or can be checked again
             warm._kept.pop(key, None)
-            warm._met.discard(key)
+            if i not in self._bare:
+                warm._met.discard(key)
             return
         if got is None:
             warm._kept.pop(key, None)
@@ -317,9 +361,10 @@ class WarmPass:
         warm._doubted.pop(key, None)
         storages = dict(zip(found, zip(map(_FIRST, found.values()), repeat(UNREAD),
                                        repeat(None))))
-        first = next(iter(storages))
-        storages[first] = (storages[first][0], path, None)
-        warm._kept[key] = Kept(got, storages, objects, keep)
+        if storages:
+            first = next(iter(storages))
+            storages[first] = (storages[first][0], path, None)
+        warm._kept[key] = Kept(got, storages, objects, keep, plan)
 
     def drop(self, root: Any) -> None:
         """Root ``root``'s walk was not clean: nothing of it is kept."""
@@ -332,7 +377,7 @@ class WarmPass:
 
     def end(self) -> None:
         """Forget the roots this scan did not meet (names deleted, outputs gone)."""
-        for table in (self.warm._kept, self.warm._doubted):
+        for table in (self.warm._kept, self.warm._doubted, self.warm._resting):
             for key in [k for k in table if k[3] == self.devices and k not in self._seen]:
                 del table[key]
         met = self.warm._met
