@@ -18,8 +18,6 @@ from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEsti
                    PeakCounter, PeakLedgerView, instance_dict, oom_by_name)
 
 _SKIP_DEVICE_TYPES = {"meta"}
-
-
 _new_info = tuple.__new__   # StorageInfo without the named tuple's Python-level __new__
 _MODULE_OWN = ("_parameters", "_buffers", "_modules")
 _MODULE_OWN_SET = frozenset(_MODULE_OWN)
@@ -265,12 +263,10 @@ class TorchBackend(Backend):
 
     def fingerprint_spec(self) -> tuple:
         self.tensor_types()
-        base = self.torch._C.TensorBase
-        return (self._known, base.__dict__["grad_fn"], base.__dict__["data_ptr"],
-                base.__dict__["grad"])
+        getters = self.torch._C.TensorBase.__dict__
+        return self._known, getters["grad_fn"], getters["data_ptr"], getters["grad"]
 
-    def getters_run_code(self) -> bool:
-        # a torch function mode (torch.set_default_device sets one) sees every getter
+    def getters_run_code(self) -> bool:   # a torch function mode (set_default_device's)
         return bool(self.torch._C._is_torch_function_mode_enabled())
 
     def tensor_edges(self, obj: Any, seen: dict):

@@ -45,13 +45,15 @@ typedef struct {
  * parameters are its optimizer's too): each pointer a strong reference */
 typedef struct {
     PyObject *tensor;   /* NULL: an empty slot */
-    PyObject *infos;
+    PyObject *infos;    /* borrowed: the record table (or the walk's record) holds it, and
+                           neither lets go of it while the memo has the tensor */
     PyObject *held;
 } fp_seen_tensor;
 
 typedef struct {
     fp_seen_tensor *slots;
     size_t cap, n;      /* cap: a power of two, or 0 */
+    size_t last;        /* tensors read by the last scan: the next one's first room */
 } fp_tensors;
 
 /* the backend's record of one plain tensor, kept from scan to scan so that proving the
@@ -138,6 +140,11 @@ typedef struct {
 
 static PyTypeObject FpPlanType;
 
+/* a plan of more checks (or words) than these is not kept: its root is hashed each time,
+ * as without plans (a plan costs about 48 bytes a check) */
+#define PLAN_MAX_STEPS (1 << 18)
+#define PLAN_MAX_WORDS (1 << 20)
+
 typedef struct {
     uint64_t h1, h2;
     Py_ssize_t count;
@@ -205,6 +212,10 @@ plan_step(fp_run *r, int kind, PyObject *o, int proven, int visited)
         return NULL;
     if (p->n == p->cap) {
         size_t cap = p->cap ? p->cap * 2 : 256;
+        if (cap > PLAN_MAX_STEPS) {
+            p->broken = 1;
+            return NULL;
+        }
         fp_step *steps = PyMem_Realloc(p->steps, cap * sizeof(fp_step));
         if (steps == NULL) {
             p->broken = 1;
@@ -245,6 +256,10 @@ plan_word(fp_run *r, fp_step *st, uintptr_t w)
         return;
     if (p->naux == p->capaux) {
         size_t cap = p->capaux ? p->capaux * 2 : 1024;
+        if (cap > PLAN_MAX_WORDS) {
+            p->broken = 1;
+            return;
+        }
         uintptr_t *aux = PyMem_Realloc(p->aux, cap * sizeof(uintptr_t));
         if (aux == NULL) {
             p->broken = 1;
@@ -608,11 +623,12 @@ fp_tensors_clear(fp_tensors *m)
 {
     for (size_t i = 0; i < m->cap; i++) {
         Py_CLEAR(m->slots[i].tensor);
-        Py_CLEAR(m->slots[i].infos);
         Py_CLEAR(m->slots[i].held);
     }
     PyMem_Free(m->slots);
     m->slots = NULL;
+    if (m->n)
+        m->last = m->n;
     m->cap = m->n = 0;
 }
 
@@ -621,6 +637,8 @@ fp_tensors_add(fp_tensors *m, PyObject *t, PyObject *infos, PyObject *held)
 {
     if ((m->n + 1) * 2 > m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 1024;
+        while (m->cap == 0 && cap < 2 * (m->last + 1))   /* room for as many as last time */
+            cap *= 2;
         fp_seen_tensor *slots = PyMem_Calloc(cap, sizeof(fp_seen_tensor));
         if (slots == NULL) {
             PyErr_NoMemory();
@@ -640,7 +658,7 @@ fp_tensors_add(fp_tensors *m, PyObject *t, PyObject *infos, PyObject *held)
     }
     fp_seen_tensor *slot = fp_tensor_slot(m, t);
     slot->tensor = Py_NewRef(t);
-    slot->infos = Py_NewRef(infos);
+    slot->infos = infos;
     slot->held = Py_NewRef(held);
     m->n++;
     return 0;
@@ -747,16 +765,19 @@ fp_records_put(fp_records *m, PyObject *t, PyObject *rec, void *ptr)
     return 0;
 }
 
-/* What a plain tensor's walk would read: the backend's record of its storages and its
- * gradient (borrowed: this scan's memo holds them). 1; 0 where it cannot be proved (an
- * autograd graph, no record, data moved); -1 with an error set. */
+/* What a plain tensor's walk would read: the backend's record of its storages
+ * (borrowed) and its gradient (a new reference). 1; 0 where it cannot be proved (an
+ * autograd graph, no record, data moved); -1 with an error set. A tensor held by more
+ * than one object (more than `refs` references: a model's parameter is its optimizer's
+ * too) is noted in this scan's memo, which the other roots that hold it read. */
 static int
-fp_tensor_read(Fingerprint *f, PyObject *t, PyObject **infos_out, PyObject **held_out)
+fp_tensor_read(Fingerprint *f, PyObject *t, PyObject **infos_out, PyObject **held_out,
+               Py_ssize_t refs)
 {
     fp_seen_tensor *seen = fp_tensor_slot(&f->tensors, t);
     if (seen != NULL && seen->tensor == t) {
         *infos_out = seen->infos;
-        *held_out = seen->held;
+        *held_out = Py_NewRef(seen->held);
         return 1;
     }
     PyObject *key;
@@ -772,10 +793,10 @@ fp_tensor_read(Fingerprint *f, PyObject *t, PyObject **infos_out, PyObject **hel
             return -1;
         if (entry != NULL && PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) >= 3) {
             PyObject *infos = PyTuple_GET_ITEM(entry, 0), *held = PyTuple_GET_ITEM(entry, 2);
-            if (fp_tensors_add(&f->tensors, t, infos, held) < 0)
+            if (Py_REFCNT(t) > refs && fp_tensors_add(&f->tensors, t, infos, held) < 0)
                 return -1;
             *infos_out = infos;
-            *held_out = held;
+            *held_out = Py_NewRef(held);
             return 1;
         }
     }
@@ -824,10 +845,10 @@ fp_tensor_read(Fingerprint *f, PyObject *t, PyObject **infos_out, PyObject **hel
     PyObject *held = fp_get(&f->held, t);   /* its gradient */
     if (held == NULL)
         return -1;
-    int rc = fp_tensors_add(&f->tensors, t, infos, held);
-    Py_DECREF(held);   /* (the memo holds it) */
-    if (rc < 0)
+    if (Py_REFCNT(t) > refs && fp_tensors_add(&f->tensors, t, infos, held) < 0) {
+        Py_DECREF(held);
         return -1;
+    }
     *infos_out = infos;
     *held_out = held;
     return 1;
@@ -839,7 +860,7 @@ static int
 fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
 {
     PyObject *infos, *held;
-    int got = fp_tensor_read(f, t, &infos, &held);
+    int got = fp_tensor_read(f, t, &infos, &held, 2);   /* (this walk's stack holds it too) */
     if (got <= 0) {
         if (got == 0)
             r->doubt = 1;
@@ -851,7 +872,9 @@ fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
         st->b = (uintptr_t)held;
     }
     r->child_proven = 0;   /* a gradient at the same address can be another */
-    return fp_tensor_mix(r, infos, held);
+    int rc = fp_tensor_mix(r, infos, held);   /* (its push holds the gradient) */
+    Py_DECREF(held);
+    return rc;
 }
 
 /* Whether `name` (a module's name, as a walk reads it) is a library's: the walk reads
@@ -1321,9 +1344,10 @@ plan_check(Fingerprint *f, FpPlan *p, PyObject *root)
         }
         case PL_TENSOR: {
             PyObject *infos, *held;
-            int got = fp_tensor_read(f, o, &infos, &held);
+            int got = fp_tensor_read(f, o, &infos, &held, 1);
             if (got <= 0)
                 return got;
+            Py_DECREF(held);   /* (the tensor holds it: the next checks read it) */
             if ((uintptr_t)infos != s->a || (uintptr_t)held != s->b)
                 return 0;
             break;
@@ -1496,6 +1520,7 @@ Fingerprint_use_taken(Fingerprint *f, PyObject *taken)
         PyErr_SetString(PyExc_TypeError, "use_taken: a dict or None");
         return NULL;
     }
+    fp_tensors_clear(&f->tensors);   /* (its entries can borrow from the last record) */
     Py_XSETREF(f->taken, taken == Py_None ? NULL : Py_NewRef(taken));
     Py_RETURN_NONE;
 }

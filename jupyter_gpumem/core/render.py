@@ -85,19 +85,34 @@ def _holders_table(holders, form: str):
     return out
 
 
+#: holders named on a hint line shared by several (the rest are counted)
+HINT_NAMES = 3
+
+
 def _hint_lines(holders, form: str) -> list[str]:
-    """One line per holder's hint, as text or HTML."""
+    """One line per hint, as text or HTML: a hint that names its holder itself stands
+    alone; the holders that share one hint (200 values in Out) share its line, the first
+    few named and the rest counted."""
     items = [(h.label, h.hint, names_itself(h)) for h in holders if h.hint]
     key = form + " hints"
     last = _LAST_TABLE.get(key)
     if last is not None and last[0] == items:
         return last[1]
-    if form == "text":
-        out = [f"hint: {hint}" if alone else f"hint: {label}: {hint}"
-               for label, hint, alone in items]
-    else:
-        out = [f"<div>hint: {'' if alone else f'<b>{esc(label)}</b>: '}{code_html(hint)}</div>"
-               for label, hint, alone in items]
+    lines: dict = {}   # (hint, names its holder) -> the labels of the others
+    for label, hint, alone in items:
+        labels = lines.setdefault((hint, alone), [])
+        if not alone:
+            labels.append(label)
+    out = []
+    for (hint, _), labels in lines.items():
+        named = labels[:HINT_NAMES] if labels else []
+        more = f" and {len(labels) - HINT_NAMES} more" if labels and len(labels) > HINT_NAMES \
+            else ""
+        if form == "text":
+            out.append(f"hint: {', '.join(named)}{more}: {hint}" if named else f"hint: {hint}")
+        else:
+            who = ", ".join(f"<b>{esc(label)}</b>" for label in named)
+            out.append(f"<div>hint: {f'{who}{more}: ' if named else ''}{code_html(hint)}</div>")
     _LAST_TABLE[key] = (items, out)
     return out
 

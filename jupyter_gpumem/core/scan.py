@@ -198,7 +198,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
             clean.add(i)
             if warm_pass is not None:
                 warm_pass.walked(i, roots[i], walked[i][0],
-                                 interleaved and before[2] != steps.taken)
+                                 interleaved and before[2] != steps.taken, walked[i][1])
 
     def walk(i: int, until: float) -> tuple:
         root = roots[i]

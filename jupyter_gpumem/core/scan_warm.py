@@ -128,6 +128,9 @@ class WarmScan:
         #: plain roots (reaching no storage) found changed: root key -> [scans left
         #: walked without a fingerprint, the next rest's length] (see WarmPass.look)
         self._resting: dict[tuple, list] = {}
+        #: plain roots walked once: fingerprinted at their second walk, so that the
+        #: first scan costs what it did without plans
+        self._plain_once: set = set()
         #: the last attribution's per-root stats, by their storages (see snapshot.Sharing)
         self.stats: dict[int, tuple] = {}
         #: (what it was made from, the C core's Fingerprint), kept from scan to scan
@@ -229,6 +232,7 @@ class WarmScan:
         self._doubted.clear()
         self._met.clear()
         self._resting.clear()
+        self._plain_once.clear()
         self._attributed = None
         self._fingerprint = None
         self.stats = {}
@@ -250,6 +254,9 @@ def _plans_safe(backends: list) -> bool:
 
 #: the longest rest of a plain root found changed again and again (scans)
 REST_MAX = 32
+#: plain data of more objects than this is walked each time (its first hash and its
+#: plan would cost more than they save: a plan is about 48 bytes a check)
+PLAIN_LIMIT = 200_000
 
 
 class WarmPass:
@@ -321,15 +328,21 @@ class WarmPass:
         warm.walked += 1
         return None
 
-    def walked(self, i: int, root: Any, found: dict, stepped: bool) -> None:
+    def walked(self, i: int, root: Any, found: dict, stepped: bool, objects: int = 0) -> None:
         """Root ``i`` was just walked whole (``found``: its storages), and no other code
         ran since (``stepped``: a step of the scan came during the walk). Where its
         fingerprint before the walk could not be taken (a tensor met for the first
         time), it is taken now, so it matches what the walk read; after a step, nothing
         is kept of it; a root that reaches no storage is not fingerprinted (see keep)."""
         got = self._pre.get(i, (None,))[0]
-        if got is not None or i in self._bare or (not found and not self.plans) or \
-                self.warm._doubted.get(self.key(root)) == (id(root.obj), id(type(root.obj))):
+        key = self.key(root)
+        if not found and got is None and i not in self._bare:
+            once = self.warm._plain_once
+            if not self.plans or objects > PLAIN_LIMIT or key not in once:
+                once.add(key)   # plain data: fingerprinted from its second walk, if small
+                return
+        if got is not None or i in self._bare or \
+                self.warm._doubted.get(key) == (id(root.obj), id(type(root.obj))):
             return   # (one found unprovable is not asked again while it is the same)
         if stepped:
             self._pre.pop(i, None)
@@ -380,5 +393,5 @@ class WarmPass:
         for table in (self.warm._kept, self.warm._doubted, self.warm._resting):
             for key in [k for k in table if k[3] == self.devices and k not in self._seen]:
                 del table[key]
-        met = self.warm._met
-        met.difference_update([k for k in met if k[3] == self.devices and k not in self._seen])
+        for met in (self.warm._met, self.warm._plain_once):
+            met.difference_update([k for k in met if k[3] == self.devices and k not in self._seen])
