@@ -169,7 +169,7 @@ fp_rotl(uint64_t x, int k)
 
 /* one word into both sums, as MurmurHash3 takes a block: the word is mixed on its own
  * (two multiplies that do not wait on the sums), then each sum takes it in three quick
- * steps; the sums are mixed whole once, at the end (fp_end) */
+ * steps; the sums are mixed whole once, at the end (fp_final) */
 static inline void
 fp_mix(fp_run *r, uint64_t w)
 {
@@ -772,7 +772,7 @@ fp_records_put(fp_records *m, PyObject *t, PyObject *rec, void *ptr)
  * too) is noted in this scan's memo, which the other roots that hold it read. */
 static int
 fp_tensor_read(Fingerprint *f, PyObject *t, PyObject **infos_out, PyObject **held_out,
-               Py_ssize_t refs)
+               Py_ssize_t refs, int proven)
 {
     fp_seen_tensor *seen = fp_tensor_slot(&f->tensors, t);
     if (seen != NULL && seen->tensor == t) {
@@ -818,7 +818,9 @@ fp_tensor_read(Fingerprint *f, PyObject *t, PyObject **infos_out, PyObject **hel
        ref is still t's and t's data has not moved (the backend then keeps it too) */
     fp_record *e = fp_record_slot(&f->records, t);
     PyObject *infos;
-    if (e != NULL && e->tensor == t && e->ptr == ptr && fp_referent(e->ref) == t) {
+    /* (a tensor a plan proves the same as when it was recorded has its own record at its
+       address: the record read then stands, as no other tensor took the address since) */
+    if (e != NULL && e->tensor == t && e->ptr == ptr && (proven || fp_referent(e->ref) == t)) {
         infos = e->infos;
     } else {
         key = PyLong_FromVoidPtr(t);
@@ -860,7 +862,7 @@ static int
 fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
 {
     PyObject *infos, *held;
-    int got = fp_tensor_read(f, t, &infos, &held, 2);   /* (this walk's stack holds it too) */
+    int got = fp_tensor_read(f, t, &infos, &held, 2, 0);   /* (this walk's stack holds it) */
     if (got <= 0) {
         if (got == 0)
             r->doubt = 1;
@@ -1264,8 +1266,12 @@ plan_check(Fingerprint *f, FpPlan *p, PyObject *root)
     const fp_step *steps = p->steps;
     for (size_t i = 0; i < p->n; i++) {
         const fp_step *s = &steps[i];
-        if (i + 8 < p->n)
+        if (i + 8 < p->n) {
             __builtin_prefetch(steps[i + 8].obj);   /* its header, asked for ahead */
+            if (steps[i + 8].kind == PL_TENSOR && f->records.cap)   /* and its record */
+                __builtin_prefetch(&f->records.slots[pset_slot(steps[i + 8].obj,
+                                                               f->records.cap - 1)]);
+        }
         PyObject *o = s->obj;
         /* an object not proven the same can be of another type; an instance of a class
            (a tensor too) can have another class since */
@@ -1344,7 +1350,7 @@ plan_check(Fingerprint *f, FpPlan *p, PyObject *root)
         }
         case PL_TENSOR: {
             PyObject *infos, *held;
-            int got = fp_tensor_read(f, o, &infos, &held, 1);
+            int got = fp_tensor_read(f, o, &infos, &held, 1, s->proven);
             if (got <= 0)
                 return got;
             Py_DECREF(held);   /* (the tensor holds it: the next checks read it) */
