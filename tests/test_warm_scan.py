@@ -269,3 +269,82 @@ def test_plain_data_changed_each_cell_rests_from_its_fingerprint(ip):
     assert key in state._kept and key not in state._resting
     warm, full, _ = _reports(ip)
     _same(warm, full)
+
+
+PLAN_SETUP = """
+import collections, torch
+class Holder:
+    def __init__(self):
+        self.t = torch.ones(10)
+class Other:
+    def __init__(self):
+        self.t = torch.ones(20)
+h = Holder()
+def f(x=torch.ones(30)):
+    return x
+dq = collections.deque([torch.ones(40)])
+s = {1, 2}
+dd = collections.defaultdict(list, a=[torch.ones(50)])
+pairs = [(1, 'a'), (2, 'b')]
+nested = ({'k': [1, 2]}, frozenset({3}))
+swap = torch.ones(60)
+plain = {i: [i, str(i)] for i in range(500)}
+"""
+
+#: changes that only a plan's own checks can miss (each kind of check), with whether
+#: the report shows them
+PLAN_STEPS = [
+    ("nothing", "pass", False),
+    ("an instance's class", "h.__class__ = Other", True),
+    ("an instance's dict replaced", "h.__dict__ = {'t': torch.ones(70)}", True),
+    ("a function's defaults", "f.__defaults__ = (torch.ones(80),)", True),
+    ("a function's code", "f.__code__ = (lambda x=None: 1).__code__", False),
+    ("a deque grown", "dq.append(torch.ones(90))", True),
+    ("a set given a tensor", "s.add(torch.ones(100))", True),
+    ("a defaultdict's factory", "dd.default_factory = lambda: [torch.ones(110)]", False),
+    ("a defaultdict's new key", "dd['b'].append(torch.ones(120))", True),
+    ("a tuple in a list replaced", "pairs[0] = None; pairs[0] = (1, torch.ones(130))", True),
+    ("a list in a dict in a tuple", "nested[0]['k'].append(torch.ones(140))", True),
+    ("a tensor's data replaced", "swap.data = torch.ones(150)", True),
+    ("a name rebound where it lay", "swap = None; swap = torch.ones(160)", True),
+    ("plain data given a tensor", "plain[7].append(torch.ones(170))", True),
+    ("plain data rebound", "plain = {i: [i] for i in range(500)}", True),
+    ("plain data given a tensor again", "plain[9].append(torch.ones(180))", True),
+]
+
+
+def test_every_kind_of_check_gives_the_full_scans_report(ip):
+    """The plan's checks, one kind of change each (a class, an instance dict, a function's
+    parts, a deque, a set, a defaultdict's factory and keys, a tuple where another lay,
+    a tensor's data, a name rebound at the same address, plain data): the warm report
+    is the full scan's after each."""
+    run(ip, PLAN_SETUP)
+    for _ in range(3):   # plain data is kept from its second walk
+        _reports(ip)
+    state = session_of(ip).warm
+    if scan_warm.WarmScan.available():   # each name is checked by its plan
+        planned = {key[0] for key, kept in state._kept.items() if kept.plan is not None}
+        assert {"h", "f", "dq", "s", "dd", "pairs", "nested", "swap", "plain"} <= planned
+    before = None
+    for what, cell, shown in PLAN_STEPS:
+        run(ip, cell)
+        warm, full, _ = _reports(ip)
+        _same(warm, full)
+        text = repr(full).split("\n", 2)[2]
+        if before is not None:
+            assert (text != before) == shown, f"{what}: shown {text != before}, expected {shown}"
+        before = text
+
+
+@warm_here
+def test_plain_data_too_large_for_a_plan_is_walked_each_time(ip):
+    """A list of 300,000 strings would need a check per string (their addresses can be
+    other strings' since): more than a plan keeps. Its fingerprint gives up as soon as
+    the plan does, and the list is walked each time, at C speed, as before plans."""
+    run(ip, "words = [str(i) for i in range(300_000)]")
+    for _ in range(3):
+        warm, full, _ = _reports(ip)
+        _same(warm, full)
+    state = session_of(ip).warm
+    key = ("words", "user", False, frozenset({"cpu"}))
+    assert key not in state._kept and key in state._doubted

@@ -16,6 +16,11 @@
  * frame, a numpy array, a type it was not told about...) gives None at once: the
  * caller walks that root again. So does a structure of more than `limit` objects.
  *
+ * With plan=True it also records what it read as checks, which the next scan runs
+ * instead of hashing again (see "plans" below). The Fingerprint is kept from scan to
+ * scan (begin() starts one, forget() ends it), with the backend's record of each plain
+ * tensor it proved, by the tensor's address (see fp_record).
+ *
  * Only where the dict version is known (CPython 3.11 to 3.13 with the GIL, the same
  * condition as DICT_TABLE in _reach.c): elsewhere the type is not built and the scan
  * always walks every root. */
@@ -1184,13 +1189,15 @@ static PyTypeObject FpPlanType = {
     .tp_as_sequence = &FpPlan_sequence,
 };
 
-/* Fingerprint.of(obj, keep=None, plan=False) -> (h1, h2, objects[, plan]) | None */
+/* Fingerprint.of(obj, keep=None, plan=0) -> (h1, h2, objects[, plan]) | None; plan 1:
+ * with its plan (None where it could not be kept), 2: a plan or nothing (None as soon
+ * as the plan would not be kept: a hash without it is of no use to the caller) */
 static PyObject *
 Fingerprint_of(Fingerprint *f, PyObject *args)
 {
     PyObject *obj, *keep = Py_None;
     int want_plan = 0;
-    if (!PyArg_ParseTuple(args, "O|Op:of", &obj, &keep, &want_plan))
+    if (!PyArg_ParseTuple(args, "O|Oi:of", &obj, &keep, &want_plan))
         return NULL;
     if (keep != Py_None && !PyList_Check(keep)) {
         PyErr_SetString(PyExc_TypeError, "of: keep must be a list or None");
@@ -1219,6 +1226,10 @@ Fingerprint_of(Fingerprint *f, PyObject *args)
     if (r.held == NULL || fp_push(&r, obj) < 0)
         goto done;
     while (r.top > 0 && !r.doubt) {
+        if (want_plan == 2 && r.plan->broken) {
+            r.doubt = 1;
+            break;
+        }
         PyObject *o = r.stack[--r.top];
         r.cur_proven = r.proven[r.top];
         int rc = fp_visit(f, &r, o);
@@ -1226,7 +1237,7 @@ Fingerprint_of(Fingerprint *f, PyObject *args)
         if (rc < 0)
             goto done;
     }
-    if (r.doubt) {
+    if (r.doubt || (want_plan == 2 && r.plan->broken)) {
         result = Py_NewRef(Py_None);
     } else {
         unsigned long long h1 = fp_final(r.h1 + r.h2), h2 = fp_final(r.h2 ^ fp_rotl(r.h1, 17));
@@ -1544,9 +1555,10 @@ static PyMethodDef Fingerprint_methods[] = {
      "check(plan, obj) -> bool: whether what the plan checks holds still of obj, the root "
      "it was taken of (True: of(obj) would give the fingerprint taken with it)"},
     {"of", (PyCFunction)Fingerprint_of, METH_VARARGS,
-     "of(obj, keep=None, plan=False) -> (h1, h2, objects[, plan]) | None: what obj holds, "
+     "of(obj, keep=None, plan=0) -> (h1, h2, objects[, plan]) | None: what obj holds, "
      "hashed (None: it cannot be proved, walk it); keep (a list) gets the records hashed by "
-     "address; with plan, what was read as checks (or None where it could not be kept)"},
+     "address; plan 1: with what was read as checks (None where it could not be kept), 2: "
+     "None as soon as the plan could not be kept"},
     {NULL, NULL, 0, NULL}
 };
 

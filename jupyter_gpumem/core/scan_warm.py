@@ -7,16 +7,25 @@ though most cells change none of them. The C core's :class:`Fingerprint`
 (``core/_fingerprint.h``) hashes what a root holds at C speed, reading no more
 than version tags, lengths, addresses and each tensor's data pointer; where the
 hash is the one taken when the root was last walked, the walk's storages are
-reused, and the holder's largest path with them. Anything the fingerprint cannot
+reused, and the holder's largest path with them. The fingerprint also keeps what it
+read as a plan of checks, in the order it read them; the next scan runs the plan
+(``Fingerprint.check``), which reads far less than the hash (what an unchanged dict
+holds needs no reading, atoms there not even their type), and hashes the root again
+only where a check fails. Plain data is kept from its second walk on (up to
+:data:`PLAIN_LIMIT` objects), and walked without a fingerprint for a while after each
+change when it changes again and again. Anything the fingerprint cannot
 prove (an autograd graph, a frame, a numpy array, a tensor the backend has no
 record of, a walk that was cut short or refused an object) means the root is
 walked again. So the report is the one a full scan gives, byte for byte
 (tests/test_warm_scan.py); only the time differs.
 
 A :class:`WarmScan` belongs to one shell (the :class:`~jupyter_gpumem.session.Session`
-owns it). It holds no user object: only names, hashes, storage records (keys and
-sizes) and the backend's own records and code objects the hash names by address,
-kept so that no later object can take their address. Without the C core, or with
+owns it). It holds no user object: only names, hashes, plans (addresses, with weak
+references to the classes they compare), storage records (keys and sizes) and the
+backend's own records and code objects the hash names by address, kept so that no
+later object can take their address. Its fingerprint is kept from scan to scan, with
+the backend's record of each tensor it proved; it lets go of every tensor, gradient
+and class it read when each scan ends. Without the C core, or with
 ``JUPYTER_GPUMEM_FULL_SCAN=1``, or asked for a full scan (``%gpumem --full``), every
 root is walked; a full scan still records what it walked for the next one.
 """
@@ -315,13 +324,14 @@ class WarmPass:
                 del warm._resting[key]
             return kept
         keep: list = []
-        got = self.fingerprint.of(root.obj, keep, True)
+        plain = kept is not None and not kept.storages   # kept only with its plan
+        got = self.fingerprint.of(root.obj, keep, 2 if plain else 1)
         now, plan = (got[:3], got[3]) if got is not None else (None, None)
         if now is not None and kept is not None and kept.print == now and self.reuse:
             kept.keep, kept.plan = keep, plan   # its plan said changed, its hash not
             warm.reused += 1
             return kept
-        if kept is not None and not kept.storages:   # plain data, changed: rests a while
+        if plain:   # plain data, changed: rests a while
             span = min(2 * rest[1], REST_MAX) if rest is not None else 1
             warm._resting[key] = [span, span]
         self._pre[i] = (now, keep, plan)
@@ -336,21 +346,22 @@ class WarmPass:
         is kept of it; a root that reaches no storage is not fingerprinted (see keep)."""
         got = self._pre.get(i, (None,))[0]
         key = self.key(root)
-        if not found and got is None and i not in self._bare:
+        ident = (id(root.obj), id(type(root.obj)))
+        if got is not None or i in self._bare or self.warm._doubted.get(key) == ident:
+            return   # (one found unprovable is not asked again while it is the same)
+        if not found:
             once = self.warm._plain_once
             if not self.plans or objects > PLAIN_LIMIT or key not in once:
                 once.add(key)   # plain data: fingerprinted from its second walk, if small
                 return
-        if got is not None or i in self._bare or \
-                self.warm._doubted.get(key) == (id(root.obj), id(type(root.obj))):
-            return   # (one found unprovable is not asked again while it is the same)
         if stepped:
             self._pre.pop(i, None)
             return
         keep: list = []
-        got = self.fingerprint.of(root.obj, keep, True)
+        # plain data is kept only with its plan: none (too many checks) is given up early
+        got = self.fingerprint.of(root.obj, keep, 1 if found else 2)
         if got is None:
-            self.warm._doubted[self.key(root)] = (id(root.obj), id(type(root.obj)))
+            self.warm._doubted[key] = ident
             return
         self._pre[i] = (got[:3], keep, got[3])
 
