@@ -311,12 +311,12 @@ class WarmPass:
             warm.walked += 1
             return None
         rest = warm._resting.get(key)
-        if rest is not None and rest[0] > 0:
+        kept = warm._kept.get(key)
+        if rest is not None and rest[0] > 0 and (kept is None or not kept.storages):
             rest[0] -= 1   # plain data found changed lately: walked, as it costs no more
             self._bare.add(i)
             warm.walked += 1
             return None
-        kept = warm._kept.get(key)
         if kept is not None and self.reuse and self.plans and kept.plan is not None and \
                 self.fingerprint.check(kept.plan, root.obj):
             warm.reused += 1
@@ -343,7 +343,8 @@ class WarmPass:
         ran since (``stepped``: a step of the scan came during the walk). Where its
         fingerprint before the walk could not be taken (a tensor met for the first
         time), it is taken now, so it matches what the walk read; after a step, nothing
-        is kept of it; a root that reaches no storage is not fingerprinted (see keep)."""
+        is kept of it. Plain data (no storage) is fingerprinted from its second walk, up
+        to :data:`PLAIN_LIMIT` objects and with a plan only (see keep)."""
         got = self._pre.get(i, (None,))[0]
         key = self.key(root)
         ident = (id(root.obj), id(type(root.obj)))
@@ -383,6 +384,8 @@ class WarmPass:
             warm._kept.pop(key, None)
             return
         warm._doubted.pop(key, None)
+        if found:
+            warm._resting.pop(key, None)   # (rests are for plain data)
         storages = dict(zip(found, zip(map(_FIRST, found.values()), repeat(UNREAD),
                                        repeat(None))))
         if storages:
