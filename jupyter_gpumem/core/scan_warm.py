@@ -296,6 +296,18 @@ class WarmPass:
         self.fingerprint.forget()
         self.steps = steps
 
+    def _checked(self, plan: Any, obj: Any) -> bool:
+        try:
+            return self.fingerprint.check(plan, obj)
+        except Exception:  # noqa: BLE001 - (out of memory, say): hashed, then walked
+            return False
+
+    def _hashed(self, obj: Any, keep: list, plan: int) -> tuple | None:
+        try:
+            return self.fingerprint.of(obj, keep, plan)
+        except Exception:  # noqa: BLE001 - as one it cannot prove: walked
+            return None
+
     def look(self, i: int, root: Any) -> Kept | None:
         """Root ``i``'s kept walk where its fingerprint is the one kept with it (its plan's
         checks hold, or else its hash is the same); else None (the caller walks it), its
@@ -318,14 +330,14 @@ class WarmPass:
             warm.walked += 1
             return None
         if kept is not None and self.reuse and self.plans and kept.plan is not None and \
-                self.fingerprint.check(kept.plan, root.obj):
+                self._checked(kept.plan, root.obj):
             warm.reused += 1
             if rest is not None:
                 del warm._resting[key]
             return kept
         keep: list = []
         plain = kept is not None and not kept.storages   # kept only with its plan
-        got = self.fingerprint.of(root.obj, keep, 2 if plain else 1)
+        got = self._hashed(root.obj, keep, 2 if plain else 1)
         now, plan = (got[:3], got[3]) if got is not None else (None, None)
         if now is not None and kept is not None and kept.print == now and self.reuse:
             kept.keep, kept.plan = keep, plan   # its plan said changed, its hash not
@@ -360,7 +372,7 @@ class WarmPass:
             return
         keep: list = []
         # plain data is kept only with its plan: none (too many checks) is given up early
-        got = self.fingerprint.of(root.obj, keep, 1 if found else 2)
+        got = self._hashed(root.obj, keep, 1 if found else 2)
         if got is None:
             self.warm._doubted[key] = ident
             return
