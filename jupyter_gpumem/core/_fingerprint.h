@@ -612,15 +612,24 @@ fp_referents(fp_run *r, PyObject *o, int step)
     return rc < 0 ? -1 : 0;
 }
 
+/* the slot of t in a table of `cap` entries (a power of two) of `size` bytes each, whose
+ * first member is the tensor's address: t's, or the empty one where it would go */
+static size_t
+fp_probe(const void *slots, size_t size, size_t cap, const PyObject *t)
+{
+    size_t mask = cap - 1, h = pset_slot((void *)t, mask);
+    for (;;) {
+        PyObject *const *at = (PyObject *const *)((const char *)slots + h * size);
+        if (*at == NULL || *at == t)
+            return h;
+        h = (h + 1) & mask;
+    }
+}
+
 static fp_seen_tensor *
 fp_tensor_slot(fp_tensors *m, PyObject *t)
 {
-    if (m->cap == 0)
-        return NULL;
-    size_t mask = m->cap - 1, h = pset_slot(t, mask);
-    while (m->slots[h].tensor != NULL && m->slots[h].tensor != t)
-        h = (h + 1) & mask;
-    return &m->slots[h];
+    return m->cap ? &m->slots[fp_probe(m->slots, sizeof(fp_seen_tensor), m->cap, t)] : NULL;
 }
 
 static void
@@ -649,14 +658,10 @@ fp_tensors_add(fp_tensors *m, PyObject *t, PyObject *infos, PyObject *held)
             PyErr_NoMemory();
             return -1;
         }
-        for (size_t i = 0; i < m->cap; i++) {
-            if (m->slots[i].tensor != NULL) {
-                size_t h = pset_slot(m->slots[i].tensor, cap - 1);
-                while (slots[h].tensor != NULL)
-                    h = (h + 1) & (cap - 1);
-                slots[h] = m->slots[i];
-            }
-        }
+        for (size_t i = 0; i < m->cap; i++)
+            if (m->slots[i].tensor != NULL)
+                slots[fp_probe(slots, sizeof(fp_seen_tensor), cap, m->slots[i].tensor)] =
+                    m->slots[i];
         PyMem_Free(m->slots);
         m->slots = slots;
         m->cap = cap;
@@ -697,12 +702,7 @@ fp_referent(PyObject *ref)
 static fp_record *
 fp_record_slot(fp_records *m, PyObject *t)
 {
-    if (m->cap == 0)
-        return NULL;
-    size_t mask = m->cap - 1, h = pset_slot(t, mask);
-    while (m->slots[h].tensor != NULL && m->slots[h].tensor != t)
-        h = (h + 1) & mask;
-    return &m->slots[h];
+    return m->cap ? &m->slots[fp_probe(m->slots, sizeof(fp_record), m->cap, t)] : NULL;
 }
 
 static void
@@ -740,10 +740,7 @@ fp_records_sweep(fp_records *m, size_t room)
             Py_CLEAR(e->rec);
             continue;
         }
-        size_t h = pset_slot(e->tensor, cap - 1);
-        while (slots[h].tensor != NULL)
-            h = (h + 1) & (cap - 1);
-        slots[h] = *e;
+        slots[fp_probe(slots, sizeof(fp_record), cap, e->tensor)] = *e;
     }
     PyMem_Free(m->slots);
     m->slots = slots;
@@ -1479,26 +1476,6 @@ Fingerprint_init(Fingerprint *f, PyObject *args, PyObject *kwds)
     return 0;
 }
 
-static void
-Fingerprint_dealloc(Fingerprint *f)
-{
-    Py_CLEAR(f->judge);
-    Py_CLEAR(f->libs);
-    Py_CLEAR(f->is_lib);
-    Py_CLEAR(f->known);
-    Py_CLEAR(f->fn.obj);
-    Py_CLEAR(f->ptr.obj);
-    Py_CLEAR(f->held.obj);
-    for (int i = 0; i < FP_TYPE_CACHE; i++)
-        Py_CLEAR(f->cache_type[i]);
-    fp_tensors_clear(&f->tensors);
-    fp_records_clear(&f->records);
-    Py_CLEAR(f->taken);
-    Py_CLEAR(f->skip_keys);
-    pset_free(&f->stop);
-    Py_TYPE(f)->tp_free((PyObject *)f);
-}
-
 /* What this scan read is let go: the tensors and gradients (read again if asked), the
  * walk's record, and the types judged (none is held while no scan runs: a class of the
  * user's can hold what a purge frees, and the fingerprint is kept from scan to scan). */
@@ -1511,6 +1488,24 @@ fp_forget(Fingerprint *f)
         Py_CLEAR(f->cache_type[i]);
     f->cache_n = 0;
 }
+
+static void
+Fingerprint_dealloc(Fingerprint *f)
+{
+    Py_CLEAR(f->judge);
+    Py_CLEAR(f->libs);
+    Py_CLEAR(f->is_lib);
+    Py_CLEAR(f->known);
+    Py_CLEAR(f->fn.obj);
+    Py_CLEAR(f->ptr.obj);
+    Py_CLEAR(f->held.obj);
+    fp_forget(f);
+    fp_records_clear(&f->records);
+    Py_CLEAR(f->skip_keys);
+    pset_free(&f->stop);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
 
 static PyObject *
 Fingerprint_forget(Fingerprint *f, PyObject *unused)
