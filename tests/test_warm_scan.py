@@ -348,3 +348,41 @@ def test_plain_data_too_large_for_a_plan_is_walked_each_time(ip):
     state = session_of(ip).warm
     key = ("words", "user", False, frozenset({"cpu"}))
     assert key not in state._kept and key in state._doubted
+
+
+def test_no_code_of_the_users_runs_in_a_warm_scan(ip):
+    """Reading an OrderedDict's order hashes its keys: a key whose ``__hash__`` is the
+    user's would run in the middle of a fingerprint or a plan's checks (where it could
+    change what was already checked). Such an OrderedDict is walked each time instead,
+    and its keys are never hashed by a scan; a class given another metaclass is seen."""
+    run(ip, """
+import collections, torch
+CALLS = []
+class Key:
+    def __hash__(self):
+        CALLS.append(1)
+        return 7
+od = collections.OrderedDict()
+od[Key()] = torch.ones(10)
+od[Key()] = torch.ones(20)
+class Meta(type):
+    pass
+class Meta2(Meta):
+    pass
+class Box(metaclass=Meta):
+    t = torch.ones(30)
+holder = {'box': Box}
+""")
+    calls = ip.user_ns["CALLS"]
+    made = len(calls)   # (hashed once each when put in)
+    for _ in range(3):
+        warm, full, _ = _reports(ip)
+        _same(warm, full)
+    assert len(calls) == made, "a scan ran a key's __hash__"
+    state = session_of(ip).warm
+    run(ip, "Box.__class__ = Meta2")
+    warm, full, (reused, walked) = _reports(ip)
+    _same(warm, full)
+    if scan_warm.WarmScan.available():
+        kept = state._kept.get(("holder", "user", False, frozenset({"cpu"})))
+        assert kept is not None and walked >= 1   # holder's class check failed: hashed again

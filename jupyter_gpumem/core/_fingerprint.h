@@ -774,7 +774,7 @@ fp_records_put(fp_records *m, PyObject *t, PyObject *rec, void *ptr)
  * too) is noted in this scan's memo, which the other roots that hold it read. */
 static int
 fp_tensor_read(Fingerprint *f, PyObject *t, PyObject **infos_out, PyObject **held_out,
-               Py_ssize_t refs, int proven)
+               Py_ssize_t refs)
 {
     fp_seen_tensor *seen = fp_tensor_slot(&f->tensors, t);
     if (seen != NULL && seen->tensor == t) {
@@ -820,9 +820,7 @@ fp_tensor_read(Fingerprint *f, PyObject *t, PyObject **infos_out, PyObject **hel
        ref is still t's and t's data has not moved (the backend then keeps it too) */
     fp_record *e = fp_record_slot(&f->records, t);
     PyObject *infos;
-    /* (a tensor a plan proves the same as when it was recorded has its own record at its
-       address: the record read then stands, as no other tensor took the address since) */
-    if (e != NULL && e->tensor == t && e->ptr == ptr && (proven || fp_referent(e->ref) == t)) {
+    if (e != NULL && e->tensor == t && e->ptr == ptr && fp_referent(e->ref) == t) {
         infos = e->infos;
     } else {
         key = PyLong_FromVoidPtr(t);
@@ -864,7 +862,7 @@ static int
 fp_tensor(Fingerprint *f, fp_run *r, PyObject *t)
 {
     PyObject *infos, *held;
-    int got = fp_tensor_read(f, t, &infos, &held, 2, 0);   /* (this walk's stack holds it) */
+    int got = fp_tensor_read(f, t, &infos, &held, 2);   /* (this walk's stack holds it too) */
     if (got <= 0) {
         if (got == 0)
             r->doubt = 1;
@@ -992,6 +990,19 @@ fp_type(Fingerprint *f, fp_run *r, PyTypeObject *tp)
     return rc;
 }
 
+/* Whether every key of dict d hashes in C, with no Python code (str, int, bytes, float,
+ * bool, None, exact): an OrderedDict's iteration hashes each key to find its node */
+static int
+fp_keys_hash_in_c(PyObject *d)
+{
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(d, &pos, &k, &v))   /* (the table itself: no key is hashed) */
+        if (!fp_is_atom(Py_TYPE(k)))
+            return 0;
+    return 1;
+}
+
 /* an exact defaultdict's factory (a new reference, or NULL: none, or an error set) */
 static PyObject *
 fp_factory(PyObject *o)
@@ -1071,8 +1082,13 @@ fp_visit(Fingerprint *f, fp_run *r, PyObject *o)
         st = plan_step(r, PL_ODICT, o, proven, 1);
         if (st != NULL)
             st->a = fp_version(o);
-        /* its order is its own (move_to_end leaves the dict's version as it is) */
+        /* its order is its own (move_to_end leaves the dict's version as it is); reading
+           it hashes each key, so it is read only where no key's hash is Python code */
         if (PyDict_GET_SIZE(o) != 0) {
+            if (!fp_keys_hash_in_c(o)) {
+                r->doubt = 1;
+                return 0;
+            }
             PyObject *order = PySequence_List(o);
             if (order == NULL)
                 return -1;
@@ -1189,11 +1205,23 @@ static PyTypeObject FpPlanType = {
 /* Fingerprint.of(obj, keep=None, plan=0) -> (h1, h2, objects[, plan]) | None; plan 1:
  * with its plan (None where it could not be kept), 2: a plan or nothing (None as soon
  * as the plan would not be kept: a hash without it is of no use to the caller) */
+/* (a Fingerprint made without its __init__ has no judge nor getters) */
+static int
+fp_ready(Fingerprint *f)
+{
+    if (f->judge != NULL && f->fn.obj != NULL)
+        return 1;
+    PyErr_SetString(PyExc_TypeError, "Fingerprint: not initialised");
+    return 0;
+}
+
 static PyObject *
 Fingerprint_of(Fingerprint *f, PyObject *args)
 {
     PyObject *obj, *keep = Py_None;
     int want_plan = 0;
+    if (!fp_ready(f))
+        return NULL;
     if (!PyArg_ParseTuple(args, "O|Oi:of", &obj, &keep, &want_plan))
         return NULL;
     if (keep != Py_None && !PyList_Check(keep)) {
@@ -1282,8 +1310,9 @@ plan_check(Fingerprint *f, FpPlan *p, PyObject *root)
         }
         PyObject *o = s->obj;
         /* an object not proven the same can be of another type; an instance of a class
-           (a tensor too) can have another class since */
-        if ((!s->proven || s->kind == PL_REFS || s->kind == PL_TENSOR) && Py_TYPE(o) != s->type)
+           (a tensor, a module, a class too) can have another class since */
+        if ((!s->proven || s->kind == PL_REFS || s->kind == PL_TENSOR || s->kind == PL_TYPE ||
+                s->kind == PL_MODULE) && Py_TYPE(o) != s->type)
             return 0;
         if (!s->proven && s->visited && (pset_has(&f->stop, o) != 0) != (s->kind == PL_STOP))
             return 0;
@@ -1358,7 +1387,7 @@ plan_check(Fingerprint *f, FpPlan *p, PyObject *root)
         }
         case PL_TENSOR: {
             PyObject *infos, *held;
-            int got = fp_tensor_read(f, o, &infos, &held, 1, s->proven);
+            int got = fp_tensor_read(f, o, &infos, &held, 1);
             if (got <= 0)
                 return got;
             Py_DECREF(held);   /* (the tensor holds it: the next checks read it) */
@@ -1429,12 +1458,25 @@ static PyObject *
 Fingerprint_check(Fingerprint *f, PyObject *args)
 {
     PyObject *plan, *obj;
-    if (!PyArg_ParseTuple(args, "O!O:check", &FpPlanType, &plan, &obj))
+    if (!fp_ready(f) || !PyArg_ParseTuple(args, "O!O:check", &FpPlanType, &plan, &obj))
         return NULL;
     int got = plan_check(f, (FpPlan *)plan, obj);
     if (got < 0)
         return NULL;
     return PyBool_FromLong(got);
+}
+
+/* What this scan read is let go: the tensors and gradients (read again if asked), the
+ * walk's record, and the types judged (none is held while no scan runs: a class of the
+ * user's can hold what a purge frees, and the fingerprint is kept from scan to scan). */
+static void
+fp_forget(Fingerprint *f)
+{
+    fp_tensors_clear(&f->tensors);
+    Py_CLEAR(f->taken);
+    for (int i = 0; i < FP_TYPE_CACHE; i++)
+        Py_CLEAR(f->cache_type[i]);
+    f->cache_n = 0;
 }
 
 static int
@@ -1449,6 +1491,10 @@ Fingerprint_init(Fingerprint *f, PyObject *args, PyObject *kwds)
     PyObject *it = PyObject_GetIter(stop);
     if (it == NULL)
         return -1;
+    /* (made again: nothing of its last making stays) */
+    pset_free(&f->stop);
+    fp_forget(f);
+    fp_records_clear(&f->records);
     PyObject *item;
     while ((item = PyIter_Next(it)) != NULL) {
         void *p = PyLong_AsVoidPtr(item);
@@ -1476,18 +1522,6 @@ Fingerprint_init(Fingerprint *f, PyObject *args, PyObject *kwds)
     return 0;
 }
 
-/* What this scan read is let go: the tensors and gradients (read again if asked), the
- * walk's record, and the types judged (none is held while no scan runs: a class of the
- * user's can hold what a purge frees, and the fingerprint is kept from scan to scan). */
-static void
-fp_forget(Fingerprint *f)
-{
-    fp_tensors_clear(&f->tensors);
-    Py_CLEAR(f->taken);
-    for (int i = 0; i < FP_TYPE_CACHE; i++)
-        Py_CLEAR(f->cache_type[i]);
-    f->cache_n = 0;
-}
 
 static void
 Fingerprint_dealloc(Fingerprint *f)
