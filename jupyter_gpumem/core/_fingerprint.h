@@ -16,7 +16,7 @@
  * frame, a numpy array, a type it was not told about...) gives None at once: the
  * caller walks that root again. So does a structure of more than `limit` objects.
  *
- * With plan=True it also records what it read as checks, which the next scan runs
+ * With plan (1 or 2) it also records what it read as checks, which the next scan runs
  * instead of hashing again (see "plans" below). The Fingerprint is kept from scan to
  * scan (begin() starts one, forget() ends it), with the backend's record of each plain
  * tensor it proved, by the tensor's address (see fp_record).
@@ -1196,7 +1196,7 @@ static PyTypeObject FpPlanType = {
     .tp_name = "jupyter_gpumem.core._reach.FingerprintPlan",
     .tp_basicsize = sizeof(FpPlan),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "What one fingerprint read, as checks (Fingerprint.of(..., plan=True), "
+    .tp_doc = "What one fingerprint read, as checks (Fingerprint.of(..., plan=1), "
               "Fingerprint.check): see core/_fingerprint.h. len() is its number of checks.",
     .tp_dealloc = (destructor)FpPlan_dealloc,
     .tp_as_sequence = &FpPlan_sequence,

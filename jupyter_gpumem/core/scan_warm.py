@@ -173,15 +173,20 @@ class WarmScan:
         if len(self._judged) > _JUDGED_MAX:   # classes made and gone, run after run
             self._judged.clear()
         made = (tuple(map(id, (known, get_fn, get_ptr, get_held))), plain)
-        if self._fingerprint is not None and self._fingerprint[0] == made:
-            # the same backend's record: the tensors' records read in earlier scans are
-            # kept (the judge below would be the same as the one the fingerprint has)
-            fingerprint = self._fingerprint[1]
-            fingerprint.begin()
-            return WarmPass(self, fingerprint, reuse,
-                            None if devices is None else frozenset(devices),
-                            _plans_safe(backends))
+        if self._fingerprint is None or self._fingerprint[0] != made:
+            self._fingerprint = (made, self._made(backends, spec_backend, plain, stop, known,
+                                                  get_fn, get_ptr, get_held))
+        # (a fingerprint of the same backend's record is kept: the records of tensors it
+        # read in earlier scans with it)
+        fingerprint = self._fingerprint[1]
+        fingerprint.begin()
+        return WarmPass(self, fingerprint, reuse,
+                        None if devices is None else frozenset(devices),
+                        _plans_safe(backends))
 
+    def _made(self, backends: list, spec_backend: Any, plain: frozenset, stop: set,
+              known: dict, get_fn: Any, get_ptr: Any, get_held: Any) -> Any:
+        """A new C-core Fingerprint, with its judge of types (kept by this scan)."""
         judged, action_of, backends = self._judged, self._action, list(backends)
 
         def judge(tp: type) -> int:   # (holds no reference to self: the fingerprint is kept)
@@ -195,12 +200,8 @@ class WarmScan:
                 pass
             return action
 
-        fingerprint = FINGERPRINT(judge, self._libs, is_library_module_name, stop, known,
-                                  get_fn, get_ptr, get_held, CLASS_SKIP_KEYS, LIMIT)
-        self._fingerprint = (made, fingerprint)
-        return WarmPass(self, fingerprint, reuse,
-                        None if devices is None else frozenset(devices),
-                        _plans_safe(backends))
+        return FINGERPRINT(judge, self._libs, is_library_module_name, stop, known,
+                           get_fn, get_ptr, get_held, CLASS_SKIP_KEYS, LIMIT)
 
     @staticmethod
     def _action(tp: type, backends: list, spec_backend: Any, plain: frozenset) -> int:
