@@ -1,9 +1,15 @@
 """Build hook: compiles the scan's optional C core (jupyter_gpumem/core/_reach.c).
 
 Built in place with setuptools' ``build_ext``, so an editable install uses it too,
-and shipped in the wheel (which is then platform-specific). Where no compiler is
-found the build goes on without it: the scan then walks in Python, with the same
-answers, more slowly (``jupyter_gpumem.core.scan_reach.NATIVE`` is None).
+and shipped in the wheel (which is then platform-specific). It is always compiled
+from the source (``force``): a ``.so`` left in the tree by an earlier build is never
+packed. Where no compiler is found the build goes on without it, and any such
+leftover is removed: the scan then walks in Python, with the same answers, more
+slowly (``jupyter_gpumem.core.native.CORE`` is None, and loading the extension says
+so in one line).
+
+The wheel carries the sidebar's built files without their source maps and build
+leftovers (``LEFTOVERS``): this hook runs after the sidebar's build and drops them.
 """
 from __future__ import annotations
 
@@ -15,6 +21,9 @@ from setuptools import Distribution, Extension
 from setuptools.command.build_ext import build_ext
 
 SOURCE = "jupyter_gpumem/core/_reach.c"
+LABEXTENSION = "jupyter_gpumem/labextension"
+#: what the sidebar's build leaves beside the files JupyterLab loads (never shipped)
+LEFTOVERS = ("*.map", "build_log.json", "*.orig")
 HEADER = "jupyter_gpumem/core/_fingerprint.h"   # included by SOURCE
 MODULE = "jupyter_gpumem.core._reach"
 
@@ -23,11 +32,17 @@ class NativeScanHook(BuildHookInterface):
     PLUGIN_NAME = "custom"
 
     def initialize(self, version: str, build_data: dict) -> None:
-        if self.target_name != "wheel" or os.environ.get("JUPYTER_GPUMEM_NO_NATIVE"):
+        if self.target_name != "wheel":
+            return
+        if version != "editable":
+            self._drop_leftovers()
+        if os.environ.get("JUPYTER_GPUMEM_NO_NATIVE"):
+            self._remove_built()
             return
         try:
             built = self._build()
         except Exception as exc:  # noqa: BLE001 - any failure: the pure-Python walk
+            self._remove_built()
             self.app.display_warning(
                 f"jupyter_gpumem: the scan's C core was not built ({type(exc).__name__}: {exc});"
                 " the scan walks in Python")
@@ -47,6 +62,7 @@ class NativeScanHook(BuildHookInterface):
         try:
             cmd = build_ext(dist)
             cmd.inplace = True
+            cmd.force = True    # compile from the source, whatever lies in the tree
             cmd.build_temp = os.path.join("build", "native")
             cmd.ensure_finalized()
             cmd.run()
@@ -59,6 +75,17 @@ class NativeScanHook(BuildHookInterface):
         self.app.display_info(f"jupyter_gpumem: built the scan's C core {path}")
         return "/" + path.replace(os.sep, "/")   # an artifact pattern, from the root
 
-    def clean(self, versions: list[str]) -> None:
+    def _remove_built(self) -> None:
+        """Remove a C core left in the tree by an earlier build (it may be stale)."""
         for path in glob.glob(os.path.join(self.root, "jupyter_gpumem", "core", "_reach*.so")):
             os.remove(path)
+
+    def _drop_leftovers(self) -> None:
+        """Drop the sidebar build's source maps and logs (see ``LEFTOVERS``)."""
+        for pattern in LEFTOVERS:
+            for path in glob.glob(os.path.join(self.root, LABEXTENSION, "**", pattern),
+                                  recursive=True):
+                os.remove(path)
+
+    def clean(self, versions: list[str]) -> None:
+        self._remove_built()

@@ -1,0 +1,92 @@
+"""The wheel: the C core compiled from the source or absent, never a leftover ``.so``;
+the sidebar's files without source maps or build logs.
+
+Each test copies the tracked tree (and the sidebar built by the editable install, so
+no Node.js build runs) into a temporary folder and builds a wheel there with the
+build backend in this environment (``--no-build-isolation``: no download).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILT_SIDEBAR = ROOT / "jupyter_gpumem" / "labextension"
+
+pytestmark = [
+    pytest.mark.skipif(not (BUILT_SIDEBAR / "static" / "style.js").exists(),
+                       reason="the sidebar is not built here (the editable install builds it)"),
+    pytest.mark.skipif(shutil.which("git") is None, reason="git is needed to list the tracked tree"),
+]
+
+
+def _tree(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(BUILT_SIDEBAR, src / "jupyter_gpumem" / "labextension")
+    return src
+
+
+def _wheel(src: Path, out: Path, **env) -> list[str]:
+    pytest.importorskip("hatchling")
+    pytest.importorskip("hatch_jupyter_builder")
+    run = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(out), str(src)],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (wheel,) = glob.glob(str(out / "*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        return z.namelist()
+
+
+def _plant_stale_core(src: Path) -> Path:
+    """A C core as an earlier build would have left it, newer than its source."""
+    name = "_reach" + sysconfig.get_config_var("EXT_SUFFIX")
+    stale = src / "jupyter_gpumem" / "core" / name
+    stale.write_bytes(b"not a shared object: a leftover of an earlier build")
+    return stale
+
+
+def test_without_a_compiler_a_leftover_core_is_never_packed(tmp_path):
+    src = _tree(tmp_path)
+    stale = _plant_stale_core(src)
+    names = _wheel(src, tmp_path / "out", CC="/bin/false")
+    assert not [n for n in names if "core/_reach" in n and not n.endswith((".c", ".h"))], names
+    assert not stale.exists(), "the leftover stays in the tree, where an editable install loads it"
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler here")
+def test_with_a_compiler_the_core_is_compiled_from_the_source(tmp_path):
+    src = _tree(tmp_path)
+    _plant_stale_core(src)
+    names = _wheel(src, tmp_path / "out")
+    cores = [n for n in names if n.startswith("jupyter_gpumem/core/_reach") and n.endswith(".so")]
+    assert len(cores) == 1, names
+    out = tmp_path / "unpacked"
+    with zipfile.ZipFile(glob.glob(str(tmp_path / "out" / "*.whl"))[0]) as z:
+        z.extract(cores[0], out)
+    assert (out / cores[0]).read_bytes()[:4] == b"\x7fELF", "the planted leftover was packed"
+
+
+def test_the_sidebar_ships_without_source_maps_or_build_leftovers(tmp_path):
+    src = _tree(tmp_path)
+    names = _wheel(src, tmp_path / "out", JUPYTER_GPUMEM_NO_NATIVE="1")
+    sidebar = [n for n in names if "labextensions/jupyter-gpumem/" in n]
+    assert any(n.endswith("static/style.js") for n in sidebar), sidebar
+    assert any(n.endswith("/package.json") for n in sidebar), sidebar
+    left = [n for n in sidebar if n.endswith((".map", "build_log.json", ".orig"))]
+    assert not left, left
