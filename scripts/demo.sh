@@ -1,10 +1,28 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and open the quickstart notebook in JupyterLab,
-# with the "GPU Memory" sidebar. Stop with Ctrl-C.
+# Set up only what the demo needs (this package with its JupyterLab sidebar, PyTorch's CPU
+# build, JupyterLab) in .venv, then open the quickstart notebook in JupyterLab with the
+# "GPU Memory" sidebar. Stop with Ctrl-C. The full development set-up (every framework,
+# the test tools, a browser) is scripts/setup.sh, which scripts/test.sh runs.
+# Building the sidebar needs Node.js 20+ (jlpm comes with the build tools); its
+# node_modules are removed again afterwards unless they were there before.
+# `bash scripts/demo.sh --setup-only` sets up and stops there.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash scripts/setup.sh
+t0=$SECONDS
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
+pip() { python -m pip -q --no-cache-dir "$@"; }
+pip install --upgrade pip
+pip install "torch==2.13.0"
+had_modules=0
+[ -d labextension/node_modules ] && had_modules=1
+pip install -e ".[lab]"
+if [ "$had_modules" = 0 ]; then
+  rm -rf labextension/node_modules labextension/.yarn
+fi
+echo "demo: set up in $((SECONDS - t0)) s; .venv is $(du -sh .venv | cut -f1)"
+[ "${1:-}" = --setup-only ] && exit 0
 extra=()
 [ "$(id -u)" = 0 ] && extra+=(--allow-root)
 exec jupyter lab notebooks/quickstart.ipynb --ServerApp.ip=127.0.0.1 "${extra[@]}" "$@"
