@@ -17,9 +17,15 @@ pip install --upgrade pip
 pip install "torch==2.13.0"
 had_modules=0
 [ -d labextension/node_modules ] && had_modules=1
+yarn_tmp=""
+if [ "$had_modules" = 0 ]; then
+  # the sidebar's build tools and their cache live in a temporary folder, removed after
+  yarn_tmp=$(mktemp -d)
+  export YARN_GLOBAL_FOLDER="$yarn_tmp" YARN_CACHE_FOLDER="$yarn_tmp/cache"
+fi
 pip install -e ".[lab]"
 if [ "$had_modules" = 0 ]; then
-  rm -rf labextension/node_modules labextension/.yarn
+  rm -rf labextension/node_modules labextension/.yarn "$yarn_tmp"
 fi
 echo "demo: set up in $((SECONDS - t0)) s; .venv is $(du -sh .venv | cut -f1)"
 [ "${1:-}" = --setup-only ] && exit 0
