@@ -56,25 +56,82 @@ def user() -> str:
         return str(os.getuid())
 
 
-def descendants(pids) -> dict[int, list[int]]:
-    """Each of ``pids``' descendants, from one pass over the process table."""
-    pids = [p for p in pids if p]
-    if not pids:
-        return {}
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _children_files(pid: int) -> list[int] | None:
+    """``pid``'s children from Linux's ``/proc/PID/task/TID/children`` (``None``: not here)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return []                           # gone
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out += [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            if tid == str(pid):
+                return None                 # a kernel built without them
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _parents() -> dict[int, list[int]]:
+    """Every process's children, from one pass over the process table."""
     children: dict[int, list[int]] = {}
-    for proc in psutil.process_iter(["ppid"]):
-        children.setdefault(proc.info["ppid"], []).append(proc.pid)
+    try:
+        names = [n for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        names = None
+    if names is None:
+        for proc in psutil.process_iter(["ppid"]):
+            children.setdefault(proc.info["ppid"], []).append(proc.pid)
+        return children
+    for name in names:
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    return children
+
+
+def descendants(pids) -> dict[int, list[int]]:
+    """Each of ``pids``' descendants: from the kernel's per-task children lists where
+    Linux keeps them, else from one pass over the process table."""
+    pids = [p for p in pids if p]
+    table: dict[int, list[int]] | None = None
     out = {}
     for pid in pids:
         seen: set[int] = set()
         stack = [pid]
         while stack:
-            for child in children.get(stack.pop(), ()):
+            up = stack.pop()
+            found = _children_files(up) if table is None else table.get(up, [])
+            if found is None:
+                table = _parents()
+                found = table.get(up, [])
+            for child in found:
                 if child not in seen and child != pid:
                     seen.add(child)
                     stack.append(child)
         out[pid] = sorted(seen)
     return out
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * PAGE
+    except FileNotFoundError:
+        raise psutil.NoSuchProcess(pid) from None
+    except (OSError, IndexError, ValueError):
+        return psutil.Process(pid).memory_info().rss
 
 
 def rss(pids) -> int | None:
@@ -83,7 +140,7 @@ def rss(pids) -> int | None:
     total = 0
     for n, pid in enumerate(pids):
         try:
-            total += psutil.Process(pid).memory_info().rss
+            total += _rss(pid)
         except (psutil.Error, OSError):
             if n == 0:
                 return None
