@@ -90,9 +90,11 @@ def test_metrics_are_the_kernels_endpoints_figures(server):
             "cuda:0": 3 * GiB, "cuda:1": 0}
         assert {s["device"]: v for s, v in got["jupyter_gpumem_hidden_processes"]} == {
             "cuda:0": 1, "cuda:1": 0}
-        assert got["jupyter_gpumem_orphan_processes"] == [({"device": "cuda:0", "user": me}, 1)]
+        assert got["jupyter_gpumem_orphan_processes"] == [({"device": "cuda:0", "user": me}, 1),
+                                                          ({"device": "cuda:1", "user": me}, 0)]
         assert got["jupyter_gpumem_orphan_bytes"] == [({"device": "cuda:0", "user": me},
-                                                       500 * MiB)]
+                                                       500 * MiB),
+                                                      ({"device": "cuda:1", "user": me}, 0)]
         [(labels, n)] = got["jupyter_gpumem_other_processes"]
         assert labels["relation"] == "other_user" and labels["user"] == \
             psutil.Process(theirs.pid).username() and n == 1
@@ -108,6 +110,9 @@ def test_metrics_are_the_kernels_endpoints_figures(server):
         assert again["jupyter_gpumem_readings_total"] == [({}, 2)]
         assert {s["path"]: v for s, v in again["jupyter_gpumem_kernel_gpu_bytes"]
                 if s["device"] == "cuda:0"} == {"a.ipynb": 3 * GiB, "work/b.ipynb": 2 * GiB}
+        assert again["jupyter_gpumem_orphan_processes"] == [
+            ({"device": "cuda:0", "user": me}, 0), ({"device": "cuda:1", "user": me}, 0)]
+        assert "jupyter_gpumem_other_processes" not in again
     finally:
         theirs.kill()
         gh.end(orphan)

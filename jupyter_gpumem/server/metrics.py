@@ -71,7 +71,7 @@ def families(data: dict, seconds: float | None = None, passes: int | None = None
     count = _gauge("kernels", "the server's running kernels", ["user"])
     count.add_metric([who], len(data["kernels"]))
     out = [total, used, ours, gpu, host, count, hidden]
-    out += _processes(data["others"])
+    out += _processes(data["others"], list(by_device), who)
     flag = _gauge("gpu", "1 where NVML answers with a device, else 0", [])
     flag.add_metric([], 1 if data.get("gpu") else 0)
     out.append(flag)
@@ -88,9 +88,10 @@ def families(data: dict, seconds: float | None = None, passes: int | None = None
     return out
 
 
-def _processes(others: list[dict]) -> list:
-    """The orphans and the other processes, counted and summed per device and user."""
-    orphans: dict[tuple, list[int]] = {}
+def _processes(others: list[dict], devices: list[str], who: str) -> list:
+    """The orphans and the other processes, counted and summed per device and user (the
+    server's user's orphans as 0 where there are none, so that a graph shows 0)."""
+    orphans: dict[tuple, list[int]] = {(dev, who): [0, 0] for dev in devices}
     rest: dict[tuple, list[int]] = {}
     for p in others:
         user = p.get("user") or ""
