@@ -269,15 +269,15 @@ def test_bodies_are_bounded_and_a_key_given_twice_is_refused(server):
         assert [p["pid"] for p in server.get("api/gpumem/kernels")["orphans"]] == [orphan]
         deep = b"[" * 2000 + b"]" * 2000
         assert len(deep) <= 4096
-        cases = {deep: "nests deeper than 16",
-                 b'{"dry_run": true, "dry_run": false}': 'the key "dry_run" is given twice',
+        cases = {b'{"dry_run": true, "dry_run": false}': 'the key "dry_run" is given twice',
+                 deep: "nests deeper than 16",
                  b'{"dry_run": true}' + b" " * 5000: "over 4096 bytes",
                  b'{"dry_run": NaN}': "NaN is not a JSON value",
                  b'{"dry_run": "\xff"}': "UTF-8",
                  b'{"dry_run": tru': "must be JSON"}
         for data, why in cases.items():
             code, answer = raw(server, "POST", "api/gpumem/orphans", data)
-            assert (code, why in answer["message"]) == (400, True), (data[:40], answer)
+            assert (code, why in answer.get("message", "")) == (400, True), (data[:40], answer)
         assert psutil.pid_exists(orphan) and psutil.Process(orphan).status() != "zombie"
         code, answer = raw(server, "POST", "api/gpumem/orphans", b'{"dry_run": true}')
         assert code == 200 and [t["pid"] for t in answer["targets"]] == [orphan]
