@@ -210,6 +210,9 @@ def test_orphans_dry_run_then_for_real(tmp_path):
 
         as_json = json.loads(cli(env, "orphans", "--dry-run", "--json").stdout)
         assert as_json["schema"] == "jupyter_gpumem.orphans/1" and as_json["targets"] == []
+        top = json.loads(cli(env, "--json", "orphans", "--dry-run").stdout)   # --json first
+        assert (top["schema"], top["targets"], top["dry_run"]) == (
+            "jupyter_gpumem.orphans/1", [], True)
     finally:
         for p in (soft, stubborn, plain):
             gh.end(p)

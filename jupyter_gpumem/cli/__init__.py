@@ -108,9 +108,10 @@ def orphans(args) -> int:
         shown.append(line)
         print(line, flush=True)
 
+    as_json = args.json or args.sub_json
     result = _orphans.purge_orphans(dry_run=args.dry_run, grace=args.grace, ctx=ctx,
-                                    on_step=None if args.sub_json else step)
-    if args.sub_json:
+                                    on_step=None if as_json else step)
+    if as_json:
         print(json.dumps(result.to_json(), indent=1))
     else:
         print("\n".join(line for line in repr(result).splitlines() if line not in shown))
