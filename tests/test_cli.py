@@ -302,3 +302,49 @@ def test_help_per_form_and_jupyter_finds_the_subcommand(tmp_path):
                              text=True, timeout=60)
     assert listing.returncode == 0, listing.stderr
     assert listing.stdout.startswith("no Jupyter server of this user is running")
+
+
+def test_a_server_on_a_unix_socket_is_asked_with_its_token(tmp_path):
+    """``--ServerApp.sock``: its runtime file names a socket, not a URL (a real HTTP
+    server on a real Unix socket stands for it)."""
+    import http.server
+    import socketserver
+    import threading
+
+    from jupyter_gpumem.cli import servers
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            body = json.dumps({"kernels": [], "others": []}).encode()
+            self.send_response(200 if self.path.startswith("/base/api/gpumem") else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    class Unix(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        def get_request(self):
+            conn, _ = super().get_request()
+            return conn, ("local", 0)
+
+    path = str(tmp_path / "jupyter.sock")
+    httpd = Unix(path, Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        info = {"url": "http+unix://%2Ftmp%2Fjupyter.sock/base/", "sock": path,
+                "base_url": "/base/", "token": "s3cret", "pid": os.getpid()}
+        asked = servers.request(info, "GET", servers.KERNELS, timeout=5)
+        assert (asked.ok, asked.status, asked.answer) == (True, 200, {"kernels": [],
+                                                                      "others": []})
+        assert seen == [("/base/api/gpumem/kernels", "token s3cret")]
+        missing = servers.request({**info, "sock": str(tmp_path / "none.sock")}, "GET",
+                                  servers.KERNELS, timeout=5)
+        assert missing.error.startswith("cannot connect")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

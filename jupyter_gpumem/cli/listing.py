@@ -4,7 +4,6 @@ on the GPUs as ``%gpumem --processes`` words them. Where no server answers, what
 and the process table alone say (the same proof of an orphan as the magic's)."""
 from __future__ import annotations
 
-import os
 import time
 
 import psutil
