@@ -32,6 +32,7 @@ LAYERS = [
     ["watch"],
     ["api"],
     ["server"],    # the Jupyter server extension: core and api, never IPython
+    ["cli"],       # ``jupyter gpumem``: asks the servers, reads core; never IPython
     ["views"],
     ["magics"],
     ["extension"],
@@ -40,7 +41,7 @@ LAYERS = [
 
 #: layers that never import IPython, widgets or matplotlib, at any level
 NO_FRONTEND = ("units", "backends", "core", "cluster", "settings", "session", "watch", "api",
-               "server")
+               "server", "cli")
 FRONTEND = ("IPython", "ipywidgets", "ipykernel", "matplotlib")
 
 

@@ -26,6 +26,8 @@ pytest.importorskip("jupyter_server")
 
 from jupyter_harness import Server, run  # noqa: E402
 
+from jupyter_gpumem.server.readings import CACHE_SECONDS  # noqa: E402
+
 MiB, GiB = gh.MiB, gh.GiB
 
 
@@ -91,6 +93,11 @@ def test_endpoint_kernel_report_and_orphan_purge(server):
         assert sorted((p["pid"], p["relation"]) for p in ka["processes"]) == sorted(
             [(pid_a, "kernel"), (child_a, "kernel_child")])
         assert ka["pid_note"] is None and ka["type"] == "notebook"
+        # host memory: the kernel's resident set and its child's, read as psutil reads it
+        now = sum(psutil.Process(p).memory_info().rss for p in [pid_a] + ka["children"])
+        assert abs(ka["host"]["rss"] - now) < 0.1 * now
+        assert ka["host"]["rss"] > psutil.Process(pid_a).memory_info().rss
+        assert data["user"] == psutil.Process().username()
         others = {p["pid"]: p for p in data["others"]}
         assert set(others) == {orphan, theirs.pid}
         assert others[orphan]["relation"] == "orphan" and others[orphan]["purgeable"]
@@ -130,6 +137,7 @@ def test_endpoint_kernel_report_and_orphan_purge(server):
         assert [(s["pid"], s["signal"], s["result"]) for s in result["steps"]] == [
             (orphan, "SIGTERM", "sent"), (orphan, "SIGTERM", "ended")]
         assert result["freed"] == {"cuda:0": 500 * MiB}
+        time.sleep(CACHE_SECONDS)            # the server's readings are kept a second
         after = server.get("api/gpumem/kernels")
         assert after["orphans"] == [] and [p["pid"] for p in after["others"]] == [theirs.pid]
         assert [k["gpu_bytes"] for k in after["kernels"]] == [2 * GiB, GiB + 300 * MiB]
@@ -233,3 +241,88 @@ def test_a_restarted_kernels_spawn_children_are_its_orphans(server, tmp_path):
     finally:
         for p in children:
             gh.end(p)
+
+
+def raw(server, method: str, path: str, data: bytes) -> tuple[int, dict]:
+    """A request with the body ``data`` as it is: the status and the JSON answer."""
+    import urllib.request
+
+    from jupyter_harness import TOKEN
+    req = urllib.request.Request(server.base + path, method=method, data=data)
+    req.add_header("Authorization", f"token {TOKEN}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def test_bodies_are_bounded_and_a_key_given_twice_is_refused(server):
+    """A body nested 2,000 deep, one with ``dry_run`` twice (the last would say: for
+    real), one over the size, ``NaN``, not UTF-8: each a 400 with a message, and the
+    orphan that a real purge would end is still there."""
+    kid, a = server.session("a.ipynb")
+    pid_a = int(run(a, "import os; print(os.getpid())"))
+    orphan = gh.orphan(server.dev, env={"JPY_PARENT_PID": "1", "JPY_SESSION_NAME": "x.ipynb"})
+    try:
+        gh.write_nvml(server.nvml, [(pid_a, GiB), (orphan, 500 * MiB)])
+        assert [p["pid"] for p in server.get("api/gpumem/kernels")["orphans"]] == [orphan]
+        deep = b"[" * 2000 + b"]" * 2000
+        assert len(deep) <= 4096
+        cases = {b'{"dry_run": true, "dry_run": false}': 'the key "dry_run" is given twice',
+                 deep: "nests deeper than 16",
+                 b'{"dry_run": true}' + b" " * 5000: "over 4096 bytes",
+                 b'{"dry_run": NaN}': "NaN is not a JSON value",
+                 b'{"dry_run": "\xff"}': "UTF-8",
+                 b'{"dry_run": tru': "must be JSON"}
+        for data, why in cases.items():
+            code, answer = raw(server, "POST", "api/gpumem/orphans", data)
+            assert (code, why in answer.get("message", "")) == (400, True), (data[:40], answer)
+        assert psutil.pid_exists(orphan) and psutil.Process(orphan).status() != "zombie"
+        code, answer = raw(server, "POST", "api/gpumem/orphans", b'{"dry_run": true}')
+        assert code == 200 and [t["pid"] for t in answer["targets"]] == [orphan]
+        assert psutil.pid_exists(orphan)
+    finally:
+        gh.end(orphan)
+
+
+def test_without_nvml_every_kernel_is_listed_with_its_host_memory(tmp_path):
+    """No NVML at all (the real pynvml, no driver): the kernels all the same, each with the
+    resident memory of it and its descendants, ``"gpu": false`` and a plain message; a
+    kernel stopped with SIGSTOP answers too."""
+    import signal
+
+    s = Server(tmp_path, fake_nvml=False)
+    try:
+        kid_a, a = s.session("a.ipynb")
+        kid_b, b = s.session("work/b.ipynb")
+        pid_a = int(run(a, "import os; x = bytearray(200 * 2**20); print(os.getpid())"))
+        pid_b = int(run(b, "import os, subprocess, sys\n"
+                           "c = subprocess.Popen([sys.executable, '-c', 'import time; "
+                           "x = bytearray(100 * 2**20); print(1, flush=True); time.sleep(300)'],"
+                           " stdout=subprocess.PIPE)\n"
+                           "c.stdout.readline(); print(os.getpid())"))
+        os.kill(pid_b, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            data = s.get("api/gpumem/kernels")
+            assert time.monotonic() - t0 < 10
+        finally:
+            os.kill(pid_b, signal.SIGCONT)
+        assert data["gpu"] is False and data["devices"] == [] and data["others"] == []
+        assert data["message"] == "GPU figures need NVML (the NVIDIA driver); none here"
+        rows = {k["path"]: k for k in data["kernels"]}
+        assert set(rows) == {"a.ipynb", "work/b.ipynb"}
+        assert (rows["a.ipynb"]["pid"], rows["work/b.ipynb"]["pid"]) == (pid_a, pid_b)
+        for k in data["kernels"]:
+            check("ServerKernels", k, ("kernels", "[]"))
+            procs = [k["pid"]] + k["children"]
+            now = sum(psutil.Process(p).memory_info().rss for p in procs)
+            assert abs(k["host"]["rss"] - now) < 0.1 * now, (k["path"], k["host"], now)
+            assert k["gpu"] == {} and k["gpu_bytes"] == 0
+        assert rows["a.ipynb"]["host"]["rss"] > 200 * MiB
+        assert len(rows["work/b.ipynb"]["children"]) == 1
+        assert rows["work/b.ipynb"]["host"]["rss"] > 100 * MiB + \
+            psutil.Process(pid_b).memory_info().rss
+    finally:
+        s.stop()
