@@ -46,6 +46,11 @@ def _unregister_magics(ip, magics: GpuMemMagics) -> None:
         for name in names:
             mm.magics[kind].pop(name, None)
     mm.registry.pop(type(magics).__name__, None)
+    # ``register_magics`` made it one of the shell's configurables: a later ``%config``
+    # would still set (and complain to) the unloaded instance
+    configurables = getattr(ip, "configurables", None)
+    if isinstance(configurables, list):
+        configurables[:] = [c for c in configurables if c is not magics]
 
 
 def _guarded(what: str, fn: Callable[[], Any]) -> None:
