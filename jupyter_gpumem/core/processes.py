@@ -310,11 +310,11 @@ def _kernel_words(path: str | None, pid: int | None) -> str:
 
 
 def _starters(env: dict, started: float, pid: int, ctx: Context | None) -> list[int]:
-    """The live processes that may be the kernel that started process ``pid`` (no mark
-    in its environment): this user's processes that started no later than it with the
-    same server (``JPY_PARENT_PID``) and notebook, that are a kernel of the server or
-    have a live parent (a process adopted by init is no kernel of a live server), or
-    that are in the server's list of kernels."""
+    """The live kernels that may have started process ``pid`` (no mark in its
+    environment): this user's processes that started no later than it, with the same
+    server (``JPY_PARENT_PID``) and notebook, that are kernels: in the server's list, a
+    child of that server, or with a kernel's command line (a kernel whose server is
+    gone)."""
     server, path = env.get(KERNEL_ENV), env.get(PATH_ENV)
     uid = os.getuid()
     out = []
@@ -332,11 +332,16 @@ def _starters(env: dict, started: float, pid: int, ctx: Context | None) -> list[
             continue
         if cenv.get(KERNEL_ENV) != server or (path and cenv.get(PATH_ENV) != path):
             continue
-        listed = ctx is not None and cand in ctx.kernels
-        looks = "kernel" in " ".join(info["cmdline"] or ())
-        if listed or looks or not orphaned(info["ppid"] or 0):
+        if (ctx is not None and cand in ctx.kernels) or str(info["ppid"]) == server \
+                or _looks_like_kernel(info["cmdline"] or ()):
             out.append(cand)
     return out
+
+
+def _looks_like_kernel(cmdline) -> bool:
+    """An IPython kernel's command line (``-m ipykernel_launcher -f .../kernel-ID.json``)."""
+    return any("ipykernel" in a or (os.path.basename(a).startswith("kernel-")
+                                    and a.endswith(".json")) for a in cmdline)
 
 
 def judge(pid: int, ppid: int, env: dict, started: float | None,
