@@ -180,8 +180,7 @@ def test_the_proof_is_asked_again_just_before_the_signal(fake_nvml, kernel_env):
     that pid and start time is what its mark names (here: the mark rewritten to name
     this live process)."""
     path, dev, started = fake_nvml
-    me = psutil.Process()
-    mark = f"{os.getpid()}:{me.create_time()!r}"
+    mark = processes.mark(os.getpid(), psutil.Process().create_time(), "999999")
     left = gh.orphan(dev, env={processes.KERNEL_MARK: mark, "JPY_PARENT_PID": "999999"})
     started.append(left)
     ctx = processes.context()
@@ -190,11 +189,29 @@ def test_the_proof_is_asked_again_just_before_the_signal(fake_nvml, kernel_env):
     why, _ = orphans.refusal(t, ctx)
     assert why is not None and why.startswith("no longer an orphan")
     # a mark whose start time is not the live process's: that kernel is gone
-    gone = gh.orphan(dev, env={processes.KERNEL_MARK: f"{os.getpid()}:12345.0",
+    gone = gh.orphan(dev, env={processes.KERNEL_MARK: processes.mark(os.getpid(), 12345.0,
+                                                                      "999999"),
                                "JPY_PARENT_PID": "999999"})
     started.append(gone)
     assert processes.is_orphan(gone, ctx)
     assert alive(left) and alive(gone)
+
+
+def test_a_mark_passed_on_through_another_server_names_no_kernel(fake_nvml):
+    """A Jupyter server started from a kernel that loaded the extension passes that
+    kernel's mark on; a process of that server's kernels carries it, but that kernel
+    did not start it: the mark is not its proof (here the marked kernel is this live
+    process: with the mark taken as proof, the orphan would be kept as detached)."""
+    path, dev, started = fake_nvml
+    mark = processes.mark(os.getpid(), psutil.Process().create_time(), "")
+    left = gh.orphan(dev, env={processes.KERNEL_MARK: mark, "JPY_PARENT_PID": "999999",
+                               "JPY_SESSION_NAME": "other.ipynb"})
+    started.append(left)
+    assert processes.marked_kernel(psutil.Process(left).environ()) is None
+    gh.write_nvml(path, [(left, MiB)])
+    [p] = _relations().values()
+    assert (p.relation, p.purgeable) == ("orphan", True)    # the fallback proved it
+    assert "no live kernel of it started before it" in p.label
 
 
 def test_the_mark_is_put_at_load(ip):

@@ -52,7 +52,8 @@ import os, signal, subprocess, sys, time
 import psutil
 dev = open({{dev!r}}, 'rb')
 before = subprocess.Popen(['sleep', '60'])
-mark = f"{{{{before.pid}}}}:{{{{psutil.Process(before.pid).create_time()!r}}}}"
+mark = (f"{{{{before.pid}}}}:{{{{psutil.Process(before.pid).create_time()!r}}}}:"
+        f"{{{{os.environ['JPY_PARENT_PID']}}}}")
 parent = subprocess.Popen([sys.executable, '-c', {gh.PARENT!r}, {gh.HOLD!r}, {{dev!r}}, '300'],
                           stdout=subprocess.PIPE, text=True, start_new_session=True,
                           env={{{{**os.environ, 'JUPYTER_GPUMEM_KERNEL': mark}}}})

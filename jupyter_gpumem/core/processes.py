@@ -257,22 +257,34 @@ def orphaned(parent: int) -> bool:
         return True
 
 
+def mark(pid: int, started: float, server: str | None) -> str:
+    """The value of :data:`KERNEL_MARK` for kernel ``pid`` started at ``started``, a
+    kernel of ``server`` (its ``JPY_PARENT_PID``; empty outside a Jupyter server)."""
+    return f"{pid}:{started!r}:{server or ''}"
+
+
 def mark_kernel(environ=None) -> None:
-    """Put this process's pid and start time into its environment (:data:`KERNEL_MARK`),
-    where every process it starts from now on finds the kernel that started it."""
+    """Put this process's pid, start time and server into its environment
+    (:data:`KERNEL_MARK`), where every process it starts from now on finds the kernel
+    that started it."""
     environ = os.environ if environ is None else environ
     try:
         started = psutil.Process().create_time()
     except (psutil.Error, OSError):
         return
-    environ[KERNEL_MARK] = f"{os.getpid()}:{started!r}"
+    environ[KERNEL_MARK] = mark(os.getpid(), started, environ.get(KERNEL_ENV))
 
 
 def marked_kernel(env: dict) -> tuple[int, float] | None:
-    """The kernel a process's environment records (pid, start time), or None."""
-    pid, _, started = str(env.get(KERNEL_MARK, "")).partition(":")
+    """The kernel a process's environment records (pid, start time), or None. A mark
+    names the process's kernel only where its server is the process's own: a Jupyter
+    server started from a kernel that loaded the extension passes that kernel's mark on
+    to its own kernels, and those to their processes, which that kernel did not start."""
+    parts = str(env.get(KERNEL_MARK, "")).split(":", 2)
+    if len(parts) != 3 or parts[2] != str(env.get(KERNEL_ENV, "") or ""):
+        return None
     try:
-        out = int(pid), float(started)
+        out = int(parts[0]), float(parts[1])
     except ValueError:
         return None
     return out if out[0] > 0 else None
