@@ -11,11 +11,21 @@ from . import cluster as _cluster
 from . import session as _session
 from .core.purge import PurgeError, PurgeResult
 from .core.snapshot import Snapshot, build
+from .settings import check_device, check_time_limit
 from .watch.scope import Watch, watch
 
 __version__ = "0.1.0"
 
 __all__ = ["snapshot", "purge", "watch", "PurgeError", "PurgeResult", "Snapshot", "Watch"]
+
+
+def _checked(device: str, time_limit: float, cluster: Any) -> tuple[str, float]:
+    """The arguments checked where they enter, as the magics check theirs: a device this
+    process has (a cluster's workers have their own: only its form is checked there) and
+    a finite, positive time limit; one ValueError otherwise."""
+    if cluster is None or cluster is False:
+        device = check_device(device)
+    return device, check_time_limit(time_limit)
 
 
 def snapshot(namespace: dict | None = None, *, shell: Any = None, names=None,
@@ -31,6 +41,7 @@ def snapshot(namespace: dict | None = None, *, shell: Any = None, names=None,
     names that hold their keys (what ``%gpumem --cluster`` shows). Raises
     :class:`~jupyter_gpumem.cluster.ClusterError` without a client.
     """
+    device, time_limit = _checked(device, time_limit, cluster)
     if cluster is not None and cluster is not False:
         if names:
             raise _cluster.ClusterError("a cluster snapshot covers every name: give no names")
@@ -56,5 +67,6 @@ def purge(names=(), *, namespace: dict | None = None, shell: Any = None, all: bo
     In a shell with the extension loaded (``shell``, or ``namespace`` its ``globals()``),
     its session hears of the purge, as of one from the magics or the views.
     """
+    device, time_limit = _checked(device, time_limit, cluster)
     return _session.purge(names, shell=shell, namespace=namespace, cluster=cluster, all=all,
                           dry_run=dry_run, device=device, time_limit=time_limit)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import session as _session
+from .core import processes as _processes
 from .magics import tame as _tame
 from .magics import trace as _trace
 from .magics import GpuMemMagics
@@ -18,6 +19,9 @@ def load(ip) -> None:
     session = _session.session_of(ip)
     if session is not None and isinstance(session.settings, GpuMemMagics):
         return      # loaded already
+    # what this kernel starts from now on knows its kernel (pid and start time): the
+    # proof :func:`~jupyter_gpumem.core.processes.judge` asks before calling one an orphan
+    _guarded("kernel mark", _processes.mark_kernel)
     magics = GpuMemMagics(shell=ip)
     ip.register_magics(magics)
     session = _session.open_session(ip, magics)
@@ -42,6 +46,11 @@ def _unregister_magics(ip, magics: GpuMemMagics) -> None:
         for name in names:
             mm.magics[kind].pop(name, None)
     mm.registry.pop(type(magics).__name__, None)
+    # ``register_magics`` made it one of the shell's configurables: a later ``%config``
+    # would still set (and complain to) the unloaded instance
+    configurables = getattr(ip, "configurables", None)
+    if isinstance(configurables, list):
+        configurables[:] = [c for c in configurables if c is not magics]
 
 
 def _guarded(what: str, fn: Callable[[], Any]) -> None:

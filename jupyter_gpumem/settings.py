@@ -7,6 +7,7 @@ sidebar all read the user's settings through ``session.settings``.
 """
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 
@@ -15,7 +16,7 @@ from typing import Any
 from traitlets import Bool, Float, TraitError, Unicode, Union, observe, validate
 from traitlets.config import Configurable
 
-from .core.devices import parse_device
+from .core.devices import check_present
 from .core.monitor import check_interval
 
 
@@ -42,6 +43,28 @@ def fmt_share(share: float) -> str:
     """A share as a percentage with the precision it was given: 0.8 -> ``80%``,
     0.001 -> ``0.1%``, 0.125 -> ``12.5%``."""
     return f"{round(share * 100, 6):g}%"
+
+
+def check_time_limit(value: Any, what: str = "time_limit") -> float:
+    """``value`` as seconds, finite and above 0; one-line ValueError otherwise (NaN would
+    never cut a scan, 0 or less would report nothing)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        seconds = math.nan
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{what} needs a finite number of seconds above 0, not {value!r}")
+    return seconds
+
+
+def check_device(value: Any, what: str = "device") -> str:
+    """A device selection this process has (``cuda:0`` only where there is one), parsed;
+    one-line ValueError otherwise: the check of every device that enters (settings, the
+    script API), as ``--device`` is checked by the magics."""
+    try:
+        return check_present(value)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
 
 
 class GpuMemSettings(Configurable):
@@ -95,7 +118,7 @@ class GpuMemSettings(Configurable):
                     warnings.simplefilter("ignore", UserWarning)
                     super()._load_config(cfg, section_names, {name: trait})
             except TraitError as exc:
-                print(f"jupyter_gpumem: {exc}; the setting keeps {trait.default()!r}",
+                print(f"jupyter_gpumem: {exc}; the setting keeps {getattr(self, name)!r}",
                       file=sys.stderr)
 
     @validate("warn_at")
@@ -119,8 +142,17 @@ class GpuMemSettings(Configurable):
 
     @validate("default_device")
     def _check_default_device(self, proposal) -> str:
+        """One this process has: ``cuda:0`` on a machine without a GPU is refused when
+        set (``%config``) and at load (``ipython_config.py``: the default stays)."""
         try:
-            parse_device(proposal["value"])
+            check_device(proposal["value"], "GpuMemMagics.default_device")
         except ValueError as exc:
-            raise TraitError(f"GpuMemMagics.default_device: {exc}") from None
+            raise TraitError(str(exc)) from None
         return proposal["value"]
+
+    @validate("scan_time_limit")
+    def _check_scan_time_limit(self, proposal) -> float:
+        try:
+            return check_time_limit(proposal["value"], "GpuMemMagics.scan_time_limit")
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None

@@ -35,6 +35,16 @@ ORPHAN = ("import os, subprocess, sys\n"
           "print(p.stdout.readline().strip(), flush=True)\n")
 
 
+def environ(env: dict | None = None) -> dict:
+    """This process's environment with ``env`` over it, and without the kernel mark the
+    extension puts there when it loads (unless ``env`` gives one): a holder stands for a
+    process that no live kernel started, whichever test loaded the extension before."""
+    out = {**os.environ, **(env or {})}
+    if "JUPYTER_GPUMEM_KERNEL" not in (env or {}):
+        out.pop("JUPYTER_GPUMEM_KERNEL", None)
+    return out
+
+
 def device_file(folder: Path) -> str:
     """The stand-in device file (``<folder>/nvidia-fake0``) and its prefix."""
     path = folder / "nvidia-fake0"
@@ -45,7 +55,7 @@ def device_file(folder: Path) -> str:
 def hold(dev_file: str, seconds: float = 120, env: dict | None = None) -> subprocess.Popen:
     """A child process that holds the device file."""
     p = subprocess.Popen([sys.executable, "-c", HOLD, dev_file, str(seconds)],
-                         stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+                         stdout=subprocess.PIPE, text=True, env=environ(env))
     assert int(p.stdout.readline()) == p.pid
     return p
 
@@ -61,7 +71,7 @@ def orphan(dev_file: str, seconds: float = 120, env: dict | None = None,
     ignores SIGTERM."""
     code = STUBBORN if stubborn else HOLD
     out = subprocess.run([sys.executable, "-c", ORPHAN, code, dev_file, str(seconds)],
-                         stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+                         stdout=subprocess.PIPE, text=True, env=environ(env),
                          check=True, timeout=30)
     pid = int(out.stdout.strip())
     deadline = time.time() + 10
@@ -102,5 +112,5 @@ def parent_of_holder(dev_file: str, seconds: float = 120, env: dict | None = Non
     """A process (standing for a kernel) with a child, both holding the device file: the
     process and its child's pid."""
     p = subprocess.Popen([sys.executable, "-c", PARENT, HOLD, dev_file, str(seconds)],
-                         stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+                         stdout=subprocess.PIPE, text=True, env=environ(env))
     return p, int(p.stdout.readline())

@@ -89,7 +89,8 @@ def test_every_relation_is_named_for_real_processes(fake_nvml):
     for p in data["devices"][0]["processes"]:
         check("ProcessReport", p, ("devices", "[]", "processes", "[]"))
     text = str(processes.ProcessReport([dp]))
-    assert "orphan: left by a kernel of old.ipynb (parent gone)" in text
+    assert ("orphan: left by a kernel of old.ipynb (parent gone; no live kernel of it "
+            "started before it)") in text
     assert "another user's (nobody)" in text and "3 process(es) NVML lists without a pid" in text
 
 
@@ -176,8 +177,11 @@ def test_no_gpu_and_no_nvml_say_so(ip, fake_nvml, monkeypatch, tmp_path):
 
 
 SUBREAPER = """
-import ctypes, subprocess, sys, time
-ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)          # PR_SET_CHILD_SUBREAPER
+import ctypes, os, subprocess, sys, time
+libc = ctypes.CDLL(None)
+libc.prctl(36, 1, 0, 0, 0)          # PR_SET_CHILD_SUBREAPER
+if os.environ.get("REAPER_NAME"):
+    libc.prctl(15, os.environ["REAPER_NAME"].encode(), 0, 0, 0)   # PR_SET_NAME
 out = subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]],
                      stdout=subprocess.PIPE, text=True, check=True)
 print(out.stdout.strip(), flush=True)
@@ -185,19 +189,26 @@ time.sleep(120)
 """
 
 
-def test_an_orphan_a_subreaper_adopted_is_known_by_its_kernel_gone(fake_nvml):
-    """Adopted by a subreaper of any name (here a Python process), a process a kernel
-    started is an orphan all the same: the server that started its kernel is no longer
-    among its ancestors."""
+def _adopted(dev, started, name: str) -> int:
+    """A process a kernel of a gone server started, adopted by a subreaper called
+    ``name``: its pid."""
     import subprocess
-    path, dev, started = fake_nvml
-    env = {**os.environ, "JPY_PARENT_PID": "999999", "JPY_SESSION_NAME": "old.ipynb"}
+    env = gh.environ({"JPY_PARENT_PID": "999999", "JPY_SESSION_NAME": "old.ipynb",
+                      "REAPER_NAME": name})
     reaper = subprocess.Popen([sys.executable, "-c", SUBREAPER, gh.ORPHAN, gh.HOLD, dev, "120"],
                               stdout=subprocess.PIPE, text=True, env=env)
     started.append(reaper.pid)
     left = int(reaper.stdout.readline())
     started.append(left)
     assert psutil.Process(left).ppid() == reaper.pid      # adopted by the subreaper
+    return left
+
+
+def test_an_orphan_a_known_subreaper_adopted_is_known_by_its_kernel_gone(fake_nvml):
+    """Adopted by a subreaper known by its name (tini, here), a process a kernel of a gone
+    server started is an orphan all the same."""
+    path, dev, started = fake_nvml
+    left = _adopted(dev, started, "tini")
     gh.write_nvml(path, [(left, gh.GiB)])
     kernel = gh.hold(dev)                 # the kernel asking: not the subreaper's ancestor
     started.append(kernel.pid)
@@ -205,3 +216,17 @@ def test_an_orphan_a_subreaper_adopted_is_known_by_its_kernel_gone(fake_nvml):
     [p] = dp.processes
     assert (p.relation, p.purgeable, p.path) == ("orphan", True, "old.ipynb")
     assert processes.is_orphan(left)
+
+
+def test_a_process_under_a_live_parent_of_unknown_name_is_no_orphan(fake_nvml):
+    """A live parent that is no known reaper (a Python process here, which may have
+    detached it or adopted it): in doubt, listed as what it is and never ended."""
+    path, dev, started = fake_nvml
+    left = _adopted(dev, started, "")
+    gh.write_nvml(path, [(left, gh.GiB)])
+    kernel = gh.hold(dev)                 # the kernel asking: not the subreaper's ancestor
+    started.append(kernel.pid)
+    [dp] = processes.read([("cuda:0", 0)], processes.context(me=kernel.pid, server_pid=4242))
+    [p] = dp.processes
+    assert (p.relation, p.purgeable) == ("own", False), p.label
+    assert not processes.is_orphan(left)

@@ -46,13 +46,22 @@ child = subprocess.Popen([sys.executable, '-c', {gh.HOLD!r}, {{dev!r}}, '300'],
 print(os.getpid(), child.stdout.readline().strip())
 """
 
+#: the left-over of this notebook's kernel before a restart: the job carries the mark of
+#: the kernel that started it (pid and start time, as the extension puts it), and that
+#: kernel is gone (a job a live kernel detached is never an orphan: test_orphan_proof.py)
 ORPHANED = f"""
 import os, signal, subprocess, sys, time
+import psutil
 dev = open({{dev!r}}, 'rb')
+before = subprocess.Popen(['sleep', '60'])
+mark = (f"{{{{before.pid}}}}:{{{{psutil.Process(before.pid).create_time()!r}}}}:"
+        f"{{{{os.environ['JPY_PARENT_PID']}}}}")
 parent = subprocess.Popen([sys.executable, '-c', {gh.PARENT!r}, {gh.HOLD!r}, {{dev!r}}, '300'],
-                          stdout=subprocess.PIPE, text=True, start_new_session=True)
+                          stdout=subprocess.PIPE, text=True, start_new_session=True,
+                          env={{{{**os.environ, 'JUPYTER_GPUMEM_KERNEL': mark}}}})
 held = int(parent.stdout.readline())
 os.kill(parent.pid, signal.SIGKILL); parent.wait()
+before.kill(); before.wait()
 print(os.getpid(), held)
 """
 
@@ -120,7 +129,8 @@ def test_endpoint_kernel_report_and_orphan_purge(server):
         assert dev["this_process"] == GiB and dev["hidden"] == 1
         text = run(a, "r = %gpumem --processes -o\nprint(r)")
         assert "kernel of this server: work/b.ipynb" in text
-        assert "orphan: left by a kernel of work/b.ipynb (parent gone)" in text
+        assert "orphan: left by a kernel of work/b.ipynb (pid " in text
+        assert "), which is gone" in text
 
         dry = server.request("POST", "api/gpumem/orphans", {"dry_run": True})
         assert [t["pid"] for t in dry["targets"]] == [orphan] and dry["steps"] == []

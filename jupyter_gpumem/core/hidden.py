@@ -38,6 +38,9 @@ class HiddenKind:
     find: Callable[[Any, Add], None]              # (shell, add)
     owns: Callable[[str], bool]                   # is this name (or alias) one of ours?
     clear: Callable[[str, Any, Any], bool]        # (name, obj, shell) -> report it as removed
+    #: (name, shell) -> the objects IPython's own record holds under a name the user can
+    #: also bind (``_``, ``_5``); None where no user binding can have the name
+    records: Callable[[str, Any], tuple] | None = None
     purge_arg: str | None = None                  # what purge accepts where no name is typed
     what: str | None = None                       # what it is, instead of the object's type
     rebuilt: bool = False                         # a new root object at every scan
@@ -79,10 +82,10 @@ def _find_output(shell: Any, add: Add) -> None:
     for n, value in other:
         name = output_name(n)
         add(name, value, name if type(n) is str else None)   # Out[...]: nothing to type
-    for n, _ in numbered:
+    for n, value in numbered:
         alias = f"_{n}"
-        if alias in ns:
-            add(alias, ns[alias], alias)    # only an alias of an Out[N] found above
+        if dict.get(ns, alias) is value:
+            add(alias, value, alias)    # IPython's own alias of Out[N] (identity: rule 2)
 
 
 def _owns_output(name: str) -> bool:
@@ -102,34 +105,50 @@ def _clear_output(name: str, obj: Any, shell: Any) -> bool:
                 return True
         return False
     for d in (shell.user_ns, getattr(shell, "user_ns_hidden", {})):
-        if d.get(name) is obj:
-            del d[name]
+        if dict.get(d, name) is obj:
+            dict.__delitem__(d, name)
     return True
+
+
+def _records_output(name: str, shell: Any) -> tuple:
+    """What IPython's own output history holds under ``Out[N]`` or its alias ``_N``."""
+    out_hist = output_history(shell)
+    if name.startswith("Out["):
+        return tuple(v for k, v in list(dict.items(out_hist))
+                     if type(k) in (int, str) and output_name(k) == name)
+    return (dict.get(out_hist, int(name[1:])),)
 
 
 # -- _, __, ___ -----------------------------------------------------------------------------
 _UNDERSCORES = ("_", "__", "___")
 
 
-def _find_underscore(shell: Any, add: Add) -> None:
-    ns, hidden_ns = shell.user_ns, getattr(shell, "user_ns_hidden", {})
+def _records_underscore(name: str, shell: Any) -> tuple:
+    """What IPython itself keeps under ``_``, ``__`` or ``___``: the display hook's own
+    record of the results it showed, and its copy in ``user_ns_hidden``. The name in
+    ``user_ns`` is IPython's only while it is one of these (the user may bind it)."""
     hook = getattr(shell, "displayhook", None)
+    return (getattr(hook, name, None), dict.get(getattr(shell, "user_ns_hidden", {}), name))
+
+
+def _find_underscore(shell: Any, add: Add) -> None:
     for name in _UNDERSCORES:
-        first = ns.get(name)
-        add(name, first, name)
-        for value in (hidden_ns.get(name), getattr(hook, name, None)):
-            if value is not first:      # most often the same object: added once is enough
-                add(name, value, name)
+        for value in _records_underscore(name, shell):
+            add(name, value, name)      # the same object twice is added once
 
 
 def _clear_underscore(name: str, obj: Any, shell: Any) -> bool:
-    for d in (shell.user_ns, getattr(shell, "user_ns_hidden", {})):
-        if d.get(name) is obj:
-            d[name] = ""
+    # called only where ``obj`` is one of IPython's records (see :func:`clear`); the
+    # name is said removed unless the user's own binding of it stays
+    ns, hidden_ns = shell.user_ns, getattr(shell, "user_ns_hidden", {})
+    said = name not in ns or dict.get(ns, name) is obj
+    for d in (ns, hidden_ns):
+        if dict.get(d, name) is obj:
+            dict.__setitem__(d, name, "")
     hook = getattr(shell, "displayhook", None)
     if hook is not None and getattr(hook, name, None) is obj:
         setattr(hook, name, "")
-    return True
+    return said
 
 
 # -- the last execution result ------------------------------------------------------------------
@@ -195,10 +214,11 @@ def _clear_traceback(name: str, obj: Any, shell: Any) -> bool:
 
 OUTPUT = HiddenKind(
     "output", "a value shown as a cell's result stays in Out: end the line with `;`",
-    _find_output, _owns_output, _clear_output)
+    _find_output, _owns_output, _clear_output, records=_records_output)
 UNDERSCORE = HiddenKind(
     "underscore", "`_` keeps the last shown result: `%gpumem purge` clears it",
-    _find_underscore, _UNDERSCORES.__contains__, _clear_underscore)
+    _find_underscore, _UNDERSCORES.__contains__, _clear_underscore,
+    records=_records_underscore)
 RESULT = HiddenKind(
     "result", "the last cell's result is kept by IPython: `%gpumem purge` clears it",
     _find_result, "last result".__eq__, _clear_result, purge_arg="last result")
@@ -269,9 +289,38 @@ class _Found:
         self.by_id[id(obj)] = root
 
 
+def is_ipythons(entry: HiddenKind, name: str, obj: Any, shell: Any) -> bool:
+    """Rule 2, the one place it is decided: a hidden holder is IPython's, and may be
+    cleared, only where the object under the name is the one IPython's own record holds
+    (the display hook's ``_``, ``__``, ``___``; the output history's ``Out[N]`` for
+    ``_N``), by identity. A user's binding that happens to have the name is the user's."""
+    if entry.records is None:
+        return True
+    return any(value is obj for value in entry.records(name, shell))
+
+
+def user_bindings(shell: Any) -> list[Root]:
+    """The user's own bindings of IPython's names (``_ = t`` after ``Out[4] = 2``, or
+    ``_5 = t`` where Out[5] is something else): the user's names, listed as such, and
+    never cleared with the hidden holders."""
+    ns = shell.user_ns
+    names = list(_UNDERSCORES)
+    names += [f"_{n}" for n in dict.keys(output_history(shell)) if type(n) is int]
+    out = []
+    for name in names:
+        value = dict.get(ns, name)
+        if not _may_hold(value):
+            continue
+        entry = UNDERSCORE if name in _UNDERSCORES else OUTPUT
+        if not is_ipythons(entry, name, value, shell):
+            out.append(Root(name, value, purge=name))
+    return out
+
+
 def hidden_roots(shell: Any = None) -> list[Root]:
     """IPython's hidden holders, under names a user can type: one root per object (its
-    other names are aliases), then the last traceback."""
+    other names are aliases), then the last traceback; then the user's own bindings of
+    IPython's names (:func:`user_bindings`), which are not hidden."""
     found = _Found()
     if shell is not None:
         add = found.add
@@ -282,16 +331,30 @@ def hidden_roots(shell: Any = None) -> list[Root]:
     objs = traceback_objects(shell)
     if objs:
         roots.append(traceback_root(objs))
+    if shell is not None:
+        roots += user_bindings(shell)
     return roots
 
 
-def clear(root: Root, shell: Any) -> list[str]:
-    """Drop IPython's hidden references for one hidden root; return what went."""
-    removed: list[str] = []
+def owned(root: Root, shell: Any) -> list[tuple[str, HiddenKind]]:
+    """The names of a hidden root that are IPython's own (:func:`is_ipythons`), with
+    their kinds. A purge settles them for every root before it deletes anything
+    (deleting ``Out[5]`` first would make its ``_5`` look like the user's)."""
+    out: list[tuple[str, HiddenKind]] = []
     for name in [root.name] + list(root.aliases):
         entry = next((k for k in KINDS if k.owns(name)), None)
         if entry is None or (shell is None and entry is not TRACEBACK):
             continue
+        if is_ipythons(entry, name, root.obj, shell):
+            out.append((name, entry))
+    return out
+
+
+def clear(root: Root, shell: Any, names: list | None = None) -> list[str]:
+    """Drop IPython's hidden references for one hidden root, under ``names`` (what
+    :func:`owned` said of it, by default now); return what went."""
+    removed: list[str] = []
+    for name, entry in (owned(root, shell) if names is None else names):
         if entry.clear(name, root.obj, shell) and name not in removed:
             removed.append(name)
     return removed

@@ -1,10 +1,11 @@
 """``%gpumem purge --orphans``: end this user's orphaned processes that hold GPU memory.
 
 The targets are the ``purgeable`` processes of :mod:`.processes`: this user's,
-orphaned (the parent gone), started by a Jupyter kernel. Each one is checked again
-just before each signal (the same process: its start time; still this user's,
-still orphaned, still holding a GPU device file; never this process, its parent
-or one of its ancestors) and then gets SIGTERM; those still running after
+orphaned (no live parent but init or a subreaper), started by a Jupyter kernel that
+is provably gone (:func:`.processes.judge`). Each one is checked again just before
+each signal (the same process: its start time; still this user's, still an orphan by
+the same proof, still holding a GPU device file; never this process, its parent or
+one of its ancestors) and then gets SIGTERM; those still running after
 ``grace`` seconds get SIGKILL. Every step is reported as it happens and in the
 result; the devices are read again once NVML no longer lists the ended pids.
 """
@@ -184,7 +185,7 @@ def refusal(t: Target, ctx: _processes.Context) -> tuple[str | None, psutil.Proc
         return "gone", None
     except (psutil.Error, OSError) as exc:
         return f"cannot be read ({type(exc).__name__})", None
-    if not _processes.is_orphan(t.pid):
+    if not _processes.is_orphan(t.pid, ctx):
         return f"no longer an orphan (parent {ppid})", None
     if _processes.holds_gpu_file(t.pid) is False:
         return "holds no GPU device file", None

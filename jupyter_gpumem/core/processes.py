@@ -11,10 +11,10 @@ relation:
                   child, a subprocess)
 ``kernel``        a kernel of the same Jupyter server (its notebook path)
 ``kernel_child``  a descendant of such a kernel
-``orphan``        its parent is gone: it was handed to init (pid 1), to a subreaper
-                  (systemd, tini, ...) or to no parent visible here; or a kernel
-                  started it and the server that started the kernel is no longer among
-                  its ancestors: the left-over of a restarted or crashed kernel
+``orphan``        its parent is gone (it was handed to init, to a subreaper such as
+                  systemd or tini, or to no parent visible here) and the kernel that
+                  started it is provably gone (:func:`judge`): the left-over of a
+                  restarted or crashed kernel
 ``ancestor``      this process's parent chain (the Jupyter server itself)
 ``other_user``    another user's process
 ``own``           this user's, none of the above (a script in a terminal, say)
@@ -24,8 +24,18 @@ pid, and this user's processes that hold no GPU device file here are counted as
 *hidden*: NVML sees the machine's PID namespace, the container another one, so
 those pids do not name the processes they would name here.
 
-Only this user's orphans that a Jupyter kernel started (their environment has
-``JPY_PARENT_PID``) are ``purgeable``: :mod:`.orphans` ends them.
+Only this user's orphans that a Jupyter kernel started, and whose kernel is proven
+gone, are ``purgeable``: :mod:`.orphans` ends them, after :func:`judge` said so again.
+
+Ending a process takes a proof (:func:`judge`, the one place it is decided). The
+extension puts the kernel's pid and start time into the kernel's environment when it
+loads (:data:`KERNEL_MARK`, :func:`mark_kernel`): every process the kernel starts
+afterwards inherits it, however it was detached (``tmux new -d``, a double fork,
+``setsid``). A process whose recorded kernel (that pid with that start time) is alive is
+never an orphan: it is listed as detached by that kernel. ``JPY_PARENT_PID`` names the
+server, not the kernel, so it proves nothing alone: a process started before the
+extension loaded (no mark) is an orphan only where no kernel of its server and notebook
+that started before it is alive.
 """
 from __future__ import annotations
 
@@ -54,6 +64,11 @@ REAPERS = frozenset({"init", "systemd", "tini", "tini-static", "dumb-init", "doc
 #: environment a Jupyter kernel's processes inherit from the server that started it
 KERNEL_ENV = "JPY_PARENT_PID"
 PATH_ENV = "JPY_SESSION_NAME"
+#: what the extension puts in the kernel's environment when it loads: ``pid:start time``
+#: of the kernel, inherited by every process it starts afterwards
+KERNEL_MARK = "JUPYTER_GPUMEM_KERNEL"
+#: seconds two readings of one process's start time may differ by
+SAME_START = 0.05
 
 COMMAND_WIDTH = 60
 MAX_DEPTH = 64                   # parents followed at most
@@ -232,6 +247,8 @@ def _kernel_of(ctx: Context, pid: int) -> KernelRef | None:
 
 
 def orphaned(parent: int) -> bool:
+    """Whether a process whose parent is ``parent`` has no live parent of its own: init,
+    a subreaper, or none visible here."""
     if parent <= 1:
         return True
     try:
@@ -240,26 +257,153 @@ def orphaned(parent: int) -> bool:
         return True
 
 
-def kernel_gone(env: dict, chain: list[int]) -> bool:
-    """A process a kernel started whose kernel is gone: its environment names the server
-    that started the kernel (``JPY_PARENT_PID``), which is no longer among its ancestors
-    (its parent chain broke where the kernel was: it was adopted by init or by a
-    subreaper, whatever that one is called)."""
+def mark(pid: int, started: float, server: str | None) -> str:
+    """The value of :data:`KERNEL_MARK` for kernel ``pid`` started at ``started``, a
+    kernel of ``server`` (its ``JPY_PARENT_PID``; empty outside a Jupyter server)."""
+    return f"{pid}:{started!r}:{server or ''}"
+
+
+def mark_kernel(environ=None) -> None:
+    """Put this process's pid, start time and server into its environment
+    (:data:`KERNEL_MARK`), where every process it starts from now on finds the kernel
+    that started it."""
+    environ = os.environ if environ is None else environ
     try:
-        server = int(env.get(KERNEL_ENV, "") or 0)
+        started = psutil.Process().create_time()
+    except (psutil.Error, OSError):
+        return
+    environ[KERNEL_MARK] = mark(os.getpid(), started, environ.get(KERNEL_ENV))
+
+
+def marked_kernel(env: dict) -> tuple[int, float] | None:
+    """The kernel a process's environment records (pid, start time), or None. A mark
+    names the process's kernel only where its server is the process's own: a Jupyter
+    server started from a kernel that loaded the extension passes that kernel's mark on
+    to its own kernels, and those to their processes, which that kernel did not start."""
+    parts = str(env.get(KERNEL_MARK, "")).split(":", 2)
+    if len(parts) != 3 or parts[2] != str(env.get(KERNEL_ENV, "") or ""):
+        return None
+    try:
+        out = int(parts[0]), float(parts[1])
     except ValueError:
-        return False
-    return server > 0 and server not in chain
+        return None
+    return out if out[0] > 0 else None
 
 
-def is_orphan(pid: int) -> bool:
-    """Process ``pid`` is an orphan now (see :func:`orphaned`, :func:`kernel_gone`)."""
+def alive_as(pid: int, started: float) -> bool | None:
+    """Whether the process ``pid`` that started at ``started`` is alive: False where the
+    pid is free or another process's now; None where it cannot be told."""
     try:
         proc = psutil.Process(pid)
-        ppid, env = proc.ppid(), proc.environ()
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return abs(proc.create_time() - started) <= SAME_START
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.Error, OSError):
+        return None
+
+
+@dataclass
+class Verdict:
+    """What :func:`judge` found a process to be: its relation, its words, and whether
+    :mod:`.orphans` may end it."""
+
+    relation: str
+    label: str
+    purgeable: bool = False
+    path: str | None = None
+    kernel_pid: int | None = None
+
+
+def _kernel_words(path: str | None, pid: int | None) -> str:
+    where = f"of {path}" if path else "(notebook unknown)"
+    return f"a kernel {where}" + (f" (pid {pid})" if pid else "")
+
+
+def _starters(env: dict, started: float, pid: int, ctx: Context | None) -> list[int]:
+    """The live kernels that may have started process ``pid`` (no mark in its
+    environment): this user's processes that started no later than it, with the same
+    server (``JPY_PARENT_PID``) and notebook, that are kernels: in the server's list, a
+    child of that server, or with a kernel's command line (a kernel whose server is
+    gone)."""
+    server, path = env.get(KERNEL_ENV), env.get(PATH_ENV)
+    uid = os.getuid()
+    out = []
+    for proc in psutil.process_iter(["pid", "uids", "ppid", "create_time", "cmdline", "name"]):
+        info = proc.info
+        cand = info["pid"]
+        if cand == pid or cand <= 1 or info["uids"] is None or info["uids"].real != uid \
+                or info["name"] in REAPERS:      # init or a subreaper is no kernel
+            continue
+        if info["create_time"] is None or info["create_time"] > started + SAME_START:
+            continue
+        try:
+            cenv = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if cenv.get(KERNEL_ENV) != server or (path and cenv.get(PATH_ENV) != path):
+            continue
+        if (ctx is not None and cand in ctx.kernels) or str(info["ppid"]) == server \
+                or _looks_like_kernel(info["cmdline"] or ()):
+            out.append(cand)
+    return out
+
+
+def _looks_like_kernel(cmdline) -> bool:
+    """An IPython kernel's command line (``-m ipykernel_launcher -f .../kernel-ID.json``)."""
+    return any("ipykernel" in a or (os.path.basename(a).startswith("kernel-")
+                                    and a.endswith(".json")) for a in cmdline)
+
+
+def judge(pid: int, ppid: int, env: dict, started: float | None,
+          ctx: Context | None = None) -> Verdict | None:
+    """Rule 3, the one place it is decided: process ``pid`` is an orphan only when the
+    kernel that started it is provably gone AND it has no live parent other than init
+    or a subreaper; in doubt it is listed as what it is and never ended. None: no
+    orphan and nothing to say (its parent is alive and no kernel is known to it)."""
+    mark = marked_kernel(env)
+    path = env.get(PATH_ENV) or None
+    if mark is not None:
+        kpid, kstart = mark
+        alive = alive_as(kpid, kstart)
+        me = os.getpid() if ctx is None else ctx.me
+        if alive is not False:
+            who = "this kernel" if kpid == me else _kernel_words(path, kpid)
+            state = "which is alive" if alive else "which cannot be read: left alone"
+            return Verdict("kernel_child", f"detached by {who}, {state}", path=path,
+                           kernel_pid=kpid)
+        if not orphaned(ppid):
+            return Verdict("own", f"started by {_kernel_words(path, kpid)}, now gone; its "
+                           f"parent {ppid} {_name(ppid)} is alive: left alone", path=path)
+        return Verdict("orphan", f"orphan: left by {_kernel_words(path, kpid)}, which is "
+                       "gone", purgeable=True, path=path, kernel_pid=kpid)
+    if not orphaned(ppid):
+        return None
+    if KERNEL_ENV not in env:
+        return Verdict("orphan", "orphan (parent gone; no kernel started it: left alone)")
+    if started is None:
+        return Verdict("orphan", "orphan (parent gone; its start time cannot be read: left "
+                       "alone)", path=path)
+    live = _starters(env, started, pid, ctx)
+    if live:
+        return Verdict("own", f"parent gone; {_kernel_words(path, live[0])}, which may have "
+                       "started it, is alive: left alone", path=path, kernel_pid=live[0])
+    return Verdict("orphan", f"orphan: left by {_kernel_words(path, None)} (parent gone; no "
+                   "live kernel of it started before it)", purgeable=True, path=path)
+
+
+def is_orphan(pid: int, ctx: Context | None = None) -> bool:
+    """Process ``pid`` is, now, an orphan :mod:`.orphans` may end (:func:`judge`)."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            ppid, started = proc.ppid(), proc.create_time()
+        env = proc.environ()
     except (psutil.Error, OSError):
         return False
-    return orphaned(ppid) or kernel_gone(env, _ancestors(pid))
+    verdict = judge(pid, ppid, env, started, ctx)
+    return verdict is not None and verdict.relation == "orphan" and verdict.purgeable
 
 
 def describe(pid: int, nbytes: int | None, ctx: Context, lists=()) -> GpuProcess | None:
@@ -311,17 +455,10 @@ def describe(pid: int, nbytes: int | None, ctx: Context, lists=()) -> GpuProcess
         out.relation = "child"
         out.label = f"this process's child ({_child_kind(proc, ctx.me)})"
         return out
-    env = _environ(ctx, pid)
-    if orphaned(ppid) or kernel_gone(env, chain):
-        out.relation = "orphan"
-        out.path = env.get(PATH_ENV) or None
-        from_kernel = KERNEL_ENV in env
-        out.purgeable = from_kernel and pid != ctx.me and pid not in ctx.ancestors
-        if from_kernel:
-            where = f" of {out.path}" if out.path else ""
-            out.label = f"orphan: left by a kernel{where} (parent gone)"
-        else:
-            out.label = "orphan (parent gone; no kernel started it: left alone)"
+    verdict = judge(pid, ppid, _environ(ctx, pid), started, ctx)
+    if verdict is not None:
+        out.relation, out.label, out.path = verdict.relation, verdict.label, verdict.path
+        out.purgeable = verdict.purgeable and pid != ctx.me and pid not in ctx.ancestors
         return out
     out.label = f"this user's (parent {ppid} {_name(ppid)})"
     return out

@@ -44,18 +44,21 @@ def execute(targets: list[Target], hidden_clear: list[Root], shell: Any,
     Returns what went and the targets skipped because they changed on their own."""
     removed: list[str] = []
     skipped: list[str] = []
+    # which hidden names are IPython's own is settled before anything is deleted
+    owned = [(r, _hidden.owned(r, shell)) for r in hidden_clear]
     for t in targets:
         try:
             removed += delete_target(t, shell, namespace)
         except _paths.Changed:
             skipped.append(t.text)
-    for r in hidden_clear:
+    for r, names in owned:
         try:
-            removed += [n for n in _hidden.clear(r, shell) if n not in removed]
+            removed += [n for n in _hidden.clear(r, shell, names) if n not in removed]
         except Exception:  # noqa: BLE001 - the rest is purged, and the result says what was not
             skipped.append(r.name)
     targets.clear()
     hidden_clear.clear()
+    owned.clear()
     return removed, skipped
 
 

@@ -355,7 +355,7 @@ def magic_history(magics, argv: list[str]) -> Any:
         done = True
     if args.tensorboard:
         n = usage_errors(lambda: _export.tensorboard(records, args.tensorboard),
-                         (ImportError, OSError), "--tensorboard: ")
+                         (ImportError, ValueError, OSError), "--tensorboard: ")
         print(f"wrote {n} scalar(s) for {len(records)} cell(s) to {args.tensorboard}")
         done = True
     if args.clear:
@@ -394,6 +394,8 @@ def magic_plot(magics, argv: list[str]) -> Any:
                           rich=_shows_images(magics.shell))
     except ImportError as exc:
         raise UsageError(f"plotting needs matplotlib: {exc}") from None
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"--save: {exc}") from None
     return fig if args.output else None
 
 

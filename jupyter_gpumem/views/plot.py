@@ -10,10 +10,13 @@ Uses ``matplotlib.figure.Figure`` directly: no pyplot state, any backend.
 from __future__ import annotations
 
 import io
+import os
 import tempfile
 from typing import Any
 
 from IPython.display import Image, display
+
+from ..core.files import check_file, write_file
 
 _UNITS = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B"))
 PEAK_LABEL = "cell peak"
@@ -162,20 +165,35 @@ def png(fig) -> bytes:
     return buf.getvalue()
 
 
+def save_figure(fig, path: str) -> str:
+    """Save ``fig`` to ``path`` in the format its extension names (PNG without one),
+    whole or not at all (:func:`..core.files.write_file`); ``ValueError`` (one line) for
+    a format matplotlib does not write or a path the rule refuses."""
+    ext = os.path.splitext(str(path))[1].lower().lstrip(".") or "png"
+    formats = fig.canvas.get_supported_filetypes()
+    if ext not in formats:
+        raise ValueError(f"{path}: matplotlib writes no .{ext} figure: use one of "
+                         + ", ".join(f".{k}" for k in sorted(formats)))
+    return write_file(path, lambda f: fig.savefig(f, format=ext))
+
+
 def show_figure(records, points, devices=None, save: str | None = None,
                 rich: bool = True) -> Any:
     """Build the figure, display it as PNG where the frontend shows images (``rich``)
     and save it; return the Figure. Where no display shows images (a terminal, a plain
     shell) it is saved and its path printed instead."""
+    if save:
+        save = check_file(save)      # refused before anything is drawn or shown
     fig = figure(records, points, devices=devices)
     if not rich and not save:
-        save = tempfile.NamedTemporaryFile(prefix="gpumem-", suffix=".png", delete=False).name
+        with tempfile.NamedTemporaryFile(prefix="gpumem-", suffix=".png", delete=False) as f:
+            save = f.name
+        save_figure(fig, save)
         print(f"no display here shows the figure: saved it to {save} "
               "(--save FILE to choose where)")
-        fig.savefig(save)
         return fig
     if save:
-        fig.savefig(save)
+        save_figure(fig, save)
         print(f"saved the figure to {save}")
     if rich:
         display(Image(data=png(fig), format="png"))

@@ -8,6 +8,7 @@ import sys
 import types
 
 from ..backends import active_backends
+from ..core.files import check_folder, write_file
 from ..units import esc, fmt_bytes, html_table, text_table
 from .result import changes_short, device_short, fmt_seconds
 
@@ -36,20 +37,26 @@ def rows(records) -> list[dict]:
     return out
 
 
+def _write_json(records, f) -> None:
+    json.dump([r.to_json() for r in records], f, indent=1)
+
+
+def _write_csv(records, f) -> None:
+    writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+    writer.writeheader()
+    for row in rows(records):
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+
+
 def save(records, path: str) -> int:
-    """Write ``records`` to ``path`` as CSV or JSON (by its extension); return how many."""
-    ext = os.path.splitext(path)[1].lower()
-    if ext == ".json":
-        with open(path, "w") as f:
-            json.dump([r.to_json() for r in records], f, indent=1)
-    elif ext == ".csv":
-        with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-            writer.writeheader()
-            for row in rows(records):
-                writer.writerow({k: "" if v is None else v for k, v in row.items()})
-    else:
+    """Write ``records`` to ``path`` as CSV or JSON (by its extension), whole or not at
+    all (:func:`..core.files.write_file`); return how many."""
+    ext = os.path.splitext(str(path))[1].lower()
+    writers = {".json": _write_json, ".csv": _write_csv}
+    if ext not in writers:
         raise ValueError(f"{path!r}: use a .csv or .json file name")
+    write = writers[ext]
+    write_file(path, lambda f: write(records, f), text=True)
     return len(records)
 
 
@@ -91,8 +98,9 @@ def summary_writer(logdir: str):
 
 
 def tensorboard(records, logdir: str) -> int:
-    """Per-cell scalars under ``gpumem/<device>/...``, step = cell number; return how many."""
-    writer = summary_writer(logdir)
+    """Per-cell scalars under ``gpumem/<device>/...``, step = cell number; return how many.
+    ``logdir`` must be a real directory or new (:func:`..core.files.check_folder`)."""
+    writer = summary_writer(check_folder(logdir))
     n = 0
     try:
         for i, r in enumerate(records):

@@ -52,6 +52,7 @@ from ..core import monitor as _monitor
 from ..core import scan as _scan
 from ..core.hidden import traceback_root
 from ..core.roots import Root
+from ..settings import check_device, check_time_limit
 from ..units import complain
 from . import sampling as _sampling
 from .frames import caller_frame, cell_label, running_shell, show
@@ -398,6 +399,8 @@ def watch(shell: Any = None, namespace: dict | None = None, *, device: str = "au
     the :class:`WatchResult` either way. ``interval`` is the sampling period
     of the process's memory (seconds).
     """
+    device = check_device(device)          # as the magics check --device
+    time_limit = check_time_limit(time_limit)
     frame = None
     if shell is None and namespace is None:
         caller = caller_frame()

@@ -6,6 +6,7 @@ import os
 import pickle
 from typing import Any, Callable
 
+from ..files import check_file, write_file
 from .cells import IN_RE, CellNames
 from .index import ALLOC, FREE
 
@@ -15,31 +16,18 @@ SUFFIXES = (".pickle", ".pkl")
 
 def check_path(path: str) -> str:
     """The path to write, expanded; ``ValueError`` (one line) for a name without a
-    pickle's suffix or in a folder that does not exist."""
+    pickle's suffix, or a path :func:`..files.check_file` refuses (a FIFO, a symlink, a
+    directory, a missing folder)."""
     path = os.path.expanduser(str(path))
     if not path.lower().endswith(SUFFIXES):
         raise ValueError(f"{path}: the visualizer opens a pickle: name the file "
                          f"{' or '.join(SUFFIXES)} (e.g. {os.path.splitext(path)[0]}.pickle)")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise ValueError(f"{path}: no such folder: {folder}")
-    return path
+    return check_file(path)
 
 
 def dump(path: str, data: dict) -> None:
-    """Write ``data`` to ``path`` whole or not at all (through a file beside it)."""
-    path = check_path(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            pickle.dump(data, f)
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise OSError(f"{path}: {exc.strerror or exc}") from None
+    """Write ``data`` to ``path`` whole or not at all (:func:`..files.write_file`)."""
+    write_file(check_path(path), lambda f: pickle.dump(data, f))
 
 
 def rename_cells(data: dict, cells: CellNames) -> int:
