@@ -114,7 +114,8 @@ def test_the_listing_is_the_kernels_endpoints_and_a_frozen_kernel_does_not_stop_
     row_a = next(line for line in lines if line.startswith("  a.ipynb"))
     assert fmt_bytes(GiB + 300 * MiB) in row_a
     orphan_row = next(line for line in lines if f" {scene['orphan']} " in line)
-    assert "orphan: left by a kernel of old.ipynb (parent gone)" in orphan_row
+    assert "orphan: left by a kernel of old.ipynb (parent gone; no live kernel of it " \
+           "started before it)" in orphan_row
     assert fmt_bytes(500 * MiB) in orphan_row
     assert "`jupyter gpumem orphans` ends this user's orphans" in text
 
@@ -163,8 +164,16 @@ def test_a_server_that_does_not_answer_and_no_server_at_all(server, scene, tmp_p
     assert none.returncode == 0, none.stderr
     assert none.stdout.splitlines()[0] == ("no Jupyter server of this user is running: what "
                                            "NVML and the process table say")
-    assert "orphan: left by a kernel of old.ipynb (parent gone)" in none.stdout
+    assert "orphan: left by a kernel of old.ipynb (parent gone; no live kernel of it " \
+           "started before it)" in none.stdout
     assert "(not asked): a.ipynb" in none.stdout
+
+
+def gone_pid() -> int:
+    """The pid of a process that has ended."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    return int(done.stdout)
 
 
 def gone(pid: int) -> bool:
@@ -179,7 +188,9 @@ def test_orphans_dry_run_then_for_real(tmp_path):
     """No server needed: the orphans of NVML's list, ended with the magic's rules."""
     nvml = tmp_path / "nvml.json"
     dev = gh.device_file(tmp_path)
-    kernel_env = {"JPY_PARENT_PID": "1", "JPY_SESSION_NAME": "old.ipynb"}
+    # started by a kernel of a server that has ended since (its pid names no process now:
+    # a server that is init itself would make every orphan a child of the server)
+    kernel_env = {"JPY_PARENT_PID": str(gone_pid()), "JPY_SESSION_NAME": "old.ipynb"}
     soft = gh.orphan(dev, env=kernel_env)
     stubborn = gh.orphan(dev, env=kernel_env, stubborn=True)
     plain = gh.orphan(dev)                       # no kernel started it: left alone
