@@ -1,0 +1,102 @@
+"""Creeping memory on reruns, in a shell: a follower of the session's outer cells that
+gives :class:`~jupyter_gpumem.core.reruns.RerunTracker` its figures.
+
+Each outer cell is known across reruns by the frontend's cell id (ipykernel hands
+IPython the execute request's ``cellId``: ``info.cell_id``) or else its source. Its
+level before and after: the frameworks' allocated bytes on the accelerators the
+session's default device selects, or this process's resident set on the host (one read
+of ``/proc/self/statm``). A run that grew pays for one snapshot (the attribution); a
+flagged cell gets one line right after it, and ``%gpumem history`` lists the flags.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..core import devices as _devices
+from ..core import snapshot as _snapshot
+from ..core.reruns import Flag, Holding, RerunTracker
+from ..units import complain
+
+
+def cell_key(info: Any) -> str | None:
+    """How a cell is known across reruns: the frontend's cell id, else its source."""
+    cell_id = getattr(info, "cell_id", None)
+    if isinstance(cell_id, str) and cell_id:
+        return "id:" + cell_id
+    source = getattr(info, "raw_cell", None)
+    return "src:" + source if isinstance(source, str) and source.strip() else None
+
+
+class CellLevels:
+    """Reads the level a cell leaves: cheap, every cell."""
+
+    def __init__(self, device: str) -> None:
+        self.device = _devices.parse_device(device)
+        ids = _devices.selected_ids(self.device)
+        self.host = ids == ["cpu"]
+        self.measured = "cpu" if self.host else self.device
+
+    def read(self) -> int | None:
+        if self.host:
+            return _devices.process_rss()
+        values = [u.allocated for u in _devices.read_devices(self.device) if u.id != "cpu"]
+        values = [v for v in values if v is not None]
+        return sum(values) if values else None
+
+
+def attribution(session: Any, device: str) -> tuple[dict, int | None]:
+    """What each holder keeps now (the same scan as ``%gpumem``), and the tracked bytes."""
+    snap = _snapshot.build(shell=session.shell, device=device, time_limit=session.time_limit,
+                           warm=session.warm)
+    holders = {h.name: Holding(h.label if h.hidden else h.name, h.purge or (
+        None if h.hidden else h.name), h.hidden, h.total) for h in snap.holders}
+    tracked = [du.attributed for du in snap.devices if du.attributed is not None]
+    return holders, sum(tracked) if tracked else None
+
+
+class RerunWatch:
+    """The session's follower for reruns (``session.reruns``)."""
+
+    def __init__(self, session: Any, increases: int = 2) -> None:
+        self.session = session
+        self.tracker = RerunTracker(increases)
+        self._levels: CellLevels | None = None
+        self._device = None
+        session.follow_cells(self)
+
+    def levels(self) -> CellLevels:
+        device = self.session.default_device
+        if self._levels is None or self._device != device:
+            self._levels, self._device = CellLevels(device), device
+        return self._levels
+
+    # -- the follower ---------------------------------------------------------------
+    def cell_began(self, info: Any) -> Any:
+        key = cell_key(info)
+        return None if key is None else (key, self.levels().read())
+
+    def cell_ended(self, kept: Any, result: Any) -> None:
+        key, before = kept
+        self.ran(key, before, getattr(result, "execution_count", None))
+
+    def cell_lost(self, kept: Any) -> None:
+        pass
+
+    # -- a run (a cell's, or a rescue's rerun of it) -------------------------------------
+    def ran(self, key: str, before: int | None, count: Any) -> Flag | None:
+        levels = self.levels()
+        after = levels.read()
+        label = f"[{count}]" if type(count) is int else "(this cell)"
+        try:
+            flag = self.tracker.ran(key, label, before, after, self.session.purges,
+                                    lambda: attribution(self.session, levels.measured),
+                                    count if type(count) is int else None)
+        except Exception as exc:  # noqa: BLE001 - never raise into the user's cell
+            complain("rerun tracking failed", exc)
+            return None
+        if flag is not None:
+            print(flag.line())
+        return flag
+
+    def close(self) -> None:
+        self.session.unfollow_cells(self)
