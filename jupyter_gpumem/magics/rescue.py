@@ -48,7 +48,7 @@ def magic_rescue(magics: Any, argv: list[str]) -> Any:
 
 async def run_async(shell: Any, line: str) -> Any:
     """What a ``%gpumem rescue`` cell becomes when the failed cell awaits (see the module)."""
-    args = _parser().parse_args(split_line(line)[1:])
+    args = _parser().parse_args(split_line(line)[2:])
     session = session_of(shell)
     _offer(session)
     try:
