@@ -2,7 +2,8 @@
 
 Each run of a cell (known across reruns by a key: the frontend's cell id, else its
 source) gives two cheap figures, the device's level before and after it (framework
-allocated bytes on an accelerator, the resident set on the host). A run *grew* when it
+allocated bytes on an accelerator; on the host, the bytes the C allocator has handed
+out, :func:`host_allocated`, else the resident set). A run *grew* when it
 left at least :data:`MIN_GROWTH` more than it found and the level after it is that much
 above the level after the cell's previous run (so a value rebound to one of the same
 size, growth the next run gives back, and what another cell freed in between never
@@ -17,6 +18,8 @@ tensors did not grow (other memory of the process did), no flag.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -27,6 +30,35 @@ from ..units import fmt_bytes
 MIN_GROWTH = 1 << 20
 #: the cells whose record is kept (the least recently run go first)
 MAX_CELLS = 1000
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _mallinfo2():
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or None).mallinfo2
+    except (OSError, AttributeError):     # not glibc 2.33+: the resident set instead
+        return None
+    fn.restype, fn.argtypes = _MallInfo2, []
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def host_allocated() -> int | None:
+    """Bytes the C allocator has handed out and not taken back (glibc's ``mallinfo2``:
+    in use in its arenas plus its mapped blocks; about a microsecond): host tensors'
+    memory is in it, and unlike the resident set it drops at once when they are freed
+    and does not stay flat when freed memory is reused. None where it is unknown."""
+    if _MALLINFO2 is None:
+        return None
+    info = _MALLINFO2()
+    return int(info.uordblks + info.hblkhd)
 
 
 @dataclass

@@ -4,8 +4,8 @@ gives :class:`~jupyter_gpumem.core.reruns.RerunTracker` its figures.
 Each outer cell is known across reruns by the frontend's cell id (ipykernel hands
 IPython the execute request's ``cellId``: ``info.cell_id``) or else its source. Its
 level before and after: the frameworks' allocated bytes on the accelerators the
-session's default device selects, or this process's resident set on the host (one read
-of ``/proc/self/statm``). A run that grew pays for one snapshot (the attribution); a
+session's default device selects, or on the host the bytes the C allocator has handed
+out (``mallinfo2``, about a microsecond; the resident set where that is unknown). A run that grew pays for one snapshot (the attribution); a
 flagged cell gets one line right after it, and ``%gpumem history`` lists the flags.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from ..core import devices as _devices
 from ..core import snapshot as _snapshot
-from ..core.reruns import Flag, Holding, RerunTracker
+from ..core.reruns import Flag, Holding, RerunTracker, host_allocated
 from ..units import complain
 
 
@@ -38,7 +38,8 @@ class CellLevels:
 
     def read(self) -> int | None:
         if self.host:
-            return _devices.process_rss()
+            value = host_allocated()
+            return value if value is not None else _devices.process_rss()
         values = [u.allocated for u in _devices.read_devices(self.device) if u.id != "cpu"]
         values = [v for v in values if v is not None]
         return sum(values) if values else None
