@@ -5,7 +5,8 @@ Each outer cell is known across reruns by the frontend's cell id (ipykernel hand
 IPython the execute request's ``cellId``: ``info.cell_id``) or else its source. Its
 level before and after: the frameworks' allocated bytes on the accelerators the
 session's default device selects, or on the host the bytes the C allocator has handed
-out (``mallinfo2``, about a microsecond; the resident set where that is unknown). A run that grew pays for one snapshot (the attribution); a
+out (``mallinfo2``; the resident set where that is unknown), read once per cell, at
+its end: the level the previous cell left is this one's start. A run that grew pays for one snapshot (the attribution); a
 flagged cell gets one line right after it, and ``%gpumem history`` lists the flags.
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ class CellLevels:
         self.measured = "cpu" if self.host else self.device
 
     def read(self) -> int | None:
+        """The level now (bytes), or None where it cannot be read."""
         if self.host:
             value = host_allocated()
             return value if value is not None else _devices.process_rss()
@@ -63,6 +65,9 @@ class RerunWatch:
         self.tracker = RerunTracker(increases)
         self._levels: CellLevels | None = None
         self._device = None
+        #: the level after the last run read, and the purge count then
+        self._last: int | None = None
+        self._last_purges = -1
         session.follow_cells(self)
 
     def levels(self) -> CellLevels:
@@ -74,7 +79,12 @@ class RerunWatch:
     # -- the follower ---------------------------------------------------------------
     def cell_began(self, info: Any) -> Any:
         key = cell_key(info)
-        return None if key is None else (key, self.levels().read())
+        if key is None:
+            return None
+        # the level the last cell left stands for this one's start (one reading per cell:
+        # between two cells nothing of the user's runs but callbacks)
+        before = self._last if self._last_purges == self.session.purges else None
+        return key, before
 
     def cell_ended(self, kept: Any, result: Any) -> None:
         key, before = kept
@@ -87,6 +97,7 @@ class RerunWatch:
     def ran(self, key: str, before: int | None, count: Any) -> Flag | None:
         levels = self.levels()
         after = levels.read()
+        self._last, self._last_purges = after, self.session.purges
         label = f"[{count}]" if type(count) is int else "(this cell)"
         try:
             flag = self.tracker.ran(key, label, before, after, self.session.purges,
