@@ -46,6 +46,11 @@ _TF_DTYPES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "int8": 1, "uin
               "bool": 1, "complex64": 8, "complex128": 16, "float8_e4m3fn": 1,
               "float8_e5m2": 1}
 _TORCH_FREE = re.compile(r"of which\s+" + _SIZE + r"\s+is free", re.IGNORECASE)
+#: under a memory cap (``set_per_process_memory_fraction``) the CUDA caching allocator's
+#: message says the cap, what it handed out and what it keeps cached
+_ALLOWED = re.compile(_SIZE + r"\s+allowed;", re.IGNORECASE)
+_ALLOCATED = re.compile(r"Of the allocated memory\s+" + _SIZE + r"\s+is allocated", re.IGNORECASE)
+_CACHED = re.compile(r"and\s+" + _SIZE + r"\s+is reserved by \w+ but unallocated", re.IGNORECASE)
 _GPU = re.compile(r"\b(?:GPU|device:GPU:|cuda:)\s*([0-9]+)", re.IGNORECASE)
 
 
@@ -222,8 +227,21 @@ def read_oom(exc: BaseException) -> OomInfo | None:
                 info.largest_free_block = frag.get("largest_free_block")
     except Exception as exc2:  # noqa: BLE001 - the parsed request still stands
         info.notes.append(f"(the device could not be read: {type(exc2).__name__})")
-    if info.free is None:
-        m = _TORCH_FREE.search(text)
-        if m:
-            info.free = parse_size(m.group(1), m.group(2))
+    _from_message(info, text)
     return info
+
+
+def _from_message(info: OomInfo, text: str) -> None:
+    """What the message says where the device reading could not (no NVML), and the room
+    under a memory cap, which no device reading shows."""
+    sizes = {name: parse_size(m.group(1), m.group(2)) for name, m in (
+        ("free", _TORCH_FREE.search(text)), ("allowed", _ALLOWED.search(text)),
+        ("allocated", _ALLOCATED.search(text)), ("cached", _CACHED.search(text))) if m}
+    if info.free_in_reserved is None and "cached" in sizes:
+        info.free_in_reserved = sizes["cached"]
+    if "allowed" in sizes and "allocated" in sizes:
+        room = max(sizes["allowed"] - sizes["allocated"] - (info.free_in_reserved or 0), 0)
+        if info.free is None or room < info.free:
+            info.free, info.free_what = room, "left under this process's memory cap"
+    elif info.free is None and "free" in sizes:
+        info.free = sizes["free"]
