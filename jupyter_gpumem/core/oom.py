@@ -73,12 +73,16 @@ def framework_of(exc: BaseException, text: str | None = None) -> str | None:
     None: not an out-of-memory error. Each backend knows its own, whether or not its
     framework is imported yet."""
     text = _text(exc) if text is None else text
+    said = []
     for backend in REGISTRY.backends:
         try:
             if backend.is_oom(exc, text):
-                return backend.name
+                said.append(backend)
         except Exception:  # noqa: BLE001 - one backend must not hide the others
             continue
+    if said:    # XLA's status is JAX's and TensorFlow's: the class's own package decides
+        home = (getattr(type(exc), "__module__", None) or "").split(".")[0]
+        return next((b.name for b in said if getattr(b, "module", None) == home), said[0].name)
     if isinstance(exc, MemoryError):
         return "host"
     return "unknown" if "out of memory" in text.lower() else None
