@@ -190,3 +190,21 @@ def test_the_frameworks_errors_are_known_from_their_real_classes():
     e = OutOfMemoryError("Out of memory allocating 1,073,741,824 bytes (allocated so far: 0 bytes).")
     assert framework_of(e) is not None and requested_bytes(str(e)) == 1 << 30
     assert framework_of(ValueError("shape mismatch")) is None
+
+
+def test_a_rerun_that_fails_again_leaves_a_new_offer(ip, capsys):
+    from jupyter_gpumem.session import session_of
+
+    run(ip, "import torch\nspare = torch.ones(1 << 20)\nattempts = 0")
+    cell = "attempts += 1\nif attempts < 3:\n    raise MemoryError('Unable to allocate 2.00 MiB')\nok = attempts"
+    run(ip, cell, expect_error=True)
+    first = session_of(ip).rescue.offer
+    assert first is not None and "spare" in dict(first.names)
+    result = ip.run_line_magic("gpumem", "rescue -o")
+    assert result.success is False and "MemoryError" in result.error
+    second = session_of(ip).rescue.offer
+    assert second is not None and second is not first, "a new offer for the new failure"
+    assert "%gpumem rescue" in capsys.readouterr().out
+    result = ip.run_line_magic("gpumem", "rescue spare -o")
+    assert result.success and "spare" in result.removed and "spare" not in ip.user_ns
+    assert ip.user_ns["ok"] == 3 and session_of(ip).rescue.offer is None

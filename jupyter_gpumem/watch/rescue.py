@@ -129,8 +129,11 @@ def make_offer(session: Any, error: BaseException, source: str, cell_id: str | N
     users = sorted((h for h in snap.holders if not h.hidden and h.total), key=lambda h: -h.total)
     offer.names = [(h.name, h.total) for h in users[:NAMES_SHOWN]]
     if offer.hidden:
-        dry = session.purge((), dry_run=True, device=device, time_limit=session.time_limit)
-        offer.frees = sum(dry.predicted.values()) if dry.predicted else None
+        try:
+            dry = session.purge((), dry_run=True, device=device, time_limit=session.time_limit)
+            offer.frees = sum(dry.predicted.values()) if dry.predicted else None
+        except Exception:  # noqa: BLE001 - the holders' own figures stand
+            offer.frees = None
     should = getattr(session.shell, "should_run_async", None)
     try:
         offer.awaits = bool(should(source, transformed_cell=session.shell.transform_cell(source),
@@ -198,6 +201,7 @@ def _after_rerun(session: Any, offer: Offer, done: RescueResult, result: Any,
         try:
             session.rescue.offer = make_offer(session, error, offer.source, offer.cell_id,
                                               offer.key, offer.count)
+            session.rescue.show(session.rescue.offer)
         except Exception as exc:  # noqa: BLE001
             complain("the rescue offer failed", exc)
     del error
