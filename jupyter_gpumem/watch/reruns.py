@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..backends import active_backends
 from ..core import devices as _devices
 from ..core import snapshot as _snapshot
 from ..core.reruns import Flag, Holding, RerunTracker, host_allocated
@@ -34,7 +35,8 @@ class CellLevels:
     def __init__(self, device: str) -> None:
         self.device = _devices.parse_device(device)
         ids = _devices.selected_ids(self.device)
-        self.host = ids == ["cpu"]
+        self.ids = [i for i in ids if i != "cpu"]
+        self.host = not self.ids
         self.measured = "cpu" if self.host else self.device
 
     def read(self) -> int | None:
@@ -42,9 +44,16 @@ class CellLevels:
         if self.host:
             value = host_allocated()
             return value if value is not None else _devices.process_rss()
-        values = [u.allocated for u in _devices.read_devices(self.device) if u.id != "cpu"]
-        values = [v for v in values if v is not None]
-        return sum(values) if values else None
+        total = None        # the frameworks' allocator counters only: no NVML per cell
+        for backend in active_backends():
+            try:
+                usages = backend.usage(self.ids)
+            except Exception:  # noqa: BLE001 - one framework must not hide the others
+                continue
+            for usage in usages.values():
+                if usage.allocated is not None:
+                    total = (total or 0) + usage.allocated
+        return total
 
 
 def attribution(session: Any, device: str) -> tuple[dict, int | None]:

@@ -3,6 +3,7 @@
 
     python rescue_child.py oom        (a memory cap from set_per_process_memory_fraction)
     python rescue_child.py fragment   (a variable-length workload that fragments the cache)
+    python rescue_child.py reruns     (a leaking cell run three times, a clean one ten)
 
 The fragmentation run is made twice by the test: with the default allocator, and with
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment (a new process: the
@@ -26,6 +27,14 @@ def main(mode: str) -> None:
     sh = InteractiveShell.instance()
     sh.run_cell("%load_ext jupyter_gpumem\n%config GpuMemMagics.default_device = 'cuda:0'")
     sh.run_cell("import torch\nkeep = torch.ones(64 << 20, device='cuda')   # the user's own")
+    if mode == "reruns":
+        leak = "if 'acc' not in globals():\n    acc = []\nacc.append(torch.ones(64 << 20, device='cuda'))"
+        clean = "x = torch.ones(64 << 20, device='cuda')"
+        for i in range(3):
+            sh.run_cell(leak, store_history=True)
+        for i in range(10):
+            sh.run_cell(clean, store_history=True)
+        return
     if mode == "oom":
         cap(4 * GiB)
         sh.run_cell("torch.ones(1536 << 20, dtype=torch.uint8, device='cuda')", store_history=True)

@@ -8,7 +8,9 @@
 - fragmentation: a variable-length workload leaves 1 GiB and more free in holes of its
   cache under a 6 GiB cap, and a 1 GiB request fails with the default allocator; the
   advice names ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` and how it takes
-  effect, and the same workload relaunched with it passes.
+  effect, and the same workload relaunched with it passes;
+- reruns: a cell that appends 256 MiB to a list is flagged on its third run (the level is
+  the allocator's allocated bytes), a cell that rebinds is never flagged in ten runs.
 
 Skips, with the reason, where torch, CUDA or IPython is absent."""
 from __future__ import annotations
@@ -58,3 +60,10 @@ def test_fragmentation_is_told_and_expandable_segments_fixes_it_in_a_new_process
     relaunched = child("fragment", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
     assert "CELL-PASSED" in relaunched and "RERUN-DONE" in relaunched
     assert "fragmentation:" not in relaunched
+
+
+def test_a_cell_leaking_on_the_gpu_is_flagged_and_a_clean_one_is_not():
+    text = child("reruns")
+    flags = [line for line in text.splitlines() if "keeps more on each rerun" in line]
+    assert len(flags) == 1 and "acc +256.0 MiB" in flags[0] and "%gpumem purge acc" in flags[0], \
+        flags
