@@ -208,3 +208,30 @@ def test_a_rerun_that_fails_again_leaves_a_new_offer(ip, capsys):
     result = ip.run_line_magic("gpumem", "rescue spare -o")
     assert result.success and "spare" in result.removed and "spare" not in ip.user_ns
     assert ip.user_ns["ok"] == 3 and session_of(ip).rescue.offer is None
+
+
+CUDA_CAPPED = ("CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of "
+               "139.81 GiB of which 133.27 GiB is free. Including non-PyTorch memory, this process "
+               "has 6.52 GiB memory in use. 6.00 GiB allowed; Of the allocated memory 456.00 MiB "
+               "is allocated by PyTorch, and 4.49 GiB is reserved by PyTorch but unallocated.")
+
+
+def test_fragmentation_is_told_from_the_allocators_message_and_the_advice_only_while_off(
+        monkeypatch):
+    from jupyter_gpumem.core.oom import EXPANDABLE, read_oom
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    error = type("OutOfMemoryError", (RuntimeError,), {})(CUDA_CAPPED)
+    info = read_oom(error)
+    assert info.device == "cuda:0" and info.requested == 3 << 29
+    assert info.free < info.requested <= info.total_free, "the room under the cap, not NVML's"
+    assert info.fragmented and any(EXPANDABLE in line and "new process" in line
+                                   for line in info.lines())
+    info.largest_free_block = 2 << 30       # a block large enough: not fragmentation
+    assert not info.fragmented
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.6,expandable_segments:True")
+    info = read_oom(error)
+    assert info.fragmented and not any(EXPANDABLE in line for line in info.lines())
+    plain = type("OutOfMemoryError", (RuntimeError,), {})(
+        CUDA_CAPPED.replace("4.49 GiB is reserved", "20.00 MiB is reserved"))
+    assert not read_oom(plain).fragmented, "not enough free in total: plain lack of memory"

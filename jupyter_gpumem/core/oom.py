@@ -176,11 +176,14 @@ class OomInfo:
 
     @property
     def fragmented(self) -> bool:
-        """Enough free in total, but no free block large enough for the request."""
-        if self.requested is None or self.largest_free_block is None or self.total_free is None:
+        """Enough free in total, but no free block large enough for the request. Where the
+        largest free block is unknown, an allocator that failed while it kept enough cached
+        had no cached block large enough: that is fragmentation too."""
+        if self.requested is None or self.total_free is None or self.free_in_reserved is None:
             return False
-        return self.total_free >= self.requested and \
-            max(self.largest_free_block, self.free or 0) < self.requested
+        if self.total_free < self.requested or (self.free or 0) >= self.requested:
+            return False
+        return self.largest_free_block is None or self.largest_free_block < self.requested
 
     def lines(self) -> list[str]:
         """The plain lines that say what was asked against what was free."""

@@ -44,12 +44,12 @@ def main(mode: str) -> None:
     else:
         cap(6 * GiB)
         # a cache of variable-length results beside big temporaries, in the same segments
-        cell = ("kept = []\nfor i in range(5):\n    seg = torch.empty(1200 << 20, dtype=torch.uint8, device='cuda')\n"
+        cell = ("kept = []\nfor i in range(4):\n    seg = torch.empty(1200 << 20, dtype=torch.uint8, device='cuda')\n"
                 "    del seg\n    holes = []\n    for j in range(2):\n"
                 "        holes.append(torch.empty((560 - 40 * j) << 20, dtype=torch.uint8, device='cuda'))\n"
                 "        kept.append(torch.empty((20 + 10 * j) << 20, dtype=torch.uint8, device='cuda'))\n"
                 "    del holes\n"
-                "big = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')\nprint('RERUN-DONE', big.numel())")
+                "big = torch.empty(1536 << 20, dtype=torch.uint8, device='cuda')\nprint('RERUN-DONE', big.numel())")
     result = sh.run_cell(cell, store_history=True)
     print("CELL-FAILED" if result.error_in_exec is not None else "CELL-PASSED", flush=True)
     if mode == "oom" and result.error_in_exec is not None:

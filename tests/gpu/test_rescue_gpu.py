@@ -5,8 +5,8 @@
   ``Out`` and 1.5 GiB in the failing traceback's frame, a 2 GiB request fails; the lines
   under the traceback name both holders, ``%gpumem rescue`` frees them, the rerun passes
   and the user's own tensor stays;
-- fragmentation: a variable-length workload leaves 1 GiB and more free in holes of its
-  cache under a 6 GiB cap, and a 1 GiB request fails with the default allocator; the
+- fragmentation: a variable-length workload leaves 4.5 GiB free in holes of its cache
+  under a 6 GiB cap, and a 1.5 GiB request fails with the default allocator; the
   advice names ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` and how it takes
   effect, and the same workload relaunched with it passes;
 - reruns: a cell that appends 256 MiB to a list is flagged on its third run (the level is
