@@ -235,3 +235,18 @@ def test_fragmentation_is_told_from_the_allocators_message_and_the_advice_only_w
     plain = type("OutOfMemoryError", (RuntimeError,), {})(
         CUDA_CAPPED.replace("4.49 GiB is reserved", "20.00 MiB is reserved"))
     assert not read_oom(plain).fragmented, "not enough free in total: plain lack of memory"
+
+
+def test_in_a_kernel_a_failed_cell_that_awaits_is_rerun_awaited():
+    k = Kernel()
+    try:
+        k.ok("%load_ext jupyter_gpumem\n%config GpuMemMagics.default_device = 'cpu'\n"
+             "import asyncio\ntries = 0")
+        failed = k.run("await asyncio.sleep(0)\ntries += 1\nif tries < 2:\n"
+                       "    raise MemoryError('Unable to allocate 8.00 MiB')\nprint('awaited', tries)")
+        assert failed.errors and "%gpumem rescue" in failed.text
+        rescued = k.run("%gpumem rescue")
+        assert rescued.ok, (rescued.errors, rescued.text)
+        assert "awaited 2" in rescued.text and "the rerun succeeded" in rescued.text
+    finally:
+        k.close()
