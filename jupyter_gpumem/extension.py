@@ -12,6 +12,7 @@ from .magics import GpuMemMagics
 from .views import comm as _comm
 from .units import complain
 from .magics import watch as _watch
+from .magics import rescue as _rescue
 
 
 def load(ip) -> None:
@@ -28,7 +29,7 @@ def load(ip) -> None:
     session.on_close(lambda: _unregister_magics(ip, magics))
     _guarded("comm", lambda: _comm.register_comm(ip))
     for name, on_load in (("watch", _watch.on_load), ("tame", _tame.on_load),
-                          ("trace", _trace.on_load)):
+                          ("trace", _trace.on_load), ("rescue", _rescue.on_load)):
         _guarded(name, lambda on_load=on_load: on_load(ip, magics))
 
 

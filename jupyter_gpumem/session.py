@@ -169,6 +169,9 @@ class Session:
         self.watch: Any = None
         self.panel: Any = None
         self.comm_hub: Any = None
+        #: the out-of-memory rescue (its pending offer) and the rerun record (watch/)
+        self.rescue: Any = None
+        self.reruns: Any = None
         #: the shell's one sampling thread: the watch, the panel and the comm hub subscribe
         #: to it (``sampler.subscribe``); it starts with the first and ends with the last
         self.sampler = _monitor.SharedSampler(read=read_devices, name=SAMPLER_NAME)
@@ -508,7 +511,7 @@ class Session:
         was given to :meth:`on_close`, the pending refresh, the sampling thread (joined),
         the cluster's thread, the trace this shell started, and the cell hooks."""
         self._cancel()
-        for name in ("comm_hub", "panel", "watch"):
+        for name in ("comm_hub", "panel", "watch", "rescue", "reruns"):
             part = getattr(self, name)
             setattr(self, name, None)
             if part is not None:

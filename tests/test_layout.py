@@ -389,7 +389,7 @@ PER_PROCESS = {
 
 #: module-level instances of the package's classes that are frozen values, not state
 FROZEN = {"core.hidden.OUTPUT", "core.hidden.UNDERSCORE", "core.hidden.RESULT",
-          "core.hidden.TRACEBACK", "core.trace.queries.UNNUMBERED", "core.trace.sites.BEFORE",
+          "core.hidden.TRACEBACK", "core.hidden.CHAIN", "core.trace.queries.UNNUMBERED", "core.trace.sites.BEFORE",
           "core.trace.sites.BETWEEN", "core.scan_warm.UNREAD"}
 
 _MUTATORS = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update",

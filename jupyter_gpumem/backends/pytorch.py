@@ -660,7 +660,7 @@ class TorchBackend(Backend):
         return _peaks.patches(ledger)
 
     def is_oom(self, exc: BaseException, text: str) -> bool:
-        return oom_by_name(exc)
+        return oom_by_name(exc) or "DefaultCPUAllocator: can't allocate memory" in text
 
     def trace_feed(self) -> _trace.CudaFeed:
         return _trace.CudaFeed()

@@ -352,7 +352,9 @@ class TensorFlowBackend(Backend):
             return "imported, no device used yet"
         return "too late"
 
-    is_oom = xla_is_oom
+    def is_oom(self, exc: BaseException, text: str) -> bool:
+        # eager ops raise ResourceExhaustedError ("OOM when allocating tensor ..."), no status
+        return xla_is_oom(self, exc, text) or type(exc).__name__ == "ResourceExhaustedError"
 
     def tensorboard_may_import(self) -> bool:
         """TensorBoard imports TensorFlow when it is installed (and TensorFlow takes the

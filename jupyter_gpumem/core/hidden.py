@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Callable
 
+from . import chains as _chains
 from .roots import Root, format_key
 from .scan_types import ATOMIC_IDS as _ATOMIC_IDS, is_a
 
@@ -227,9 +228,13 @@ TRACEBACK = HiddenKind(
     lambda shell, add: None,   # one root for all its objects: see hidden_roots
     "last traceback".__eq__, _clear_traceback, purge_arg="last traceback", what="traceback",
     rebuilt=True)
+CHAIN = HiddenKind(
+    "chain", "the last error keeps the exceptions chained to it, and their frames' locals: "
+    "`%gpumem purge` clears them", _chains.find, _chains.owns, _chains.clear,
+    purge_arg="chained errors", what="exception")
 
 #: every kind, in the order the report lists them
-KINDS: tuple[HiddenKind, ...] = (OUTPUT, UNDERSCORE, RESULT, TRACEBACK)
+KINDS: tuple[HiddenKind, ...] = (OUTPUT, UNDERSCORE, RESULT, CHAIN, TRACEBACK)
 _BY_KIND = {k.kind: k for k in KINDS}
 #: ``%gpumem purge ARG`` -> the kind it names, for the kinds that have no typed name
 BY_PURGE_ARG = {k.purge_arg: k.kind for k in KINDS if k.purge_arg}

@@ -18,6 +18,7 @@ from .. import session as _session
 from ..settings import GpuMemSettings
 from . import panel as _panel
 from . import processes as _processes
+from . import rescue as _rescue
 from . import tame as _tame
 from . import trace as _trace
 from . import watch as _watch
@@ -26,11 +27,12 @@ from .args import parser, report_errors, split_line, usage_errors
 #: subcommands served by the other magics modules: name -> function(magics, argv)
 SUBCOMMANDS: dict[str, Callable[[Any, list[str]], Any]] = {
     "watch": _watch.magic_watch,
-    "history": _watch.magic_history,
+    "history": _rescue.magic_history,
     "plot": _watch.magic_plot,
     "panel": _panel.magic_panel,
     "tame": _tame.magic_tame,
     "trace": _trace.magic_trace,
+    "rescue": _rescue.magic_rescue,
 }
 
 #: every form of the magics, one a line (``%gpumem?`` and ``%gpumem help`` show it);
@@ -44,6 +46,7 @@ USAGE = """\
 %gpumem purge --orphans [--dry-run] [--grace S] [--device ...] [-o]
 %gpumem watch on|off|status [--warn-at 80%] [--auto-purge-hidden|--no-auto-purge-hidden] [--interval S] [--device ...]
 %gpumem history [--save FILE] [--tensorboard DIR] [--last N] [--clear] [-o]
+%gpumem rescue [NAME|PATH ...] [-o]
 %gpumem plot [--last N] [--device ...] [--save FILE] [-o]
 %gpumem panel [--device ...] [--interval S] [--window S] [--close]
 %gpumem tame [--give-back] | off | status [-o]

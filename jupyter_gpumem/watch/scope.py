@@ -46,10 +46,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..backends import REGISTRY
 from ..core import devices as _devices
 from ..core import monitor as _monitor
 from ..core import scan as _scan
+from ..core.oom import is_oom
 from ..core.hidden import traceback_root
 from ..core.roots import Root
 from ..settings import check_device, check_time_limit
@@ -79,15 +79,9 @@ def _marks(usages: dict[str, _devices.DeviceUsage]) -> dict[str, int]:
 
 # -- the watch itself ------------------------------------------------------------------------
 def _is_oom(exc: BaseException) -> bool:
-    """Python's MemoryError, an "out of memory" message, or a framework's own error
-    (each backend knows its own, whether or not its framework is imported yet)."""
-    if isinstance(exc, MemoryError):
-        return True
-    try:
-        text = str(exc)
-    except Exception:  # noqa: BLE001
-        text = ""
-    return "out of memory" in text.lower() or any(b.is_oom(exc, text) for b in REGISTRY.backends)
+    """Python's MemoryError, an "out of memory" message, or a framework's own error: the
+    one rule, :func:`jupyter_gpumem.core.oom.is_oom`."""
+    return is_oom(exc)
 
 
 def _error_info(exc: BaseException) -> dict:
