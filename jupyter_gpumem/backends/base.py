@@ -102,6 +102,9 @@ Children = Iterable["tuple[tuple, Any]"]
 _TYPE_DICT = type.__dict__["__dict__"].__get__
 _TYPE_MRO = type.__dict__["__mro__"].__get__
 _GETSET = type(type.__dict__["__dict__"])
+_PROXY_ITEMS = type(type.__dict__).items
+_FGET = property.__dict__["fget"].__get__
+_BUILTIN = type(len)
 
 
 def dict_descriptor(tp: type) -> Any:
@@ -113,6 +116,21 @@ def dict_descriptor(tp: type) -> Any:
             descr = d["__dict__"]
             return descr if type(descr) is _GETSET else None
     return None
+
+
+def class_getters(tp: type) -> list[tuple[str, Any]]:
+    """``(name, descriptor)`` of every C-level getter of ``tp`` and its bases: a getset,
+    or a property whose getter is a built-in function (a pybind11 class's), read from the
+    classes' own dicts (no ``__dir__`` or ``__getattr__`` of a metaclass runs), the first
+    in the MRO for each name. Any other object, a property of Python code included, is
+    left out: ``descriptor.__get__(obj, tp)`` runs only C code."""
+    out: dict[str, Any] = {}
+    for klass in _TYPE_MRO(tp):
+        for name, descr in _PROXY_ITEMS(_TYPE_DICT(klass)):   # a class's own dict
+            if type(name) is str and name not in out:
+                out[name] = descr
+    return [(k, v) for k, v in out.items() if type(v) is _GETSET or (
+        type(v) is property and type(_FGET(v)) is _BUILTIN)]
 
 
 def instance_dict(obj: Any) -> dict:
@@ -286,6 +304,11 @@ class Backend:
 
     def partial_reasons(self) -> list[str]:
         """Why the walk since the last call left something out (then forgotten)."""
+        return []
+
+    def notes(self) -> list[str]:
+        """What the report should say of the walk since the last call, the result not
+        partial for it (saved tensors behind hooks, not read), then forgotten."""
         return []
 
     def accelerators(self) -> list[AcceleratorInfo]:

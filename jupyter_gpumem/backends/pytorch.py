@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from . import torch_allocator as _alloc
 from . import torch_peaks as _peaks
 from . import torch_trace as _trace
-from .torch_graph import GraphLedger, attributes, graph_children
+from .torch_graph import GraphLedger, SavedReader, attributes, graph_children
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo,
                    PeakCounter, PeakLedgerView, instance_dict, oom_by_name)
 
@@ -79,7 +79,7 @@ class TorchBackend(Backend):
     order = 10
 
     def __init__(self) -> None:
-        self._saved_attrs: dict[type, tuple[str, ...]] = {}
+        self._saved_attrs = SavedReader()
         self._types: tuple | None = None
         self._plain: tuple = ()
         self._strided = None
@@ -102,6 +102,9 @@ class TorchBackend(Backend):
     def partial_reasons(self) -> list[str]:
         return self.ledger.take_reasons()
 
+    def notes(self) -> list[str]:
+        return self.ledger.take_notes()
+
     torch = Backend.lib
 
     def tensor_types(self) -> tuple[type, ...]:
@@ -114,7 +117,11 @@ class TorchBackend(Backend):
         return self._types
 
     def container_types(self) -> tuple[type, ...]:
-        return (self.torch.nn.Module, self.torch.optim.Optimizer)
+        # a custom Function's graph node and a saved tensor met as objects (checkpoint
+        # keeps its inputs as saved tensors)
+        c = self.torch._C
+        return (self.torch.nn.Module, self.torch.optim.Optimizer, c._FunctionBase,
+                c._autograd.SavedTensor)
 
     # -- tensors ---------------------------------------------------------
     def storages(self, obj: Any) -> list[StorageInfo]:
@@ -215,6 +222,10 @@ class TorchBackend(Backend):
             return self._module_children(obj)
         if issubclass(tp, torch.optim.Optimizer):
             return self._optimizer_children(obj)
+        if issubclass(tp, torch._C._FunctionBase):
+            return graph_children(self.ledger, self._saved_attrs, obj, {})
+        if issubclass(tp, torch._C._autograd.SavedTensor):
+            return self._saved_attrs.read(self.ledger, obj, ("graph", "SavedTensor", "data"))
         if not issubclass(tp, torch.Tensor):
             return iter(())
         fn, grad = self.graph_and_grad(obj)
