@@ -8,6 +8,7 @@ import sys
 import types
 
 import pytest
+from IPython.core.error import UsageError
 
 torch = pytest.importorskip("torch")
 
@@ -131,3 +132,78 @@ def test_a_plain_graph_says_nothing_of_hooks(ip):
     for snap in scans(ip):
         assert not any("hooks" in m for m in snap.messages), snap.messages
         assert holder(snap, "loss").shared == 64 * 64 * 4
+
+
+# -- a module under a framework's name that is not the framework --------------------
+class Counting(types.ModuleType):
+    """A stand-in whose class counts every attribute look-up that reaches it."""
+
+    looked: list = []
+
+    def __getattribute__(self, name):
+        Counting.looked.append(name)
+        return super().__getattribute__(name)
+
+
+def stand_ins(name: str, tmp_path) -> list:
+    """Three stand-ins for ``name`` that count each ``__getattr__`` call: one made at run
+    time, one from a file of the user's named like the framework, one of a module
+    subclass."""
+    calls: list = []
+
+    def counting(attr):
+        calls.append(attr)
+        raise AttributeError(attr)
+
+    made = types.ModuleType(name)
+    made.__getattr__ = counting
+    path = tmp_path / f"{name}.py"
+    path.write_text("calls = []\ndef __getattr__(attr):\n    calls.append(attr)\n"
+                    "    raise AttributeError(attr)\n")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    from_file = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(from_file)
+    sub = Counting(name)
+    sub.__getattr__ = counting
+    return [(made, calls), (from_file, from_file.calls), (sub, calls)]
+
+
+@pytest.mark.parametrize("name", ["cupy", "jax", "tensorflow", "torch"])
+def test_a_stand_in_under_a_frameworks_name_is_never_read(ip, name, tmp_path):
+    for stand_in, calls in stand_ins(name, tmp_path):
+        Counting.looked.clear()
+        was = sys.modules.get(name)
+        sys.modules[name] = stand_in
+        try:
+            ip.run_line_magic("unload_ext", "jupyter_gpumem")
+            ip.run_line_magic("load_ext", "jupyter_gpumem")
+            ip.user_ns.update(named=bytearray(8), mod=stand_in)
+            for _ in scans(ip):
+                pass
+            with pytest.raises(UsageError):   # it holds no tensor: nothing to purge
+                ip.run_line_magic("gpumem", "purge mod --dry-run --device cpu")
+            ip.run_line_magic("gpumem", "watch on --device cpu")
+            try:
+                run(ip, "y = 1")
+            finally:
+                ip.run_line_magic("gpumem", "watch off")
+            ip.run_line_magic("gpumem", "purge --device cpu")
+        finally:
+            if was is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = was
+        assert calls == [], f"{name}: {calls[:5]}"
+        assert not [a for a in Counting.looked if not a.startswith("__")], Counting.looked[:5]
+
+
+def test_the_real_frameworks_are_known(ip):
+    from jupyter_gpumem.backends.base import framework_module
+
+    assert framework_module("torch") is torch
+    assert framework_module("torch.distributed") is sys.modules.get("torch.distributed")
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    run(ip, "import torch\nt = torch.ones(1024)")
+    assert holder(ip.run_line_magic("gpumem", "--device cpu -o"), "t").unique == 4096
+    assert snap is not None

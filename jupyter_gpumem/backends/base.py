@@ -9,7 +9,12 @@ its framework is already in ``sys.modules``: backends never import one.
 """
 from __future__ import annotations
 
+import importlib.metadata as _metadata
+import json
+import os
 import sys
+import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NamedTuple
 
@@ -141,6 +146,93 @@ def instance_dict(obj: Any) -> dict:
     return d if type(d) is dict else {}
 
 
+# -- the real framework, never a stand-in --------------------------------------------
+#: a framework's top-level module -> the distributions that install it ("x-*": every
+#: distribution whose name starts with "x-")
+DISTRIBUTIONS = {
+    "torch": ("torch",),
+    "jax": ("jax",),
+    "jaxlib": ("jaxlib",),
+    "tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel",
+                   "tensorflow-macos", "tf-nightly", "tf-nightly-*", "tensorflow-rocm"),
+    "keras": ("keras", "tf-keras"),
+    "cupy": ("cupy", "cupy-cuda11x", "cupy-cuda12x", "cupy-cuda13x", "cupy-rocm-*",
+             "cupy-cuda*"),
+}
+_MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
+_verdicts: dict[int, tuple] = {}   # id(module) -> (weak ref to it, whether it is real)
+_homes: dict[str, tuple] = {}      # top-level name -> the folders its distributions install
+
+
+def _installed_homes(top: str) -> tuple:
+    """Where the distributions of ``top`` put it: ``<site-packages>/<top>`` of each
+    installed one, and the source folder of an editable install. Asked once per name."""
+    found = _homes.get(top)
+    if found is not None:
+        return found
+    names = DISTRIBUTIONS.get(top, ())
+    dists = []
+    for name in names:
+        if not name.endswith("*"):
+            try:
+                dists.append(_metadata.distribution(name))
+            except _metadata.PackageNotFoundError:
+                pass
+    if not dists and any(n.endswith("*") for n in names):
+        prefixes = tuple(n[:-1] for n in names if n.endswith("*"))
+        dists = [d for d in _metadata.distributions()
+                 if str(d.metadata.get("Name") or "").lower().startswith(prefixes)]
+    homes = []
+    for dist in dists:
+        homes.append(os.path.realpath(str(dist.locate_file(top))))
+        try:
+            url = json.loads(dist.read_text("direct_url.json") or "{}")
+        except (ValueError, OSError):
+            url = {}
+        if type(url) is dict and (url.get("dir_info") or {}).get("editable") and \
+                str(url.get("url", "")).startswith("file://"):
+            homes.append(os.path.realpath(url["url"][len("file://"):]))
+    found = _homes[top] = tuple(homes)
+    return found
+
+
+def _is_real(module: Any, name: str) -> bool:
+    if type(module) is not types.ModuleType:
+        return False   # a module subclass or any other object put there
+    path = dict.get(_MODULE_DICT(module), "__file__")
+    if type(path) is not str or not path:
+        return False   # made at run time
+    path = os.path.realpath(path)
+    return any(path == home or path.startswith(home + os.sep)
+               for home in _installed_homes(name.partition(".")[0]))
+
+
+def framework_module(name: str) -> Any:
+    """``sys.modules[name]`` where it is a module of the real framework (``torch``,
+    ``jax._src.xla_bridge``): a plain module whose file lies where an installed
+    distribution of that framework put it (:data:`DISTRIBUTIONS`); else ``None``. A
+    stand-in (a mock, a module made at run time, a file of the user's named like the
+    framework) is never read, so no ``__getattr__`` of its runs. Decided once per
+    module object (a weak reference tells when it is gone); the one place backends
+    look a framework up."""
+    module = dict.get(sys.modules, name)
+    if module is None:
+        return None
+    got = _verdicts.get(id(module))
+    if got is not None and got[0]() is module:
+        return module if got[1] else None
+    try:
+        real = _is_real(module, name)
+    except Exception:
+        real = False
+    try:
+        ref = weakref.ref(module, lambda r, key=id(module): _verdicts.pop(key, None))
+    except TypeError:
+        return module if real else None
+    _verdicts[id(module)] = (ref, real)
+    return module if real else None
+
+
 #: a counter reading: field -> (current bytes, peak bytes)
 Reading = dict
 
@@ -190,11 +282,15 @@ class Backend:
     @property
     def lib(self) -> Any:
         """The framework's module (only while :meth:`is_active`)."""
-        return sys.modules[self.module]
+        module = framework_module(self.module)
+        if module is None:
+            raise KeyError(self.module)
+        return module
 
     def is_active(self) -> bool:
-        """True when the user has imported the framework."""
-        return self.module in sys.modules
+        """True when the user has imported the framework: the real one
+        (:func:`framework_module`), never a stand-in under its name."""
+        return framework_module(self.module) is not None
 
     def tensor_types(self) -> tuple[type, ...]:
         """Types whose instances :meth:`storages` understands."""

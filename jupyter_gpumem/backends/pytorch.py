@@ -15,7 +15,7 @@ from . import torch_peaks as _peaks
 from . import torch_trace as _trace
 from .torch_graph import GraphLedger, SavedReader, attributes, graph_children
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo,
-                   PeakCounter, PeakLedgerView, instance_dict, oom_by_name)
+                   PeakCounter, PeakLedgerView, framework_module, instance_dict, oom_by_name)
 
 _SKIP_DEVICE_TYPES = {"meta"}
 _new_info = tuple.__new__   # StorageInfo without the named tuple's Python-level __new__
@@ -543,7 +543,7 @@ class TorchBackend(Backend):
     def _nccl(self, device_ids) -> list[Internal]:
         """NCCL communicators of ``torch.distributed``: their buffers are allocated by
         NCCL itself, outside torch's allocator, so they are part of the rest."""
-        dist = sys.modules.get("torch.distributed")
+        dist = framework_module("torch.distributed")
         try:
             if dist is None or not dist.is_available() or not dist.is_initialized():
                 return []
