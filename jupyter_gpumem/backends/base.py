@@ -164,13 +164,12 @@ _verdicts: dict[int, tuple] = {}   # id(module) -> (weak ref to it, whether it i
 _homes: dict[str, tuple] = {}      # top-level name -> the folders its distributions install
 
 
-def _installed_homes(top: str) -> tuple:
-    """Where the distributions of ``top`` put it: ``<site-packages>/<top>`` of each
+def _installed_homes(top: str, names: tuple) -> tuple:
+    """Where the distributions ``names`` put ``top``: ``<site-packages>/<top>`` of each
     installed one, and the source folder of an editable install. Asked once per name."""
     found = _homes.get(top)
     if found is not None:
         return found
-    names = DISTRIBUTIONS.get(top, ())
     dists = []
     for name in names:
         if not name.endswith("*"):
@@ -196,24 +195,26 @@ def _installed_homes(top: str) -> tuple:
     return found
 
 
-def _is_real(module: Any, name: str) -> bool:
+def _is_real(module: Any, name: str, distributions: tuple) -> bool:
     if type(module) is not types.ModuleType:
         return False   # a module subclass or any other object put there
     path = dict.get(_MODULE_DICT(module), "__file__")
     if type(path) is not str or not path:
         return False   # made at run time
     path = os.path.realpath(path)
-    return any(path == home or path.startswith(home + os.sep)
-               for home in _installed_homes(name.partition(".")[0]))
+    top = name.partition(".")[0]
+    return any(path == home or path.startswith(home + os.sep) for home in
+               _installed_homes(top, distributions or DISTRIBUTIONS.get(top, (top,))))
 
 
-def framework_module(name: str) -> Any:
+def framework_module(name: str, distributions: tuple = ()) -> Any:
     """``sys.modules[name]`` where it is a module of the real framework (``torch``,
     ``jax._src.xla_bridge``): a plain module whose file lies where an installed
-    distribution of that framework put it (:data:`DISTRIBUTIONS`); else ``None``. A
-    stand-in (a mock, a module made at run time, a file of the user's named like the
-    framework) is never read, so no ``__getattr__`` of its runs. Decided once per
-    module object (a weak reference tells when it is gone); the one place backends
+    distribution of that framework put it (``distributions``, else the framework's in
+    :data:`DISTRIBUTIONS`, else the one named like its top-level module); else
+    ``None``. A stand-in (a mock, a module made at run time, a file of the user's named
+    like the framework) is never read, so no ``__getattr__`` of its runs. Decided once
+    per module object (a weak reference tells when it is gone); the one place backends
     look a framework up."""
     module = dict.get(sys.modules, name)
     if module is None:
@@ -222,7 +223,7 @@ def framework_module(name: str) -> Any:
     if got is not None and got[0]() is module:
         return module if got[1] else None
     try:
-        real = _is_real(module, name)
+        real = _is_real(module, name, distributions)
     except Exception:
         real = False
     try:
@@ -279,10 +280,14 @@ class Backend:
     #: top-level module that must already be imported for the backend to work
     module = ""
 
+    #: the distributions that install :attr:`module` (empty: :data:`DISTRIBUTIONS`' entry,
+    #: else the distribution named like the module)
+    distributions: tuple = ()
+
     @property
     def lib(self) -> Any:
         """The framework's module (only while :meth:`is_active`)."""
-        module = framework_module(self.module)
+        module = framework_module(self.module, self.distributions)
         if module is None:
             raise KeyError(self.module)
         return module
@@ -290,7 +295,7 @@ class Backend:
     def is_active(self) -> bool:
         """True when the user has imported the framework: the real one
         (:func:`framework_module`), never a stand-in under its name."""
-        return framework_module(self.module) is not None
+        return framework_module(self.module, self.distributions) is not None
 
     def tensor_types(self) -> tuple[type, ...]:
         """Types whose instances :meth:`storages` understands."""
@@ -370,9 +375,10 @@ class Backend:
 
     def fingerprint_spec(self) -> "tuple | None":
         """What the warm scan's fingerprint reads of a plain tensor (core/_fingerprint.h):
-        ``(known, grad_fn, data_ptr, grad)``, the record of :meth:`batch_spec` and three
-        getters (getset or method descriptors are called through their C functions).
-        None: this backend's tensors are walked each time."""
+        ``(known, grad_fn, stamp_getters, grad)``, the record of :meth:`batch_spec`, the
+        getters of its storage stamp (see :meth:`batch_spec`) and two getters (getset or
+        method descriptors are called through their C functions). None: this backend's
+        tensors are walked each time."""
         return None
 
     def getters_run_code(self) -> bool:
@@ -384,12 +390,14 @@ class Backend:
 
     def batch_spec(self) -> "tuple | None":
         """:meth:`take_many` as the C core's one loop runs it (``_reach.take_batch``):
-        ``(known, get_fn, get_ptr, get_held, storages, label)``. For each tensor, an
+        ``(known, get_fn, stamp_getters, get_held, storages, label)``. For each tensor, an
         autograd graph where ``get_fn(t)`` is not None (the batch then goes the long
-        way); its storages ``known[id(t)][2]`` where ``known[id(t)][1] == get_ptr(t)``
-        (the backend's own cache), else ``storages(t)``; the one tensor it holds
-        ``get_held(t)`` (or None) under ``label``. None: :meth:`take_many` is called.
-        The getters must run no user code on :meth:`batch_types`' exact types."""
+        way); its storages ``known[id(t)][2]`` where the stamp ``known[id(t)][1]`` holds
+        (the backend's own record: a weak reference to the storage object, its bytes and
+        its data pointer, checked with ``stamp_getters``: the storage of a tensor, the
+        bytes and the data pointer of a storage), else ``storages(t)``; the one tensor it
+        holds ``get_held(t)`` (or None) under ``label``. None: :meth:`take_many` is
+        called. The getters must run no user code on :meth:`batch_types`' exact types."""
         return None
 
     def start_scan(self, deadline: float) -> None:
