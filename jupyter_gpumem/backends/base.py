@@ -203,8 +203,10 @@ def _is_real(module: Any, name: str, distributions: tuple) -> bool:
         return False   # made at run time
     path = os.path.realpath(path)
     top = name.partition(".")[0]
-    return any(path == home or path.startswith(home + os.sep) for home in
-               _installed_homes(top, distributions or DISTRIBUTIONS.get(top, (top,))))
+    return any(path.startswith(home + os.sep) or   # a package, or a module of one file
+               (os.path.dirname(path) == os.path.dirname(home) and
+                os.path.basename(path).partition(".")[0] == top)
+               for home in _installed_homes(top, distributions or DISTRIBUTIONS.get(top, (top,))))
 
 
 def framework_module(name: str, distributions: tuple = ()) -> Any:

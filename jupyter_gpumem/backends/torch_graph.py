@@ -192,10 +192,14 @@ class SavedReader:
         if getters is None:
             ledger.unread += 1
             return
-        if hook is not None:   # the pack hook's result and the unpack hook's state
-            ledger.behind += 1
-            for value in closure_values(hook):
-                yield label[:2] + (label[2] + " (unpack hook)",), value
+        if hook is not None:   # the pack hook's result and the unpack hook's state: a
+            ledger.behind += 1   # function's closure (a library's too: checkpoint's
+            hook_label = label[:2] + (label[2] + " (unpack hook)",)   # frame), else itself
+            if type(hook) is FunctionType:
+                for value in closure_values(hook):
+                    yield hook_label, value
+            else:
+                yield hook_label, hook
             label = label[:2] + (label[2] + " (packed)",)
         if data is not None:
             yield label, data
@@ -208,9 +212,7 @@ _CELL = CellType.__dict__["cell_contents"].__get__
 def closure_values(fn: Any) -> list:
     """What a plain function's closure cells hold, read through their C slots (an
     unpack hook's state: checkpoint's frame, which keeps the inputs it will replay
-    with). Empty for anything but a plain function."""
-    if type(fn) is not FunctionType:
-        return []
+    with)."""
     out = []
     for cell in _CLOSURE(fn) or ():
         try:
