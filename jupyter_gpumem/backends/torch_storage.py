@@ -170,15 +170,18 @@ class StorageReader:
         if not storages:
             return []
         storage = storages[0]
-        infos = self._info(storage, name)
-        if record and type(obj) in self._plain:
-            try:
-                ref = _KeyedRef(obj, self._forget)
-                stamp = (weakref.ref(storage), self._nbytes(storage), self._data_ptr(storage))
-            except TypeError:
-                return infos
-            ref.key = id(obj)
-            self.known[id(obj)] = (ref, stamp, infos)
+        if not record or type(obj) not in self._plain:
+            return self._info(storage, name)
+        nbytes, ptr = self._nbytes(storage), self._data_ptr(storage)
+        key = (name, ptr) if ptr else (name, "torch", id(storage))
+        infos = [_new_info(StorageInfo, (key, nbytes, name, "torch"))] if nbytes else []
+        try:
+            ref = _KeyedRef(obj, self._forget)
+            stamp = (weakref.ref(storage), nbytes, ptr)
+        except TypeError:
+            return infos
+        ref.key = id(obj)
+        self.known[id(obj)] = (ref, stamp, infos)
         return infos
 
     def _info(self, storage: Any, dev: str | None) -> list[StorageInfo]:
