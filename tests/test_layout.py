@@ -318,20 +318,31 @@ def test_a_backend_module_dropped_into_the_package_is_found(tmp_path):
 
         BACKENDS = [ZzBackend()]
     '''))
+    # the framework, installed: its package and its distribution's metadata
+    site = tmp_path / "site"
+    (site / "zzfw_runtime").mkdir(parents=True)
+    (site / "zzfw_runtime" / "__init__.py").write_text("")
+    (site / "zzfw_runtime-1.0.dist-info").mkdir()
+    (site / "zzfw_runtime-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: zzfw_runtime\nVersion: 1.0\n")
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
         import sys, types
         from {NAME} import backends
         print(backends.__file__)
         print([b.name for b in backends.REGISTRY.backends])
         print([m for m in sys.modules if m.split(".")[0] in {FRAMEWORKS!r}])
-        sys.modules["zzfw_runtime"] = types.ModuleType("zzfw_runtime")
+        sys.modules["zzfw_runtime"] = types.ModuleType("zzfw_runtime")   # a stand-in
+        print([b.name for b in backends.active_backends()])
+        del sys.modules["zzfw_runtime"]
+        sys.path.insert(0, {str(site)!r})
+        import zzfw_runtime
         print([b.name for b in backends.active_backends()])
     """)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    where, names, frameworks, active = proc.stdout.strip().splitlines()
+    where, names, frameworks, stand_in, active = proc.stdout.strip().splitlines()
     assert where.startswith(str(copy))
     assert names == str(["torch", "keras", "tensorflow", "zzfw", "jax", "cupy"])
-    assert frameworks == "[]" and active == "['zzfw']"
+    assert frameworks == "[]" and stand_in == "[]" and active == "['zzfw']"
 
 
 def test_leftover_and_broken_files_in_backends_neither_register_twice_nor_stop_the_load(tmp_path):
@@ -384,6 +395,10 @@ PER_PROCESS = {
     "units._PLANS": "JSON field plans per dataclass (a pure cache)",
     "core.render._LAST_TABLE": "the last holders table laid out, by its rows (a pure cache)",
     "core.scan_types._META_KEYABLE": "per metaclass: may its instances be dict keys (a cache)",
+    "backends.base._verdicts": "per module object: is it the real framework (a cache, "
+                               "each entry leaving with its module)",
+    "backends.base._homes": "where each framework's distributions are installed (a cache "
+                            "of paths)",
     "views.panel._box_classes": "widget classes made once",
 }
 

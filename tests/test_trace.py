@@ -752,7 +752,10 @@ def test_trace_follows_the_backend_that_gives_a_feed(tip, monkeypatch, tmp_path)
 
     other = OtherBackend()
     monkeypatch.setattr(_backends.REGISTRY, "backends", [_backends.Backend(), other])
-    (tmp_path / "otherfw_runtime.py").write_text("")
+    (tmp_path / "otherfw_runtime.py").write_text("")   # installed, with its metadata
+    (tmp_path / "otherfw_runtime-1.0.dist-info").mkdir()
+    (tmp_path / "otherfw_runtime-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: otherfw_runtime\nVersion: 1.0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "otherfw_runtime", raising=False)
     line = trace.start(tip, "all", depth="lines")

@@ -9,7 +9,12 @@ its framework is already in ``sys.modules``: backends never import one.
 """
 from __future__ import annotations
 
+import importlib.metadata as _metadata
+import json
+import os
 import sys
+import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NamedTuple
 
@@ -102,6 +107,9 @@ Children = Iterable["tuple[tuple, Any]"]
 _TYPE_DICT = type.__dict__["__dict__"].__get__
 _TYPE_MRO = type.__dict__["__mro__"].__get__
 _GETSET = type(type.__dict__["__dict__"])
+_PROXY_ITEMS = type(type.__dict__).items
+_FGET = property.__dict__["fget"].__get__
+_BUILTIN = type(len)
 
 
 def dict_descriptor(tp: type) -> Any:
@@ -115,12 +123,117 @@ def dict_descriptor(tp: type) -> Any:
     return None
 
 
+def class_getters(tp: type) -> list[tuple[str, Any]]:
+    """``(name, descriptor)`` of every C-level getter of ``tp`` and its bases: a getset,
+    or a property whose getter is a built-in function (a pybind11 class's), read from the
+    classes' own dicts (no ``__dir__`` or ``__getattr__`` of a metaclass runs), the first
+    in the MRO for each name. Any other object, a property of Python code included, is
+    left out: ``descriptor.__get__(obj, tp)`` runs only C code."""
+    out: dict[str, Any] = {}
+    for klass in _TYPE_MRO(tp):
+        for name, descr in _PROXY_ITEMS(_TYPE_DICT(klass)):   # a class's own dict
+            if type(name) is str and name not in out:
+                out[name] = descr
+    return [(k, v) for k, v in out.items() if type(v) is _GETSET or (
+        type(v) is property and type(_FGET(v)) is _BUILTIN)]
+
+
 def instance_dict(obj: Any) -> dict:
     """``obj.__dict__`` read through the C slot: no property or ``__getattribute__``
     of the object's class runs. Empty when there is none."""
     descr = dict_descriptor(type(obj))
     d = descr.__get__(obj) if descr is not None else None
     return d if type(d) is dict else {}
+
+
+# -- the real framework, never a stand-in --------------------------------------------
+#: a framework's top-level module -> the distributions that install it ("x-*": every
+#: distribution whose name starts with "x-")
+DISTRIBUTIONS = {
+    "torch": ("torch",),
+    "jax": ("jax",),
+    "jaxlib": ("jaxlib",),
+    "tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel",
+                   "tensorflow-macos", "tf-nightly", "tf-nightly-*", "tensorflow-rocm"),
+    "keras": ("keras", "tf-keras"),
+    "cupy": ("cupy", "cupy-cuda11x", "cupy-cuda12x", "cupy-cuda13x", "cupy-rocm-*",
+             "cupy-cuda*"),
+}
+_MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
+_verdicts: dict[int, tuple] = {}   # id(module) -> (weak ref to it, whether it is real)
+_homes: dict[str, tuple] = {}      # top-level name -> the folders its distributions install
+
+
+def _installed_homes(top: str, names: tuple) -> tuple:
+    """Where the distributions ``names`` put ``top``: ``<site-packages>/<top>`` of each
+    installed one, and the source folder of an editable install. Asked once per name."""
+    found = _homes.get(top)
+    if found is not None:
+        return found
+    dists = []
+    for name in names:
+        if not name.endswith("*"):
+            try:
+                dists.append(_metadata.distribution(name))
+            except _metadata.PackageNotFoundError:
+                pass
+    if not dists and any(n.endswith("*") for n in names):
+        prefixes = tuple(n[:-1] for n in names if n.endswith("*"))
+        dists = [d for d in _metadata.distributions()
+                 if str(d.metadata.get("Name") or "").lower().startswith(prefixes)]
+    homes = []
+    for dist in dists:
+        homes.append(os.path.realpath(str(dist.locate_file(top))))
+        try:
+            url = json.loads(dist.read_text("direct_url.json") or "{}")
+        except (ValueError, OSError):
+            url = {}
+        if type(url) is dict and (url.get("dir_info") or {}).get("editable") and \
+                str(url.get("url", "")).startswith("file://"):
+            homes.append(os.path.realpath(url["url"][len("file://"):]))
+    found = _homes[top] = tuple(homes)
+    return found
+
+
+def _is_real(module: Any, name: str, distributions: tuple) -> bool:
+    if type(module) is not types.ModuleType:
+        return False   # a module subclass or any other object put there
+    path = dict.get(_MODULE_DICT(module), "__file__")
+    if type(path) is not str or not path:
+        return False   # made at run time
+    path = os.path.realpath(path)
+    top = name.partition(".")[0]
+    return any(path.startswith(home + os.sep) or   # a package, or a module of one file
+               (os.path.dirname(path) == os.path.dirname(home) and
+                os.path.basename(path).partition(".")[0] == top)
+               for home in _installed_homes(top, distributions or DISTRIBUTIONS.get(top, (top,))))
+
+
+def framework_module(name: str, distributions: tuple = ()) -> Any:
+    """``sys.modules[name]`` where it is a module of the real framework (``torch``,
+    ``jax._src.xla_bridge``): a plain module whose file lies where an installed
+    distribution of that framework put it (``distributions``, else the framework's in
+    :data:`DISTRIBUTIONS`, else the one named like its top-level module); else
+    ``None``. A stand-in (a mock, a module made at run time, a file of the user's named
+    like the framework) is never read, so no ``__getattr__`` of its runs. Decided once
+    per module object (a weak reference tells when it is gone); the one place backends
+    look a framework up."""
+    module = dict.get(sys.modules, name)
+    if module is None:
+        return None
+    got = _verdicts.get(id(module))
+    if got is not None and got[0]() is module:
+        return module if got[1] else None
+    try:
+        real = _is_real(module, name, distributions)
+    except Exception:
+        real = False
+    try:
+        ref = weakref.ref(module, lambda r, key=id(module): _verdicts.pop(key, None))
+    except TypeError:
+        return module if real else None
+    _verdicts[id(module)] = (ref, real)
+    return module if real else None
 
 
 #: a counter reading: field -> (current bytes, peak bytes)
@@ -169,14 +282,22 @@ class Backend:
     #: top-level module that must already be imported for the backend to work
     module = ""
 
+    #: the distributions that install :attr:`module` (empty: :data:`DISTRIBUTIONS`' entry,
+    #: else the distribution named like the module)
+    distributions: tuple = ()
+
     @property
     def lib(self) -> Any:
         """The framework's module (only while :meth:`is_active`)."""
-        return sys.modules[self.module]
+        module = framework_module(self.module, self.distributions)
+        if module is None:
+            raise KeyError(self.module)
+        return module
 
     def is_active(self) -> bool:
-        """True when the user has imported the framework."""
-        return self.module in sys.modules
+        """True when the user has imported the framework: the real one
+        (:func:`framework_module`), never a stand-in under its name."""
+        return framework_module(self.module, self.distributions) is not None
 
     def tensor_types(self) -> tuple[type, ...]:
         """Types whose instances :meth:`storages` understands."""
@@ -256,9 +377,10 @@ class Backend:
 
     def fingerprint_spec(self) -> "tuple | None":
         """What the warm scan's fingerprint reads of a plain tensor (core/_fingerprint.h):
-        ``(known, grad_fn, data_ptr, grad)``, the record of :meth:`batch_spec` and three
-        getters (getset or method descriptors are called through their C functions).
-        None: this backend's tensors are walked each time."""
+        ``(known, grad_fn, stamp_getters, grad)``, the record of :meth:`batch_spec`, the
+        getters of its storage stamp (see :meth:`batch_spec`) and two getters (getset or
+        method descriptors are called through their C functions). None: this backend's
+        tensors are walked each time."""
         return None
 
     def getters_run_code(self) -> bool:
@@ -270,12 +392,14 @@ class Backend:
 
     def batch_spec(self) -> "tuple | None":
         """:meth:`take_many` as the C core's one loop runs it (``_reach.take_batch``):
-        ``(known, get_fn, get_ptr, get_held, storages, label)``. For each tensor, an
+        ``(known, get_fn, stamp_getters, get_held, storages, label)``. For each tensor, an
         autograd graph where ``get_fn(t)`` is not None (the batch then goes the long
-        way); its storages ``known[id(t)][2]`` where ``known[id(t)][1] == get_ptr(t)``
-        (the backend's own cache), else ``storages(t)``; the one tensor it holds
-        ``get_held(t)`` (or None) under ``label``. None: :meth:`take_many` is called.
-        The getters must run no user code on :meth:`batch_types`' exact types."""
+        way); its storages ``known[id(t)][2]`` where the stamp ``known[id(t)][1]`` holds
+        (the backend's own record: a weak reference to the storage object, its bytes and
+        its data pointer, checked with ``stamp_getters``: the storage of a tensor, the
+        bytes and the data pointer of a storage), else ``storages(t)``; the one tensor it
+        holds ``get_held(t)`` (or None) under ``label``. None: :meth:`take_many` is
+        called. The getters must run no user code on :meth:`batch_types`' exact types."""
         return None
 
     def start_scan(self, deadline: float) -> None:
@@ -286,6 +410,11 @@ class Backend:
 
     def partial_reasons(self) -> list[str]:
         """Why the walk since the last call left something out (then forgotten)."""
+        return []
+
+    def notes(self) -> list[str]:
+        """What the report should say of the walk since the last call, the result not
+        partial for it (saved tensors behind hooks, not read), then forgotten."""
         return []
 
     def accelerators(self) -> list[AcceleratorInfo]:

@@ -13,11 +13,10 @@ context there.
 from __future__ import annotations
 
 import gc
-import sys
 from typing import Any
 
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo,
-                   oom_by_name)
+                   framework_module, oom_by_name)
 from ..units import fmt_bytes
 from . import nvml
 
@@ -46,7 +45,7 @@ class CupyBackend(Backend):
     cupy = Backend.lib
 
     def tensor_types(self) -> tuple[type, ...]:
-        nd = getattr(sys.modules.get("cupy"), "ndarray", None)
+        nd = getattr(framework_module("cupy"), "ndarray", None)
         return (nd,) if isinstance(nd, type) else ()
 
     def storages(self, obj: Any) -> list[StorageInfo]:
@@ -118,7 +117,7 @@ class CupyBackend(Backend):
     # -- devices ------------------------------------------------------------------
     def accelerators(self) -> list[AcceleratorInfo]:
         out = []
-        runtime = getattr(getattr(sys.modules.get("cupy"), "cuda", None), "runtime", None)
+        runtime = getattr(getattr(framework_module("cupy"), "cuda", None), "runtime", None)
         kind = "rocm" if getattr(runtime, "is_hip", False) else "cuda"
         for index in sorted(self._pool_figures()):
             name = uuid = total = None
@@ -160,7 +159,7 @@ class CupyBackend(Backend):
     def _plan_cache(self) -> tuple[int, int, int] | None:
         """(device ordinal, cached plans, bytes their work areas hold) of the current
         device's FFT plan cache, where ``cupy.fft`` is in use."""
-        config = sys.modules.get("cupy.fft.config")
+        config = framework_module("cupy.fft.config")
         if config is None:
             return None
         try:
@@ -255,7 +254,7 @@ class CupyBackend(Backend):
                 notes.append(f"cupy: gave {size} of pinned host memory back")
         except Exception as exc:
             notes.append(f"cupy: could not free its pinned pool ({exc})")
-        config = sys.modules.get("cupy.fft.config")
+        config = framework_module("cupy.fft.config")
         if config is not None:
             try:
                 config.get_plan_cache().clear()

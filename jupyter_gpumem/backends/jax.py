@@ -11,11 +11,10 @@ preallocates 75% of the card.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo,
-                   xla_is_oom)
+                   framework_module, xla_is_oom)
 from ..units import fmt_bytes
 
 _GiB = 1 << 30
@@ -52,7 +51,7 @@ class JaxBackend(Backend):
 
     def initialized(self) -> bool:
         """True once JAX has created its backends (never creates them)."""
-        xb = sys.modules.get("jax._src.xla_bridge")
+        xb = framework_module("jax._src.xla_bridge")
         if xb is None:
             return False
         check = getattr(xb, "backends_are_initialized", None)
@@ -62,7 +61,7 @@ class JaxBackend(Backend):
             return False
 
     def tensor_types(self) -> tuple[type, ...]:
-        array = getattr(sys.modules.get("jax"), "Array", None)
+        array = getattr(framework_module("jax"), "Array", None)
         return (array,) if isinstance(array, type) else ()
 
     # -- arrays ------------------------------------------------------------
@@ -97,7 +96,7 @@ class JaxBackend(Backend):
         if not self.initialized():
             return []
         jax = self.jax
-        xb = sys.modules.get("jax._src.xla_bridge")
+        xb = framework_module("jax._src.xla_bridge")
         platforms = list(getattr(xb, "_backends", {}) or {}) or [None, "cpu"]
         out, seen = [], set()
         for platform in platforms:
@@ -234,9 +233,9 @@ class JaxBackend(Backend):
     give_back_env = {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}   # every free goes back
 
     def tame_state(self) -> str:
-        if "jax" not in sys.modules:
+        if framework_module("jax") is None:
             return "not imported"
-        xb = sys.modules.get("jax._src.xla_bridge")
+        xb = framework_module("jax._src.xla_bridge")
         check = getattr(xb, "backends_are_initialized", None)
         try:
             started = bool(check()) if check is not None else bool(getattr(xb, "_backends", None))

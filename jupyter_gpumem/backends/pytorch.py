@@ -13,12 +13,11 @@ from typing import Any, Iterator
 from . import torch_allocator as _alloc
 from . import torch_peaks as _peaks
 from . import torch_trace as _trace
-from .torch_graph import GraphLedger, attributes, graph_children
+from .torch_graph import GraphLedger, SavedReader, attributes, graph_children
+from .torch_storage import StorageReader
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo,
-                   PeakCounter, PeakLedgerView, instance_dict, oom_by_name)
+                   PeakCounter, PeakLedgerView, framework_module, instance_dict, oom_by_name)
 
-_SKIP_DEVICE_TYPES = {"meta"}
-_new_info = tuple.__new__   # StorageInfo without the named tuple's Python-level __new__
 _MODULE_OWN = ("_parameters", "_buffers", "_modules")
 _MODULE_OWN_SET = frozenset(_MODULE_OWN)
 _PLAIN_CONTAINERS = frozenset({dict, OrderedDict, set})
@@ -30,7 +29,7 @@ _PLAIN_VALUE_IDS = frozenset(map(id, _PLAIN_VALUES))
 _PLAIN_CONTAINER_IDS = frozenset(map(id, _PLAIN_CONTAINERS))
 _GRAD = ("attr", "grad")
 _GRAD_FN, _GRAD_OF = attrgetter("grad_fn"), attrgetter("grad")
-_SECOND, _THIRD = itemgetter(1), itemgetter(2)   # of a _known entry: pointer, storages
+_SECOND, _THIRD = itemgetter(1), itemgetter(2)   # of a record: stamp, storages
 _STATE_KEY = ("opt_state_key",)
 
 
@@ -53,20 +52,6 @@ def _alive() -> bool:
     return True
 
 
-_UNNAMED = object()   # a device not met yet (see TorchBackend.storages)
-
-
-class _KeyedRef(weakref.ref):
-    """A weak reference carrying its tensor's key in the record: one callback for all."""
-    __slots__ = ("key",)
-
-
-def device_id(dev: Any) -> str:
-    """``cuda:0``, ``cpu``, ``mps:0`` from a ``torch.device``."""
-    text = str(dev)
-    return text if text == "cpu" or ":" in text else text + ":0"
-
-
 #: torch class names -> what the report calls them
 _TYPE_WORDS = {"Tensor": "tensor", "Parameter": "parameter"}
 
@@ -79,14 +64,11 @@ class TorchBackend(Backend):
     order = 10
 
     def __init__(self) -> None:
-        self._saved_attrs: dict[type, tuple[str, ...]] = {}
+        self._saved_attrs = SavedReader()
         self._types: tuple | None = None
         self._plain: tuple = ()
-        self._strided = None
-        self._device_names: dict = {}
-        self._known: dict[int, tuple] = {}   # id -> (weak ref, data pointer, storages)
-        known = self._known   # an entry leaves with its tensor (one callback for all):
-        self._forget_known = lambda ref: known.pop(ref.key, None)
+        self.reader = StorageReader()   # bytes come from the storage (torch_storage.py)
+        self._known = self.reader.known   # id -> (weak ref, stamp, storages)
         self._views: dict[int, tuple] = {}   # GPU -> (allocator counters, AllocatorView)
         self._sizes: dict[int, tuple] = {}   # GPU -> (workspace sizes, where they come from)
         self._graphs: dict[tuple, list] = {}   # graph pool id -> weak refs to its CUDA graphs
@@ -102,6 +84,9 @@ class TorchBackend(Backend):
     def partial_reasons(self) -> list[str]:
         return self.ledger.take_reasons()
 
+    def notes(self) -> list[str]:
+        return self.ledger.take_notes()
+
     torch = Backend.lib
 
     def tensor_types(self) -> tuple[type, ...]:
@@ -109,104 +94,23 @@ class TorchBackend(Backend):
             torch = self.torch
             self._types = (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)
             self._plain = (torch.Tensor, torch.nn.Parameter)
-            self._data_ptr = torch._C.TensorBase.data_ptr   # what plain tensors use
-            self._strided = torch.strided
+            self.reader.setup(torch, self._plain)
         return self._types
 
     def container_types(self) -> tuple[type, ...]:
-        return (self.torch.nn.Module, self.torch.optim.Optimizer)
+        # a custom Function's graph node and a saved tensor met as objects (checkpoint
+        # keeps its inputs as saved tensors)
+        c = self.torch._C
+        return (self.torch.nn.Module, self.torch.optim.Optimizer, c._FunctionBase,
+                c._autograd.SavedTensor)
 
     # -- tensors ---------------------------------------------------------
     def storages(self, obj: Any) -> list[StorageInfo]:
+        # a plain tensor's storages are kept while its storage is proven the same, so
+        # the scans after each cell do not read every tensor again (torch_storage.py)
         if type(obj) in self._plain:
-            # the common case: a dense tensor or parameter. What it found is kept
-            # while the tensor lives and its data pointer stays (a storage swapped
-            # by set_(), .data = or a reallocating resize_() moves the pointer), so
-            # the scans after each cell do not ask every tensor again
-            oid = id(obj)
-            # an entry leaves with its tensor (the weak reference's callback), so an
-            # entry under this id is this tensor's
-            cached = self._known.get(oid)
-            where = obj.data_ptr()
-            if cached is not None and cached[1] == where:
-                return cached[2]
-            dev = obj.device
-            name = self._device_names.get(dev, _UNNAMED)
-            if name is _UNNAMED:   # "meta" holds no memory: named None
-                name = self._device_names[dev] = \
-                    None if dev.type in _SKIP_DEVICE_TYPES else device_id(dev)
-            if name is not None and obj.layout is self._strided:
-                try:
-                    storage = obj.untyped_storage()
-                except (RuntimeError, NotImplementedError, TypeError):
-                    return []
-                nbytes = storage.nbytes()
-                ptr = storage.data_ptr()
-                key = (name, ptr) if ptr else (name, "torch", id(storage))
-                infos = [_new_info(StorageInfo, (key, nbytes, name, "torch"))] if nbytes else []
-                try:
-                    ref = _KeyedRef(obj, self._forget_known)
-                except TypeError:
-                    return infos
-                ref.key = oid
-                self._known[oid] = (ref, where, infos)
-                return infos
-            if name is None:
-                return []
-        torch = self.torch
-        tp = type(obj)
-        if issubclass(tp, torch.TypedStorage):
-            obj = instance_dict(obj).get("_untyped_storage")
-            tp = type(obj)
-        if issubclass(tp, torch._C.StorageBase):
-            return self._storage_info(obj, device_id(torch._C.StorageBase.device.__get__(obj)))
-        if not issubclass(tp, torch.Tensor):
-            return []
-        # a subclass of the user's: read through TensorBase with its __torch_function__
-        # and properties left out, so none of its code runs
-        base = torch._C.TensorBase
-        with torch._C.DisableTorchFunctionSubclass():
-            dev = base.device.__get__(obj)
-            if dev.type in _SKIP_DEVICE_TYPES:
-                return []
-            if base.layout.__get__(obj) != torch.strided:
-                return self._sparse_storages(obj)
-            try:
-                storage = base.untyped_storage(obj)
-            except (RuntimeError, NotImplementedError, TypeError):
-                return []
-            return self._storage_info(storage, device_id(dev))
-
-    def _storage_info(self, storage: Any, dev: str) -> list[StorageInfo]:
-        base = self.torch._C.StorageBase
-        nbytes = base.nbytes(storage)
-        if not nbytes:
-            return []
-        try:
-            ptr = base.data_ptr(storage)
-        except RuntimeError:
-            return []   # a wrapper subclass's storage: no memory of its own (see tensor_edges)
-        key = (dev, ptr) if ptr else (dev, "torch", id(storage))
-        return [StorageInfo(key, nbytes, dev, "torch")]
-
-    def _sparse_storages(self, obj: Any) -> list[StorageInfo]:
-        torch = self.torch
-        base = torch._C.TensorBase
-        out: list[StorageInfo] = []
-        parts = []
-        layout = base.layout.__get__(obj)
-        try:
-            if layout == torch.sparse_coo:
-                parts = [base._indices(obj), base._values(obj)]
-            elif layout in (torch.sparse_csr, torch.sparse_bsr):
-                parts = [base.crow_indices(obj), base.col_indices(obj), base.values(obj)]
-            elif layout in (torch.sparse_csc, torch.sparse_bsc):
-                parts = [base.ccol_indices(obj), base.row_indices(obj), base.values(obj)]
-        except (RuntimeError, NotImplementedError):
-            return out
-        for part in parts:
-            out.extend(self.storages(part))
-        return out
+            return self.reader.plain(obj)
+        return self.reader.any(obj)
 
     def children(self, obj: Any) -> Iterator[tuple[tuple, Any]]:
         torch = self.torch
@@ -215,6 +119,10 @@ class TorchBackend(Backend):
             return self._module_children(obj)
         if issubclass(tp, torch.optim.Optimizer):
             return self._optimizer_children(obj)
+        if issubclass(tp, torch._C._FunctionBase):
+            return graph_children(self.ledger, self._saved_attrs, obj, {})
+        if issubclass(tp, torch._C._autograd.SavedTensor):
+            return self._saved_attrs.read(self.ledger, obj, ("graph", "SavedTensor", "data"))
         if not issubclass(tp, torch.Tensor):
             return iter(())
         fn, grad = self.graph_and_grad(obj)
@@ -250,8 +158,8 @@ class TorchBackend(Backend):
         if any(map(is_not, map(_GRAD_FN, values), repeat(None))):
             return None   # an autograd graph: the long way
         recs = list(map(self._known.get, map(id, values)))
-        if not all(recs) or list(map(_SECOND, recs)) != list(map(self._data_ptr, values)):
-            infos = list(map(self.storages, values))   # first met, or moved: asked again
+        if not all(recs) or not all(map(self.reader.holds, values, map(_SECOND, recs))):
+            infos = list(map(self.storages, values))   # first met, or changed: read again
         else:
             infos = list(map(_THIRD, recs))
         return infos, _GRAD, list(map(_GRAD_OF, values))
@@ -259,12 +167,13 @@ class TorchBackend(Backend):
     def batch_spec(self) -> tuple:
         # take_many's passes, as one loop of the C core runs them
         self.tensor_types()
-        return self._known, _GRAD_FN, self._data_ptr, _GRAD_OF, self.storages, _GRAD
+        return (self._known, _GRAD_FN, self.reader.stamp_getters(), _GRAD_OF, self.storages,
+                _GRAD)
 
     def fingerprint_spec(self) -> tuple:
         self.tensor_types()
         getters = self.torch._C.TensorBase.__dict__
-        return self._known, getters["grad_fn"], getters["data_ptr"], getters["grad"]
+        return self._known, getters["grad_fn"], self.reader.stamp_getters(), getters["grad"]
 
     def getters_run_code(self) -> bool:   # a torch function mode (set_default_device's)
         return bool(self.torch._C._is_torch_function_mode_enabled())
@@ -532,7 +441,7 @@ class TorchBackend(Backend):
     def _nccl(self, device_ids) -> list[Internal]:
         """NCCL communicators of ``torch.distributed``: their buffers are allocated by
         NCCL itself, outside torch's allocator, so they are part of the rest."""
-        dist = sys.modules.get("torch.distributed")
+        dist = framework_module("torch.distributed")
         try:
             if dist is None or not dist.is_available() or not dist.is_initialized():
                 return []
@@ -623,13 +532,14 @@ class TorchBackend(Backend):
                 obj = refs.get(key)
                 if obj is None:
                     continue
-                try:
+                try:   # a storage, or every component of a tensor's layout (sparse...)
                     tp = type(obj)
-                    storage = obj if issubclass(tp, storage_type) else \
-                        base.untyped_storage(obj) if issubclass(tp, base) else None
-                    if storage is not None and storage_type.data_ptr(storage) == key[1]:
-                        out[key] = storage_type._weak_ref(storage)
-                    del storage
+                    storages = [obj] if issubclass(tp, storage_type) else \
+                        self.reader.storage_objects(obj) if issubclass(tp, base) else []
+                    for storage in storages:
+                        if storage_type.data_ptr(storage) == key[1]:
+                            out[key] = storage_type._weak_ref(storage)
+                    del storages
                 except Exception:
                     pass
                 del obj

@@ -21,11 +21,10 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-import sys
 from typing import Any, Callable, Iterator
 
 from .base import (DLPACK_DEVICES, AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate,
-                   StorageInfo, xla_is_oom)
+                   StorageInfo, framework_module, xla_is_oom)
 from ..units import fmt_bytes
 
 #: dtypes TensorFlow can export through DLPack (see module docstring)
@@ -87,7 +86,7 @@ def _bool_env(name: str) -> bool | None:
 
 def _onednn_enabled() -> bool | None:
     """Whether TensorFlow runs with oneDNN, from the module TensorFlow has already loaded."""
-    port = sys.modules.get("tensorflow.python.util._pywrap_util_port")
+    port = framework_module("tensorflow.python.util._pywrap_util_port")
     try:
         return bool(port.IsMklEnabled()) if port is not None else None
     except Exception:
@@ -130,7 +129,7 @@ class TensorFlowBackend(Backend):
     @staticmethod
     def _context():
         """TensorFlow's eager context, only once it has been initialised."""
-        mod = sys.modules.get("tensorflow.python.eager.context")
+        mod = framework_module("tensorflow.python.eager.context")
         if mod is None:
             return None
         try:
@@ -142,12 +141,12 @@ class TensorFlowBackend(Backend):
         return ctx
 
     def _tf(self):
-        return sys.modules["tensorflow"]
+        return framework_module("tensorflow")
 
     def tensor_types(self) -> tuple[type, ...]:
         if self._types is None:
-            ops = sys.modules.get("tensorflow.python.framework.ops")
-            rv = sys.modules.get("tensorflow.python.ops.resource_variable_ops")
+            ops = framework_module("tensorflow.python.framework.ops")
+            rv = framework_module("tensorflow.python.ops.resource_variable_ops")
             types_ = []
             if ops is not None and hasattr(ops, "EagerTensor"):
                 types_.append(ops.EagerTensor)
@@ -195,7 +194,7 @@ class TensorFlowBackend(Backend):
 
     # -- tensors ---------------------------------------------------------
     def storages(self, obj: Any) -> list[StorageInfo]:
-        rv = sys.modules.get("tensorflow.python.ops.resource_variable_ops")
+        rv = framework_module("tensorflow.python.ops.resource_variable_ops")
         if rv is not None and isinstance(obj, rv.BaseResourceVariable):
             try:
                 obj = obj.value()  # a read shares the variable's buffer
@@ -344,9 +343,9 @@ class TensorFlowBackend(Backend):
     tame_env = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}   # grow the pool, not the whole card
 
     def tame_state(self) -> str:
-        if "tensorflow" not in sys.modules:
+        if framework_module("tensorflow") is None:
             return "not imported"
-        ctx_mod = sys.modules.get("tensorflow.python.eager.context")
+        ctx_mod = framework_module("tensorflow.python.eager.context")
         ctx = ctx_mod.context_safe() if ctx_mod is not None else None
         if ctx is None or not getattr(ctx, "_initialized", False):
             return "imported, no device used yet"
@@ -451,7 +450,7 @@ class KerasBackend(Backend):
             "optimizer": ("keras.src.optimizers.base_optimizer", "BaseOptimizer"),
         }
         module, attr = paths[what]
-        tp = getattr(sys.modules.get(module), attr, None)
+        tp = getattr(framework_module(module), attr, None)
         if tp is None:
             return ()  # keras is still importing, or laid out otherwise
         self._types[what] = (tp,)

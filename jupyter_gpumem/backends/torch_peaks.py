@@ -5,16 +5,15 @@ device, and the wrappers of torch's own peak functions (``reset_peak_memory_stat
 user still reads the real peaks. Used by :class:`~.pytorch.TorchBackend`."""
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable
 
-from .base import PeakCounter, PeakLedgerView, Reading
+from .base import PeakCounter, PeakLedgerView, Reading, framework_module
 
 FAMILY = "torch"
 
 
 def _torch():
-    return sys.modules["torch"]
+    return framework_module("torch")
 
 
 def _unwrapped(fn: Callable) -> Callable:
@@ -72,7 +71,7 @@ class TorchCudaCounter(PeakCounter):
 
 def counters(device_ids) -> list[PeakCounter]:
     """A counter per CUDA device of ``device_ids``, once torch has initialised CUDA."""
-    torch = sys.modules.get("torch")
+    torch = framework_module("torch")
     try:
         ready = torch is not None and bool(torch.cuda.is_initialized())
     except Exception:  # noqa: BLE001

@@ -28,7 +28,7 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from .base import TraceCost as Cost
+from .base import TraceCost as Cost, framework_module
 
 #: the events of torch's history, as trace reads them (the host's are written the same way)
 _ALLOC, _FREE = "alloc", "free_requested"
@@ -45,7 +45,7 @@ class CudaFeed:
     name = "torch"
 
     def torch(self):
-        return sys.modules.get("torch")
+        return framework_module("torch")
 
     def state(self) -> str:
         """``absent`` (torch not imported), ``unavailable`` (no CUDA), ``lazy`` (CUDA not
@@ -202,7 +202,7 @@ class HostRecorder:
     """Allocation sites of host (CPU) storages, from what torch functions return."""
 
     def __init__(self, cells: Any, max_entries: int = 100_000, stop_code: Any = None) -> None:
-        torch = sys.modules["torch"]
+        torch = framework_module("torch")
         self.torch = torch
         self.cells = cells
         self.records: dict[int, _HostRecord] = {}

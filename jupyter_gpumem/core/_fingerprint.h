@@ -63,13 +63,13 @@ typedef struct {
 
 /* the backend's record of one plain tensor, kept from scan to scan so that proving the
  * tensor unchanged asks no dict: by the tensor's address (no reference to it), the
- * record (a strong reference: a weak ref, the data pointer, the storages), and the
- * record's weak ref, pointer and storages read out of it */
+ * record (a strong reference: a weak ref, the storage's stamp, the storages), and the
+ * record's weak ref, stamp and storages read out of it */
 typedef struct {
     PyObject *tensor;   /* NULL: an empty slot */
     PyObject *rec;
     PyObject *ref;
-    void *ptr;
+    PyObject *stamp;
     PyObject *infos;
 } fp_record;
 
@@ -85,7 +85,7 @@ typedef struct {
     PyTypeObject *cache_type[FP_TYPE_CACHE];   /* open addressing; strong references */
     unsigned char cache_action[FP_TYPE_CACHE];
     int cache_n;
-    fp_getter fn, ptr, held;
+    fp_getter fn, ptr, held;   /* ptr: its obj is the stamp's getters (stamp_holds) */
     fp_tensors tensors;  /* read in this scan (forget() empties it) */
     fp_records records;  /* the backend's records met in earlier scans (see fp_record) */
     PyObject *taken;     /* a dict or NULL: id -> (storages, label, gradient) of the tensors
@@ -93,7 +93,7 @@ typedef struct {
     PyObject *libs;      /* dict: module name -> whether it is a library's (through is_lib) */
     PyObject *is_lib;    /* is_lib(name) -> bool */
     pset stop;           /* objects never entered (their ids) */
-    PyObject *known;     /* the backend's record: id(tensor) -> (weak ref, data pointer, storages) */
+    PyObject *known;     /* the backend's record: id(tensor) -> (weak ref, stamp, storages) */
     PyObject *skip_keys; /* a class's entries that are not what it holds (a frozenset) */
     Py_ssize_t limit;
 } Fingerprint;
@@ -749,10 +749,10 @@ fp_records_sweep(fp_records *m, size_t room)
     return 0;
 }
 
-/* record `rec` (checked: a tuple of a live weak ref to t, its pointer, its storages) kept
+/* record `rec` (checked: a tuple of a live weak ref to t, its stamp, its storages) kept
  * for tensor t, in place of any other it had */
 static int
-fp_records_put(fp_records *m, PyObject *t, PyObject *rec, void *ptr)
+fp_records_put(fp_records *m, PyObject *t, PyObject *rec)
 {
     if ((m->n + 1) * 2 > m->cap && fp_records_sweep(m, m->n + 1) < 0)
         return -1;
@@ -762,14 +762,15 @@ fp_records_put(fp_records *m, PyObject *t, PyObject *rec, void *ptr)
     Py_XSETREF(e->rec, Py_NewRef(rec));
     e->tensor = t;
     e->ref = PyTuple_GET_ITEM(rec, 0);
-    e->ptr = ptr;
+    e->stamp = PyTuple_GET_ITEM(rec, 1);
     e->infos = PyTuple_GET_ITEM(rec, 2);
     return 0;
 }
 
 /* What a plain tensor's walk would read: the backend's record of its storages
  * (borrowed) and its gradient (a new reference). 1; 0 where it cannot be proved (an
- * autograd graph, no record, data moved); -1 with an error set. A tensor held by more
+ * autograd graph, no record, a stamp that no longer holds: stamp_holds); -1 with an
+ * error set. A tensor held by more
  * than one object (more than `refs` references: a model's parameter is its optimizer's
  * too) is noted in this scan's memo, which the other roots that hold it read. */
 static int
@@ -809,20 +810,19 @@ fp_tensor_read(Fingerprint *f, PyObject *t, PyObject **infos_out, PyObject **hel
     Py_DECREF(fn);
     if (graph)
         return 0;   /* an autograd graph: what it holds is walked each time */
-    PyObject *got = fp_get(&f->ptr, t);
-    if (got == NULL)
-        return -1;
-    void *ptr = PyLong_AsVoidPtr(got);
-    Py_DECREF(got);
-    if (ptr == NULL && PyErr_Occurred())
-        return -1;
     /* the backend's record of t, kept from an earlier scan: it still stands where its weak
-       ref is still t's and t's data has not moved (the backend then keeps it too) */
+       ref is still t's and its stamp holds (the same storage, bytes and address; the
+       backend then keeps it too) */
     fp_record *e = fp_record_slot(&f->records, t);
-    PyObject *infos;
-    if (e != NULL && e->tensor == t && e->ptr == ptr && fp_referent(e->ref) == t) {
-        infos = e->infos;
-    } else {
+    PyObject *infos = NULL;
+    if (e != NULL && e->tensor == t && fp_referent(e->ref) == t) {
+        int holds = stamp_holds(f->ptr.obj, t, e->stamp);
+        if (holds < 0)
+            return -1;
+        if (holds)
+            infos = e->infos;
+    }
+    if (infos == NULL) {   /* none kept, or the backend read t again since */
         key = PyLong_FromVoidPtr(t);
         if (key == NULL)
             return -1;
@@ -832,16 +832,15 @@ fp_tensor_read(Fingerprint *f, PyObject *t, PyObject **infos_out, PyObject **hel
             return PyErr_Occurred() ? -1 : 0;   /* never taken: the walk takes it */
         if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) < 3 ||
                 !PyWeakref_Check(PyTuple_GET_ITEM(rec, 0)) ||
-                fp_referent(PyTuple_GET_ITEM(rec, 0)) != t ||
-                !PyLong_Check(PyTuple_GET_ITEM(rec, 1)))
+                fp_referent(PyTuple_GET_ITEM(rec, 0)) != t)
             return 0;
-        void *was = PyLong_AsVoidPtr(PyTuple_GET_ITEM(rec, 1));
-        if (was == NULL && PyErr_Occurred())
-            return -1;
-        if (was != ptr)
-            return 0;   /* moved: the walk asks it again */
-        if (fp_records_put(&f->records, t, rec, ptr) < 0)
-            return -1;
+        Py_INCREF(rec);
+        int holds = stamp_holds(f->ptr.obj, t, PyTuple_GET_ITEM(rec, 1));
+        if (holds > 0 && fp_records_put(&f->records, t, rec) < 0)
+            holds = -1;
+        Py_DECREF(rec);   /* (the records hold it where it stands) */
+        if (holds <= 0)
+            return holds;   /* changed: the walk reads it again */
         infos = PyTuple_GET_ITEM(rec, 2);   /* held by the record, kept above */
     }
     PyObject *held = fp_get(&f->held, t);   /* its gradient */

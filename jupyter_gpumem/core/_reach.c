@@ -811,7 +811,40 @@ reach_items_except(PyObject *self, PyObject *args)
     return out;
 }
 
-/* take_batch(values, memo, known, get_fn, get_ptr, get_held, storages, label, found,
+/* stamp_holds(getters, t, stamp): whether a backend's record of tensor t still stands.
+ * `stamp` is (weak ref to t's storage object, its bytes, its data pointer) as the record
+ * took it; `getters` is (storage of a tensor, bytes of a storage, data pointer of a
+ * storage), the backend's C methods. It stands where t's storage is that very object
+ * and has those bytes at that address: a data pointer alone proves nothing (a larger
+ * storage may start where a freed one did). 1, 0 (also where t has no storage of its
+ * own: a sparse tensor is read the long way), or -1 with an error set. */
+static int
+stamp_holds(PyObject *getters, PyObject *t, PyObject *stamp)
+{
+    if (!PyTuple_Check(getters) || PyTuple_GET_SIZE(getters) != 3 || !PyTuple_Check(stamp) ||
+            PyTuple_GET_SIZE(stamp) != 3 || !PyWeakref_Check(PyTuple_GET_ITEM(stamp, 0)))
+        return 0;
+    PyObject *storage = PyObject_CallOneArg(PyTuple_GET_ITEM(getters, 0), t);
+    if (storage == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    _Pragma("GCC diagnostic push")
+    _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
+    int same = PyWeakref_GetObject(PyTuple_GET_ITEM(stamp, 0)) == storage;
+    _Pragma("GCC diagnostic pop")
+    for (Py_ssize_t i = 1; same > 0 && i < 3; i++) {
+        PyObject *got = PyObject_CallOneArg(PyTuple_GET_ITEM(getters, i), storage);
+        same = got == NULL ? -1 : PyObject_RichCompareBool(got, PyTuple_GET_ITEM(stamp, i), Py_EQ);
+        Py_XDECREF(got);
+    }
+    Py_DECREF(storage);
+    return same;
+}
+
+/* take_batch(values, memo, known, get_fn, stamp_of, get_held, storages, label, found,
  *            devices, node_type, node_head) -> list | None
  *
  * Many tensors of a backend's plain types at once (an optimizer's state, a model's
@@ -820,8 +853,8 @@ reach_items_except(PyObject *self, PyObject *args)
  * taken before in this scan. For each value not in `memo`: get_fn(value) is asked
  * first, for all of them (any answer other than None, an autograd graph, returns None
  * before anything is written: the caller takes those the long way); then its storages
- * are `known[id(value)][2]` where `known[id(value)][1] == get_ptr(value)` (the backend's
- * own cache, kept while the tensor lives and its data pointer stays), else
+ * are `known[id(value)][2]` where the stamp `known[id(value)][1]` holds (stamp_holds,
+ * stamp_of: its getters; the backend's own record, kept while the tensor lives), else
  * storages(value); what it holds is get_held(value) (its gradient), recorded under
  * `label`; the entry goes into `memo`. Then each storage `info` (a tuple: key, bytes,
  * device, ...) whose device is in `devices` (None: every device) and whose key is not
@@ -834,10 +867,10 @@ reach_items_except(PyObject *self, PyObject *args)
 static PyObject *
 reach_take_batch(PyObject *self, PyObject *args)
 {
-    PyObject *values, *memo, *known, *get_fn, *get_ptr, *get_held, *storages, *label;
+    PyObject *values, *memo, *known, *get_fn, *stamp_of, *get_held, *storages, *label;
     PyObject *found, *devices, *node_type, *node_head;
     if (!PyArg_ParseTuple(args, "O!O!O!OOOOOO!OOO:take_batch", &PyList_Type, &values,
-                          &PyDict_Type, &memo, &PyDict_Type, &known, &get_fn, &get_ptr,
+                          &PyDict_Type, &memo, &PyDict_Type, &known, &get_fn, &stamp_of,
                           &get_held, &storages, &label, &PyDict_Type, &found, &devices,
                           &node_type, &node_head))
         return NULL;
@@ -899,10 +932,7 @@ reach_take_batch(PyObject *self, PyObject *args)
             goto done;
         if (rec != NULL && PyTuple_Check(rec) && PyTuple_GET_SIZE(rec) >= 3) {
             Py_INCREF(rec);
-            PyObject *ptr = PyObject_CallOneArg(get_ptr, vals[i]);
-            int same = ptr == NULL ? -1 :
-                PyObject_RichCompareBool(PyTuple_GET_ITEM(rec, 1), ptr, Py_EQ);
-            Py_XDECREF(ptr);
+            int same = stamp_holds(stamp_of, vals[i], PyTuple_GET_ITEM(rec, 1));
             if (same > 0)
                 infos = Py_NewRef(PyTuple_GET_ITEM(rec, 2));
             Py_DECREF(rec);
@@ -1009,7 +1039,7 @@ static PyMethodDef reach_functions[] = {
      "items_except(dict, types[, memo, judge]) -> list: the (key, value) pairs whose value's type is "
      "not in types (and whose name judge does not leave out)"},
     {"take_batch", reach_take_batch, METH_VARARGS,
-     "take_batch(values, memo, known, get_fn, get_ptr, get_held, storages, label, found, "
+     "take_batch(values, memo, known, get_fn, stamp_of, get_held, storages, label, found, "
      "devices, node_type, node_head) -> list | None: many plain tensors at once"},
 #ifndef _WIN32
     {"pread_held", reach_pread_held, METH_VARARGS,

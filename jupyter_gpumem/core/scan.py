@@ -65,6 +65,8 @@ class ScanResult:
     refused: list = field(default_factory=list)
     #: per root, whether a warm scan reused its last walk (see :mod:`.scan_warm`)
     kept: list = field(default_factory=list)
+    #: what the backends said of the walk, the result not partial for it (Backend.notes)
+    notes: list = field(default_factory=list)
 
 
 # -- paths -------------------------------------------------------------------------
@@ -222,6 +224,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         for backend in backends:
             for reason in backend.partial_reasons():
                 reacher.stop_walk(reason)
+            notes.extend(n for n in backend.notes() if n not in notes)
         return found, count, graph
 
     # Each root first gets a fair share of the time left, so one huge root (a list of
@@ -229,6 +232,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     # share what the others left, in order.
     walked: list = []
     cut: list[int] = []
+    notes: list[str] = []
     steps = _Steps()
     try:
         for i, root in enumerate(roots):
@@ -306,7 +310,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
             warm_pass.close()
     result = ScanResult(roots, reach, reacher.partial, reacher.reasons,
                         time.perf_counter() - start, reacher.errors,
-                        reacher.refusals.kept, kept)
+                        reacher.refusals.kept, kept, notes)
     finder.result = weakref.ref(result)
     if finder.exhausted:   # a path read for what is kept took the last of the time
         finder.say_partial()

@@ -130,6 +130,12 @@ class Reacher(TensorTaking):
         numpy = sys.modules.get("numpy")
         if isinstance(getattr(numpy, "ndarray", None), type):
             self._watch |= _subclasses(numpy.ndarray)
+        for backend in backends:   # a framework's own object the collector does not
+            try:                   # track (torch's saved tensors, held by checkpoint)
+                self._watch.update(t for t in backend.container_types()
+                                   if not TYPE_FLAGS(t) & HAVE_GC)
+            except Exception:
+                pass
         if not self.untracked_is_empty:
             self._watch |= {dict, tuple}
             for backend in backends:

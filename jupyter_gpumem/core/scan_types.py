@@ -295,6 +295,10 @@ def classify(tp: type, backends: list[Backend]) -> "tuple[str, Backend | None]":
         return _by_layout(tp), None     # never hashed (see keyable_meta)
     if tp in SKIP_TYPES or issubclass(tp, weakref.ref):
         return SKIP, None
+    for backend in backends:   # a framework's own class, by identity (a pybind11 one's
+        for known in backend.container_types():   # metaclass is no module's)
+            if tp is known:
+                return CONTAINER, backend
     if type(tp) is not type and not is_library_module_name(type_module(type(tp))):
         # a metaclass of the user's may run code on any look at the class (an
         # abstract base's subclass check asks for ``__mro__``): only the C-level

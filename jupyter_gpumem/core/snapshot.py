@@ -674,6 +674,7 @@ def _messages(result, usages, accs, device):
         yield "partial result: " + ", ".join(result.reasons) + hint
     if result.errors:
         yield refused_note(result.errors, result.refused)
+    yield from result.notes
     for du in usages:
         for note in du.notes:
             yield f"{du.id}: {note}"
