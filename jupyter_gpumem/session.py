@@ -55,6 +55,7 @@ from .core.monitor import CellEvents
 from .core import trace as _trace
 from .core.trace import CellSpans
 from . import cluster as _cluster
+from .handoff import MainThreadQueue
 from .settings import GpuMemSettings
 from .units import complain
 
@@ -209,6 +210,10 @@ class Session:
         #: what the last scans walked, per name: a root proved unchanged is not walked
         #: again (core/scan_warm.py; every snapshot of this shell goes through it)
         self.warm = WarmScan()
+        #: what reads or changes the namespace from another thread, or while a cell runs,
+        #: goes through here (jupyter_gpumem/handoff.py): run on the main thread, between cells
+        self.handoff = MainThreadQueue(loop_of=lambda: _kernel_loop(shell))
+        self.follow_cells(self.handoff)
         _monitor.hook_cells(shell, self._pre_run_cell, self._post_run_cell)
 
     # -- settings ----------------------------------------------------------------
@@ -508,6 +513,7 @@ class Session:
         was given to :meth:`on_close`, the pending refresh, the sampling thread (joined),
         the cluster's thread, the trace this shell started, and the cell hooks."""
         self._cancel()
+        self.handoff.close()
         for name in ("comm_hub", "panel", "watch"):
             part = getattr(self, name)
             setattr(self, name, None)
@@ -572,6 +578,12 @@ def _add_cluster(data: dict, part: dict | str | None) -> None:
         data["cluster"] = part
     elif isinstance(part, str):
         data["messages"] = list(data.get("messages") or ()) + [part]
+
+
+def _kernel_loop(shell: Any) -> Any:
+    """The kernel's main event loop (ipykernel's ``io_loop``: ``add_callback`` from any
+    thread), or None outside a kernel."""
+    return getattr(getattr(shell, "kernel", None), "io_loop", None)
 
 
 def _running_loop_and_task(shell: Any) -> tuple[Any, Any]:

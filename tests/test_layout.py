@@ -28,7 +28,7 @@ LAYERS = [
     ["backends"],
     ["core"],
     ["cluster"],
-    ["settings", "session"],
+    ["settings", "session", "handoff"],
     ["watch"],
     ["api"],
     ["server"],    # the Jupyter server extension: core and api, never IPython
@@ -39,7 +39,8 @@ LAYERS = [
 ]
 
 #: layers that never import IPython, widgets or matplotlib, at any level
-NO_FRONTEND = ("units", "backends", "core", "cluster", "settings", "session", "watch", "api",
+NO_FRONTEND = ("units", "backends", "core", "cluster", "settings", "session", "handoff", "watch",
+               "api",
                "server")
 FRONTEND = ("IPython", "ipywidgets", "ipykernel", "matplotlib")
 
