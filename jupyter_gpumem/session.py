@@ -237,6 +237,7 @@ class Session:
         cluster part when a Dask client is connected)."""
         data = build(shell=self.shell, device=device, names=names,
                      time_limit=self.time_limit, warm=self.warm).to_json()
+        data["cell_running"] = self._pairing.running()
         if not names:
             try:
                 part = drive_now(self._cluster_steps([device])).get(device)
@@ -427,6 +428,7 @@ class Session:
                 except StopIteration as done:
                     for device, snapshot in done.value.items():
                         built[device] = snapshot.to_json()
+                        built[device]["cell_running"] = self._pairing.running()
                         if self._last_cell is not None:
                             built[device]["cell"] = dict(self._last_cell)
                     break
