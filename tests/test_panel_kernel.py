@@ -42,7 +42,7 @@ def test_demo_notebook_shows_the_widget_view(kernel_env):
     # what the panel's checkboxes say in the kernel (widget messages sent after a
     # cell's reply reach a frontend by their comm, but nbclient keeps only a cell's own)
     nb.cells.append(nbformat.v4.new_code_cell(
-        "print('checkboxes:', sorted(c.description for c, _ in panel._rows))"))
+        "print('checkboxes:', sorted(c.description for c in panel.table.children[2::2]))"))
     with client.setup_kernel():
         for index, cell in enumerate(nb.cells):
             client.execute_cell(cell, index)

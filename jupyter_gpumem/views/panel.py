@@ -242,7 +242,7 @@ class Panel:
     def start(self) -> None:
         """Join the session's views, scan once, and subscribe to its sampling thread."""
         self.session.add_view(self)
-        self.refresh()
+        self._refresh_now()         # the magic's own cell, on the main thread: at once
         self._start_sampler()
 
     def _source(self) -> SharedSampler:
@@ -280,7 +280,7 @@ class Panel:
             self.series = series
         if device is not None and device != self.device:
             self.device = device
-            self.refresh()
+            self._refresh_now()     # the magic's own cell, on the main thread: at once
         self._update_title()
 
     def close(self) -> bool:

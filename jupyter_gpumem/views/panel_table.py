@@ -28,10 +28,10 @@ _DIGITS = re.compile(r"(\d+)")
 
 
 def display_key(holder: dict) -> tuple:
-    """Largest ``unique`` first, then the name with its numbers read as numbers."""
-    name = str(holder.get("name") or "")
-    parts = tuple((0, int(p), "") if p.isdigit() else (1, 0, p)
-                  for p in _DIGITS.split(name) if p)
+    """Largest ``unique`` first, then the name with its numbers read as numbers (a split
+    on runs of digits alternates text and number, so keys compare part by part)."""
+    parts = _DIGITS.split(str(holder.get("name") or ""))
+    parts[1::2] = map(int, parts[1::2])
     unique = holder.get("unique")
     return (-(unique if isinstance(unique, (int, float)) else 0), parts)
 
