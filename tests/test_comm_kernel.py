@@ -205,3 +205,27 @@ def test_on_the_main_shell_while_idle_a_request_is_answered_as_before(lab):
     assert "y" in lab.reply(comm, "purge_result", 6)["result"]["removed"]
     assert not [m for m in lab.iopub if m["msg_type"] == "comm_msg"
                 and m["content"]["data"].get("type") == "queued"]
+
+
+def test_after_cells_and_replies_from_the_main_thread_requests_still_come_over_the_subshell(lab):
+    """The kernel's own messages (a snapshot after a cell, a reply run on the main thread)
+    must not make ipykernel route the frontend's later requests to the busy main thread."""
+    lab.create_subshell()
+    comm = lab.open_comm()
+    lab.reply(comm, "hello")
+    lab.request(comm, {"type": "set_device", "id": "d", "device": "cpu"})
+    lab.reply(comm, "snapshot", "d")          # answered on the main thread
+    lab.execute("z = torch.ones(4)")
+    lab.reply(comm, "snapshot")               # the snapshot after the cell, main thread
+    cell = lab.kc.execute("time.sleep(6)")
+    lab.pull(lambda m: m["msg_type"] == "status" and m["parent_header"].get("msg_id") == cell
+             and m["content"]["execution_state"] == "busy")
+    # the sampling thread's devices messages go out meanwhile (with the cell's parent)
+    lab.reply(comm, "devices", timeout=3)
+    time.sleep(2.2)
+    lab.request(comm, {"type": "hello", "id": "ping"})
+    assert lab.reply(comm, "hello", "ping", timeout=2)["busy"] is True
+    asked = lab.request(comm, {"type": "refresh", "id": "r"})
+    queued = lab.reply(comm, "queued", "r", timeout=2)
+    assert queued["received"] - asked < 2
+    lab.reply(comm, "snapshot", "r", timeout=30)

@@ -179,3 +179,43 @@ def test_a_frontend_checks_a_name_and_purges_it_in_a_real_kernel(frontend):
     names = fe.execute("import threading\nprint([t.name for t in threading.enumerate()])")
     # nothing else subscribed to the session's sampling thread here: it ended with the panel
     assert "jupyter_gpumem-panel" not in names and "jupyter_gpumem-sampler" not in names
+
+
+def test_a_click_over_a_subshell_while_a_cell_runs_waits_for_the_cell(frontend):
+    """JupyterLab 4.6 sends widget messages over a kernel subshell: the click is handled on
+    the subshell's thread while the main thread runs a cell. The purge it asks for runs on
+    the main thread once the cell ends; the panel says it is queued."""
+    fe = frontend
+    fe.execute("%load_ext jupyter_gpumem\nimport time, torch, threading\n"
+               "x = torch.zeros(2**20)\nkeep = torch.zeros(2**18)\n"
+               "import jupyter_gpumem.core.purge as _P\nseen = []\n_real = _P.purge\n"
+               "def _rec(*a, **k):\n"
+               "    seen.append((threading.current_thread().name, k.get('dry_run')))\n"
+               "    return _real(*a, **k)\n"
+               "_P.purge = _rec")
+    fe.execute("%gpumem panel --device cpu")
+    fe.set_value(fe.find("CheckboxModel", description="x"), True)
+    control = fe.kc.session.msg("create_subshell_request", {})
+    fe.kc.control_channel.send(control)
+    subshell = fe.kc.control_channel.get_msg(timeout=30)["content"]["subshell_id"]
+    purge = fe.find("ButtonModel", description="Purge 1 checked", disabled=False)
+    cell = fe.kc.execute("time.sleep(3)\nseen.append(('cell ended', None))")
+    time.sleep(0.5)
+    msg = fe.kc.session.msg("comm_msg", {"comm_id": purge,
+                                         "data": {"method": "custom",
+                                                  "content": {"event": "click"}}})
+    msg["header"]["subshell_id"] = subshell
+    fe.kc.shell_channel.send(msg)
+    fe._until_idle(msg["header"]["msg_id"], timeout=10)      # answered while the cell runs
+    status = [v for v in fe.html().values() if "queued: runs when the cell ends" in v]
+    if not status:
+        fe._until_idle(cell)
+        raise AssertionError(fe.execute("from jupyter_gpumem.views import panel as _pm\n"
+                                        "p = _pm.current(get_ipython())\n"
+                                        "print(seen, p.status.value, p.session.handoff.stats)"))
+    fe._until_idle(cell)
+    seen = fe.execute("print(seen)")
+    assert seen.strip() == "[('cell ended', None), ('MainThread', True)]", seen
+    fe.click(fe.find("ButtonModel", description="Yes, purge"))
+    assert fe.execute("print('x' in globals(), 'keep' in globals())").strip() == "False True"
+    assert "('MainThread', False)" in fe.execute("print(seen)")
