@@ -19,14 +19,10 @@ what reads or changes the namespace (``refresh``, ``set_device``, ``purge``,
 ``purge_orphans``) goes through the session's
 :class:`~jupyter_gpumem.handoff.MainThreadQueue`: it runs on the main thread between
 cells, and while a cell runs the reply is at once ``queued`` (cancellable with
-``cancel``), the usual replies following when the cell ends.
-
-ipykernel 7.4 routes a comm's incoming messages to the subshell that last published on
-that comm (the parent of the kernel's last message on it), whatever subshell the frontend
-sent them on: a ``devices`` message from the sampling thread (whose parent is the running
-cell's) or a reply sent on the main thread would send the sidebar's next requests to the
-busy main thread. So after each message it sends, a channel puts the route back to the
-subshell the frontend last used (:meth:`_Channel.keep_route`).
+``cancel``), the usual replies following when the cell ends. After each message it sends,
+a channel keeps the comm's route on the subshell the frontend uses (views/routes.py:
+ipykernel 7.4 would route the next request to the thread that sent the kernel's last
+message, the busy main thread's).
 """
 from __future__ import annotations
 
@@ -42,6 +38,7 @@ from ..core import purge as _purge
 from ..core.monitor import Subscription
 from ..session import close_session, open_session, session_of
 from ..units import one_line
+from .routes import Route
 
 TARGET = "jupyter_gpumem"
 INTERVAL = 1.0  # seconds between two ``devices`` messages
@@ -65,9 +62,6 @@ _REQUEST_FIELDS: dict[str, dict[str, bool]] = {
     "hello": {},
     "cancel": {"request": True},
 }
-
-_UNKNOWN = object()
-
 
 class MessageError(ValueError):
     """A request from the frontend that does not follow the protocol."""
@@ -186,26 +180,8 @@ class _Channel:
         # held while a request is handed over and its "queued" sent: its own replies
         # (on the main thread, at the cell's end) never go before that
         self._handing = threading.RLock()
-        #: the subshell the frontend's messages come on (None: the main shell); unknown
-        #: until the first one
-        self.route: Any = _UNKNOWN
-
-    def heard(self, msg: Any) -> None:
-        """Note the subshell a message from the frontend came on."""
-        header = msg.get("header") if isinstance(msg, dict) else None
-        if isinstance(header, dict):
-            self.route = header.get("subshell_id")
-
-    def keep_route(self) -> None:
-        """Route the frontend's next messages on this comm to the subshell it uses, not to
-        the thread that sent the kernel's last message (ipykernel's comm keeps that in
-        ``_reply_subshell_id``, under ``_reply_subshell_lock``); nothing where it has no
-        such route."""
-        lock = getattr(self.comm, "_reply_subshell_lock", None)
-        if self.route is _UNKNOWN or lock is None:
-            return
-        with lock:
-            self.comm._reply_subshell_id = self.route
+        #: the subshell the frontend's messages come on, kept as the comm's route
+        self.route = Route()
 
     def send(self, data: dict) -> bool:
         """Send one message; False (and forget this comm) if it cannot go."""
@@ -216,7 +192,7 @@ class _Channel:
         except Exception:  # noqa: BLE001 - a broken comm must not break the kernel
             self.hub.forget(self)
             return False
-        self.keep_route()
+        self.route.keep(self.comm)
         return True
 
     def error(self, message: str, reply_to: Any = None) -> None:
@@ -228,7 +204,7 @@ class _Channel:
     def on_msg(self, msg: dict) -> None:
         """Handle one request (any thread); never raises. What touches the namespace is
         handed to the main thread (the session's ``handoff``)."""
-        self.heard(msg)
+        self.route.heard(msg)
         data = (msg.get("content") or {}).get("data") if isinstance(msg, dict) else None
         rid = data.get("id") if isinstance(data, dict) and _valid_id(data.get("id")) else None
         try:
@@ -396,7 +372,7 @@ class _Hub:
     def on_open(self, comm: Any, open_msg: dict) -> None:
         """Target callback: a sidebar opened a comm."""
         channel = _Channel(self, comm)
-        channel.heard(open_msg)
+        channel.route.heard(open_msg)
         comm.on_msg(channel.on_msg)
         comm.on_close(channel.on_close)
         with self._lock:

@@ -35,6 +35,7 @@ from ..watch.scope import history_for
 from . import panel_render as _render
 from .panel_orphans import OrphanSection
 from .panel_table import HolderTable
+from .routes import Route
 from .question import Question, guarded, status_html
 
 INTERVAL = 1.0  # seconds between two readings of the device bars
@@ -160,6 +161,8 @@ class Panel:
     def _build_widgets(self) -> None:
         w = widgets()
         self._w = w
+        #: the subshell the frontend sends the panel's clicks on, kept as their route
+        self.route = Route()
         self.title = w.HTML()
         self.refresh_button = w.Button(description="Refresh", icon="refresh",
                                        tooltip="scan the holders now",
@@ -174,7 +177,8 @@ class Panel:
         self.cluster_bars = w.HTML(layout=w.Layout(display="none"))
         self.timeline = w.HTML()
         #: the holders, a page at a time, and the checked names (views/panel_table.py)
-        self.holders_table = HolderTable(w, changed=self._update_purge_button, guard=self._guard)
+        self.holders_table = HolderTable(w, changed=self._update_purge_button, guard=self._guard,
+                                         follow=self.route.follow_widget)
         self.table = self.holders_table.grid
         self.holders_title = w.HTML(HOLDERS_TITLE)
         self.footer = w.HTML()
@@ -215,6 +219,12 @@ class Panel:
             self.widget.comm.on_close(lambda _msg: self.close())
         self._update_title()
         self.orphan_section = OrphanSection(self, self._w)
+        # what the frontend clicks or types into answers on its subshell, even during a cell
+        for widget in (self.refresh_button, self.close_button, self.purge_button,
+                       self.cancel_queued, q.yes, q.cancel, self.orphan_section.button,
+                       self.orphan_section.question.yes, self.orphan_section.question.cancel,
+                       *self.holders_table.inputs()):
+            self.route.follow_widget(widget)
 
     def _guard(self, fn):
         """Widget callbacks never raise into the kernel: a failure is one status line."""

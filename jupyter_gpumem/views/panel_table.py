@@ -54,10 +54,12 @@ class HolderTable:
     ``guard`` wraps widget callbacks (they never raise into the kernel)."""
 
     def __init__(self, widgets: Any, *, changed: Callable[[], None],
-                 guard: Callable[[Callable], Callable]) -> None:
+                 guard: Callable[[Callable], Callable],
+                 follow: Callable[[Any], None] = lambda widget: None) -> None:
         w = self._w = widgets
         self._changed = changed
         self._guard = guard
+        self._follow = follow       # each checkbox made is followed (views/routes.py)
         self._lock = threading.RLock()
         self._drawing: threading.Thread | None = None     # the thread drawing a page now
         self.holders: list[dict] = []     # every holder, in display order
@@ -176,6 +178,7 @@ class HolderTable:
         index = len(self._rows)
         checkbox = w.Checkbox(value=False, indent=False, layout=self._row_layout)
         checkbox.observe(self._guard(lambda change: self._on_check(index, change)), "value")
+        self._follow(checkbox)
         row = (checkbox, w.HTML())
         self._rows.append(row)
         return row
@@ -221,6 +224,10 @@ class HolderTable:
         label = f"Check all {n} shown" if n != len(self.holders) else f"Check all {n}"
         if self.check_all.description != label:
             self.check_all.description = label
+
+    def inputs(self) -> list:
+        """The widgets of the table the user types into or clicks (the checkboxes aside)."""
+        return [self.filter, self.prev, self.next, self.check_all, self.uncheck]
 
     def close(self) -> list:
         """Every widget of the table (for the panel's close)."""
