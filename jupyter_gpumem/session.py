@@ -27,6 +27,10 @@ The session owns the shell's one sampling thread too (:attr:`Session.sampler`, a
 sidebar's channels subscribe to it, each at its own interval, and the thread runs
 only while one of them is subscribed.
 
+What reads or changes the namespace at a view's request goes through
+:attr:`Session.handoff` (jupyter_gpumem/handoff.py): on the main thread, between cells,
+whatever thread asked.
+
 It is the one owner of everything else the extension keeps for the shell: the one
 pairing of IPython's cell events (its followers, :meth:`Session.follow_cells`, and its
 hooks, :meth:`Session.hook_cells`, hear each cell through it), the record of the cells

@@ -12,6 +12,13 @@ docs/PROTOCOL.md, the schema the sidebar and ``-o`` use too. One panel per
 shell: showing it again shows the running one. ipywidgets is imported only
 when a panel is made; without it the command prints the text report.
 
+The holders are shown a page at a time (views/panel_table.py: a filter, Previous/Next,
+check-all; the checks kept by name), so thousands of holders cost a page of widgets. A click
+may come in on any thread (a kernel subshell's): what reads or changes the namespace (the
+refresh, the purge's dry run, the purge) goes through the session's ``handoff`` and runs on
+the main thread between cells; while a cell runs the panel says it is queued and offers to
+cancel it, and the holders shown are marked "from before the running cell".
+
 Under the device bars, the Orphans section lists this user's orphans on the GPUs
 from the same snapshot (its ``processes``, what ``%gpumem --processes`` lists), so
 it reads nothing while a cell runs; its button ends the ones a kernel left after
