@@ -154,6 +154,9 @@ class Panel:
         self._result_figures: tuple | None = None
         #: a purge or refresh asked while a cell runs, waiting for its end (cancellable)
         self._queued: Any = None
+        # held while a click is handed over and "queued" said (not while it runs: the bars
+        # keep moving during a purge)
+        self._handing = threading.RLock()
         self._stale = False
         self._said_purged = False
         self._thread_error: str | None = None
@@ -435,14 +438,14 @@ class Panel:
         """Run ``fn`` on the main thread between cells; while a cell runs say it waits and
         offer to cancel it (a click may come in on any thread: a kernel subshell's)."""
         def run() -> None:
-            with self._lock:
+            with self._handing:
                 if self._queued is ticket_box[0]:
                     self._queued = None
                     self.cancel_queued.layout.display = "none"
             fn()
 
         ticket_box: list = [None]
-        with self._lock:
+        with self._handing:
             ticket = ticket_box[0] = self.session.handoff.submit(run, what=what)
             if ticket.queued and not ticket.done:
                 previous, self._queued = self._queued, ticket
@@ -453,7 +456,7 @@ class Panel:
         return ticket
 
     def _cancel_queued(self) -> None:
-        with self._lock:
+        with self._handing:
             ticket, self._queued = self._queued, None
             self.cancel_queued.layout.display = "none"
         if ticket is not None and ticket.cancel():
