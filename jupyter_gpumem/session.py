@@ -27,6 +27,10 @@ The session owns the shell's one sampling thread too (:attr:`Session.sampler`, a
 sidebar's channels subscribe to it, each at its own interval, and the thread runs
 only while one of them is subscribed.
 
+What reads or changes the namespace at a view's request goes through
+:attr:`Session.handoff` (jupyter_gpumem/handoff.py): on the main thread, between cells,
+whatever thread asked.
+
 It is the one owner of everything else the extension keeps for the shell: the one
 pairing of IPython's cell events (its followers, :meth:`Session.follow_cells`, and its
 hooks, :meth:`Session.hook_cells`, hear each cell through it), the record of the cells
@@ -55,6 +59,7 @@ from .core.monitor import CellEvents
 from .core import trace as _trace
 from .core.trace import CellSpans
 from . import cluster as _cluster
+from .handoff import MainThreadQueue
 from .settings import GpuMemSettings
 from .units import complain
 
@@ -212,6 +217,10 @@ class Session:
         #: what the last scans walked, per name: a root proved unchanged is not walked
         #: again (core/scan_warm.py; every snapshot of this shell goes through it)
         self.warm = WarmScan()
+        #: what reads or changes the namespace from another thread, or while a cell runs,
+        #: goes through here (jupyter_gpumem/handoff.py): run on the main thread, between cells
+        self.handoff = MainThreadQueue(loop_of=lambda: _kernel_loop(shell))
+        self.follow_cells(self.handoff)
         _monitor.hook_cells(shell, self._pre_run_cell, self._post_run_cell)
 
     # -- settings ----------------------------------------------------------------
@@ -235,6 +244,7 @@ class Session:
         cluster part when a Dask client is connected)."""
         data = build(shell=self.shell, device=device, names=names,
                      time_limit=self.time_limit, warm=self.warm).to_json()
+        data["cell_running"] = self._pairing.running()
         if not names:
             try:
                 part = drive_now(self._cluster_steps([device])).get(device)
@@ -425,6 +435,7 @@ class Session:
                 except StopIteration as done:
                     for device, snapshot in done.value.items():
                         built[device] = snapshot.to_json()
+                        built[device]["cell_running"] = self._pairing.running()
                         if self._last_cell is not None:
                             built[device]["cell"] = dict(self._last_cell)
                     break
@@ -511,6 +522,7 @@ class Session:
         was given to :meth:`on_close`, the pending refresh, the sampling thread (joined),
         the cluster's thread, the trace this shell started, and the cell hooks."""
         self._cancel()
+        self.handoff.close()
         for name in ("comm_hub", "panel", "watch", "rescue", "reruns"):
             part = getattr(self, name)
             setattr(self, name, None)
@@ -575,6 +587,12 @@ def _add_cluster(data: dict, part: dict | str | None) -> None:
         data["cluster"] = part
     elif isinstance(part, str):
         data["messages"] = list(data.get("messages") or ()) + [part]
+
+
+def _kernel_loop(shell: Any) -> Any:
+    """The kernel's main event loop (ipykernel's ``io_loop``: ``add_callback`` from any
+    thread), or None outside a kernel."""
+    return getattr(getattr(shell, "kernel", None), "io_loop", None)
 
 
 def _running_loop_and_task(shell: Any) -> tuple[Any, Any]:

@@ -206,13 +206,17 @@ MALFORMED = [
     pytest.param({"type": "purge", "names": [""]}, '"names"', id="names-blank"),
     pytest.param({"type": "purge", "names": ["big\nkeep"]}, "not a name", id="name-newline"),
     pytest.param({"type": "purge", "names": ["x" * 600]}, "not a name", id="name-too-long"),
-    pytest.param({"type": "purge", "names": ["big"] * 300}, "at most", id="too-many-names"),
+    pytest.param({"type": "purge", "names": ["big"] * 4097}, "at most 4096", id="too-many-names"),
     pytest.param({"type": "purge", "names": ["big"], "dry_run": "yes"}, '"dry_run"', id="dry-run-string"),
     pytest.param({"type": "purge", "names": ["big"], "all": True}, "unknown field", id="purge-all"),
     pytest.param({"type": "set_device"}, "'device'", id="device-missing"),
     pytest.param({"type": "set_device", "device": 0}, '"device"', id="device-int"),
     pytest.param({"type": "set_device", "device": "x" * 100}, '"device"', id="device-long"),
     pytest.param({"type": "set_device", "device": "tpu:0"}, "unknown device", id="device-unknown"),
+    pytest.param({"type": "cancel"}, "'request'", id="cancel-no-request"),
+    pytest.param({"type": "cancel", "request": [1]}, '"request"', id="cancel-request-list"),
+    pytest.param({"type": "cancel", "request": "p1"}, "no queued request", id="cancel-unknown"),
+    pytest.param({"type": "hello", "code": "1"}, "unknown field", id="hello-extra-field"),
 ]
 
 
@@ -391,3 +395,56 @@ def test_the_sidebar_and_a_panel_on_selections_alike_share_one_scan_after_a_cell
         ip.run_line_magic("unload_ext", "jupyter_gpumem")
         ip.user_ns.pop("shared_t", None)
         ip.user_ns.pop("other_t", None)
+
+
+def test_hello_as_a_request_answers_hello_with_the_kernels_state_and_timeline(shell):
+    hub = gpucomm.hub_of(shell)
+    hub.interval = 0.05
+    c = open_sidebar()
+    (first,) = c.messages("hello")
+    assert first["busy"] is False and isinstance(first["timeline"], list)
+    send(c, {"type": "set_device", "device": "cpu"})
+    deadline = time.monotonic() + 10
+    while len(hub.timeline()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (reply,) = send(c, {"type": "hello", "id": "ping-1"})
+    assert reply["type"] == "hello" and reply["reply_to"] == "ping-1"
+    assert reply["busy"] is False and reply["device"] == "cpu"
+    points = reply["timeline"]
+    assert len(points) >= 3
+    assert [p["time"] for p in points] == sorted(p["time"] for p in points)
+    cpu = points[-1]["devices"]["cpu"]
+    assert set(cpu) == {"allocated", "reserved", "used_process"}
+    assert cpu["used_process"] > 0, "the host's figure is the process's resident memory"
+    # a view opened later starts with that history
+    later = open_sidebar()
+    assert len(later.messages("hello")[0]["timeline"]) >= len(points)
+
+
+def test_devices_and_snapshots_say_whether_a_cell_runs(shell):
+    hub = gpucomm.hub_of(shell)
+    hub.interval = 0.1
+    c = open_sidebar()
+    (reply,) = send(c, {"type": "set_device", "device": "cpu"})
+    assert reply["snapshot"]["cell_running"] is False
+    c.clear()
+    shell.run_cell("import time; time.sleep(0.6)")
+    during = [d for d in c.messages("devices")]
+    assert during and any(d["cell_running"] is True for d in during)
+    assert c.messages("snapshot")[-1]["snapshot"]["cell_running"] is False
+    c.clear()
+    time.sleep(0.3)
+    assert c.messages("devices") and all(d["cell_running"] is False
+                                         for d in c.messages("devices"))
+    assert c.messages("devices")[-1]["devices"][0]["used_process"] > 0
+
+
+def test_a_purge_of_300_names_is_one_request(shell):
+    shell.run_cell("import torch\n" + "\n".join(f"v{i} = torch.ones(64)" for i in range(300)))
+    c = open_sidebar()
+    send(c, {"type": "set_device", "device": "cpu"})
+    replies = send(c, {"type": "purge", "id": "all", "names": [f"v{i}" for i in range(300)]})
+    (result,) = [r for r in replies if r["type"] == "purge_result"]
+    assert result["reply_to"] == "all"
+    assert len(result["result"]["removed"]) >= 300
+    assert not any(f"v{i}" in shell.user_ns for i in range(300))

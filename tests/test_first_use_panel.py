@@ -60,10 +60,14 @@ def test_the_purge_button_is_grey_while_disabled_and_the_question_takes_its_plac
     panel.checkbox("a").value = True
     assert not panel.purge_button.disabled and panel.purge_button.button_style == "warning"
     panel.purge_button.click()
-    # the question's buttons come first, where the purge button was (now hidden)
+    # the question's buttons come first, where the purge button was (now hidden); it
+    # defaults to Cancel: first, highlighted
     children = list(panel.widget.children)
     assert children.index(panel.confirm_box) < children.index(_row_of(panel))
-    assert panel.confirm_box.children[0].children[0] is panel.confirm_button
+    assert list(panel.confirm_box.children[0].children) == [panel.cancel_button,
+                                                            panel.confirm_button]
+    assert panel.cancel_button.button_style == "primary"
+    assert panel.confirm_button.button_style == "danger"
     assert panel.purge_button.layout.display == "none"
     panel.cancel_button.click()
     assert panel.purge_button.layout.display is None and panel.purge_button.button_style == "warning"

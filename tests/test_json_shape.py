@@ -118,7 +118,7 @@ def test_the_protocol_lists_every_object_it_shows():
     snapshot, optional = DOCUMENTED["Snapshot"]
     assert snapshot[()][:3] == ["schema", "time", "device"]
     assert {k for _, k in optional} == {"unattributed_sites", "details", "processes", "cluster",
-                                        "cell"}
+                                        "cell", "cell_running"}
     assert DOCUMENTED["DeviceUsage"][0][("frameworks", "[]")] == [
         "name", "allocated", "reserved", "peak", "pool", "note"]
     assert DOCUMENTED["TensorRow"][0][()] == ["path", "bytes", "device", "framework", "what",

@@ -42,7 +42,7 @@ def test_demo_notebook_shows_the_widget_view(kernel_env):
     # what the panel's checkboxes say in the kernel (widget messages sent after a
     # cell's reply reach a frontend by their comm, but nbclient keeps only a cell's own)
     nb.cells.append(nbformat.v4.new_code_cell(
-        "print('checkboxes:', sorted(c.description for c, _ in panel._rows))"))
+        "print('checkboxes:', sorted(c.description for c in panel.table.children[2::2]))"))
     with client.setup_kernel():
         for index, cell in enumerate(nb.cells):
             client.execute_cell(cell, index)
@@ -179,3 +179,50 @@ def test_a_frontend_checks_a_name_and_purges_it_in_a_real_kernel(frontend):
     names = fe.execute("import threading\nprint([t.name for t in threading.enumerate()])")
     # nothing else subscribed to the session's sampling thread here: it ended with the panel
     assert "jupyter_gpumem-panel" not in names and "jupyter_gpumem-sampler" not in names
+
+
+def test_a_click_over_a_subshell_while_a_cell_runs_is_queued_and_runs_after_it(frontend):
+    """JupyterLab 4.6 sends widget messages over a kernel subshell: a click is handled on
+    the subshell's thread while the main thread runs a cell (the panel keeps its widgets'
+    route there, views/routes.py, though the kernel's own messages on them come from the
+    main thread and the sampling thread). The panel says at once that the purge waits for
+    the cell; its dry run runs on the main thread once the cell has ended."""
+    fe = frontend
+    fe.execute("%load_ext jupyter_gpumem\nimport time, torch, threading\n"
+               "x = torch.zeros(2**20)\nkeep = torch.zeros(2**18)\n"
+               "import jupyter_gpumem.core.purge as _P\nseen = []\n_real = _P.purge\n"
+               "def _rec(*a, **k):\n"
+               "    seen.append((threading.current_thread().name, k.get('dry_run', False)))\n"
+               "    return _real(*a, **k)\n"
+               "_P.purge = _rec")
+    fe.execute("%gpumem panel --device cpu --interval 0.2")
+    control = fe.kc.session.msg("create_subshell_request", {})
+    fe.kc.control_channel.send(control)
+    subshell = fe.kc.control_channel.get_msg(timeout=30)["content"]["subshell_id"]
+
+    def over_subshell(model_id: str, data: dict) -> str:
+        msg = fe.kc.session.msg("comm_msg", {"comm_id": model_id, "data": data})
+        msg["header"]["subshell_id"] = subshell
+        fe.kc.shell_channel.send(msg)
+        return msg["header"]["msg_id"]
+
+    fe._until_idle(over_subshell(fe.find("CheckboxModel", description="x"),
+                                 {"method": "update", "state": {"value": True},
+                                  "buffer_paths": []}))
+    purge = fe.find("ButtonModel", description="Purge 1 checked", disabled=False)
+    cell = fe.kc.execute("time.sleep(3)\nseen.append(('cell ended', None))")
+    time.sleep(1.0)     # the bars move meanwhile: kernel messages from other threads
+    start = time.monotonic()
+    fe._until_idle(over_subshell(purge, {"method": "custom", "content": {"event": "click"}}),
+                   timeout=30)
+    answered = time.monotonic() - start
+    status = [v for v in fe.html().values() if "purge queued: runs when the cell ends" in v]
+    assert status and answered < 1.5, (answered, status)
+    print(f"the click was answered in {answered:.3f} s while the cell ran")
+    fe._until_idle(cell)
+    seen = fe.execute("print(seen)")
+    assert seen.strip() == "[('cell ended', None), ('MainThread', True)]", seen
+    assert [v for v in fe.html().values() if "Delete <b>x</b>" in v]
+    fe.click(fe.find("ButtonModel", description="Yes, purge"))
+    assert fe.execute("print('x' in globals(), 'keep' in globals())").strip() == "False True"
+    assert "('MainThread', False)" in fe.execute("print(seen)")

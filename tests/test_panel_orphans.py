@@ -200,8 +200,11 @@ def test_without_nvml_the_panel_says_so_and_nothing_breaks(shell, fake_nvml, mon
     panel = open_panel(shell)
     assert panel.orphan_section.rows() == []
     line = panel.orphan_section.list.value
-    assert "no orphan of this user holds GPU memory" in line
-    assert nvml.status() and panel_orphans.esc(nvml.status()) in line
+    assert "GPU figures need NVML (the NVIDIA driver); none here" in line
+    assert nvml.status() and panel_orphans.esc(nvml.status()) not in line   # no raw error
+    assert "NVML" in nvml.status() and "Error" not in line
+    # no GPU to tell of: the section that speaks of GPUs is not shown
+    assert panel.orphan_section.box.layout.display == "none"
     assert panel.orphan_section.button.layout.display == "none"
     panel.orphan_section.button.click()
     assert "nothing to end" in panel.orphan_section.status.value

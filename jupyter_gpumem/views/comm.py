@@ -11,9 +11,22 @@ the cell's reply, with the user's settings, and every open view shows the same
 one). Requests from the sidebar are checked field by field before anything
 runs; a malformed one gets an ``error`` reply and changes nothing. No text
 from the frontend is ever executed.
+
+A request may arrive on any thread (JupyterLab sends comm messages over a kernel
+subshell, handled on that subshell's thread, while the main thread runs a cell). It is
+checked, and what needs no namespace (``hello``, ``cancel``) answered, on that thread;
+what reads or changes the namespace (``refresh``, ``set_device``, ``purge``,
+``purge_orphans``) goes through the session's
+:class:`~jupyter_gpumem.handoff.MainThreadQueue`: it runs on the main thread between
+cells, and while a cell runs the reply is at once ``queued`` (cancellable with
+``cancel``), the usual replies following when the cell ends. After each message it sends,
+a channel keeps the comm's route on the subshell the frontend uses (views/routes.py:
+ipykernel 7.4 would route the next request to the thread that sent the kernel's last
+message, the busy main thread's).
 """
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from typing import Any, Callable
@@ -25,14 +38,20 @@ from ..core import purge as _purge
 from ..core.monitor import Subscription
 from ..session import close_session, open_session, session_of
 from ..units import one_line
+from .routes import Route
 
 TARGET = "jupyter_gpumem"
 INTERVAL = 1.0  # seconds between two ``devices`` messages
 JOIN_TIMEOUT = 5.0  # seconds to wait for the sampling thread on unload
-MAX_NAMES = 256
+MAX_NAMES = 4096
 MAX_NAME_LENGTH = 512
 MAX_DEVICE_LENGTH = 32
 MAX_ERROR_LENGTH = 300
+TIMELINE_SECONDS = 600.0  # the timeline a ``hello`` carries: the last 10 minutes,
+TIMELINE_POINTS = 600     # at most this many points
+QUEUED = "queued: runs when the cell ends"
+#: requests that read or change the user's namespace: run on the main thread, between cells
+NAMESPACE_REQUESTS = ("refresh", "set_device", "purge", "purge_orphans")
 
 # Fields each request may carry besides "type" and "id": name -> required.
 _REQUEST_FIELDS: dict[str, dict[str, bool]] = {
@@ -40,6 +59,8 @@ _REQUEST_FIELDS: dict[str, dict[str, bool]] = {
     "purge": {"names": True, "dry_run": False},
     "set_device": {"device": True},
     "purge_orphans": {"dry_run": False},
+    "hello": {},
+    "cancel": {"request": True},
 }
 
 class MessageError(ValueError):
@@ -123,6 +144,9 @@ def parse_request(data: Any) -> tuple[str, Any, dict]:
         if not isinstance(dry_run, bool):
             raise MessageError('"dry_run" must be true or false')
         fields["dry_run"] = dry_run
+    elif kind == "cancel":
+        if not _valid_id(fields["request"]):
+            raise MessageError('"request" must be the id of a queued request')
     elif kind == "set_device":
         device = fields["device"]
         if not isinstance(device, str) or not 0 < len(device) <= MAX_DEVICE_LENGTH:
@@ -151,6 +175,13 @@ class _Channel:
         self.comm = comm
         self.device = hub.session.default_device
         self.closed = False
+        #: request id -> its ticket, while it waits for the running cell (``cancel``)
+        self.queued: dict[Any, Any] = {}
+        # held while a request is handed over and its "queued" sent: its own replies
+        # (on the main thread, at the cell's end) never go before that
+        self._handing = threading.RLock()
+        #: the subshell the frontend's messages come on, kept as the comm's route
+        self.route = Route()
 
     def send(self, data: dict) -> bool:
         """Send one message; False (and forget this comm) if it cannot go."""
@@ -158,10 +189,11 @@ class _Channel:
             return False
         try:
             self.comm.send(data)
-            return True
         except Exception:  # noqa: BLE001 - a broken comm must not break the kernel
             self.hub.forget(self)
             return False
+        self.route.keep(self.comm)
+        return True
 
     def error(self, message: str, reply_to: Any = None) -> None:
         data = {"type": "error", "message": one_line(message, MAX_ERROR_LENGTH)}
@@ -170,33 +202,75 @@ class _Channel:
         self.send(data)
 
     def on_msg(self, msg: dict) -> None:
-        """Handle one request (main thread); never raises."""
+        """Handle one request (any thread); never raises. What touches the namespace is
+        handed to the main thread (the session's ``handoff``)."""
+        self.route.heard(msg)
         data = (msg.get("content") or {}).get("data") if isinstance(msg, dict) else None
         rid = data.get("id") if isinstance(data, dict) and _valid_id(data.get("id")) else None
         try:
             kind, rid, fields = parse_request(data)
-        except MessageError as exc:
+            if kind == "set_device":
+                fields["device"] = _devices.parse_device(fields["device"])
+        except (MessageError, ValueError) as exc:
             self.error(str(exc), rid)
+            return
+        if kind == "hello":
+            self.send(self.hub.hello(self, rid))
+        elif kind == "cancel":
+            self.cancel(fields["request"], rid)
+        else:
+            self.hand_over(kind, fields, rid)
+
+    def hand_over(self, kind: str, fields: dict, rid: Any) -> None:
+        """Run the request on the main thread between cells; say "queued" at once when
+        it waits for a running cell."""
+        def run() -> None:
+            with self._handing:         # the "queued" reply, if any, went first
+                self.queued.pop(rid, None)
+            self.run(kind, fields, rid)
+
+        with self._handing:
+            ticket = self.hub.session.handoff.submit(run, what=f"the sidebar's {kind}")
+            if ticket.queued and not ticket.done:
+                if rid is not None:
+                    self.queued[rid] = ticket
+                data = {"type": "queued", "request": kind, "message": QUEUED}
+                if rid is not None:
+                    data["reply_to"] = rid
+                self.send(data)
+            elif ticket.state == "cancelled":
+                self.error(f"{kind} not run: the kernel's extension is unloading", rid)
+
+    def cancel(self, request: Any, rid: Any) -> None:
+        with self._handing:
+            ticket = self.queued.pop(request, None)
+        if ticket is not None and ticket.cancel():
+            data = {"type": "cancelled", "request": request}
+            if rid is not None:
+                data["reply_to"] = rid
+            self.send(data)
+        elif ticket is not None:
+            self.error(f"request {_short(str(request))} already ran", rid)
+        else:
+            self.error(f"no queued request {_short(str(request))}: it already ran "
+                       "or was never queued", rid)
+
+    def run(self, kind: str, fields: dict, rid: Any) -> None:
+        """Run one request that touches the namespace (main thread, between cells)."""
+        if self.closed:
             return
         try:
             if kind == "refresh":
                 self.send_snapshot(reply_to=rid)
             elif kind == "set_device":
-                self.set_device(fields["device"], rid)
+                self.device = fields["device"]
+                self.send_snapshot(reply_to=rid)
             elif kind == "purge":
                 self.purge(fields["names"], fields["dry_run"], rid)
             elif kind == "purge_orphans":
                 self.purge_orphans(fields["dry_run"], rid)
         except Exception as exc:  # noqa: BLE001 - never raise into the kernel
             self.error(f"{kind} failed: {type(exc).__name__}: {exc}", rid)
-
-    def set_device(self, device: str, rid: Any) -> None:
-        try:
-            self.device = _devices.parse_device(device)
-        except ValueError as exc:
-            self.error(str(exc), rid)
-            return
-        self.send_snapshot(reply_to=rid)
 
     def purge(self, names: list[str], dry_run: bool, rid: Any) -> None:
         try:
@@ -249,6 +323,8 @@ class _Hub:
         self._stopped = threading.Event()
         self._sampler: Subscription | None = None   # to the session's sampling thread
         self._last_thread_error: str | None = None
+        #: the kernel's timeline while a channel is open: (unix s, {device id: figures})
+        self._timeline: collections.deque = collections.deque(maxlen=TIMELINE_POINTS)
 
     # -- set up and tear down (main thread) -------------------------------
     def start(self) -> None:
@@ -296,6 +372,7 @@ class _Hub:
     def on_open(self, comm: Any, open_msg: dict) -> None:
         """Target callback: a sidebar opened a comm."""
         channel = _Channel(self, comm)
+        channel.route.heard(open_msg)
         comm.on_msg(channel.on_msg)
         comm.on_close(channel.on_close)
         with self._lock:
@@ -309,12 +386,37 @@ class _Hub:
         if stopped:
             comm.close()
             return
-        channel.send({"type": "hello", "version": __version__, "device": channel.device})
+        channel.send(self.hello(channel))
         with self._lock:
             if ((self._sampler is None or self._sampler.stopped)
                     and not self._stopped.is_set() and self._channels):
                 self._sampler = self.session.sampler.subscribe(self._tick, self.interval,
                                                                name="devices")
+
+    def hello(self, channel: _Channel, reply_to: Any = None) -> dict:
+        """What a newly opened view needs: the kernel's state (``busy``: a cell runs) and
+        its timeline so far (at most the last 10 minutes, 600 points)."""
+        data = {"type": "hello", "version": __version__, "device": channel.device,
+                "busy": self.session.handoff.cell_running, "timeline": self.timeline()}
+        if reply_to is not None:
+            data["reply_to"] = reply_to
+        return data
+
+    def timeline(self) -> list[dict]:
+        since = time.time() - TIMELINE_SECONDS
+        with self._lock:
+            points = [p for p in self._timeline if p[0] >= since]
+        return [{"time": t, "devices": {k: dict(v) for k, v in d.items()}} for t, d in points]
+
+    def _record(self, now: float, readings: dict) -> None:
+        point: dict[str, dict] = {}
+        for devices in readings.values():
+            for d in devices or ():
+                point[str(d.get("id"))] = {k: d.get(k) for k in
+                                           ("allocated", "reserved", "used_process")}
+        if point:
+            with self._lock:
+                self._timeline.append((now, point))
 
     def forget(self, channel: _Channel) -> None:
         """A channel is gone; the last one gone, the hub's sampling stops."""
@@ -345,12 +447,16 @@ class _Hub:
             return
         read = self.session.sampler.read
         readings: dict[str, Any] = {}
+        running = self.session.handoff.cell_running
+        now = time.time()
         for channel in channels:
             if channel.device not in readings:
                 readings[channel.device] = self._read(read, channel.device)
             devices = readings[channel.device]
             if devices is not None:
-                channel.send({"type": "devices", "time": time.time(), "devices": devices})
+                channel.send({"type": "devices", "time": now, "devices": devices,
+                              "cell_running": running})
+        self._record(now, readings)
 
     def _read(self, read_devices: Callable, device: str) -> list[dict] | None:
         try:

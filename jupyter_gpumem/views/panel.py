@@ -12,6 +12,13 @@ docs/PROTOCOL.md, the schema the sidebar and ``-o`` use too. One panel per
 shell: showing it again shows the running one. ipywidgets is imported only
 when a panel is made; without it the command prints the text report.
 
+The holders are shown a page at a time (views/panel_table.py: a filter, Previous/Next,
+check-all; the checks kept by name), so thousands of holders cost a page of widgets. A click
+may come in on any thread (a kernel subshell's): what reads or changes the namespace (the
+refresh, the purge's dry run, the purge) goes through the session's ``handoff`` and runs on
+the main thread between cells; while a cell runs the panel says it is queued and offers to
+cancel it, and the holders shown are marked "from before the running cell".
+
 Under the device bars, the Orphans section lists this user's orphans on the GPUs
 from the same snapshot (its ``processes``, what ``%gpumem --processes`` lists), so
 it reads nothing while a cell runs; its button ends the ones a kernel left after
@@ -21,6 +28,7 @@ a confirmation that names each of them, with the code of ``%gpumem purge
 from __future__ import annotations
 
 import bisect
+import os
 import threading
 import time
 import weakref
@@ -33,6 +41,8 @@ from ..session import session_of
 from ..watch.scope import history_for
 from . import panel_render as _render
 from .panel_orphans import OrphanSection
+from .panel_table import HolderTable
+from .routes import Route
 from .question import Question, guarded, status_html
 
 INTERVAL = 1.0  # seconds between two readings of the device bars
@@ -41,6 +51,11 @@ TIMELINE_REDRAW = 5.0  # seconds between redraws of a timeline whose values hold
 MIN_INTERVAL = 0.05
 MIN_WINDOW, MAX_WINDOW = 10.0, 86400.0
 MAX_READINGS = 100_000  # readings the timeline keeps, whatever the window and interval
+QUEUED = "queued: runs when the cell ends"
+HOLDERS_TITLE = "<b>Holders</b> <span style='opacity:.6'>(after each cell)</span>"
+STALE_TITLE = ("<b>Holders</b> <span data-stale='1' style='color:var(--jp-warn-color0, #b65c00)'>"
+               "from before the running cell</span> <span style='opacity:.6'>(scanned when it "
+               "ends)</span>")
 MISSING = ("jupyter_gpumem: the live panel needs ipywidgets: run `pip install ipywidgets` "
            "in this kernel's environment, restart the kernel, then `%gpumem panel` again.")
 
@@ -133,12 +148,16 @@ class Panel:
         #: spans from the watch's history that none of the session's cells covers (a
         #: ``with jupyter_gpumem.watch()`` block, cells from before the session)
         self._extra: deque = deque(maxlen=500)
-        self._checked: set[str] = set()
-        self._row_names: list[str | None] = []
-        self._rows: list[tuple[Any, Any]] = []
-        self._syncing = False
-        #: the session's purge count after the purge whose result is shown
+        #: the session's purge count after the purge whose result is shown, and the
+        #: figures of the first snapshot after it (a later one with other figures clears it)
         self._result_purges: int | None = None
+        self._result_figures: tuple | None = None
+        #: a purge or refresh asked while a cell runs, waiting for its end (cancellable)
+        self._queued: Any = None
+        # held while a click is handed over and "queued" said (not while it runs: the bars
+        # keep moving during a purge)
+        self._handing = threading.RLock()
+        self._stale = False
         self._said_purged = False
         self._thread_error: str | None = None
         self._watched_until = float("-inf")   # start of the newest watched span merged in
@@ -152,6 +171,8 @@ class Panel:
     def _build_widgets(self) -> None:
         w = widgets()
         self._w = w
+        #: the subshell the frontend sends the panel's clicks on, kept as their route
+        self.route = Route()
         self.title = w.HTML()
         self.refresh_button = w.Button(description="Refresh", icon="refresh",
                                        tooltip="scan the holders now",
@@ -159,17 +180,17 @@ class Panel:
         self.close_button = w.Button(icon="times", tooltip="close the panel and stop its thread",
                                      layout=w.Layout(width="36px"))
         header = w.HBox([self.title, self.refresh_button, self.close_button],
-                        layout=w.Layout(justify_content="space-between", align_items="center"))
+                        layout=w.Layout(justify_content="space-between", align_items="center",
+                                        flex_flow="row wrap"))
         self.bars = w.HTML()
         #: one bar per device of each Dask worker, when a client is connected
         self.cluster_bars = w.HTML(layout=w.Layout(display="none"))
         self.timeline = w.HTML()
-        self._table_header = (w.HTML("<b>holder</b> <span style='opacity:.6'>(check to purge)"
-                                     "</span>"),
-                              w.HTML(_render.holders_header_html()))
-        self.table = w.GridBox(list(self._table_header), layout=w.Layout(
-            grid_template_columns="minmax(12em, max-content) auto", grid_gap="0 0.5em",
-            align_items="flex-start"))
+        #: the holders, a page at a time, and the checked names (views/panel_table.py)
+        self.holders_table = HolderTable(w, changed=self._update_purge_button, guard=self._guard,
+                                         follow=self.route.follow_widget)
+        self.table = self.holders_table.grid
+        self.holders_title = w.HTML(HOLDERS_TITLE)
         self.footer = w.HTML()
         #: the names that hold keys on the Dask cluster, when a client is connected
         self.cluster_table = w.HTML(layout=w.Layout(display="none"))
@@ -178,6 +199,9 @@ class Panel:
                                      tooltip="delete the checked names and free their memory",
                                      layout=w.Layout(width="auto"))
         self.status = w.HTML()
+        self.cancel_queued = w.Button(description="Cancel queued", icon="times",
+                                      tooltip="drop the request that waits for the running cell",
+                                      layout=w.Layout(width="auto", display="none"))
         # the purge's question takes the purge button's place
         self.question = Question(
             w, "Yes, purge", changed=self._update_purge_button, confirmed=self._purge_confirmed,
@@ -189,28 +213,28 @@ class Panel:
         self.widget = _panel_box(w)([
             header, w.HTML("<b>Devices</b>"), self.bars, self.cluster_bars,
             w.HTML("<b>This process, recent minutes</b>"), self.timeline,
-            w.HTML("<b>Holders</b> <span style='opacity:.6'>(after each cell)</span>"),
+            self.holders_title, self.holders_table.bar,
             self.table, self.footer, self.cluster_table, self.confirm_box,
-            w.HBox([self.purge_button, self.status], layout=w.Layout(align_items="center")),
+            w.HBox([self.purge_button, self.cancel_queued, self.status],
+                   layout=w.Layout(align_items="center", flex_flow="row wrap")),
             self.result,
-        ], layout=w.Layout(border="1px solid #bbb", padding="4px 8px"))
+        ], layout=w.Layout(border="1px solid var(--jp-border-color1, #bbb)", padding="4px 8px",
+                           max_width="100%", overflow="hidden"))
         self.widget._panel_ref = weakref.ref(self)
         self.refresh_button.on_click(self._guard(lambda _b: self.refresh()))
         self.close_button.on_click(self._guard(lambda _b: self.close()))
         self.purge_button.on_click(self._guard(self._on_purge))
+        self.cancel_queued.on_click(self._guard(lambda _b: self._cancel_queued()))
         if getattr(self.widget, "comm", None) is not None:
             self.widget.comm.on_close(lambda _msg: self.close())
         self._update_title()
         self.orphan_section = OrphanSection(self, self._w)
-
-    def _new_row(self) -> tuple[Any, Any]:
-        w = self._w
-        index = len(self._rows)
-        checkbox = w.Checkbox(value=False, indent=False, layout=w.Layout(width="auto"))
-        checkbox.observe(self._guard(lambda change: self._on_check(index, change)), "value")
-        row = (checkbox, w.HTML())
-        self._rows.append(row)
-        return row
+        # what the frontend clicks or types into answers on its subshell, even during a cell
+        for widget in (self.refresh_button, self.close_button, self.purge_button,
+                       self.cancel_queued, q.yes, q.cancel, self.orphan_section.button,
+                       self.orphan_section.question.yes, self.orphan_section.question.cancel,
+                       *self.holders_table.inputs()):
+            self.route.follow_widget(widget)
 
     def _guard(self, fn):
         """Widget callbacks never raise into the kernel: a failure is one status line."""
@@ -238,7 +262,7 @@ class Panel:
     def start(self) -> None:
         """Join the session's views, scan once, and subscribe to its sampling thread."""
         self.session.add_view(self)
-        self.refresh()
+        self._refresh_now()         # the magic's own cell, on the main thread: at once
         self._start_sampler()
 
     def _source(self) -> SharedSampler:
@@ -276,7 +300,7 @@ class Panel:
             self.series = series
         if device is not None and device != self.device:
             self.device = device
-            self.refresh()
+            self._refresh_now()     # the magic's own cell, on the main thread: at once
         self._update_title()
 
     def close(self) -> bool:
@@ -291,9 +315,8 @@ class Panel:
         if self.session.panel is self:
             self.session.panel = None
         _close_tree(self.widget)
-        for checkbox, html in self._rows:
-            _close_tree(checkbox)
-            _close_tree(html)
+        for widget in self.holders_table.close():
+            _close_tree(widget)
         return True
 
     # -- background thread: device counters only -----------------------------------------
@@ -319,7 +342,9 @@ class Panel:
             cells, version = self._spans()
             with self._lock:
                 attributed = dict(self._attributed)
-            bars = _render.bars_html(devices, attributed)
+            # while a cell runs, the tracked tensors are the last scan's: from before it
+            running = self.session.handoff.cell_running
+            bars = _render.bars_html(devices, attributed, stale=running)
             timeline = None
             if self._timeline_due(t, point, version):
                 timeline = _render.timeline_html(self.series.points(since=t - self.window),
@@ -337,6 +362,7 @@ class Panel:
             if self.closed:
                 return
             self._update_title(devices)
+            self._mark_stale(running)
             with self.bars.hold_sync(), self.timeline.hold_sync():
                 self.bars.value = bars
                 if timeline is not None:
@@ -389,8 +415,14 @@ class Panel:
                 self._extra.extend(added)
 
     def refresh(self) -> None:
-        """Scan the holders now (main thread only) and redraw table and bars: the session
-        builds the snapshot, and every other view of the shell (the sidebar) gets it too."""
+        """Scan the holders and redraw table and bars, on the main thread between cells
+        (the session's ``handoff``: at once from a click between cells, else queued): the
+        session builds the snapshot, and every other view of the shell (the sidebar) gets
+        it too."""
+        if not self.closed:
+            self._hand_over(self._refresh_now, "the panel's refresh")
+
+    def _refresh_now(self) -> None:
         if self.closed:
             return
         t0 = time.perf_counter()
@@ -401,6 +433,42 @@ class Panel:
             return
         self.stats["scans"] += 1
         self.stats["scan_seconds"] += time.perf_counter() - t0
+
+    def _hand_over(self, fn, what: str) -> Any:
+        """Run ``fn`` on the main thread between cells; while a cell runs say it waits and
+        offer to cancel it (a click may come in on any thread: a kernel subshell's)."""
+        def run() -> None:
+            with self._handing:
+                if self._queued is ticket_box[0]:
+                    self._queued = None
+                    self.cancel_queued.layout.display = "none"
+            fn()
+
+        ticket_box: list = [None]
+        with self._handing:
+            ticket = ticket_box[0] = self.session.handoff.submit(run, what=what)
+            if ticket.queued and not ticket.done:
+                previous, self._queued = self._queued, ticket
+                if previous is not None:
+                    previous.cancel()       # the newer request stands for the panel
+                self.cancel_queued.layout.display = None
+                self._say(f"{what[4:] if what.startswith('the ') else what} {QUEUED}")
+        return ticket
+
+    def _cancel_queued(self) -> None:
+        with self._handing:
+            ticket, self._queued = self._queued, None
+            self.cancel_queued.layout.display = "none"
+        if ticket is not None and ticket.cancel():
+            self._say("cancelled: nothing changed")
+        else:
+            self._say("nothing waits to be cancelled (it ran)")
+
+    def _mark_stale(self, running: bool) -> None:
+        """Say whether the holders shown are from before the running cell (lock held)."""
+        if running != self._stale:
+            self._stale = running
+            self.holders_title.value = STALE_TITLE if running else HOLDERS_TITLE
 
     def show_snapshot(self, data: dict) -> None:
         """The session's snapshot after a cell (or a purge elsewhere): show it."""
@@ -413,43 +481,30 @@ class Panel:
     def apply_snapshot(self, data: dict) -> None:
         """Show a PROTOCOL snapshot: holders table, bars, notes; with a ``cluster`` part,
         the workers' device bars under the local ones and the cluster's holders. A purge
-        result shown goes once another purge (from any view) ran after it."""
+        result shown goes once another purge (from any view) ran after it, or once memory
+        changed (a snapshot after it whose figures differ from the first one after it)."""
         self._merge_watched()
-        if self._result_purges is not None and self.session.purges != self._result_purges:
-            self._result_purges = None
+        figures = _figures(data)
+        if self._result_purges is not None and (
+                self.session.purges != self._result_purges
+                or (self._result_figures is not None and figures != self._result_figures)):
+            self._result_purges = self._result_figures = None
             self.result.value = ""
             if self._said_purged:
                 self._say("")
+        elif self._result_purges is not None and self._result_figures is None:
+            self._result_figures = figures
         holders = data.get("holders") or []
-        while len(self._rows) < len(holders):
-            self._new_row()
-        names = [h.get("purge") for h in holders]
         attributed = {d["id"]: d.get("attributed") or 0 for d in data.get("devices") or ()}
-        children = list(self._table_header)
-        for row in self._rows[:len(holders)]:
-            children += row
         with self._lock:
             if self.closed:
                 return
             self.snapshot = data
             self.refreshes += 1
             self._attributed = attributed
-            self._checked &= {n for n in names if n}
-            self._row_names = names
-            self._syncing = True
-            try:
-                for (checkbox, html), h in zip(self._rows, holders):
-                    with checkbox.hold_sync():
-                        checkbox.description = h.get("label") or h.get("name") or "?"
-                        checkbox.value = h.get("purge") in self._checked
-                        checkbox.disabled = h.get("purge") is None
-                        checkbox.tooltip = h.get("hint") or f"purge {h.get('purge')}"
-                    html.value = _render.holder_row_html(h)
-            finally:
-                self._syncing = False
-            with self.table.hold_sync(), self.footer.hold_sync(), self.bars.hold_sync():
-                if tuple(self.table.children) != tuple(children):
-                    self.table.children = children
+            self.holders_table.show(holders)
+            self._mark_stale(bool(data.get("cell_running")))
+            with self.footer.hold_sync(), self.bars.hold_sync():
                 self.footer.value = _render.footer_html(data)
                 self.bars.value = _render.bars_html(data.get("devices") or (), attributed)
             for widget, html in ((self.cluster_bars, _render.cluster_bars_html(data)),
@@ -461,20 +516,9 @@ class Panel:
             self._update_title(data.get("devices") or None)
         self.orphan_section.show(data)
 
-    def _on_check(self, index: int, change: dict) -> None:
-        if self._syncing or index >= len(self._row_names):
-            return
-        name = self._row_names[index]
-        if name is None:
-            return
-        if change["new"]:
-            self._checked.add(name)
-        else:
-            self._checked.discard(name)
-        self._update_purge_button()
-
     def _update_purge_button(self) -> None:
-        n = len(self._checked)
+        """The button follows the checked set (any thread, any page)."""
+        n = len(self.holders_table.checked())
         with self.purge_button.hold_sync():
             disabled = n == 0 or self.question.open
             self.purge_button.disabled = disabled
@@ -484,31 +528,37 @@ class Panel:
             self.purge_button.layout.display = "none" if self.question.open else None
 
     def checked(self) -> list[str]:
-        """The checked names, in table order."""
-        return [n for n in self._row_names if n in self._checked]
+        """The checked names, in table order (every page)."""
+        return self.holders_table.checked()
 
     def checkbox(self, name: str) -> Any:
-        """The checkbox of the holder whose purge name (or label) is ``name``."""
-        for (checkbox, _), h in zip(self._rows, (self.snapshot or {}).get("holders") or ()):
-            if name in (h.get("purge"), h.get("name"), h.get("label")):
-                return checkbox
-        raise KeyError(f"no holder {name!r} in the panel")
+        """The checkbox of the holder whose purge name (or label) is ``name`` (its page
+        shown)."""
+        return self.holders_table.checkbox(name)
 
     def _on_purge(self, _button: Any = None) -> None:
         names = self.checked()
         if not names:
             self._say("check the names to purge first")
             return
+        self._hand_over(lambda: self._ask_purge(names), "the panel's purge")
+
+    def _ask_purge(self, names: list[str]) -> None:
+        """The dry run, then the question (main thread, between cells)."""
         try:
             dry = self.session.purge(names, device=self.device, dry_run=True,
                                      time_limit=self.time_limit).to_json()
         except _purge.PurgeError as exc:
             self._say(str(exc), error=True)
             return
-        self.question.ask(_render.confirm_html(names, dry), names)
+        self.question.ask(_render.confirm_html(names, dry, notebook=notebook_of(self.shell)),
+                          names)
         self._say("confirm or cancel the purge")
 
     def _purge_confirmed(self, names: list[str]) -> None:
+        self._hand_over(lambda: self._purge_now(names), "the panel's purge")
+
+    def _purge_now(self, names: list[str]) -> None:
         error = None
         try:
             data = self.session.purge(names, device=self.device,
@@ -521,10 +571,31 @@ class Panel:
             when = time.strftime("%H:%M:%S")
             self.result.value = _render.purge_result_html(data, when)
             self._result_purges = self.session.purges
-            self._checked -= set(names)
-            self._say(f"purged {', '.join(names)} at {when}")
+            self._result_figures = None
+            self.holders_table.uncheck_names(names)
+            shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10
+                                             else "")
+            self._say(f"purged {shown} at {when}")
             self._said_purged = True
-        self.refresh()
+        self._refresh_now()
+
+
+def notebook_of(shell: Any) -> str | None:
+    """The notebook this kernel runs for, where the server said it (``JPY_SESSION_NAME``,
+    which IPython keeps as ``__session__``), else None."""
+    name = os.environ.get("JPY_SESSION_NAME") or \
+        (getattr(shell, "user_ns", None) or {}).get("__session__")
+    return name if isinstance(name, str) and name.strip() else None
+
+
+def _figures(data: dict) -> tuple:
+    """What a purge result is about: each device's framework figures and each holder's
+    bytes (the host's resident size, which moves all the time, left out)."""
+    devices = tuple((d.get("id"), d.get("allocated"), d.get("reserved"), d.get("attributed"))
+                    for d in data.get("devices") or () if isinstance(d, dict))
+    holders = tuple(sorted((str(h.get("name")), h.get("total") or 0)
+                           for h in data.get("holders") or () if isinstance(h, dict)))
+    return devices, holders
 
 
 def _close_tree(widget: Any) -> None:

@@ -150,6 +150,10 @@ END_TIP = ("end this user's orphans that a kernel left: SIGTERM, then SIGKILL af
            "grace period")
 
 
+#: why there is no GPU figure, in the words the server's kernel list uses
+NO_NVML = "GPU figures need NVML (the NVIDIA driver); none here"
+
+
 class OrphanSection:
     """The Orphans section of one panel: the list, the button, its question, the steps."""
 
@@ -207,14 +211,17 @@ class OrphanSection:
             rows = orphans_of(data)
             note = None
             if not rows:
+                # never the library's own error text: one plain line (what the server's
+                # kernels list says too)
                 if not _nvml.available():
-                    note = _nvml.status() or "NVML unavailable"
+                    note = NO_NVML
                 elif not _nvml.device_count():
                     note = "no GPU: NVML sees no device"
             self._rows = rows
             self.list.value = orphans_html(rows, note)
             self._update_button()
-            self.box.layout.display = None
+            # no GPU to tell of (no NVML, no device): no section that speaks of GPUs
+            self.box.layout.display = None if rows or note is None else "none"
         except Exception as exc:  # noqa: BLE001 - the holders shown stand
             self._say(f"orphans: {type(exc).__name__}: {exc}", error=True)
 

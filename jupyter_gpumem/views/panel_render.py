@@ -3,6 +3,11 @@
 Pure functions: JSON (``DeviceUsage``, ``Holder``, ``PurgeResult`` objects,
 timeline points) in, HTML strings out. No widgets, no user objects, no
 JavaScript: the panel puts these strings into standard ``ipywidgets.HTML``.
+
+Colours that sit on the page's background come from JupyterLab's theme variables
+(``--jp-ui-font-color1``, ``--jp-layout-color3``, ``--jp-border-color1``, with a fallback
+for other frontends), so a dark theme reads as well as a light one; nothing has a fixed
+width: rows wrap in a narrow notebook column, and the timeline scales to it.
 """
 from __future__ import annotations
 
@@ -19,15 +24,21 @@ GPU_SEGMENTS = (
     ("reserved_free", "reserved, free", "#f2a541"),
     ("non_framework", "non-framework", "#9d7fd6"),
     ("other_processes", "other processes", "#8c8c8c"),
-    ("free", "free", "rgba(128,128,128,0.15)"),
+    ("free", "free", "var(--jp-layout-color3, rgba(128,128,128,0.25))"),
 )
 #: host memory has no allocator counters: tensors the scan found stand for "allocated"
 CPU_SEGMENTS = (
     ("tensors", "tracked tensors", "#e45756"),
     ("process_rest", "rest of this process", "#9d7fd6"),
     ("other_processes", "other processes", "#8c8c8c"),
-    ("free", "free", "rgba(128,128,128,0.15)"),
+    ("free", "free", "var(--jp-layout-color3, rgba(128,128,128,0.25))"),
 )
+#: what the host's "tracked tensors" are while a cell runs (the last scan's)
+STALE_TENSORS = "tracked tensors, from before the running cell"
+#: the ink of text on the page's background (and of the free part of a bar)
+INK = "var(--jp-ui-font-color1, inherit)"
+#: lines and borders on the page's background
+LINE = "var(--jp-border-color1, #999)"
 #: timeline lines: field of a point, label, colour
 LINES = (
     ("used_process", "this process", "#9d7fd6"),
@@ -44,11 +55,13 @@ def positive(value) -> int:
 
 
 # -- device bars ----------------------------------------------------------------------
-def bar_segments(dev: dict, attributed: int | None = None) -> list[tuple[str, str, int, str]]:
+def bar_segments(dev: dict, attributed: int | None = None,
+                 stale: bool = False) -> list[tuple[str, str, int, str]]:
     """``(key, label, bytes, colour)`` for one device's stacked bar.
 
     ``attributed`` (bytes the last scan reached on this device) stands in for
-    allocator counters on host memory, which has none.
+    allocator counters on host memory, which has none; ``stale``: a cell runs, so
+    those are from before it (the label says so).
     """
     total = dev.get("total")
     if dev.get("kind") == "cpu":
@@ -70,11 +83,12 @@ def bar_segments(dev: dict, attributed: int | None = None) -> list[tuple[str, st
     if free is None and total is not None:
         free = max(int(total) - sum(values.values()), 0)
     values["free"] = positive(free)
-    return [(key, label, values[key], colour) for key, label, colour in spec]
+    return [(key, STALE_TENSORS if stale and key == "tensors" else label, values[key], colour)
+            for key, label, colour in spec]
 
 
 def device_bar_html(dev: dict, attributed: int | None = None, *,
-                    worker: str | None = None) -> str:
+                    worker: str | None = None, stale: bool = False) -> str:
     """One device: a title line, the stacked bar, and every segment's figure.
 
     Only shown figures (rounded) go into the HTML, so a reading that changes
@@ -82,7 +96,7 @@ def device_bar_html(dev: dict, attributed: int | None = None, *,
     ``worker``: the address of the Dask worker the device belongs to; its title
     then reads ``worker host:port cuda:N``.
     """
-    segments = bar_segments(dev, attributed)
+    segments = bar_segments(dev, attributed, stale)
     scale = dev.get("total") or sum(s[2] for s in segments) or 1
     label = dev.get("id") if worker is None else f"worker {worker_label(worker)} {dev.get('id')}"
     title = f"<b>{esc(label)}</b> {esc(dev.get('name') or '')}"
@@ -106,8 +120,8 @@ def device_bar_html(dev: dict, attributed: int | None = None, *,
 
 #: the narrowest a segment that holds bytes is drawn (the sidebar's MIN_SEGMENT_PX)
 MIN_SEGMENT_PX = 3
-_BAR_STYLE = ("display:flex;width:100%;height:18px;border:1px solid #999;border-radius:3px;"
-              "overflow:hidden")
+_BAR_STYLE = (f"display:flex;width:100%;height:18px;border:1px solid {LINE};border-radius:3px;"
+              "overflow:hidden;box-sizing:border-box")
 
 
 def _bar(segments: list, scale: int) -> tuple[list[str], list[str]]:
@@ -117,7 +131,7 @@ def _bar(segments: list, scale: int) -> tuple[list[str], list[str]]:
         share = 100.0 * nbytes / scale
         figure = fmt_bytes(nbytes)
         text = esc(figure) if share >= 9 else ""
-        ink = "inherit" if key == "free" else "#fff"
+        ink = INK if key == "free" else "#fff"
         # a small segment that holds something is still seen (MIN_SEGMENT_PX wide); the
         # free part gives way for it
         flex = f"1 1 {share:.1f}%" if key == "free" else f"0 0 {share:.1f}%"
@@ -126,9 +140,11 @@ def _bar(segments: list, scale: int) -> tuple[list[str], list[str]]:
             f"<div data-segment='{key}' title='{esc(label)}: {esc(figure)}'"
             f" style='flex:{flex};min-width:{least};background:{colour};color:{ink};"
             f"overflow:hidden;white-space:nowrap;text-align:center;line-height:18px'>{text}</div>")
-        legend.append(f"<span style='white-space:nowrap;margin-right:10px'>"
-                      f"<span style='color:{colour}'>■</span> {esc(label)} "
-                      f"<b>{esc(figure)}</b></span>")
+        # a swatch with an outline: the free part's colour is the page's, nearly
+        swatch = (f"<span style='display:inline-block;width:0.8em;height:0.8em;"
+                  f"background:{colour};border:1px solid {LINE};vertical-align:-0.05em'></span>")
+        legend.append(f"<span data-legend='{key}' style='white-space:nowrap;margin-right:10px;"
+                      f"display:inline-block'>{swatch} {esc(label)} <b>{esc(figure)}</b></span>")
     return cells, legend
 
 
@@ -143,10 +159,11 @@ def title_for(devices: Iterable[dict]) -> str:
     return "Host memory" if host else "GPU memory"
 
 
-def bars_html(devices: Iterable[dict], attributed: dict[str, int] | None = None) -> str:
-    """The bars of every device, one HTML string."""
+def bars_html(devices: Iterable[dict], attributed: dict[str, int] | None = None,
+              stale: bool = False) -> str:
+    """The bars of every device, one HTML string (``stale``: a cell runs)."""
     attributed = attributed or {}
-    parts = [device_bar_html(d, attributed.get(d.get("id"))) for d in devices]
+    parts = [device_bar_html(d, attributed.get(d.get("id")), stale=stale) for d in devices]
     return "".join(parts) or f"<div style='{FONT}'>no device</div>"
 
 
@@ -340,8 +357,9 @@ def timeline_svg(points: list, dev: str, *, window: float, now: float | None = N
     top = max(ticks[-1], 1)
     left, w, h = _AXIS_LEFT, SVG_WIDTH - _AXIS_LEFT - 4, SVG_HEIGHT
     xs = w / buckets
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{SVG_WIDTH}' height='{h + 16}'"
-             f" data-device='{esc(dev)}' style='display:block;{FONT}'>",
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 {SVG_WIDTH} {h + 16}'"
+             f" data-device='{esc(dev)}' style='display:block;width:100%;max-width:{SVG_WIDTH}px;"
+             f"height:auto;{FONT}'>",
              f"<rect x='{left}' y='0' width='{w}' height='{h}' fill='none' stroke='#999'"
              f" stroke-width='0.5'/>"]
     for value in ticks:
@@ -411,15 +429,18 @@ _COLUMNS = (("only it", "6.5em", "right"), ("shared", "6.5em", "right"),
 
 
 def cell(text: str, width: str, align: str, title: str | None = None) -> str:
+    """One cell of a row: at least ``width`` wide where there is room (the columns line
+    up), narrower in a narrow column (the row wraps, cells stay whole)."""
     tip = f" title='{esc(title)}'" if title else ""
-    return (f"<span{tip} style='display:inline-block;width:{width};text-align:{align};"
-            f"padding-right:0.8em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;"
-            f"vertical-align:top'>{text}</span>")
+    return (f"<span{tip} style='display:inline-block;min-width:{width};max-width:100%;"
+            f"text-align:{align};padding-right:0.8em;overflow:hidden;text-overflow:ellipsis;"
+            f"white-space:nowrap;vertical-align:top;box-sizing:border-box'>{text}</span>")
 
 
 def holders_header_html() -> str:
     cells = "".join(cell(f"<b>{esc(c)}</b>", w, a) for c, w, a in _COLUMNS)
-    return f"<div style='{FONT};line-height:28px'>{cells}<b>largest path</b></div>"
+    return (f"<div style='{FONT};line-height:28px;white-space:normal'>{cells}"
+            f"<b>largest path</b></div>")
 
 
 def holder_row_html(h: dict) -> str:
@@ -439,7 +460,8 @@ def holder_row_html(h: dict) -> str:
         lines.append("hint: " + code_html(h["hint"]))
     more = "".join(f"<div style='opacity:.75;white-space:normal;line-height:1.4;"
                    f"padding-bottom:4px'>{line}</div>" for line in lines)
-    return (f"<div data-holder='{esc(h.get('name'))}' style='{FONT};line-height:28px'>"
+    return (f"<div data-holder='{esc(h.get('name'))}' style='{FONT};line-height:28px;"
+            f"white-space:normal;overflow-wrap:anywhere'>"
             f"{cells}<code title='{path}'>{path}</code>{more}</div>")
 
 
@@ -486,12 +508,26 @@ def _per_device(values: dict) -> str:
     return ", ".join(parts) or "nothing"
 
 
-def confirm_html(names: list[str], dry: dict) -> str:
-    """The question before a purge, with what the dry run predicts."""
+#: names a confirmation spells out; the rest are counted
+CONFIRM_NAMES = 12
+
+
+def _some(names: list[str]) -> str:
+    if len(names) <= CONFIRM_NAMES:
+        return ", ".join(names)
+    return ", ".join(names[:CONFIRM_NAMES - 2]) + f" and {len(names) - CONFIRM_NAMES + 2} more"
+
+
+def confirm_html(names: list[str], dry: dict, notebook: str | None = None) -> str:
+    """The question before a purge, with what the dry run predicts, naming the notebook
+    whose kernel it purges in (``notebook``, where known)."""
     removed = dry.get("removed") or names
-    text = (f"Delete <b>{esc(', '.join(names))}</b> from the kernel"
-            + (f" (with {esc(', '.join(r for r in removed if r not in names))})"
-               if any(r not in names for r in removed) else "")
+    also = [r for r in removed if r not in names]
+    where = (f"the kernel of <b data-notebook='1'>{esc(notebook)}</b>" if notebook
+             else "this kernel")
+    count = f" ({len(names)} names)" if len(names) > CONFIRM_NAMES else ""
+    text = (f"Delete <b>{esc(_some(names))}</b>{count} from {where}"
+            + (f" (with {esc(_some(also))})" if also else "")
             + f" and free about <b>{esc(_per_device(dry.get('predicted')))}</b>?")
     notes = "".join(f"<div><em>{esc(m)}</em></div>" for m in dry.get("messages") or ())
     return f"<div style='{FONT}'>{text}{notes}</div>"

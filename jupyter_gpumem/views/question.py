@@ -1,6 +1,8 @@
-"""A confirmation in the live panel: it takes its button's place, Yes and Cancel first
+"""A confirmation in the live panel: it takes its button's place, Cancel and Yes first
 (it opens where the click was, not below the visible part of the output), then the text
-of what would happen, and it keeps what it asks about until it is answered."""
+of what would happen, and it keeps what it asks about until it is answered. It defaults
+to Cancel: Cancel comes first, is the highlighted button and has the keyboard focus, so
+Enter or a hurried click there changes nothing."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -40,8 +42,10 @@ class Question:
         self.text = w.HTML()
         self.yes = w.Button(description=yes, button_style="danger",
                             layout=w.Layout(width="auto"))
-        self.cancel = w.Button(description="Cancel", layout=w.Layout(width="auto"))
-        self.box = w.VBox([w.HBox([self.yes, self.cancel]), self.text],
+        self.cancel = w.Button(description="Cancel", button_style="primary",
+                               layout=w.Layout(width="auto"))
+        self.box = w.VBox([w.HBox([self.cancel, self.yes],
+                                  layout=w.Layout(flex_flow="row wrap")), self.text],
                           layout=w.Layout(display="none", border="1px solid #d62728",
                                           padding="4px"))
         #: what the open question asks about (None: no question open)
@@ -60,6 +64,9 @@ class Question:
             self.text.value = html
             self.box.layout.display = None
         self._changed()
+        focus = getattr(self.cancel, "focus", None)     # ipywidgets 8: the default answer
+        if focus is not None:
+            focus()
 
     def take(self) -> Any:
         """Close the question; what it asked about (None when none was open)."""
