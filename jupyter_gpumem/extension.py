@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import session as _session
+from .core import native as _native
 from .core import processes as _processes
 from .magics import tame as _tame
 from .magics import trace as _trace
@@ -15,6 +16,10 @@ from .magics import watch as _watch
 from .magics import rescue as _rescue
 
 
+#: whether this process was told that the scan's C core is absent (said at the first load)
+_SAID_ABSENT: list = []
+
+
 def load(ip) -> None:
     """Register the magics, the session and the sidebar's comm target on the shell ``ip``."""
     session = _session.session_of(ip)
@@ -23,6 +28,9 @@ def load(ip) -> None:
     # what this kernel starts from now on knows its kernel (pid and start time): the
     # proof :func:`~jupyter_gpumem.core.processes.judge` asks before calling one an orphan
     _guarded("kernel mark", _processes.mark_kernel)
+    if _native.ABSENT and not _SAID_ABSENT:   # once per process: the first load says it
+        _SAID_ABSENT.append(True)
+        complain(_native.ABSENT)
     magics = GpuMemMagics(shell=ip)
     ip.register_magics(magics)
     session = _session.open_session(ip, magics)

@@ -82,6 +82,15 @@ def shorten(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
+class MissingPackage(ImportError):
+    """An optional feature's package is not installed: its text names the package and the
+    extra that brings it (``%gpumem plot needs matplotlib: pip install 'jupyter-gpumem[plot]'``)."""
+
+    def __init__(self, feature: str, package: str, extra: str) -> None:
+        super().__init__(f"{feature} needs {package}, which is not installed: "
+                         f"pip install 'jupyter-gpumem[{extra}]'")
+
+
 def complain(what: str, exc: BaseException | None = None) -> None:
     """Say one line of the product's own trouble (``jupyter_gpumem: what: Error: text``; ``what`` may be empty) on
     ``sys.stderr``. Where that stream fails (a cell set one whose ``write`` raises), the

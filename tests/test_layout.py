@@ -393,6 +393,8 @@ PER_PROCESS = {
     "backends.torch_trace._MODE_CLASS": "a torch class looked up once",
     "backends.nvml._exit_hook": "NVML's shutdown at exit, registered once",
     "units._PLANS": "JSON field plans per dataclass (a pure cache)",
+    "extension._SAID_ABSENT": "whether the process was told its scan's C core is absent "
+                              "(said once, at the first load)",
     "core.render._LAST_TABLE": "the last holders table laid out, by its rows (a pure cache)",
     "core.scan_types._META_KEYABLE": "per metaclass: may its instances be dict keys (a cache)",
     "backends.base._verdicts": "per module object: is it the real framework (a cache, "

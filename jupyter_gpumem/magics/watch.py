@@ -16,7 +16,7 @@ from ..core.roots import Root
 from ..watch import export as _export
 from ..session import session_of
 from ..settings import fmt_share, parse_share
-from ..units import complain
+from ..units import MissingPackage, complain
 from ..watch.footer import start_footer, stop_footer, traced_lines
 from ..watch.frames import current_count
 from ..watch.result import fmt_seconds
@@ -318,6 +318,8 @@ def _finish(magics, w: Watch | None, args, number: int, error: BaseException | N
         if args.plot:
             show_figure([result], state_for(magics.shell).series.points(result.start - 0.5),
                         rich=_shows_images(magics.shell))
+    except MissingPackage as exc:   # the report stands; the plot's package is named
+        complain(f"%%gpuwatch --plot: {exc}")
     except Exception as exc:  # noqa: BLE001
         complain("%%gpuwatch report failed", exc)
 
@@ -393,7 +395,8 @@ def magic_plot(magics, argv: list[str]) -> Any:
         fig = show_figure(records, points, devices=devices, save=args.save,
                           rich=_shows_images(magics.shell))
     except ImportError as exc:
-        raise UsageError(f"plotting needs matplotlib: {exc}") from None
+        raise UsageError(str(exc) if isinstance(exc, MissingPackage)
+                         else f"plotting needs matplotlib: {exc}") from None
     except (ValueError, OSError) as exc:
         raise UsageError(f"--save: {exc}") from None
     return fig if args.output else None

@@ -17,6 +17,7 @@ from typing import Any
 from IPython.display import Image, display
 
 from ..core.files import check_file, write_file
+from ..units import MissingPackage
 
 _UNITS = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B"))
 PEAK_LABEL = "cell peak"
@@ -76,8 +77,12 @@ def label_rows(offsets: list[float], texts: list[str], span: float, width: float
 
 
 def figure(records, points, devices=None, title: str | None = None):
-    """A Figure of ``records`` (WatchResult list) and series ``points``."""
-    from matplotlib.figure import Figure
+    """A Figure of ``records`` (WatchResult list) and series ``points``; a
+    :class:`~jupyter_gpumem.units.MissingPackage` where matplotlib is not installed."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise MissingPackage("plotting", "matplotlib", "plot") from None
 
     fig = Figure(figsize=(9, 3.8), layout="constrained")
     ax = fig.add_subplot()

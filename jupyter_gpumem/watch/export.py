@@ -9,7 +9,7 @@ import types
 
 from ..backends import active_backends
 from ..core.files import check_folder, write_file
-from ..units import esc, fmt_bytes, html_table, text_table
+from ..units import MissingPackage, esc, fmt_bytes, html_table, text_table
 from .result import changes_short, device_short, fmt_seconds
 
 CSV_FIELDS = [
@@ -93,8 +93,8 @@ def summary_writer(logdir: str):
         return SummaryWriter(logdir)
     except ImportError as exc:
         errors.append(str(exc))
-    raise ImportError("TensorBoard's writer is not installed (pip install tensorboard, "
-                      "or tensorboardX)")
+    raise MissingPackage("--tensorboard", "TensorBoard's writer (tensorboard or tensorboardX)",
+                         "tensorboard")
 
 
 def tensorboard(records, logdir: str) -> int:
