@@ -129,7 +129,7 @@ export function hintLines(
   }
   return [...lines.values()].map(line => ({
     hint: line.hint,
-    names: line.names.slice(0, HINT_NAMES),
+    names: line.names.sort(compareNames).slice(0, HINT_NAMES),
     more: Math.max(line.names.length - HINT_NAMES, 0)
   }));
 }
@@ -293,7 +293,9 @@ export class HoldersTable {
     const shown = this._rows.length;
     const all = holders.length;
     this._count.textContent =
-      shown === all ? `${all} rows` : `${shown} of ${all} rows`;
+      shown === all
+        ? `${all} row${all === 1 ? '' : 's'}`
+        : `${shown} of ${all} rows`;
     this._body.style.height = '';
   }
 
@@ -321,7 +323,12 @@ export class HoldersTable {
 
   /** Draw the rows in view (and `OVERSCAN` around); `force`: even if the same. */
   private _drawWindow(force: boolean): void {
-    const viewport = this._scroll.clientHeight || DEFAULT_VIEWPORT;
+    // the box may be about to grow (it held fewer rows): draw for the window's height
+    const viewport = Math.max(
+      this._scroll.clientHeight,
+      (typeof window !== 'undefined' && window.innerHeight) || 0,
+      DEFAULT_VIEWPORT
+    );
     const top = this._scroll.scrollTop;
     const first = Math.max(Math.floor(top / ROW_HEIGHT) - OVERSCAN, 0);
     const last = Math.min(
@@ -386,7 +393,7 @@ export class HoldersTable {
       );
     }
     const details = [
-      label,
+      `${label} (${holder.type})`,
       `frees ${formatBytes(holder.unique)} (only it), shared ${formatBytes(holder.shared)}`,
       holder.largest_path
         ? `largest: ${holder.largest_path} (${formatBytes(holder.largest_bytes)})`

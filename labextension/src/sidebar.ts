@@ -275,7 +275,9 @@ export class GpuMemSidebar extends Widget {
     this._renderStatus();
     const ready = model.state === 'ready';
     const cluster = model.snapshot?.cluster ?? null;
-    const reading = !ready ? model.serverReading : null;
+    const waiting =
+      model.state === 'connecting' || model.state === 'restarting';
+    const reading = waiting ? model.serverReading : null;
     this._devicesBox.replaceChildren(
       ...(ready ? [renderDevices(model.devices)] : []),
       ...(ready && cluster ? [renderClusterDevices(cluster)] : []),
