@@ -265,6 +265,17 @@ export class HoldersTable {
     }
   }
 
+  /** Show no holders (no snapshot: a restart, another device). */
+  clear(): void {
+    if (this._snapshot === null) {
+      return;
+    }
+    this._snapshot = null;
+    this._hints.replaceChildren();
+    this._recompute();
+    this._drawWindow(true);
+  }
+
   /** Draw the rows again at the current scroll (the box was shown or resized). */
   redraw(): void {
     this._drawWindow(true);

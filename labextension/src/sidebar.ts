@@ -302,6 +302,8 @@ export class GpuMemSidebar extends Widget {
     this._table.node.hidden = !snapshot || snapshot.holders.length === 0;
     if (snapshot) {
       this._table.update(snapshot, model.selected);
+    } else {
+      this._table.clear();
     }
     const stale = ready && model.cellRunning && snapshot !== null;
     this._stale.hidden = !stale;
