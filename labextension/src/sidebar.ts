@@ -496,7 +496,7 @@ export class GpuMemSidebar extends Widget {
             role: 'status',
             'data-request': String(pending.id)
           },
-          `${describeRequest(pending.request.type)} ${
+          `${capitalize(describeRequest(pending.request.type))}: ${
             pending.message ?? 'queued: runs when the cell ends'
           } `,
           cancel
@@ -576,6 +576,11 @@ export class GpuMemSidebar extends Widget {
     class: 'jp-GpuMem-button jp-mod-warn jp-GpuMem-purge'
   }) as HTMLButtonElement;
   private _resultBox = h('div', { class: 'jp-GpuMem-section' });
+}
+
+/** `the purge` -> `The purge`. */
+function capitalize(text: string): string {
+  return text.charAt(0).toUpperCase() + text.slice(1);
 }
 
 /** A request in words, for the status lines. */

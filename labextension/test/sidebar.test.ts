@@ -1,4 +1,4 @@
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 
 import { ITimelinePoint } from '../src/model';
 import {
@@ -717,5 +717,52 @@ describe('GpuMemSidebar', () => {
     session.kernel.lastComm.sent = [];
     await new Promise(resolve => setTimeout(resolve, 100));
     expect(session.kernel.lastComm.sent).toEqual([]);
+  });
+});
+
+describe('never silent', () => {
+  it('shows a queued purge with Cancel, and a request with no answer with Retry', async () => {
+    vi.useFakeTimers();
+    try {
+      const ctx = openSidebar();
+      ctx.comm().receive({
+        type: 'hello',
+        version: '0.2.0',
+        device: 'auto',
+        busy: true
+      });
+      ctx
+        .comm()
+        .receive({ type: 'snapshot', snapshot: snapshot(), reply_to: 1 });
+      ctx.model.toggle('big', true);
+      await ctx.sidebar.purgeSelected();
+      const id = ctx.comm().sent.find(m => m.type === 'purge')!.id;
+      ctx.comm().receive({
+        type: 'queued',
+        reply_to: id,
+        request: 'purge',
+        message: 'queued: runs when the cell ends'
+      });
+      const queued = $(ctx.sidebar.node, '.jp-GpuMem-queued');
+      expect(queued.textContent).toContain(
+        'The purge: queued: runs when the cell ends'
+      );
+      ($(queued, 'button') as HTMLButtonElement).click();
+      expect(ctx.comm().sent[ctx.comm().sent.length - 1]).toMatchObject({
+        type: 'cancel',
+        request: id
+      });
+      ctx.channel.refresh();
+      vi.advanceTimersByTime(10500);
+      const missed = $(ctx.sidebar.node, '.jp-GpuMem-noAnswer');
+      expect(missed.textContent).toContain(
+        'No answer from the kernel of demo.ipynb to the scan after 10 s.'
+      );
+      ($(missed, 'button.jp-GpuMem-retry') as HTMLButtonElement).click();
+      expect(ctx.comm().sent[ctx.comm().sent.length - 1].type).toBe('refresh');
+      expect(ctx.sidebar.node.querySelector('.jp-GpuMem-noAnswer')).toBeNull();
+    } finally {
+      vi.useRealTimers();
+    }
   });
 });
