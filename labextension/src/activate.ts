@@ -5,6 +5,7 @@ import type { ILabShell, JupyterFrontEnd } from '@jupyterlab/application';
 import type { ICommandPalette } from '@jupyterlab/apputils';
 import type { INotebookTracker } from '@jupyterlab/notebook';
 import type { ISettingRegistry } from '@jupyterlab/settingregistry';
+import type { IStatusBar } from '@jupyterlab/statusbar';
 import { Poll } from '@lumino/polling';
 
 import { KernelChannel } from './channel';
@@ -13,15 +14,17 @@ import {
   PLUGIN_ID,
   SIDEBAR_ID,
   SIDEBAR_RANK,
-  SIDEBAR_TITLE
+  SIDEBAR_TITLE,
+  STATUS_ID
 } from './constants';
 import { confirmPurge } from './dialog';
 import { gpuMemIcon } from './icon';
-import { KernelsSection } from './kernels';
+import { KernelsSection, serverReader } from './kernels';
 import { labKernelsBackend } from './kernelsBackend';
 import { SidebarModel } from './model';
 import { applySettings, readSettings } from './settings';
 import { GpuMemSidebar } from './sidebar';
+import { MemoryStatusItem } from './statusbar';
 import { IWidgetWithSession, KernelWidgetTracker } from './tracker';
 
 /** How often the Kernels section asks the server while the sidebar shows, in ms. */
@@ -33,10 +36,12 @@ export function activateSidebar(
   notebookTracker: INotebookTracker,
   labShell: ILabShell | null,
   palette: ICommandPalette | null,
-  settingRegistry: ISettingRegistry | null = null
+  settingRegistry: ISettingRegistry | null = null,
+  statusBar: IStatusBar | null = null
 ): void {
   const model = new SidebarModel();
-  const channel = new KernelChannel(model);
+  const backend = labKernelsBackend(app);
+  const channel = new KernelChannel(model, serverReader(backend));
   const sidebar = new GpuMemSidebar({ model, channel, confirmPurge });
   sidebar.id = SIDEBAR_ID;
   sidebar.title.icon = gpuMemIcon;
@@ -44,7 +49,7 @@ export function activateSidebar(
   app.shell.add(sidebar, 'right', { rank: SIDEBAR_RANK });
 
   // the Kernels section: every kernel of the server and the orphans (server extension)
-  const kernels = new KernelsSection(labKernelsBackend(app));
+  const kernels = new KernelsSection(backend);
   sidebar.node.append(kernels.node);
   const kernelsPoll = new Poll({
     factory: () => (sidebar.isVisible ? kernels.refresh() : Promise.resolve()),
@@ -71,12 +76,27 @@ export function activateSidebar(
   });
   palette?.addItem({ command: OPEN_COMMAND, category: 'Kernel' });
 
+  // the status bar item, as jupyter-resource-usage's: a click opens the sidebar
+  const statusItem = new MemoryStatusItem(model, () =>
+    app.shell.activateById(SIDEBAR_ID)
+  );
+  statusBar?.registerStatusItem(STATUS_ID, {
+    item: statusItem,
+    align: 'left',
+    rank: 3
+  });
+
   if (settingRegistry) {
     settingRegistry
       .load(PLUGIN_ID)
       .then(settings => {
         const apply = (): void =>
-          applySettings(readSettings(settings.composite), sidebar, channel);
+          applySettings(
+            readSettings(settings.composite),
+            sidebar,
+            channel,
+            statusItem
+          );
         settings.changed.connect(apply);
         apply();
       })

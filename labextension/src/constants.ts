@@ -8,8 +8,11 @@ export const PLUGIN_ID = 'jupyter-gpumem:sidebar';
 /** Id of the sidebar widget (also its DOM id). */
 export const SIDEBAR_ID = 'jupyter-gpumem-sidebar';
 
-/** Title and caption of the sidebar. */
-export const SIDEBAR_TITLE = 'GPU Memory';
+/**
+ * Caption of the sidebar's tab and name of its command: the kernel's memory,
+ * GPU or host (no "GPU" where there may be none).
+ */
+export const SIDEBAR_TITLE = 'Kernel Memory';
 
 /** Rank of the sidebar in the right area. */
 export const SIDEBAR_RANK = 900;
@@ -32,8 +35,26 @@ export const DEFAULT_DEVICE = 'auto';
 /** Device selections always offered; `cuda:N` ones are added as seen. */
 export const DEVICE_CHOICES: ReadonlyArray<string> = ['auto', 'all', 'cpu'];
 
-/** Number of device readings kept for the timeline (about one a second). */
-export const TIMELINE_POINTS = 120;
+/**
+ * Number of device readings kept for the timeline (about one a second): the
+ * last 10 minutes, as many as the kernel's `hello` may bring.
+ */
+export const TIMELINE_POINTS = 600;
+
+/** A request with no answer after this long shows "no answer from the kernel", in ms. */
+export const ANSWER_TIMEOUT_MS = 10000;
+
+/**
+ * Most names one purge request holds for a kernel that does not say it takes
+ * more (a `hello` without `busy`: an older kernel side).
+ */
+export const OLD_PURGE_NAMES_MAX = 256;
+
+/** How often the server's per-kernel readings are asked while a kernel's comm is not open yet, in ms. */
+export const SERVER_READINGS_INTERVAL_MS = 1500;
+
+/** Share of a device past which the status bar item shows its warning colour. */
+export const DEFAULT_WARN_SHARE = 0.9;
 
 /**
  * How often the holders table is refreshed while the kernel is idle, in ms.
@@ -55,3 +76,6 @@ export const ICON_NAME = 'jupyter-gpumem:chip';
 
 /** Command that opens the sidebar. */
 export const OPEN_COMMAND = 'jupyter-gpumem:open';
+
+/** Id of the status bar item. */
+export const STATUS_ID = 'jupyter-gpumem:status';

@@ -11,7 +11,8 @@ import { h } from './view';
 /** Ask before deleting names from the kernel; true to go ahead. */
 export async function confirmPurge(
   names: string[],
-  predictedBytes: number
+  predictedBytes: number,
+  notebook: string
 ): Promise<boolean> {
   const shown = names.slice(0, CONFIRM_LIST_MAX);
   const list = h(
@@ -28,16 +29,24 @@ export async function confirmPurge(
     h(
       'p',
       {},
-      `Delete ${names.length === 1 ? 'this name' : `these ${names.length} names`} from the kernel, ` +
+      `Delete ${names.length === 1 ? 'this name' : `these ${names.length} names`} from the kernel` +
+        `${notebook ? ` of ${notebook}` : ''}, ` +
         'with the hidden references to the same objects (output history, last traceback), ' +
         `and release the framework caches. Expected to free about ${formatBytes(predictedBytes)}.`
     ),
     list
   );
   const result = await showDialog({
-    title: 'Purge from the kernel?',
+    title: notebook ? `Purge from ${notebook}?` : 'Purge from the kernel?',
     body: new Widget({ node: body }),
-    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Purge' })]
+    buttons: [
+      Dialog.cancelButton(),
+      Dialog.warnButton({
+        label: `Purge ${names.length} name${names.length === 1 ? '' : 's'}`
+      })
+    ],
+    // Enter keeps what the user has: the destructive button needs a click
+    defaultButton: 0
   });
   return result.button.accept;
 }

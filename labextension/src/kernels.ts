@@ -9,6 +9,7 @@
  * that changes something asks first.
  */
 import { formatBytes } from './format';
+import type { IServerReading } from './model';
 import { h } from './view';
 
 /** One kernel of the endpoint's answer. */
@@ -23,6 +24,8 @@ export interface IServerKernel {
   gpu: { [device: string]: number };
   gpu_bytes: number;
   execution_state: string | null;
+  /** Resident memory of the kernel and its children (newer servers). */
+  host?: { rss: number | null } | null;
 }
 
 /** A process on a GPU that is no kernel of the server. */
@@ -80,6 +83,27 @@ export function parseServerKernels(data: unknown): IServerKernels {
   };
 }
 
+/** What the section says where the server has no GPU figures. */
+export const NO_NVML_MESSAGE =
+  'GPU figures need NVML (the NVIDIA driver); none here';
+
+/**
+ * The server's line about missing GPU figures, in plain words: a raw NVML
+ * error (`NVMLError_LibraryNotFound: ...`) is never shown as it is.
+ */
+export function plainGpuMessage(message: string | null): string {
+  if (!message || /NVMLError|\w+Error\b|Traceback/.test(message)) {
+    return NO_NVML_MESSAGE;
+  }
+  return message;
+}
+
+/** Bytes of host memory the server read for a kernel, or null. */
+export function hostBytes(k: IServerKernel): number | null {
+  const rss = k.host?.rss;
+  return typeof rss === 'number' ? rss : null;
+}
+
 /** The kernels that hold GPU memory, largest first. */
 export function holdingKernels(data: IServerKernels): IServerKernel[] {
   return data.kernels
@@ -102,9 +126,9 @@ export class KernelsSection {
       'button',
       {
         class: 'jp-GpuMem-button jp-GpuMem-kernelsRefresh',
-        title: 'Ask the server again'
+        title: "Ask the server again for its kernels' memory"
       },
-      'Refresh'
+      'Reload kernels'
     );
     refresh.addEventListener('click', () => void this.refresh());
     this.node = h(
@@ -151,10 +175,15 @@ export class KernelsSection {
   }
 
   async shutdown(k: IServerKernel): Promise<boolean> {
+    const host = hostBytes(k);
+    const held =
+      k.gpu_bytes > 0 || host === null
+        ? `${formatBytes(k.gpu_bytes)} on the GPUs`
+        : `${formatBytes(host)} of host memory`;
     const ok = await this._backend.confirm(
       'Shut the kernel down?',
       `Shut down the kernel of ${k.path ?? k.id}: everything it holds ` +
-        `(${formatBytes(k.gpu_bytes)} on the GPUs) is lost, and its unsaved state with it.`,
+        `(${held}) is lost, and its unsaved state with it.`,
       'Shut down'
     );
     if (!ok) {
@@ -227,9 +256,24 @@ export class KernelsSection {
         h(
           'div',
           { class: 'jp-GpuMem-kernelsNone' },
-          data.message ?? 'No GPU on the server.'
+          plainGpuMessage(data.message)
         )
       );
+      const kernels = [...data.kernels].sort(
+        (a, b) => (hostBytes(b) ?? -1) - (hostBytes(a) ?? -1)
+      );
+      for (const k of kernels) {
+        body.append(this._kernelRow(k, false));
+      }
+      if (kernels.length === 0) {
+        body.append(
+          h(
+            'div',
+            { class: 'jp-GpuMem-kernelsIdle' },
+            'No kernel runs on this server.'
+          )
+        );
+      }
       return;
     }
     const holding = holdingKernels(data);
@@ -267,7 +311,7 @@ export class KernelsSection {
     }
   }
 
-  private _kernelRow(k: IServerKernel): HTMLElement {
+  private _kernelRow(k: IServerKernel, gpu = true): HTMLElement {
     const open = h(
       'button',
       {
@@ -304,9 +348,12 @@ export class KernelsSection {
         ? `pid ${k.pid}` +
           (k.children.length ? ` · ${k.children.length} child(ren)` : '')
         : (k.pid_note ?? 'pid unknown');
-    const devices = Object.entries(k.gpu)
-      .map(([d, n]) => `${d} ${formatBytes(n)}`)
-      .join(', ');
+    const host = hostBytes(k);
+    const devices = [
+      ...Object.entries(k.gpu ?? {}).map(([d, n]) => `${d} ${formatBytes(n)}`),
+      ...(host !== null ? [`host ${formatBytes(host)}`] : [])
+    ].join(', ');
+    const shown = gpu ? k.gpu_bytes : host;
     return h(
       'div',
       { class: 'jp-GpuMem-srvKernel', 'data-kernel-id': k.id },
@@ -320,11 +367,18 @@ export class KernelsSection {
         ),
         h(
           'span',
-          { class: 'jp-GpuMem-srvKernelBytes' },
-          formatBytes(k.gpu_bytes)
+          {
+            class: 'jp-GpuMem-srvKernelBytes',
+            title: gpu ? 'on the GPUs' : 'host memory (resident, with children)'
+          },
+          shown === null ? 'n/a' : formatBytes(shown)
         )
       ),
-      h('div', { class: 'jp-GpuMem-srvKernelWho' }, `${who} · ${devices}`),
+      h(
+        'div',
+        { class: 'jp-GpuMem-srvKernelWho' },
+        [who, k.execution_state, devices].filter(Boolean).join(' · ')
+      ),
       h('div', { class: 'jp-GpuMem-srvKernelActions' }, open, purge, stop)
     );
   }
@@ -375,4 +429,26 @@ export class KernelsSection {
   private _error: string | null = null;
   private _body = h('div', { class: 'jp-GpuMem-kernelsBody' });
   private _status = h('div', { class: 'jp-GpuMem-kernelsStatus' });
+}
+
+/**
+ * Reads one kernel's figures from the endpoint (for a kernel whose comm is not
+ * open yet): its host memory and its bytes per GPU.
+ */
+export function serverReader(
+  backend: Pick<IKernelsBackend, 'request'>
+): (kernelId: string) => Promise<IServerReading | null> {
+  return async kernelId => {
+    const data = parseServerKernels(await backend.request(KERNELS_PATH));
+    const k = data.kernels.find(one => one.id === kernelId);
+    if (!k) {
+      return null;
+    }
+    return {
+      time: Date.now() / 1000,
+      rss: hostBytes(k),
+      gpu: data.gpu ? { ...(k.gpu ?? {}) } : {},
+      message: data.gpu ? null : plainGpuMessage(data.message)
+    };
+  };
 }

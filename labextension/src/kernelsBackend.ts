@@ -26,7 +26,9 @@ async function confirm(
   const result = await showDialog({
     title,
     body: new Widget({ node: h('p', { class: 'jp-GpuMem-confirm' }, text) }),
-    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label })]
+    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label })],
+    // Enter keeps what the user has: the destructive button needs a click
+    defaultButton: 0
   });
   return result.button.accept;
 }

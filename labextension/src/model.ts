@@ -1,16 +1,19 @@
 /**
- * What the sidebar knows about the kernel in focus, and how kernel messages
- * change it. No DOM and no kernel here: the view renders it, the channel
- * feeds it.
+ * What the sidebar knows about each kernel it has followed, and how kernel
+ * messages change it. No DOM and no kernel here: the view renders the kernel
+ * shown, the channel feeds every kernel it keeps a link to.
  */
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { DEFAULT_DEVICE, TIMELINE_POINTS } from './constants';
 import {
   IDeviceUsage,
+  IHelloMessage,
   IPurgeResult,
   ISnapshot,
-  KernelMessage
+  KernelMessage,
+  RequestId,
+  SidebarRequest
 } from './protocol';
 
 /**
@@ -18,13 +21,20 @@ import {
  *
  * - `no-kernel`: no notebook in focus, or it has no kernel.
  * - `connecting`: a comm was opened; no `hello` yet (the kernel may be busy).
+ * - `restarting`: the kernel restarts; a comm opens once it is back.
  * - `not-loaded`: the kernel closed the comm: it has not loaded the extension.
  * - `loading`: the sidebar is running `%load_ext jupyter_gpumem`.
  * - `ready`: `hello` received; messages flow.
  * - `dead`: the kernel died.
  */
 export type ConnectionState =
-  'no-kernel' | 'connecting' | 'not-loaded' | 'loading' | 'ready' | 'dead';
+  | 'no-kernel'
+  | 'connecting'
+  | 'restarting'
+  | 'not-loaded'
+  | 'loading'
+  | 'ready'
+  | 'dead';
 
 /** One reading of one device, for the timeline. */
 export interface ITimelinePoint {
@@ -42,23 +52,84 @@ export interface ICellBand {
   end: number | null;
 }
 
+/** A request sent to the kernel that has no final answer yet. */
+export interface IPendingRequest {
+  id: RequestId;
+  request: SidebarRequest;
+  /** When it was sent, ms since the epoch. */
+  sent: number;
+  /** The kernel said it runs when the running cell ends. */
+  queued: boolean;
+  /** The kernel's line about the queue (`queued: runs when the cell ends`). */
+  message: string | null;
+}
+
+/** The server's reading of a kernel whose comm is not open yet. */
+export interface IServerReading {
+  time: number;
+  /** Resident memory of the kernel and its children, bytes. */
+  rss: number | null;
+  /** Bytes per GPU, when the server has NVML. */
+  gpu: { [device: string]: number };
+  /** The server's line when it has no GPU figures. */
+  message: string | null;
+}
+
+/** Least age of a purge result before a memory change clears it, in seconds. */
+const PURGE_RESULT_MIN_S = 3;
+
+/** Change of a device's allocated bytes that clears a purge result. */
+const PURGE_RESULT_CHANGE = 1 << 20;
+
+/** Everything the sidebar knows about one kernel. */
+class KernelView {
+  constructor(state: ConnectionState, label: string) {
+    this.state = state;
+    this.kernelLabel = label;
+  }
+
+  state: ConnectionState;
+  kernelLabel: string;
+  version: string | null = null;
+  /** The kernel side says it takes the newer requests (its `hello` has `busy`). */
+  modern = false;
+  devices: IDeviceUsage[] = [];
+  devicesReceived = false;
+  snapshot: ISnapshot | null = null;
+  timeline = new Map<string, ITimelinePoint[]>();
+  cells: ICellBand[] = [];
+  selected: ReadonlySet<string> = new Set<string>();
+  lastPurge: IPurgeResult | null = null;
+  /** Time of the first device reading after the last purge result. */
+  purgeReadingsAt: number | null = null;
+  /** Allocated bytes per device in that reading. */
+  purgeReadings = new Map<string, number>();
+  snapshotsSincePurge = 0;
+  error: string | null = null;
+  cellRunning = false;
+  pending = new Map<RequestId, IPendingRequest>();
+  noAnswer: IPendingRequest | null = null;
+  serverReading: IServerReading | null = null;
+}
+
 /**
- * The sidebar's state.
+ * The sidebar's state: one view per kernel followed; the getters read the
+ * kernel shown.
  */
 export class SidebarModel {
-  /** Emitted after any change. */
+  /** Emitted after any change of the kernel shown. */
   get changed(): ISignal<this, void> {
     return this._changed;
   }
 
   /** Link state. */
   get state(): ConnectionState {
-    return this._state;
+    return this._v.state;
   }
 
   /** Display name of the notebook (or console) in focus. */
   get kernelLabel(): string {
-    return this._kernelLabel;
+    return this._v.kernelLabel;
   }
 
   /** The device selection sent to the kernel. */
@@ -68,69 +139,100 @@ export class SidebarModel {
 
   /** Version of the kernel side, from `hello`. */
   get version(): string | null {
-    return this._version;
+    return this._v.version;
+  }
+
+  /** Whether the kernel side takes the newer requests (its `hello` has `busy`). */
+  get modern(): boolean {
+    return this._v.modern;
   }
 
   /** Latest device readings (from `devices` or a snapshot). */
   get devices(): ReadonlyArray<IDeviceUsage> {
-    return this._devices;
+    return this._v.devices;
   }
 
   /** Latest snapshot, or null before the first. */
   get snapshot(): ISnapshot | null {
-    return this._snapshot;
+    return this._v.snapshot;
   }
 
   /**
    * Readings per device id, oldest first. Kept per device across device
-   * selections (the same device reads the same under `auto` and `all`).
+   * selections (the same device reads the same under `auto` and `all`), and
+   * per kernel for the whole session.
    */
   get timeline(): ReadonlyMap<string, ReadonlyArray<ITimelinePoint>> {
-    return this._timeline;
+    return this._v.timeline;
   }
 
   /** The cells run in this kernel while the sidebar followed it, oldest first. */
   get cells(): ReadonlyArray<ICellBand> {
-    return this._cells;
+    return this._v.cells;
+  }
+
+  /**
+   * Whether a cell runs now: the tensors and holders shown are from before
+   * it (the kernel scans between cells).
+   */
+  get cellRunning(): boolean {
+    return this._v.cellRunning;
+  }
+
+  /** Requests sent with no final answer yet, oldest first. */
+  get pending(): ReadonlyArray<IPendingRequest> {
+    return [...this._v.pending.values()];
+  }
+
+  /** The request that got no answer in time (shown with Retry), or null. */
+  get noAnswer(): IPendingRequest | null {
+    return this._v.noAnswer;
+  }
+
+  /** The server's reading while the comm is not open yet, or null. */
+  get serverReading(): IServerReading | null {
+    return this._v.serverReading;
   }
 
   /** Record that a cell started (`execute_input` seen), at `time` (epoch seconds). */
   cellStarted(time: number): void {
-    const last = this._cells[this._cells.length - 1];
+    const v = this._v;
+    const last = v.cells[v.cells.length - 1];
     if (last && last.end === null) {
       last.end = time;
     }
-    this._cells = [...this._cells, { start: time, end: null }].slice(
-      -TIMELINE_POINTS
-    );
-    this._changed.emit();
+    v.cells = [...v.cells, { start: time, end: null }].slice(-TIMELINE_POINTS);
+    v.cellRunning = true;
+    this._emit();
   }
 
   /** Record that the running cell ended (the kernel went idle). */
   cellEnded(time: number): void {
-    const last = this._cells[this._cells.length - 1];
+    const v = this._v;
+    const last = v.cells[v.cells.length - 1];
+    const wasRunning = v.cellRunning;
+    v.cellRunning = false;
     if (last && last.end === null) {
-      this._cells = [
-        ...this._cells.slice(0, -1),
-        { start: last.start, end: time }
-      ];
-      this._changed.emit();
+      v.cells = [...v.cells.slice(0, -1), { start: last.start, end: time }];
+      this._emit();
+    } else if (wasRunning) {
+      this._emit();
     }
   }
 
   /** Purge arguments of the checked holders. */
   get selected(): ReadonlySet<string> {
-    return this._selected;
+    return this._v.selected;
   }
 
   /** Result of the last purge, or null. */
   get lastPurge(): IPurgeResult | null {
-    return this._lastPurge;
+    return this._v.lastPurge;
   }
 
   /** Last error line (from the kernel or the link), or null. */
   get error(): string | null {
-    return this._error;
+    return this._v.error;
   }
 
   /** Device ids seen so far (for the device menu). */
@@ -143,39 +245,89 @@ export class SidebarModel {
    * device readings for `auto` hold no accelerator.
    */
   get noAccelerator(): boolean {
-    if (this._snapshot) {
-      return !this._snapshot.accelerator;
+    const v = this._v;
+    if (v.snapshot) {
+      return !v.snapshot.accelerator;
     }
-    return this._devicesReceived && !this._devices.some(d => d.kind !== 'cpu');
+    return v.devicesReceived && !v.devices.some(d => d.kind !== 'cpu');
   }
 
   /**
-   * Follow another kernel: forget everything about the previous one, keep
-   * the device selection.
+   * Show the kernel `key` (null: none). A kernel seen before comes back with
+   * all it had (its timeline too); a new one starts in `state`.
+   */
+  show(key: string | null, kernelLabel: string, state: ConnectionState): void {
+    let v = key === null ? undefined : this._views.get(key);
+    if (!v) {
+      v = new KernelView(state, kernelLabel);
+      if (key !== null) {
+        this._views.set(key, v);
+      }
+    }
+    v.kernelLabel = kernelLabel;
+    this._v = this._shown = v;
+    this._changed.emit();
+  }
+
+  /** Forget the kernel `key` (its notebook was closed). */
+  forget(key: string): void {
+    const v = this._views.get(key);
+    this._views.delete(key);
+    if (v && v === this._shown) {
+      this.show(null, '', 'no-kernel');
+    }
+  }
+
+  /** The keys of the kernels known. */
+  get keys(): ReadonlyArray<string> {
+    return [...this._views.keys()];
+  }
+
+  /**
+   * Run `fn` on the kernel `key` (the model's methods then work on it, shown
+   * or not); nothing when the key is unknown.
+   */
+  inKernel<T>(key: string, fn: () => T): T | undefined {
+    const v = this._views.get(key);
+    if (!v) {
+      return undefined;
+    }
+    const saved = this._v;
+    this._v = v;
+    try {
+      return fn();
+    } finally {
+      this._v = saved;
+    }
+  }
+
+  /** Whether `key` is the kernel shown. */
+  isShown(key: string): boolean {
+    return this._views.get(key) === this._shown;
+  }
+
+  /**
+   * The kernel restarted or changed: forget what it had, keep the device
+   * selection. The timeline stays (the notebook's history of the session).
    */
   reset(state: ConnectionState, kernelLabel: string): void {
-    this._state = state;
-    this._kernelLabel = kernelLabel;
-    this._version = null;
-    this._devices = [];
-    this._devicesReceived = false;
-    this._snapshot = null;
-    this._timeline = new Map();
-    this._cells = [];
-    this._selected = new Set();
-    this._lastPurge = null;
-    this._snapshotsSincePurge = 0;
-    this._error = null;
-    this._changed.emit();
+    const v = this._v;
+    const timeline = v.timeline;
+    const cells = v.cells;
+    // in place: the channel's `inKernel` holds this very view
+    Object.assign(v, new KernelView(state, kernelLabel));
+    v.timeline = timeline;
+    v.cells = cells;
+    this._emit();
   }
 
   /** Change the link state. */
   setState(state: ConnectionState, error: string | null = null): void {
-    this._state = state;
+    this._v.state = state;
     if (error !== null) {
-      this._error = error;
+      this._v.error = error;
     }
-    this._changed.emit();
+    this._emit();
   }
 
   /** Choose the device selection; the caller asks the kernel for it. */
@@ -184,62 +336,174 @@ export class SidebarModel {
       return;
     }
     this._device = device;
-    this._snapshot = null;
-    this._devices = [];
-    this._devicesReceived = false;
-    this._selected = new Set();
-    this._changed.emit();
+    const v = this._v;
+    v.snapshot = null;
+    v.devices = [];
+    v.devicesReceived = false;
+    v.selected = new Set();
+    this._emit();
   }
 
   /** Forget the last purge result (the user dismissed it). */
   dismissPurge(): void {
-    if (this._lastPurge) {
-      this._lastPurge = null;
-      this._changed.emit();
+    if (this._v.lastPurge) {
+      this._v.lastPurge = null;
+      this._emit();
     }
   }
 
   /** Record an error line to show. */
   setError(message: string | null): void {
-    this._error = message;
-    this._changed.emit();
+    this._v.error = message;
+    this._emit();
+  }
+
+  /**
+   * The server's reading of a kernel whose comm is not open (null: none); it
+   * goes into the timeline too (host: `cpu`, GPUs by their id).
+   */
+  setServerReading(reading: IServerReading | null): void {
+    this._v.serverReading = reading;
+    if (reading) {
+      const figures: [string, number | null][] = [
+        ['cpu', reading.rss],
+        ...Object.entries(reading.gpu)
+      ];
+      for (const [id, bytes] of figures) {
+        if (typeof bytes === 'number') {
+          this._addPoint(id, {
+            time: reading.time,
+            allocated: null,
+            reserved: null,
+            used: bytes,
+            tracked: null
+          });
+        }
+      }
+    }
+    this._emit();
   }
 
   /** Check or uncheck a holder, by its purge argument. */
   toggle(purgeName: string, checked: boolean): void {
+    this.toggleMany([purgeName], checked);
+  }
+
+  /** Check or uncheck several holders at once (one change). */
+  toggleMany(purgeNames: ReadonlyArray<string>, checked: boolean): void {
+    const v = this._v;
     const purgeable = new Set(
-      (this._snapshot?.holders ?? []).map(h => h.purge).filter(p => p)
+      (v.snapshot?.holders ?? []).map(h => h.purge).filter(p => p)
     );
-    if (checked && !purgeable.has(purgeName)) {
-      return;
+    const next = new Set(v.selected);
+    for (const name of purgeNames) {
+      if (checked && purgeable.has(name)) {
+        next.add(name);
+      } else if (!checked) {
+        next.delete(name);
+      }
     }
-    const next = new Set(this._selected);
-    if (checked) {
-      next.add(purgeName);
-    } else {
-      next.delete(purgeName);
+    v.selected = next;
+    this._emit();
+  }
+
+  /** A request went to the kernel: it waits for its answer. */
+  requestSent(request: SidebarRequest, now = Date.now()): void {
+    this._v.pending.set(request.id, {
+      id: request.id,
+      request,
+      sent: now,
+      queued: false,
+      message: null
+    });
+    this._emit();
+  }
+
+  /**
+   * A request got no answer in time: shown with Retry (a queued one waits
+   * for its cell, it is never late). False when it was answered already.
+   */
+  requestTimedOut(id: RequestId): boolean {
+    const v = this._v;
+    const pending = v.pending.get(id);
+    if (!pending || pending.queued) {
+      return false;
     }
-    this._selected = next;
-    this._changed.emit();
+    v.pending.delete(id);
+    v.noAnswer = pending;
+    this._emit();
+    return true;
+  }
+
+  /** Forget the "no answer" line (the user retried, or another answer came). */
+  clearNoAnswer(): void {
+    if (this._v.noAnswer) {
+      this._v.noAnswer = null;
+      this._emit();
+    }
+  }
+
+  /** The answer to `id` came (a part of a split purge: no message to show). */
+  answered(id: RequestId): void {
+    this._answered(id);
+    this._emit();
+  }
+
+  /** Forget every request waiting (the link closed). */
+  dropPending(): void {
+    this._v.pending.clear();
+    this._emit();
   }
 
   /** Apply one message from the kernel. */
   handle(message: KernelMessage): void {
+    const v = this._v;
+    const replyTo =
+      'reply_to' in message && message.reply_to !== undefined
+        ? message.reply_to
+        : null;
+    if (message.type === 'queued') {
+      const pending = v.pending.get(message.reply_to);
+      if (pending) {
+        pending.queued = true;
+        pending.message = message.message || 'queued: runs when the cell ends';
+      }
+      this._answered(null);
+      this._emit();
+      return;
+    }
+    if (message.type === 'cancelled') {
+      v.pending.delete(message.request);
+      v.pending.delete(message.reply_to);
+      this._answered(null);
+      this._emit();
+      return;
+    }
+    if (replyTo !== null) {
+      this._answered(replyTo);
+    }
     switch (message.type) {
       case 'hello':
-        this._state = 'ready';
-        this._version = message.version ?? null;
-        this._error = null;
+        this._hello(message);
         break;
       case 'devices':
-        if (this._state === 'connecting') {
-          this._state = 'ready';
+        if (v.state === 'connecting' || v.state === 'restarting') {
+          v.state = 'ready';
         }
+        if (typeof message.cell_running === 'boolean') {
+          v.cellRunning = message.cell_running;
+        }
+        v.serverReading = null;
         this._setDevices(message.devices, message.time);
+        this._expirePurge(message.devices, message.time);
         break;
       case 'snapshot': {
-        this._state = 'ready';
-        this._snapshot = message.snapshot;
+        v.state = 'ready';
+        v.serverReading = null;
+        v.snapshot = message.snapshot;
+        if (typeof message.snapshot.cell_running === 'boolean') {
+          v.cellRunning = message.snapshot.cell_running;
+        }
         this._setDevices(
           message.snapshot.devices,
           message.snapshot.time,
@@ -256,37 +520,131 @@ export class SidebarModel {
         }
         // the snapshot that follows a purge shows its effect; the next one
         // (a cell, a refresh) is newer than the purge: its result goes
-        if (this._lastPurge) {
-          this._snapshotsSincePurge += 1;
-          if (this._snapshotsSincePurge > (this._lastPurge.dry_run ? 0 : 1)) {
-            this._lastPurge = null;
+        if (v.lastPurge) {
+          v.snapshotsSincePurge += 1;
+          if (v.snapshotsSincePurge > (v.lastPurge.dry_run ? 0 : 1)) {
+            v.lastPurge = null;
           }
         }
         break;
       }
       case 'purge_result':
-        this._lastPurge = message.result;
-        this._snapshotsSincePurge = 0;
-        this._error = null;
+        v.lastPurge = message.result;
+        v.purgeReadingsAt = null;
+        v.snapshotsSincePurge = 0;
+        v.error = null;
         if (!message.result.dry_run) {
-          this._selected = new Set();
+          v.selected = new Set();
         }
         break;
       case 'error':
-        this._error = message.message;
+        v.error = message.message;
         break;
     }
-    this._changed.emit();
+    this._emit();
+  }
+
+  /** The answer to `id` came (null: some answer came: the kernel is alive). */
+  private _answered(id: RequestId | null): void {
+    const v = this._v;
+    if (id !== null) {
+      v.pending.delete(id);
+    }
+    v.noAnswer = null;
+  }
+
+  private _hello(message: IHelloMessage): void {
+    const v = this._v;
+    v.state = 'ready';
+    v.version = message.version ?? null;
+    v.error = null;
+    v.serverReading = null;
+    if (typeof message.busy === 'boolean') {
+      v.modern = true;
+      v.cellRunning = message.busy;
+    }
+    for (const reading of message.timeline ?? []) {
+      if (
+        !reading ||
+        typeof reading.time !== 'number' ||
+        typeof reading.devices !== 'object'
+      ) {
+        continue;
+      }
+      for (const [id, d] of Object.entries(reading.devices ?? {})) {
+        this._addPoint(id, {
+          time: reading.time,
+          allocated: d?.allocated ?? null,
+          reserved: d?.reserved ?? null,
+          used: d?.used_process ?? null,
+          tracked: null
+        });
+      }
+    }
+  }
+
+  /**
+   * A purge result stays until memory changed: a device reading at least
+   * `PURGE_RESULT_MIN_S` after the first one that followed it, whose
+   * allocated bytes differ by `PURGE_RESULT_CHANGE` or more on some device
+   * (or, for an older kernel, the second snapshot after it).
+   */
+  private _expirePurge(devices: IDeviceUsage[], time: number): void {
+    const v = this._v;
+    if (!v.lastPurge || v.lastPurge.dry_run) {
+      return;
+    }
+    const now = new Map(
+      devices
+        .filter(d => typeof d.allocated === 'number')
+        .map(d => [d.id, d.allocated as number])
+    );
+    if (v.purgeReadingsAt === null) {
+      v.purgeReadingsAt = time;
+      v.purgeReadings = now;
+      return;
+    }
+    if (time - v.purgeReadingsAt < PURGE_RESULT_MIN_S) {
+      return;
+    }
+    for (const [id, bytes] of now) {
+      const before = v.purgeReadings.get(id);
+      if (
+        before !== undefined &&
+        Math.abs(bytes - before) >= PURGE_RESULT_CHANGE
+      ) {
+        v.lastPurge = null;
+        return;
+      }
+    }
   }
 
   /** A cell known from the kernel's snapshot (start and end), if not yet seen. */
   private _addCell(start: number, end: number): void {
-    if (this._cells.some(c => Math.abs(c.start - start) < 0.05)) {
+    const v = this._v;
+    if (v.cells.some(c => Math.abs(c.start - start) < 0.05)) {
       return;
     }
-    this._cells = [...this._cells, { start, end }]
+    v.cells = [...v.cells, { start, end }]
       .sort((a, b) => a.start - b.start)
       .slice(-TIMELINE_POINTS);
+  }
+
+  /** Add one point in time order (a point at a time already there is dropped). */
+  private _addPoint(id: string, point: ITimelinePoint): void {
+    const v = this._v;
+    this._seen.add(id);
+    const points = [...(v.timeline.get(id) ?? [])];
+    const last = points[points.length - 1];
+    if (!last || last.time < point.time) {
+      points.push(point);
+    } else if (!points.some(p => p.time === point.time)) {
+      points.push(point);
+      points.sort((a, b) => a.time - b.time);
+    } else {
+      return;
+    }
+    v.timeline.set(id, points.slice(-TIMELINE_POINTS));
   }
 
   private _setDevices(
@@ -294,60 +652,59 @@ export class SidebarModel {
     time: number,
     snapshot?: ISnapshot
   ): void {
-    if (!snapshot && this._snapshot) {
+    const v = this._v;
+    if (!snapshot && v.snapshot) {
       // a `devices` reading has no scan behind it: the tensors found on a
       // host device are the last snapshot's
-      const scanned = new Map(this._snapshot.devices.map(d => [d.id, d]));
+      const scanned = new Map(v.snapshot.devices.map(d => [d.id, d]));
       devices = devices.map(d =>
         d.kind === 'cpu' && scanned.has(d.id)
           ? { ...d, attributed: scanned.get(d.id)!.attributed }
           : d
       );
     }
-    this._devices = devices;
-    this._devicesReceived = true;
+    v.devices = devices;
+    v.devicesReceived = true;
     for (const device of devices) {
       this._seen.add(device.id);
-      const points = [...(this._timeline.get(device.id) ?? [])];
+      const points = v.timeline.get(device.id) ?? [];
       const last = points[points.length - 1];
       if (last && last.time >= time) {
         continue;
       }
-      points.push({
+      this._addPoint(device.id, {
         time,
         allocated: device.allocated ?? null,
         reserved: device.reserved ?? null,
         used: device.used_process ?? null,
         tracked: tracked(device, snapshot) ?? last?.tracked ?? null
       });
-      this._timeline.set(device.id, points.slice(-TIMELINE_POINTS));
     }
   }
 
   private _pruneSelection(): void {
+    const v = this._v;
     const purgeable = new Set(
-      (this._snapshot?.holders ?? []).map(h => h.purge).filter(p => p)
+      (v.snapshot?.holders ?? []).map(h => h.purge).filter(p => p)
     );
-    this._selected = new Set(
-      [...this._selected].filter(name => purgeable.has(name))
-    );
+    v.selected = new Set([...v.selected].filter(name => purgeable.has(name)));
+  }
+
+  /** Emit `changed` when the kernel worked on is the one shown. */
+  private _emit(): void {
+    if (this._v === this._shown) {
+      this._changed.emit();
+    }
   }
 
   private _changed = new Signal<this, void>(this);
-  private _state: ConnectionState = 'no-kernel';
-  private _kernelLabel = '';
   private _device: string = DEFAULT_DEVICE;
-  private _version: string | null = null;
-  private _devices: IDeviceUsage[] = [];
-  private _devicesReceived = false;
-  private _snapshot: ISnapshot | null = null;
-  private _timeline = new Map<string, ITimelinePoint[]>();
-  private _cells: ICellBand[] = [];
-  private _snapshotsSincePurge = 0;
-  private _selected = new Set<string>();
-  private _lastPurge: IPurgeResult | null = null;
-  private _error: string | null = null;
   private _seen = new Set<string>();
+  /** The kernel a method works on (the shown one, or the one `inKernel` names). */
+  private _v: KernelView = new KernelView('no-kernel', '');
+  /** The kernel shown. */
+  private _shown: KernelView = this._v;
+  private _views = new Map<string, KernelView>();
 }
 
 /**

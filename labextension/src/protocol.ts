@@ -148,6 +148,8 @@ export interface ISnapshot {
    * (optional; the sidebar also times cells from the kernel's messages).
    */
   cell?: { start: number; end: number } | null;
+  /** Whether a cell was running when the snapshot was taken (newer kernels). */
+  cell_running?: boolean;
 }
 
 /** What `jupyter_gpumem.purge()` returns, as JSON. */
@@ -167,16 +169,45 @@ export interface IPurgeResult {
 /** Request ids are echoed by the kernel as `reply_to`. */
 export type RequestId = number | string;
 
+/** One reading of one device in a `hello`'s timeline. */
+export interface ITimelineReading {
+  allocated: number | null;
+  reserved: number | null;
+  used_process: number | null;
+}
+
 export interface IHelloMessage {
   type: 'hello';
   version: string | null;
   device: string;
+  /** Whether a cell runs (newer kernels; absent: an older kernel side). */
+  busy?: boolean;
+  /** The kernel's readings so far, oldest first (newer kernels). */
+  timeline?: { time: number; devices: { [id: string]: ITimelineReading } }[];
+  reply_to?: RequestId | null;
 }
 
 export interface IDevicesMessage {
   type: 'devices';
   time: number;
   devices: IDeviceUsage[];
+  /** Whether a cell runs now (newer kernels). */
+  cell_running?: boolean;
+}
+
+/** A request that reads or changes the namespace waits for the running cell. */
+export interface IQueuedMessage {
+  type: 'queued';
+  reply_to: RequestId;
+  request: string;
+  message: string;
+}
+
+/** A queued request was cancelled. */
+export interface ICancelledMessage {
+  type: 'cancelled';
+  reply_to: RequestId;
+  request: RequestId;
 }
 
 export interface ISnapshotMessage {
@@ -203,7 +234,9 @@ export type KernelMessage =
   | IDevicesMessage
   | ISnapshotMessage
   | IPurgeResultMessage
-  | IErrorMessage;
+  | IErrorMessage
+  | IQueuedMessage
+  | ICancelledMessage;
 
 /** Messages the sidebar sends to the kernel. */
 export interface IRefreshRequest {
@@ -224,8 +257,25 @@ export interface ISetDeviceRequest {
   device: string;
 }
 
+/** A ping (the kernel answers `hello`). */
+export interface IHelloRequest {
+  type: 'hello';
+  id: RequestId;
+}
+
+/** Cancel a queued request (`request`: its id). */
+export interface ICancelRequest {
+  type: 'cancel';
+  id: RequestId;
+  request: RequestId;
+}
+
 export type SidebarRequest =
-  IRefreshRequest | IPurgeRequest | ISetDeviceRequest;
+  | IRefreshRequest
+  | IPurgeRequest
+  | ISetDeviceRequest
+  | IHelloRequest
+  | ICancelRequest;
 
 /** Result of checking one message from the kernel. */
 export type Parsed =
@@ -233,6 +283,10 @@ export type Parsed =
 
 function isObject(value: unknown): value is { [key: string]: unknown } {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+function isRequestId(value: unknown): value is RequestId {
+  return typeof value === 'number' || typeof value === 'string';
 }
 
 function isDevice(value: unknown): value is IDeviceUsage {
@@ -382,12 +436,20 @@ export function parseKernelMessage(data: unknown): Parsed {
       return typeof data.message === 'string'
         ? { ok: true, message: data as unknown as IErrorMessage }
         : bad('no message');
+    case 'queued':
+      return isRequestId(data.reply_to)
+        ? { ok: true, message: data as unknown as IQueuedMessage }
+        : bad('no reply_to');
+    case 'cancelled':
+      return isRequestId(data.reply_to) && isRequestId(data.request)
+        ? { ok: true, message: data as unknown as ICancelledMessage }
+        : bad('no reply_to or request');
     default:
       return { ok: false, reason: `unknown message type "${data.type}"` };
   }
 }
 
-/** Builders of the three requests, so their shape lives in one place. */
+/** Builders of the requests, so their shape lives in one place. */
 export namespace Requests {
   export function refresh(id: RequestId): IRefreshRequest {
     return { type: 'refresh', id };
@@ -403,5 +465,13 @@ export namespace Requests {
 
   export function setDevice(id: RequestId, device: string): ISetDeviceRequest {
     return { type: 'set_device', id, device };
+  }
+
+  export function hello(id: RequestId): IHelloRequest {
+    return { type: 'hello', id };
+  }
+
+  export function cancel(id: RequestId, request: RequestId): ICancelRequest {
+    return { type: 'cancel', id, request };
   }
 }

@@ -3,7 +3,11 @@
  * and default device, read from the setting registry and applied live.
  */
 import type { KernelChannel } from './channel';
-import { DEFAULT_DEVICE, REFRESH_INTERVAL_MS } from './constants';
+import {
+  DEFAULT_DEVICE,
+  DEFAULT_WARN_SHARE,
+  REFRESH_INTERVAL_MS
+} from './constants';
 import type { GpuMemSidebar } from './sidebar';
 
 /** The sidebar's settings (schema/sidebar.json). */
@@ -12,6 +16,8 @@ export interface ISidebarSettings {
   refreshInterval: number;
   /** Device selection the sidebar starts with. */
   defaultDevice: string;
+  /** Share of a device in use past which the status bar item warns. */
+  warnAt: number;
 }
 
 /** Read the settings from their composite, with the defaults where a value is off. */
@@ -20,6 +26,7 @@ export function readSettings(composite: {
 }): ISidebarSettings {
   const interval = composite.refreshInterval;
   const device = composite.defaultDevice;
+  const warn = composite.warnAt;
   return {
     refreshInterval:
       typeof interval === 'number' && Number.isFinite(interval) && interval >= 1
@@ -28,7 +35,11 @@ export function readSettings(composite: {
     defaultDevice:
       typeof device === 'string' && device.trim()
         ? device.trim()
-        : DEFAULT_DEVICE
+        : DEFAULT_DEVICE,
+    warnAt:
+      typeof warn === 'number' && Number.isFinite(warn) && warn > 0 && warn <= 1
+        ? warn
+        : DEFAULT_WARN_SHARE
   };
 }
 
@@ -39,9 +50,13 @@ export function readSettings(composite: {
 export function applySettings(
   settings: ISidebarSettings,
   sidebar: GpuMemSidebar,
-  channel: KernelChannel
+  channel: KernelChannel,
+  statusItem: { warnShare: number } | null = null
 ): void {
   sidebar.refreshInterval = settings.refreshInterval * 1000;
+  if (statusItem) {
+    statusItem.warnShare = settings.warnAt;
+  }
   if (settings.defaultDevice !== appliedDevice.get(channel)) {
     appliedDevice.set(channel, settings.defaultDevice);
     channel.setDevice(settings.defaultDevice);

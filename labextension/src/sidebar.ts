@@ -8,16 +8,19 @@ import { Widget } from '@lumino/widgets';
 
 import { KernelChannel } from './channel';
 import { DEVICE_CHOICES, REFRESH_INTERVAL_MS } from './constants';
-import { SidebarModel } from './model';
+import { formatBytes } from './format';
+import { HoldersTable } from './holders';
+import { IServerReading, SidebarModel } from './model';
 import { IDeviceUsage } from './protocol';
 import { TimelineView } from './timeline';
 import {
+  clockTime,
   h,
   predictedBytes,
   renderClusterDevices,
   renderClusterHolders,
   renderDevices,
-  renderHolders,
+  renderHolderNotes,
   renderPurgeResult
 } from './view';
 
@@ -26,7 +29,8 @@ const NO_ACCELERATOR_MESSAGE = /^no accelerator\b/i;
 
 /**
  * What the sidebar shows, as its title: `GPU memory`, `Host memory` or
- * `GPU and host memory`, from the kinds of the devices shown.
+ * `GPU and host memory`, from the kinds of the devices shown; `Kernel memory`
+ * before any reading (no word of a GPU there may not be).
  */
 export function titleFor(devices: ReadonlyArray<IDeviceUsage>): string {
   const host = devices.some(d => d.kind === 'cpu');
@@ -37,13 +41,52 @@ export function titleFor(devices: ReadonlyArray<IDeviceUsage>): string {
   if (host) {
     return 'Host memory';
   }
-  return 'GPU memory';
+  if (accelerator) {
+    return 'GPU memory';
+  }
+  return 'Kernel memory';
+}
+
+/**
+ * The devices a server reading stands for (a kernel whose comm is not open):
+ * its resident memory as host memory, its bytes on each GPU.
+ */
+export function serverDevices(reading: IServerReading): IDeviceUsage[] {
+  const base = {
+    name: null,
+    total: null,
+    used_all: null,
+    other_processes: null,
+    free: null,
+    frameworks: [],
+    allocated: null,
+    reserved: null,
+    non_framework: null,
+    fragmentation: null,
+    attributed: null,
+    notes: []
+  };
+  const out: IDeviceUsage[] = [];
+  if (reading.rss !== null) {
+    out.push({ ...base, id: 'cpu', kind: 'cpu', used_process: reading.rss });
+  }
+  for (const [id, bytes] of Object.entries(reading.gpu)) {
+    out.push({
+      ...base,
+      id,
+      kind: 'cuda',
+      used_process: bytes,
+      allocated: bytes
+    });
+  }
+  return out;
 }
 
 /** Asks the user to confirm a purge; resolves true to go ahead. */
 export type ConfirmPurge = (
   names: string[],
-  predictedBytes: number
+  predictedBytes: number,
+  notebook: string
 ) => Promise<boolean>;
 
 /**
@@ -126,7 +169,7 @@ export class GpuMemSidebar extends Widget {
     );
     this._purging = true;
     try {
-      if (!(await this._confirmPurge(names, bytes))) {
+      if (!(await this._confirmPurge(names, bytes, this.model.kernelLabel))) {
         return false;
       }
       return this.channel.purge(names);
@@ -144,9 +187,9 @@ export class GpuMemSidebar extends Widget {
       'button',
       {
         class: 'jp-GpuMem-button jp-GpuMem-refresh',
-        title: 'Scan the kernel again'
+        title: 'Scan the kernel again: which names hold memory'
       },
-      'Refresh'
+      'Scan again'
     );
     refresh.addEventListener('click', () => this.channel.refresh());
     this._purgeButton.addEventListener(
@@ -169,10 +212,12 @@ export class GpuMemSidebar extends Widget {
       this._status,
       this._devicesBox,
       this._timelineBox,
+      this._stale,
       this._holdersBox,
-      h('div', { class: 'jp-GpuMem-actions' }, this._purgeButton),
-      this._resultBox
+      this._resultBox,
+      h('div', { class: 'jp-GpuMem-actions' }, this._purgeButton)
     );
+    this._holdersBox.append(this._table.node, this._notesBox);
     this._timelineBox.append(this._timeline.node);
   }
 
@@ -200,18 +245,24 @@ export class GpuMemSidebar extends Widget {
 
   protected onAfterShow(msg: Message): void {
     super.onAfterShow(msg);
-    if (this._stale) {
+    if (this._renderLater) {
       this._render();
     }
+    this._table.redraw();
+  }
+
+  /** The holders table (filter, sort, select all). */
+  get table(): HoldersTable {
+    return this._table;
   }
 
   private _render(): void {
     if (!this.isVisible && this.isAttached) {
       // hidden (collapsed sidebar): render when shown again
-      this._stale = true;
+      this._renderLater = true;
       return;
     }
-    this._stale = false;
+    this._renderLater = false;
     const model = this.model;
     this._kernelLine.textContent = model.kernelLabel
       ? `${model.kernelLabel}${model.version ? ` · jupyter_gpumem ${model.version}` : ''}`
@@ -224,32 +275,50 @@ export class GpuMemSidebar extends Widget {
     this._renderStatus();
     const ready = model.state === 'ready';
     const cluster = model.snapshot?.cluster ?? null;
+    const waiting =
+      model.state === 'connecting' || model.state === 'restarting';
+    const reading = waiting ? model.serverReading : null;
     this._devicesBox.replaceChildren(
       ...(ready ? [renderDevices(model.devices)] : []),
-      ...(ready && cluster ? [renderClusterDevices(cluster)] : [])
+      ...(ready && cluster ? [renderClusterDevices(cluster)] : []),
+      ...(reading ? this._serverReading(reading) : [])
     );
     this._renderTimeline();
-    if (
-      model.snapshot !== this._shownSnapshot ||
-      model.selected !== this._shownSelection
-    ) {
-      this._shownSnapshot = model.snapshot;
-      this._shownSelection = model.selected;
-      this._holdersBox.replaceChildren(
-        renderHolders(
-          model.snapshot,
-          model.selected,
-          (name, checked) => model.toggle(name, checked),
-          message =>
-            this._noAcceleratorShown() && NO_ACCELERATOR_MESSAGE.test(message)
-        ),
+    const snapshot = model.snapshot;
+    if (snapshot !== this._shownSnapshot) {
+      this._shownSnapshot = snapshot;
+      this._notesBox.replaceChildren(
+        ...(snapshot
+          ? renderHolderNotes(
+              snapshot,
+              message =>
+                this._noAcceleratorShown() &&
+                NO_ACCELERATOR_MESSAGE.test(message)
+            )
+          : [h('div', { class: 'jp-GpuMem-empty' }, 'No snapshot yet.')]),
         ...(cluster ? [renderClusterHolders(cluster)] : [])
       );
     }
+    this._table.node.hidden = !snapshot || snapshot.holders.length === 0;
+    if (snapshot) {
+      this._table.update(snapshot, model.selected);
+    } else {
+      this._table.clear();
+    }
+    const stale = ready && model.cellRunning && snapshot !== null;
+    this._stale.hidden = !stale;
+    this._stale.textContent = stale
+      ? `A cell is running: the tracked tensors and the holders are from before it (scanned at ${clockTime(
+          snapshot!.time
+        )}); the bars and the timeline are live.`
+      : '';
+    this._holdersBox.classList.toggle('jp-GpuMem-mod-stale', stale);
     this._holdersBox.hidden = !ready;
     const count = model.selected.size;
     this._purgeButton.textContent = count
-      ? `Purge selected (${count})`
+      ? `Purge selected (${count}) · frees ${formatBytes(
+          predictedBytes(model.snapshot?.holders ?? [], model.selected)
+        )}`
       : 'Purge selected';
     this._purgeButton.disabled = !ready || count === 0;
     this._purgeButton.hidden = !ready;
@@ -298,12 +367,18 @@ export class GpuMemSidebar extends Widget {
     const model = this.model;
     // rebuilt only when what it shows changes, so its buttons stay put
     // (a button replaced between mouse down and up loses the click)
+    const busy = this.channel.kernel?.status === 'busy';
     const key = JSON.stringify([
       model.state,
       model.kernelLabel,
       model.error,
       model.noAccelerator,
-      model.device
+      model.device,
+      model.state === 'connecting' ? busy : null,
+      model.noAnswer?.id ?? null,
+      model.pending
+        .filter(p => p.queued)
+        .map(p => [p.id, p.request.type, p.message])
     ]);
     if (key === this._statusKey) {
       return;
@@ -326,7 +401,18 @@ export class GpuMemSidebar extends Widget {
           h(
             'div',
             { class: 'jp-GpuMem-notice' },
-            `Connecting to the kernel${where} (it answers once the running cell ends)…`
+            busy
+              ? `Connecting to the kernel${where}: it runs a cell, and answers once the cell ends (its figures from the server meanwhile)…`
+              : `Connecting to the kernel${where}…`
+          )
+        );
+        break;
+      case 'restarting':
+        parts.push(
+          h(
+            'div',
+            { class: 'jp-GpuMem-notice' },
+            `The kernel${where} restarts…`
           )
         );
         break;
@@ -392,6 +478,50 @@ export class GpuMemSidebar extends Widget {
         }
         break;
     }
+    for (const pending of model.pending.filter(p => p.queued)) {
+      const cancel = h(
+        'button',
+        {
+          class: 'jp-GpuMem-button jp-GpuMem-cancel',
+          'aria-label': `Cancel the queued ${pending.request.type}`
+        },
+        'Cancel'
+      );
+      cancel.addEventListener('click', () => this.channel.cancel(pending.id));
+      parts.push(
+        h(
+          'div',
+          {
+            class: 'jp-GpuMem-notice jp-GpuMem-queued',
+            role: 'status',
+            'data-request': String(pending.id)
+          },
+          `${capitalize(describeRequest(pending.request.type))}: ${
+            pending.message ?? 'queued: runs when the cell ends'
+          } `,
+          cancel
+        )
+      );
+    }
+    if (model.noAnswer) {
+      const retry = h(
+        'button',
+        { class: 'jp-GpuMem-button jp-GpuMem-retry' },
+        'Retry'
+      );
+      retry.addEventListener('click', () => this.channel.retry());
+      parts.push(
+        h(
+          'div',
+          { class: 'jp-GpuMem-error jp-GpuMem-noAnswer', role: 'alert' },
+          `No answer from the kernel${where} to ${describeRequest(
+            model.noAnswer.request.type,
+            model.noAnswer.id
+          )} after 10 s. `,
+          retry
+        )
+      );
+    }
     if (model.error) {
       parts.push(
         h('div', { class: 'jp-GpuMem-error', role: 'alert' }, model.error)
@@ -400,14 +530,29 @@ export class GpuMemSidebar extends Widget {
     this._status.replaceChildren(...parts);
   }
 
+  /** The server's figures of a kernel whose comm is not open yet. */
+  private _serverReading(reading: IServerReading): HTMLElement[] {
+    const devices = serverDevices(reading);
+    return [
+      h(
+        'div',
+        { class: 'jp-GpuMem-chartTitle jp-GpuMem-serverReading' },
+        `From the server at ${clockTime(reading.time)}: the kernel and its children`
+      ),
+      ...(devices.length ? [renderDevices(devices)] : []),
+      ...(reading.message
+        ? [h('div', { class: 'jp-GpuMem-note' }, reading.message)]
+        : [])
+    ];
+  }
+
   private _confirmPurge: ConfirmPurge;
   private _poll: Poll;
   private _purging = false;
   private _choicesKey = '';
   private _statusKey = '';
-  private _stale = false;
+  private _renderLater = false;
   private _shownSnapshot: unknown = undefined;
-  private _shownSelection: unknown = undefined;
   private _shownPurge: unknown = undefined;
   private _timeline = new TimelineView();
   private _title = h('div', { class: 'jp-GpuMem-title' });
@@ -419,10 +564,40 @@ export class GpuMemSidebar extends Widget {
   private _devicesBox = h('div', { class: 'jp-GpuMem-section' });
   private _timelineBox = h('div', { class: 'jp-GpuMem-section' });
   private _holdersBox = h('div', { class: 'jp-GpuMem-section' });
+  private _notesBox = h('div', { class: 'jp-GpuMem-holderNotes' });
+  private _table = new HoldersTable((names, checked) =>
+    this.model.toggleMany(names, checked)
+  );
+  private _stale = h('div', {
+    class: 'jp-GpuMem-notice jp-GpuMem-staleNote',
+    role: 'status'
+  });
   private _purgeButton = h('button', {
     class: 'jp-GpuMem-button jp-mod-warn jp-GpuMem-purge'
   }) as HTMLButtonElement;
   private _resultBox = h('div', { class: 'jp-GpuMem-section' });
+}
+
+/** `the purge` -> `The purge`. */
+function capitalize(text: string): string {
+  return text.charAt(0).toUpperCase() + text.slice(1);
+}
+
+/** A request in words, for the status lines. */
+function describeRequest(type: string, id?: unknown): string {
+  if (id === 'open') {
+    return 'the opening of its link';
+  }
+  switch (type) {
+    case 'purge':
+      return 'the purge';
+    case 'refresh':
+      return 'the scan';
+    case 'set_device':
+      return 'the device choice';
+    default:
+      return `"${type}"`;
+  }
 }
 
 /** Options of the sidebar. */

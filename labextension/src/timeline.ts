@@ -251,7 +251,10 @@ export class DeviceChart {
           )
           .join(', ')
     );
-    const key = specs.map(s => s.key).join('|');
+    // the axis colours are the theme's: a theme change draws the chart anew
+    const key =
+      specs.map(s => s.key).join('|') +
+      `|${cssVar('--jp-ui-font-color1', '')}|${cssVar('--jp-border-color2', '')}`;
     if (width <= 0 || specs.length === 0) {
       return;
     }
@@ -283,7 +286,8 @@ export class DeviceChart {
     data: uPlot.AlignedData,
     width: number
   ): uPlot | null {
-    const text = cssVar('--jp-ui-font-color2', '#616161');
+    // the axis labels in the theme's main text colour (readable on its background)
+    const text = cssVar('--jp-ui-font-color1', '#212121');
     const grid = cssVar('--jp-border-color2', '#e0e0e0');
     const family = cssVar('--jp-ui-font-family', 'sans-serif');
     const font = `10px ${family}`;

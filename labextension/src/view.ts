@@ -514,74 +514,20 @@ export function predictedBytes(
 }
 
 /**
- * The holders table: a checkbox per purgeable holder, the name (its other
- * names under it), what it is, and the bytes it keeps alive (those it shares
- * with other names under them); its devices when there are several. A hint
- * has its own row under its holder.
+ * What goes under the holders table: the bytes no name reaches, a partial
+ * scan, the kernel's notes, and when the scan ran.
  */
-export function renderHolders(
-  snapshot: ISnapshot | null,
-  selected: ReadonlySet<string>,
-  onToggle: (purgeName: string, checked: boolean) => void,
+export function renderHolderNotes(
+  snapshot: ISnapshot,
   hideMessage: (message: string) => boolean = () => false
-): HTMLElement {
-  const section = h('div', { class: 'jp-GpuMem-holdersBox' });
-  if (!snapshot) {
-    section.append(h('div', { class: 'jp-GpuMem-empty' }, 'No snapshot yet.'));
-    return section;
-  }
+): HTMLElement[] {
+  const out: HTMLElement[] = [];
   if (snapshot.holders.length === 0) {
-    section.append(
+    out.push(
       h(
         'div',
         { class: 'jp-GpuMem-empty' },
         `No name holds memory on "${snapshot.device}".`
-      )
-    );
-  } else {
-    const devices = new Set(
-      snapshot.holders.flatMap(h => Object.keys(h.devices))
-    );
-    const showDevices = devices.size > 1;
-    const columns = showDevices ? 5 : 4;
-    const body = h('tbody');
-    for (const holder of snapshot.holders) {
-      for (const row of holderRows(
-        holder,
-        selected,
-        onToggle,
-        showDevices,
-        columns
-      )) {
-        body.append(row);
-      }
-    }
-    section.append(
-      h(
-        'table',
-        { class: 'jp-GpuMem-holders' },
-        h(
-          'thead',
-          {},
-          h(
-            'tr',
-            {},
-            h('th', { class: 'jp-GpuMem-checkCol', title: 'check to purge' }),
-            h('th', {}, 'Name'),
-            h('th', {}, 'Type'),
-            h(
-              'th',
-              {
-                class: 'jp-GpuMem-bytes',
-                title:
-                  'bytes this name keeps alive (shared: other names reach them too)'
-              },
-              'Holds'
-            ),
-            showDevices ? h('th', {}, 'On') : null
-          )
-        ),
-        body
       )
     );
   }
@@ -589,7 +535,7 @@ export function renderHolders(
     ? Object.entries(snapshot.unattributed).filter(([, v]) => v)
     : [];
   if (unattributed.length > 0) {
-    section.append(
+    out.push(
       h(
         'div',
         { class: 'jp-GpuMem-unattributed' },
@@ -598,7 +544,7 @@ export function renderHolders(
     );
   }
   if (snapshot.partial) {
-    section.append(
+    out.push(
       h(
         'div',
         { class: 'jp-GpuMem-note' },
@@ -608,11 +554,11 @@ export function renderHolders(
   }
   for (const message of snapshot.messages ?? []) {
     if (!hideMessage(message)) {
-      section.append(h('div', { class: 'jp-GpuMem-note' }, message));
+      out.push(h('div', { class: 'jp-GpuMem-note' }, message));
     }
   }
   const count = snapshot.holders.length;
-  section.append(
+  out.push(
     h(
       'div',
       { class: 'jp-GpuMem-scanned' },
@@ -621,106 +567,7 @@ export function renderHolders(
       )}`
     )
   );
-  return section;
-}
-
-function holderRows(
-  holder: IHolder,
-  selected: ReadonlySet<string>,
-  onToggle: (purgeName: string, checked: boolean) => void,
-  showDevices: boolean,
-  columns: number
-): HTMLElement[] {
-  const label = holder.label || holder.name;
-  const box = h('input', {
-    type: 'checkbox',
-    class: 'jp-GpuMem-check',
-    'aria-label': `select ${label}`
-  }) as HTMLInputElement;
-  if (holder.purge === null) {
-    box.disabled = true;
-    box.title = 'cannot be purged by name';
-  } else {
-    const purgeName = holder.purge;
-    box.checked = selected.has(purgeName);
-    box.addEventListener('change', () => onToggle(purgeName, box.checked));
-  }
-  const total = holder.total ?? holder.unique + holder.shared;
-  const details = [
-    label,
-    `holds ${formatBytes(total)}: only it ${formatBytes(holder.unique)}, shared ${formatBytes(holder.shared)}`,
-    holder.largest_path
-      ? `largest: ${holder.largest_path} (${formatBytes(holder.largest_bytes)})`
-      : '',
-    holder.aliases.length ? `also: ${holder.aliases.join(', ')}` : '',
-    holder.shared_with.length
-      ? `shared with: ${holder.shared_with.join(', ')}`
-      : '',
-    `${holder.tensors} storage${holder.tensors === 1 ? '' : 's'} on ${formatByteMap(holder.devices)}`
-  ].filter(Boolean);
-  const nameCell = h(
-    'td',
-    { class: 'jp-GpuMem-nameCell' },
-    h('div', { class: 'jp-GpuMem-name' }, label),
-    holder.aliases.length
-      ? h(
-          'div',
-          { class: 'jp-GpuMem-sub' },
-          `also ${holder.aliases.join(', ')}`
-        )
-      : null
-  );
-  const bytesCell = h(
-    'td',
-    { class: 'jp-GpuMem-bytesCell' },
-    h('div', { class: 'jp-GpuMem-bytes' }, formatBytes(total)),
-    holder.shared > 0
-      ? h(
-          'div',
-          {
-            class: 'jp-GpuMem-sub jp-GpuMem-shared',
-            title: `${formatBytes(holder.shared)} of it other names reach too`
-          },
-          'shared'
-        )
-      : null
-  );
-  const row = h(
-    'tr',
-    {
-      class: `jp-GpuMem-holder${holder.hidden ? ' jp-GpuMem-hidden' : ''}`,
-      'data-name': holder.name,
-      title: details.join('\n')
-    },
-    h('td', { class: 'jp-GpuMem-checkCell' }, box),
-    nameCell,
-    h('td', { class: 'jp-GpuMem-type' }, holder.type),
-    bytesCell,
-    showDevices
-      ? h(
-          'td',
-          { class: 'jp-GpuMem-where' },
-          Object.keys(holder.devices).join(', ')
-        )
-      : null
-  );
-  const rows = [row];
-  if (holder.hint) {
-    rows.push(
-      h(
-        'tr',
-        { class: 'jp-GpuMem-hintRow', 'data-name': holder.name },
-        h(
-          'td',
-          { colspan: String(columns), class: 'jp-GpuMem-hint' },
-          h('span', { class: 'jp-GpuMem-hintLabel' }, 'Hint'),
-          ' ',
-          renderCodeText(holder.hint)
-        )
-      )
-    );
-  }
-  return rows;
+  return out;
 }
 
 /**

@@ -1,9 +1,15 @@
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 
 import { KernelChannel } from '../src/channel';
 import { COMM_TARGET, LOAD_EXTENSION_CODE } from '../src/constants';
 import { SidebarModel } from '../src/model';
-import { flush, RecordingKernel, RecordingSession, snapshot } from './helpers';
+import {
+  device,
+  flush,
+  RecordingKernel,
+  RecordingSession,
+  snapshot
+} from './helpers';
 
 function setUp(session = new RecordingSession()) {
   const model = new SidebarModel();
@@ -146,7 +152,7 @@ describe('KernelChannel', () => {
     hello(session);
     session.kernel.lastComm.receive({ type: 'snapshot', snapshot: snapshot() });
     session.setStatus('restarting');
-    expect(model.state).toBe('connecting');
+    expect(model.state).toBe('restarting');
     expect(model.snapshot).toBeNull();
     expect(session.kernel.comms.length).toBe(1);
     session.setStatus('starting');
@@ -179,20 +185,163 @@ describe('KernelChannel', () => {
     expect(model.state).toBe('no-kernel');
   });
 
-  it('closes the comm when focus moves to another notebook', () => {
+  it('keeps each comm open across focus changes, with its history', () => {
     const { model, channel, session } = setUp();
     hello(session);
+    session.kernel.lastComm.receive({
+      type: 'devices',
+      time: 1,
+      devices: [device()]
+    });
     const other = new RecordingSession();
     channel.follow(other, 'b.ipynb');
-    expect(session.kernel.lastComm.closed).toBe(true);
+    expect(session.kernel.lastComm.closed).toBe(false);
     expect(model.kernelLabel).toBe('b.ipynb');
     expect(model.state).toBe('connecting');
-    // the old session's signals no longer reach the channel
-    session.setStatus('restarting');
-    expect(model.state).toBe('connecting');
+    // the first kernel's readings still arrive, into its own view
+    session.kernel.lastComm.receive({
+      type: 'devices',
+      time: 2,
+      devices: [device()]
+    });
+    expect(model.timeline.size).toBe(0);
+    channel.follow(session, 'a.ipynb');
+    expect(model.state).toBe('ready');
+    expect(model.timeline.get('cpu')!.map(p => p.time)).toEqual([1, 2]);
+    expect(session.kernel.comms.length).toBe(1);
     channel.follow(null, '');
-    expect(other.kernel.lastComm.closed).toBe(true);
     expect(model.state).toBe('no-kernel');
+    expect(other.kernel.lastComm.closed).toBe(false);
+    expect(channel.openComms).toBe(2);
+    // a notebook closed: its comm closes
+    session.close();
+    expect(session.kernel.lastComm.closed).toBe(true);
+    expect(channel.openComms).toBe(1);
+  });
+
+  it('shows a request with no answer after 10 s, with a retry', () => {
+    vi.useFakeTimers();
+    try {
+      const { model, channel, session } = setUp();
+      hello(session);
+      const comm = session.kernel.lastComm;
+      comm.sent = [];
+      expect(channel.purge(['big'])).toBe(true);
+      vi.advanceTimersByTime(9000);
+      expect(model.noAnswer).toBeNull();
+      vi.advanceTimersByTime(1500);
+      expect(model.noAnswer?.request.type).toBe('purge');
+      expect(channel.retry()).toBe(true);
+      expect(comm.sent.map(m => [m.type, m.names])).toEqual([
+        ['purge', ['big']],
+        ['purge', ['big']]
+      ]);
+      expect(model.noAnswer).toBeNull();
+      // an answer in time: nothing shown
+      const id = comm.sent[1].id;
+      comm.receive({ type: 'error', message: 'x', reply_to: id });
+      vi.advanceTimersByTime(11000);
+      expect(model.noAnswer).toBeNull();
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+
+  it('shows a queued purge with cancel, and never times it out', () => {
+    vi.useFakeTimers();
+    try {
+      const { model, channel, session } = setUp();
+      session.kernel.lastComm.receive({
+        type: 'hello',
+        version: '0.2.0',
+        device: 'auto',
+        busy: true
+      });
+      expect(model.cellRunning).toBe(true);
+      const comm = session.kernel.lastComm;
+      comm.receive({ type: 'snapshot', snapshot: snapshot(), reply_to: 1 });
+      comm.sent = [];
+      channel.purge(['big']);
+      const id = comm.sent[0].id;
+      comm.receive({
+        type: 'queued',
+        reply_to: id,
+        request: 'purge',
+        message: 'queued: runs when the cell ends'
+      });
+      vi.advanceTimersByTime(30000);
+      expect(model.noAnswer).toBeNull();
+      expect(model.pending.map(p => [p.id, p.queued])).toEqual([[id, true]]);
+      channel.cancel(id);
+      expect(comm.sent[1]).toMatchObject({ type: 'cancel', request: id });
+      comm.receive({
+        type: 'cancelled',
+        reply_to: comm.sent[1].id,
+        request: id
+      });
+      expect(model.pending).toEqual([]);
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+
+  it('splits a purge of more than 256 names for an older kernel, one result', () => {
+    const { model, channel, session } = setUp();
+    hello(session);
+    const comm = session.kernel.lastComm;
+    comm.receive({ type: 'snapshot', snapshot: snapshot(), reply_to: 1 });
+    comm.sent = [];
+    const names = Array.from({ length: 300 }, (_, i) => `Out[${i + 1}]`);
+    expect(channel.purge(names)).toBe(true);
+    expect(comm.sent.map(m => m.names.length)).toEqual([256, 44]);
+    const result = (part: string[]) => ({
+      schema: 'jupyter_gpumem.purge/1',
+      dry_run: false,
+      names: part,
+      removed: part,
+      predicted: { cpu: part.length },
+      before: {},
+      after: {},
+      freed: { cpu: part.length },
+      still_held: [],
+      messages: []
+    });
+    comm.receive({
+      type: 'purge_result',
+      result: result(comm.sent[0].names),
+      reply_to: comm.sent[0].id
+    });
+    expect(model.lastPurge).toBeNull();
+    comm.receive({
+      type: 'purge_result',
+      result: result(comm.sent[1].names),
+      reply_to: comm.sent[1].id
+    });
+    expect(model.lastPurge?.removed.length).toBe(300);
+    expect(model.lastPurge?.freed).toEqual({ cpu: 300 });
+    expect(model.pending).toEqual([]);
+  });
+
+  it("takes a newer kernel's timeline from its hello", () => {
+    const { model, session } = setUp();
+    session.kernel.lastComm.receive({
+      type: 'hello',
+      version: '0.2.0',
+      device: 'auto',
+      busy: false,
+      timeline: [
+        {
+          time: 10,
+          devices: { cpu: { allocated: null, reserved: null, used_process: 5 } }
+        },
+        {
+          time: 11,
+          devices: { cpu: { allocated: null, reserved: null, used_process: 6 } }
+        }
+      ]
+    });
+    expect(model.timeline.get('cpu')!.map(p => p.used)).toEqual([5, 6]);
+    expect(model.modern).toBe(true);
   });
 
   it('handles a session without a kernel', async () => {

@@ -287,6 +287,11 @@ export class RecordingSession implements ISessionLike {
       content: {}
     });
   }
+  /** The notebook closed (its session context is disposed). */
+  close(): void {
+    this.isDisposed = true;
+    this.disposed.emit();
+  }
   changeKernel(kernel: RecordingKernel | null): void {
     this.session = kernel ? { kernel: kernel as any } : null;
     this.kernelChanged.emit({

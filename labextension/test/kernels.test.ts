@@ -6,6 +6,7 @@ import {
   IServerKernels,
   KERNELS_PATH,
   KernelsSection,
+  NO_NVML_MESSAGE,
   ORPHANS_PATH,
   parseServerKernels
 } from '../src/kernels';
@@ -123,7 +124,7 @@ describe('the Kernels section', () => {
       '1.0 GiB'
     ]);
     expect(text(s.node, '.jp-GpuMem-srvKernelWho')[0]).toBe(
-      'pid 200 · 1 child(ren) · cuda:0 2.0 GiB'
+      'pid 200 · 1 child(ren) · idle · cuda:0 2.0 GiB'
     );
     expect(text(s.node, '.jp-GpuMem-kernelsIdle')).toEqual([
       '2 other kernel(s) hold no GPU memory.'
@@ -179,6 +180,28 @@ describe('the Kernels section', () => {
     await s.refresh();
     expect(text(s.node, '.jp-GpuMem-kernelsNone')).toEqual([
       'no GPU: NVML sees no device'
+    ]);
+    // a raw library error is never shown; every kernel is listed with its host memory
+    backend.data = answer({
+      gpu: false,
+      message: 'NVMLError_LibraryNotFound: NVML Shared Library Not Found',
+      kernels: [
+        { ...kernel('a', 'x/small.ipynb', 0, 10), host: { rss: 100 * MiB } },
+        { ...kernel('b', 'x/big.ipynb', 0, 20), host: { rss: 900 * MiB } }
+      ],
+      others: [],
+      orphans: []
+    });
+    await s.refresh();
+    expect(text(s.node, '.jp-GpuMem-kernelsNone')).toEqual([NO_NVML_MESSAGE]);
+    expect(s.node.textContent).not.toContain('NVMLError');
+    expect(text(s.node, '.jp-GpuMem-srvKernelPath')).toEqual([
+      'big.ipynb',
+      'small.ipynb'
+    ]);
+    expect(text(s.node, '.jp-GpuMem-srvKernelBytes')).toEqual([
+      '900.0 MiB',
+      '100.0 MiB'
     ]);
     backend.data = new Error('404 Not Found');
     await s.refresh();

@@ -86,13 +86,13 @@ describe('SidebarModel', () => {
     expect(model.noAccelerator).toBe(true);
   });
 
-  it('forgets the previous kernel on reset but keeps the device choice', () => {
+  it('forgets a restarted kernel but keeps its timeline and the device choice', () => {
     const model = new SidebarModel();
     model.setDevice('cpu');
     model.handle({ type: 'snapshot', snapshot: snapshot() });
-    model.reset('connecting', 'b.ipynb');
+    model.reset('restarting', 'b.ipynb');
     expect(model.snapshot).toBeNull();
-    expect(model.timeline.size).toBe(0);
+    expect(model.timeline.get('cpu')!.length).toBe(1);
     expect(model.device).toBe('cpu');
     expect(model.seenDevices).toContain('cpu');
   });

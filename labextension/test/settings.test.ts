@@ -12,11 +12,13 @@ describe('settings', () => {
     expect(schema.properties.defaultDevice.default).toBe('auto');
     expect(readSettings({})).toEqual({
       refreshInterval: 15,
-      defaultDevice: 'auto'
+      defaultDevice: 'auto',
+      warnAt: 0.9
     });
     expect(readSettings({ refreshInterval: 0, defaultDevice: ' ' })).toEqual({
       refreshInterval: 15,
-      defaultDevice: 'auto'
+      defaultDevice: 'auto',
+      warnAt: 0.9
     });
     const pattern = new RegExp(schema.properties.defaultDevice.pattern);
     for (const ok of ['auto', 'all', 'cpu', 'cuda', 'cuda:1', 'mps']) {

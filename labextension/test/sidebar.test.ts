@@ -1,4 +1,4 @@
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 
 import { ITimelinePoint } from '../src/model';
 import {
@@ -17,8 +17,10 @@ import {
   formatSeconds,
   renderCodeText,
   renderDevice,
-  renderHolders
+  h,
+  renderHolderNotes
 } from '../src/view';
+import { HoldersTable } from '../src/holders';
 import {
   $,
   $$,
@@ -270,7 +272,8 @@ describe('holders and hints', () => {
   });
 
   it('has no empty column: every column has a header and a value in each row', () => {
-    const node = renderHolders(
+    const table = new HoldersTable(() => undefined);
+    table.update(
       snapshot({
         holders: [
           holder({ hint: 'end the line with `;`' }),
@@ -283,15 +286,16 @@ describe('holders and hints', () => {
           })
         ]
       }),
-      new Set(),
-      () => undefined
+      new Set()
     );
-    const headers = $$(node, 'th');
+    const node = table.node;
+    const headers = $$(node, 'th').filter(th => !th.hidden);
     expect(headers.map(th => th.textContent)).toEqual([
       '',
       'Name',
       'Type',
-      'Holds'
+      'Frees',
+      'Shared'
     ]);
     for (const row of $$(node, 'tr.jp-GpuMem-holder')) {
       expect($$(row, 'td').length).toBe(headers.length);
@@ -299,15 +303,14 @@ describe('holders and hints', () => {
         .slice(1)
         .forEach(td => expect(td.textContent).not.toBe(''));
     }
-    // the hint has a row of its own, across the whole table
-    const hint = $(node, 'tr.jp-GpuMem-hintRow td');
-    expect(hint.getAttribute('colspan')).toBe(String(headers.length));
+    // the hint has a line of its own, above the table
+    const hint = $(node, '.jp-GpuMem-hints .jp-GpuMem-hint');
     expect($(hint, 'code').textContent).toBe(';');
-    // a name that shares its storage shows what it holds, and says it is shared
+    // a name that shares its storage: it frees nothing, the rest is shared
     const out = $(node, 'tr[data-name="Out[5]"]');
-    expect($(out, '.jp-GpuMem-bytes').textContent).toBe('4.0 MiB');
-    expect($(out, '.jp-GpuMem-shared').textContent).toBe('shared');
-    expect($(out, '.jp-GpuMem-sub').textContent).toBe('also _5, _');
+    expect($(out, '.jp-GpuMem-frees').textContent).toBe('0 B');
+    expect($(out, '.jp-GpuMem-sharedBytes').textContent).toBe('4.0 MiB');
+    expect($(out, '.jp-GpuMem-sub').textContent).toBe(' also _5, _');
   });
 
   it('says how long the scan took in words a reader expects', () => {
@@ -315,14 +318,93 @@ describe('holders and hints', () => {
     expect(formatSeconds(0.0004)).toBe('<1 ms');
     expect(formatSeconds(0.042)).toBe('42 ms');
     expect(formatSeconds(2.345)).toBe('2.3 s');
-    const node = renderHolders(
-      snapshot({ scan_seconds: 0.0001 }),
-      new Set(),
-      () => undefined
+    const node = h(
+      'div',
+      {},
+      ...renderHolderNotes(snapshot({ scan_seconds: 0.0001 }))
     );
     expect($(node, '.jp-GpuMem-scanned').textContent).toMatch(
       /^1 holder · scanned at \d\d:\d\d:\d\d in <1 ms$/
     );
+  });
+});
+
+describe('the holders table at scale', () => {
+  const many = (n: number) =>
+    snapshot({
+      holders: Array.from({ length: n }, (_, i) =>
+        holder({
+          name: `Out[${i + 1}]`,
+          label: `Out[${i + 1}]`,
+          purge: `Out[${i + 1}]`,
+          unique: (i % 7) * MiB,
+          shared: (i % 3) * MiB,
+          hint: 'Out keeps every value shown: `%gpumem purge Out`'
+        })
+      )
+    });
+
+  it('draws only the rows in view, and Out[N] in numeric order', () => {
+    const table = new HoldersTable(() => undefined);
+    table.update(many(2300), new Set());
+    const rows = $$(table.node, 'tr.jp-GpuMem-holder');
+    expect(rows.length).toBeLessThan(60);
+    table.sortBy('name', false);
+    expect(
+      $$(table.node, 'tr.jp-GpuMem-holder')
+        .slice(0, 3)
+        .map(r => r.getAttribute('data-name'))
+    ).toEqual(['Out[1]', 'Out[2]', 'Out[3]']);
+    expect(table.rows[9].name).toBe('Out[10]');
+    // one hint line for the 2,300 rows that share it, as the text report
+    const hints = $$(table.node, '.jp-GpuMem-hint');
+    expect(hints.length).toBe(1);
+    expect(hints[0].textContent).toContain(
+      'Out[1], Out[2], Out[3] and 2297 more'
+    );
+  });
+
+  it('sorts by what it shows: Frees, then Shared', () => {
+    const table = new HoldersTable(() => undefined);
+    table.update(many(20), new Set());
+    const frees = table.rows.map(r => r.unique);
+    expect(frees).toEqual([...frees].sort((a, b) => b - a));
+    table.sortBy('shared');
+    const shared = table.rows.map(r => r.shared);
+    expect(shared).toEqual([...shared].sort((a, b) => b - a));
+  });
+
+  it('filters, and selects every row shown in one action', () => {
+    const toggled: [string[], boolean][] = [];
+    const table = new HoldersTable((names, checked) =>
+      toggled.push([names, checked])
+    );
+    const snap = many(50);
+    snap.holders.push(holder());
+    table.update(snap, new Set());
+    table.filter = 'out[';
+    expect(table.rows.length).toBe(50);
+    const all = $(table.node, 'input.jp-GpuMem-checkAll') as HTMLInputElement;
+    all.checked = true;
+    all.dispatchEvent(new Event('change'));
+    expect(toggled.length).toBe(1);
+    expect(toggled[0][0].length).toBe(50);
+    expect(toggled[0][0]).not.toContain('big');
+  });
+
+  it('keeps the focus on a box checked from the keyboard', () => {
+    const ctx = openSidebar();
+    ready(ctx, many(30));
+    const box = $(
+      ctx.sidebar.node,
+      'tr[data-name="Out[7]"] input'
+    ) as HTMLInputElement;
+    box.focus();
+    box.checked = true;
+    box.dispatchEvent(new Event('change'));
+    expect(ctx.model.selected.has('Out[7]')).toBe(true);
+    expect(document.activeElement).toBe(box);
+    expect(box.checked).toBe(true);
   });
 });
 
@@ -406,7 +488,7 @@ describe('GpuMemSidebar', () => {
     box.dispatchEvent(new Event('change'));
     expect(ctx.model.selected.has('big')).toBe(true);
     expect(purge.disabled).toBe(false);
-    expect(purge.textContent).toBe('Purge selected (1)');
+    expect(purge.textContent).toBe('Purge selected (1) · frees 4.0 MiB');
     purge.click();
     await flush();
     expect(ctx.asked).toEqual([[['big'], 4 * MiB]]);
@@ -635,5 +717,52 @@ describe('GpuMemSidebar', () => {
     session.kernel.lastComm.sent = [];
     await new Promise(resolve => setTimeout(resolve, 100));
     expect(session.kernel.lastComm.sent).toEqual([]);
+  });
+});
+
+describe('never silent', () => {
+  it('shows a queued purge with Cancel, and a request with no answer with Retry', async () => {
+    vi.useFakeTimers();
+    try {
+      const ctx = openSidebar();
+      ctx.comm().receive({
+        type: 'hello',
+        version: '0.2.0',
+        device: 'auto',
+        busy: true
+      });
+      ctx
+        .comm()
+        .receive({ type: 'snapshot', snapshot: snapshot(), reply_to: 1 });
+      ctx.model.toggle('big', true);
+      await ctx.sidebar.purgeSelected();
+      const id = ctx.comm().sent.find(m => m.type === 'purge')!.id;
+      ctx.comm().receive({
+        type: 'queued',
+        reply_to: id,
+        request: 'purge',
+        message: 'queued: runs when the cell ends'
+      });
+      const queued = $(ctx.sidebar.node, '.jp-GpuMem-queued');
+      expect(queued.textContent).toContain(
+        'The purge: queued: runs when the cell ends'
+      );
+      ($(queued, 'button') as HTMLButtonElement).click();
+      expect(ctx.comm().sent[ctx.comm().sent.length - 1]).toMatchObject({
+        type: 'cancel',
+        request: id
+      });
+      ctx.channel.refresh();
+      vi.advanceTimersByTime(10500);
+      const missed = $(ctx.sidebar.node, '.jp-GpuMem-noAnswer');
+      expect(missed.textContent).toContain(
+        'No answer from the kernel of demo.ipynb to the scan after 10 s.'
+      );
+      ($(missed, 'button.jp-GpuMem-retry') as HTMLButtonElement).click();
+      expect(ctx.comm().sent[ctx.comm().sent.length - 1].type).toBe('refresh');
+      expect(ctx.sidebar.node.querySelector('.jp-GpuMem-noAnswer')).toBeNull();
+    } finally {
+      vi.useRealTimers();
+    }
   });
 });

@@ -1,4 +1,4 @@
-"""The "GPU Memory" sidebar in a real browser against a real JupyterLab, and
+"""The "Kernel Memory" sidebar in a real browser against a real JupyterLab, and
 in Jupyter Notebook 7's right panel.
 
 The tests start the server on loopback (token, free port, stopped by pid),
@@ -133,7 +133,8 @@ LAYOUT_PROBLEMS = r"""
   for (const th of root.querySelectorAll('.jp-GpuMem-holders th')) {
     if (cut(th)) out.push(`header cut: ${th.textContent}`);
   }
-  const heads = [...root.querySelectorAll('.jp-GpuMem-holders thead th')].filter(t => t.textContent);
+  const heads = [...root.querySelectorAll('.jp-GpuMem-holders thead th')]
+    .filter(t => t.textContent && t.getClientRects().length);
   for (let i = 1; i < heads.length; i++) {
     const gap = heads[i].getBoundingClientRect().left - heads[i - 1].getBoundingClientRect().right;
     const a = heads[i - 1], ra = document.createRange(); ra.selectNodeContents(a);
@@ -143,17 +144,13 @@ LAYOUT_PROBLEMS = r"""
   }
   for (const code of root.querySelectorAll('.jp-GpuMem-hint code')) {
     // alone on a line: at a line's start with nothing after it
-    const td = code.closest('td');
+    const td = code.closest('td, .jp-GpuMem-hint');
     const left = td.getBoundingClientRect().left + parseFloat(getComputedStyle(td).paddingLeft);
     let rest = '';
     for (let n = code.nextSibling; n; n = n.nextSibling) rest += n.textContent;
     if (code.getBoundingClientRect().left - left < 2 && !/\w/.test(rest)) {
       out.push(`hint code alone on a line: ${code.textContent}`);
     }
-  }
-  for (const row of root.querySelectorAll('tr.jp-GpuMem-hintRow')) {
-    const cols = root.querySelectorAll('.jp-GpuMem-holders thead th').length;
-    if (row.cells.length !== 1 || row.cells[0].colSpan !== cols) out.push('hint row does not span the table');
   }
   if (/[\u{1F300}-\u{1FAFF}\u{2600}-\u{27BF}]/u.test(root.textContent)) out.push('an emoji in the sidebar');
   const sizes = new Set([...root.querySelectorAll('*')].filter(e => e.childNodes.length &&
@@ -273,11 +270,11 @@ def _scenario(lab, page) -> None:
     assert int(chart.get_attribute("data-cells")) >= 1
     out = _run_cell(page, 3)
     assert "tensor" in out
-    hint = sidebar.locator('tr.jp-GpuMem-hintRow[data-name^="Out["]')
+    hint = sidebar.locator('.jp-GpuMem-hints .jp-GpuMem-hint', has_text="Out[")
     hint.wait_for(timeout=30000)
     assert hint.locator("code").last.inner_text() == ";"
 
-    # At the sidebar's default width: it fits, names on one line, hints in their own row.
+    # At the sidebar's default width: it fits, names on one line, hints on their own lines.
     width = page.evaluate("() => document.querySelector('#jupyter-gpumem-sidebar').clientWidth")
     problems = page.evaluate(LAYOUT_PROBLEMS)
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
@@ -297,7 +294,7 @@ def _scenario(lab, page) -> None:
 
     row.locator("input[type=checkbox]").check()
     purge = sidebar.locator("button.jp-GpuMem-purge")
-    assert purge.inner_text() == "Purge selected (1)"
+    assert purge.inner_text().startswith("Purge selected (1)")
 
     t = time.monotonic()
     purge.click()
@@ -361,10 +358,10 @@ def test_sidebar_in_notebook7_right_panel(tmp_path, page):
             page.goto(f"{server['base']}/notebooks/demo.ipynb?token={TOKEN}")
             page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
             assert _run_cell(page, 0).strip() == ""
-            # as a user opens it: View > Right Sidebar > Show GPU Memory
+            # as a user opens it: View > Right Sidebar > Show Kernel Memory
             page.locator(".lm-MenuBar-item", has_text=re.compile(r"^View$")).click()
             page.locator(".lm-Menu-item", has_text="Right Sidebar").hover()
-            page.locator(".lm-Menu-item", has_text="Show GPU Memory").click()
+            page.locator(".lm-Menu-item", has_text="Show Kernel Memory").click()
             sidebar = page.locator(SIDEBAR)
             sidebar.wait_for(timeout=30000)
             row = sidebar.locator('tr.jp-GpuMem-holder[data-name="big"]')
