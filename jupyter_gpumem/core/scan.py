@@ -65,6 +65,14 @@ class ScanResult:
     refused: list = field(default_factory=list)
     #: per root, whether a warm scan reused its last walk (see :mod:`.scan_warm`)
     kept: list = field(default_factory=list)
+    #: the indices of the roots the time limit cut short or never reached
+    cut: list = field(default_factory=list)
+
+    @property
+    def timed_out(self) -> bool:
+        """Whether the time limit cut the scan (one of its reasons; a scan partial for
+        another reason, a graph behind hooks, read everything it could)."""
+        return any("time limit" in reason for reason in self.reasons)
 
 
 # -- paths -------------------------------------------------------------------------
@@ -149,18 +157,19 @@ def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
          namespace: dict | None = None, time_limit: float = 3.0,
          extra_stop: set[int] | None = None, describe: bool = False,
          backends: list[Backend] | None = None, warm: WarmScan | None = None,
-         reuse: bool = True) -> ScanResult:
+         reuse: bool = True, started: float | None = None) -> ScanResult:
     """Walk every root; see the module docstring."""
     return run_to_end(iter_scan(roots, devices=devices, shell=shell, namespace=namespace,
                                 time_limit=time_limit, extra_stop=extra_stop, describe=describe,
-                                backends=backends, warm=warm, reuse=reuse, interleaved=False))
+                                backends=backends, warm=warm, reuse=reuse, interleaved=False,
+                                started=started))
 
 
 def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
               namespace: dict | None = None, time_limit: float = 3.0,
               extra_stop: set[int] | None = None, describe: bool = False,
               backends: list[Backend] | None = None, warm: WarmScan | None = None,
-              reuse: bool = True, interleaved: bool = True):
+              reuse: bool = True, interleaved: bool = True, started: float | None = None):
     """:func:`scan` in steps: a generator that yields every few milliseconds, between
     roots or between two C-level batches of one root (the garbage collector runs
     again meanwhile), and returns the :class:`ScanResult`. A caller on an event loop
@@ -174,11 +183,15 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     ``reuse=False`` every root is walked, and kept for the next scan. ``interleaved``:
     the caller may run other code at a step (an event loop); where it does not (it
     drives the steps to the end at once), a root is fingerprinted right after its walk
-    even if steps came during it."""
+    even if steps came during it. ``started``: when the caller's command began (the
+    limit is the command's: what it did before the scan counts), else now.
+
+    Its cost is linear in what the roots hold, and it honours its limit: past the
+    deadline no further root is looked at, and the result says which roots were cut."""
     start = time.perf_counter()
     stop = stop_ids_for(shell, namespace)
     backends = active_backends() if backends is None else backends
-    deadline = start + time_limit
+    deadline = (start if started is None else min(started, start)) + time_limit
     reacher = Reacher(backends, devices, stop, extra_stop, _DEFAULT_MAX_DEPTH, describe)
     for backend in backends:
         backend.start_scan(deadline)
@@ -232,6 +245,10 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     steps = _Steps()
     try:
         for i, root in enumerate(roots):
+            if time.perf_counter() >= deadline:   # the rest is not looked at: said below
+                walked += [({}, 0, {})] * (len(roots) - i)
+                cut += range(i, len(roots))
+                break
             if id(root.obj) in reacher.stop:
                 walked.append(({}, 0, {}))
                 continue
@@ -256,6 +273,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 whole(i, before)
             if steps.due():
                 yield from steps.step()
+        out_of_time: list[int] = []   # the roots the time limit cut short, in order
         for i in cut:
             if time.perf_counter() < deadline:
                 before = (reacher.errors, len(reacher.reasons), steps.taken)
@@ -270,8 +288,11 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 yield from steps.step()
                 if not reacher.out_of_time:
                     continue
-            reacher.current_root = roots[i].name
-            reacher.stop_walk("time limit reached")
+            out_of_time.append(i)
+        if out_of_time:
+            reacher.current_root = None
+            reacher.stop_walk(time_reason([roots[i].name for i in out_of_time[:_NAMED_CUT]],
+                                          len(out_of_time)))
 
         # the paths: each holder's largest storage now (the first in canonical order
         # among the largest), the rest when they are read
@@ -298,19 +319,30 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
             elif warm_pass is not None and i in clean:
                 warm_pass.keep(i, root, found, count, None)
             reach.append(Reach(found, count))
-        if warm_pass is not None:
-            warm_pass.end()
+        if warm_pass is not None and len(walked) == len(roots) and not out_of_time:
+            warm_pass.end()   # (a scan cut short forgets none of the roots it did not meet)
     finally:
         steps.end()
         if warm_pass is not None:
             warm_pass.close()
     result = ScanResult(roots, reach, reacher.partial, reacher.reasons,
                         time.perf_counter() - start, reacher.errors,
-                        reacher.refusals.kept, kept)
+                        reacher.refusals.kept, kept, out_of_time)
     finder.result = weakref.ref(result)
     if finder.exhausted:   # a path read for what is kept took the last of the time
         finder.say_partial()
     return result
+
+
+#: the roots a partial result names (the rest are counted)
+_NAMED_CUT = 5
+
+
+def time_reason(names: list[str], count: int) -> str:
+    """Why a scan is partial when its time limit cut ``count`` roots short (or never
+    reached them), the first of them ``names``: one reason, whatever their number."""
+    more = count - len(names)
+    return f"time limit reached in {', '.join(names)}" + (f" and {more:,} more names" if more > 0 else "")
 
 
 def _keep(warm_pass: Any, finder: PathFinder, i: int, root: Root, found: dict,
