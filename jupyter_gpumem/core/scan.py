@@ -204,14 +204,15 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     clean: set[int] = set()   # roots walked whole (no refusal, not cut short)
 
     def whole(i: int, before: tuple) -> None:
-        """Root ``i`` was walked to its end; ``before``: the refusals, reasons and steps
-        when its walk began. Clean if it refused nothing and said nothing, and then told
-        the warm scan before any other code can run."""
+        """Root ``i`` was walked to its end; ``before``: the refusals, reasons, steps and
+        time when its walk began. Clean if it refused nothing and said nothing, and then
+        told the warm scan (with what the walk cost) before any other code can run."""
         if before[:2] == (reacher.errors, len(reacher.reasons)):
             clean.add(i)
             if warm_pass is not None:
                 warm_pass.walked(i, roots[i], walked[i][0],
-                                 interleaved and before[2] != steps.taken, walked[i][1])
+                                 interleaved and before[2] != steps.taken, walked[i][1],
+                                 time.perf_counter() - before[3], before[2])
 
     def walk(i: int, until: float) -> tuple:
         root = roots[i]
@@ -260,7 +261,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                     walked.append(kept)
                     continue
             now = time.perf_counter()
-            before = (reacher.errors, len(reacher.reasons), steps.taken)
+            before = (reacher.errors, len(reacher.reasons), steps.taken, now)
             try:
                 walked.append((yield from walk(i, now + max(deadline - now, 0.0) / (len(roots) - i))))
             except Exception:  # noqa: BLE001 - one name that cannot be read: the rest stands
@@ -276,7 +277,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         out_of_time: list[int] = []   # the roots the time limit cut short, in order
         for i in cut:
             if time.perf_counter() < deadline:
-                before = (reacher.errors, len(reacher.reasons), steps.taken)
+                before = (reacher.errors, len(reacher.reasons), steps.taken, time.perf_counter())
                 try:
                     walked[i] = yield from walk(i, deadline)
                 except Exception:  # noqa: BLE001 - as above: what it found before stands
@@ -294,6 +295,8 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
             reacher.stop_walk(time_reason([roots[i].name for i in out_of_time[:_NAMED_CUT]],
                                           len(out_of_time)))
 
+        if warm_pass is not None:
+            warm_pass.settle(steps.taken if interleaved else None)
         # the paths: each holder's largest storage now (the first in canonical order
         # among the largest), the rest when they are read
         finder.budget = max(deadline - time.perf_counter(), _PATH_SHARE * time_limit)
