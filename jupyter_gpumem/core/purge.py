@@ -58,7 +58,10 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bo
     # purge's plan three quarters, the scan after the deletions the rest (the collection
     # of garbage and the release of caches are not the scans' time)
     budget = Budget(time_limit, 1.0 if dry_run else _PLAN_SHARE, started=start)
-    plan = make_plan(list(names or ()), shell, namespace, all, dry_run, device, ids, budget)
+    # no collection while the plan makes its many short-lived objects: one they trigger
+    # costs time in proportion to the whole heap, which the plan's cost must not follow
+    with _scan.paused_gc():
+        plan = make_plan(list(names or ()), shell, namespace, all, dry_run, device, ids, budget)
     result = plan.result
     if dry_run:
         if plan.in_list:
@@ -83,15 +86,16 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bo
         budget.extend(time.perf_counter() - collected)
         after = read_usage(device)
         budget.later(1.0)
-        scan3 = plan.scan_after(shell, namespace, ids, budget.limit())
-        result.still_held = still_held(scan3.roots, scan3, plan.reportable)
-        if scan3.partial:
-            result.partial = True
-            result.messages.append(partial_message(scan3.reasons))
-        # only when memory the purge meant to free is still alive: the search of modules'
-        # globals that names its holder gets a scan limit of its own, beyond the budget
-        elsewhere, kept, notes = held_elsewhere(plan.handles, plan.infos, scan3, shell,
-                                                namespace, ids, time_limit)
+        with _scan.paused_gc():   # (after the one collection above: as for the plan)
+            scan3 = plan.scan_after(shell, namespace, ids, budget.limit())
+            result.still_held = still_held(scan3.roots, scan3, plan.reportable)
+            if scan3.partial:
+                result.partial = True
+                result.messages.append(partial_message(scan3.reasons))
+            # only when memory the purge meant to free is still alive: the search of
+            # modules' globals that names its holder gets what is left of the limit
+            elsewhere, kept, notes = held_elsewhere(plan.handles, plan.infos, scan3, shell,
+                                                    namespace, ids, budget.limit())
     finally:
         release_handles(plan.handles)
     result.still_held += elsewhere

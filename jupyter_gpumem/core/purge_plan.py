@@ -362,8 +362,10 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
     user_remaining = [r for r in roots if not r.hidden and id(r) not in named_roots]
     stay_roots, cut, by_of = _what_stays(targets, user_remaining)
     target_keys = target_paths.keys()
+    # (a root the first scan's time limit cut is not walked again either: that plan is
+    # cut, and proves only what it found: see below)
     first_cut = {id(roots[i]) for i in scan1.cut}
-    stay_roots = [r for r in stay_roots if id(r) not in reach_of or id(r) in first_cut
+    stay_roots = [r for r in stay_roots if id(r) not in reach_of
                   or not target_keys.isdisjoint(reach_of[id(r)].storages)]
     scan2 = _scan.scan(stay_roots, devices=ids, shell=shell, namespace=namespace,
                        time_limit=budget.limit(), extra_stop=cut)
