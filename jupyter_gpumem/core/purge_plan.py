@@ -409,8 +409,12 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
                 infos.setdefault(k, reach.storages[k][0])
         handles = weak_handles(refs, infos)
     in_list = [t.text for t in targets if t.binding is not None and t.binding.in_list]
+    # (each reach without its paths: a path node is found when read, through the scan's
+    # path search, which holds what the scan walked, the purged tensors too)
     unchanged = {} if dry_run else {
-        r.name: (r.obj, reach_of[id(r)]) for r in user_remaining
-        if id(r) not in first_cut and target_keys.isdisjoint(reach_of[id(r)].storages)}
+        r.name: (r.obj, _scan.Reach({k: (v[0], None, None) for k, v in found.items()},
+                                    reach_of[id(r)].objects))
+        for r in user_remaining if id(r) not in first_cut
+        for found in (reach_of[id(r)].storages,) if target_keys.isdisjoint(found)}
     return Plan(result, targets, hidden_clear, reportable, tracked(scan1), handles, infos,
                 skipped, in_list, unchanged)
