@@ -15,9 +15,10 @@ only where a check fails. Plain data is kept from its first walk where it is sma
 (up to :data:`SMALL_PLAIN` objects: its fingerprint costs a microsecond, a few per cent
 of what walking a name costs), from a later walk up to :data:`PLAIN_LIMIT` objects, and
 is walked without a fingerprint for a while after each change when it changes again
-and again. A warm scan is never slower than a cold one: what it spends on the
-fingerprints of larger plain data is at most what its reuse saved in the same scan (the
-last walks' cost of the roots it reused), and a tenth of its walks' time. Anything the fingerprint cannot
+and again. Warm scans are never slower than cold ones: what they spend on the
+fingerprints of larger plain data is at most what reuse saved (the last walks' cost of
+the roots reused, in this scan or in earlier ones and not spent yet: ``WarmScan.bank``),
+and a tenth of the scan's walks' time. Anything the fingerprint cannot
 prove (an autograd graph, a frame, a numpy array, a tensor the backend has no
 record of, a walk that was cut short or refused an object) means the root is
 walked again. So the report is the one a full scan gives, byte for byte
@@ -150,6 +151,8 @@ class WarmScan:
         self.stats: dict[int, tuple] = {}
         #: (what it was made from, the C core's Fingerprint), kept from scan to scan
         self._fingerprint: tuple | None = None
+        #: seconds reuse saved in the last scans and no fingerprint spent (see WarmPass)
+        self.bank = 0.0
         #: roots reused and walked by the last scan (benchmarks and tests read them)
         self.reused = 0
         self.walked = 0
@@ -252,6 +255,7 @@ class WarmScan:
         self._attributed = None
         self._fingerprint = None
         self.stats = {}
+        self.bank = 0.0
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -278,6 +282,8 @@ SMALL_PLAIN = 64
 #: of a scan's walking time: what it may spend on larger plain data's fingerprints
 #: beyond what its reuse saved (the hash of plain data costs about twice its walk)
 HASH_SHARE = 0.1
+#: seconds the bank of what reuse saved holds at most
+BANK_MAX = 1.0
 
 
 class WarmPass:
@@ -406,7 +412,8 @@ class WarmPass:
     def _affords(self, seconds: float) -> bool:
         """Whether the fingerprint of larger plain data whose walk took ``seconds`` fits
         in what this scan saved (its hash costs about two walks)."""
-        return self.spent + 2 * seconds <= self.saved + HASH_SHARE * self.walking
+        afford = self.saved + self.warm.bank + HASH_SHARE * self.walking
+        return self.spent + 2 * seconds <= afford
 
     def _fingerprint(self, i: int, root: Any, found: dict, larger: bool) -> None:
         keep: list = []
@@ -463,8 +470,11 @@ class WarmPass:
 
     def close(self) -> None:
         """The scan is over, however it ended: the fingerprint, kept for the next scan,
-        lets go of the tensors and gradients it read, and of the walk's record."""
+        lets go of the tensors and gradients it read, and of the walk's record; what
+        its reuse saved and its fingerprints did not spend goes to the bank."""
         self.fingerprint.forget()
+        warm = self.warm
+        warm.bank = min(BANK_MAX, max(0.0, warm.bank + self.saved - self.spent))
 
     def end(self) -> None:
         """Forget the roots this scan did not meet (names deleted, outputs gone)."""
