@@ -112,7 +112,13 @@ def test_a_cut_purge_deletes_only_what_it_proved(crowded):
     shown_view = ip.execution_count - 1
     view = ip.user_ns["Out"][shown_view]
     ref = StorageWeakRef(ip.user_ns["x"].untyped_storage())
-    dry = purge(ip, "x --dry-run")
+    global LIMIT
+    for _ in range(3):   # (a loaded machine's pauses can make the first measure too long)
+        dry = purge(ip, "x --dry-run")
+        if dry.partial:
+            break
+        LIMIT /= 2
+        limit(ip, LIMIT)
     assert dry.partial and f"Out[{shown_view}]" not in dry.removed, dry.removed
     elapsed, result = timed(lambda: purge(ip, "x"))
     assert elapsed <= LIMIT + SLACK + 1.0, elapsed   # (and one collection of the heap)

@@ -12,13 +12,14 @@ read as a plan of checks, in the order it read them; the next scan runs the plan
 (``Fingerprint.check``), which reads far less than the hash (what an unchanged dict
 holds needs no reading, atoms there not even their type), and hashes the root again
 only where a check fails. Plain data is kept from its first walk where it is small
-(up to :data:`SMALL_PLAIN` objects: its fingerprint costs a microsecond, a few per cent
-of what walking a name costs), from a later walk up to :data:`PLAIN_LIMIT` objects, and
-is walked without a fingerprint for a while after each change when it changes again
-and again. Warm scans are never slower than cold ones: what they spend on the
-fingerprints of larger plain data is at most what reuse saved (the last walks' cost of
-the roots reused, in this scan or in earlier ones and not spent yet: ``WarmScan.bank``),
-and a tenth of the scan's walks' time. Anything the fingerprint cannot
+(up to :data:`SMALL_PLAIN` objects walked in :data:`SMALL_WALK`: its fingerprint costs
+a microsecond, a few per cent of what walking a name costs), from a later walk up to
+:data:`PLAIN_LIMIT` objects, and is walked without a fingerprint for a while after each
+change when it changes again and again. Warm scans cost no more than cold ones, taken
+together: what they spend on the fingerprints of larger plain data comes from a bank
+(``WarmScan.bank``) of what reuse saved (the last walks' cost of the roots reused) and
+a quarter of each scan's walking time (:data:`HASH_SHARE`), never more than is in it.
+Anything the fingerprint cannot
 prove (an autograd graph, a frame, a numpy array, a tensor the backend has no
 record of, a walk that was cut short or refused an object) means the root is
 walked again. So the report is the one a full scan gives, byte for byte
@@ -277,11 +278,14 @@ REST_MAX = 32
 #: plain data of more objects than this is walked each time (its first hash and its
 #: plan would cost more than they save: a plan is about 48 bytes a check)
 PLAIN_LIMIT = 200_000
-#: plain data of at most this many objects is fingerprinted at its first walk
+#: plain data of at most this many objects, walked in at most this many seconds, is
+#: fingerprinted at its first walk
 SMALL_PLAIN = 64
+SMALL_WALK = 20e-6
 #: of a scan's walking time: what it may spend on larger plain data's fingerprints
-#: beyond what its reuse saved (the hash of plain data costs about twice its walk)
-HASH_SHARE = 0.1
+#: beyond what reuse saved, and what the bank gains besides (the hash of plain data
+#: costs about twice its walk)
+HASH_SHARE = 0.25
 #: seconds the bank of what reuse saved holds at most
 BANK_MAX = 1.0
 
@@ -394,7 +398,8 @@ class WarmPass:
         if got is not None or i in self._bare or self.warm._doubted.get(key) == ident:
             return   # (one found unprovable is not asked again while it is the same)
         larger = False
-        if not found and objects > SMALL_PLAIN:
+        # (the walk counts no atoms: its time says what a list of a million strings is)
+        if not found and (objects > SMALL_PLAIN or seconds > SMALL_WALK):
             once = self.warm._plain_once
             if not self.plans or objects > PLAIN_LIMIT or key not in once:
                 once.add(key)   # larger plain data: fingerprinted from its second walk
@@ -412,8 +417,7 @@ class WarmPass:
     def _affords(self, seconds: float) -> bool:
         """Whether the fingerprint of larger plain data whose walk took ``seconds`` fits
         in what this scan saved (its hash costs about two walks)."""
-        afford = self.saved + self.warm.bank + HASH_SHARE * self.walking
-        return self.spent + 2 * seconds <= afford
+        return self.spent + 2 * seconds <= self.saved + self.warm.bank
 
     def _fingerprint(self, i: int, root: Any, found: dict, larger: bool) -> None:
         keep: list = []
@@ -474,7 +478,8 @@ class WarmPass:
         its reuse saved and its fingerprints did not spend goes to the bank."""
         self.fingerprint.forget()
         warm = self.warm
-        warm.bank = min(BANK_MAX, max(0.0, warm.bank + self.saved - self.spent))
+        earned = self.saved + HASH_SHARE * self.walking - self.spent
+        warm.bank = min(BANK_MAX, max(0.0, warm.bank + earned))
 
     def end(self) -> None:
         """Forget the roots this scan did not meet (names deleted, outputs gone)."""
