@@ -216,7 +216,7 @@ plan_step(fp_run *r, int kind, PyObject *o, int proven, int visited)
     if (p == NULL || p->broken)
         return NULL;
     if (p->n == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 256;
+        size_t cap = p->cap ? p->cap * 2 : 8;
         if (cap > PLAN_MAX_STEPS) {
             p->broken = 1;
             return NULL;
@@ -260,7 +260,7 @@ plan_word(fp_run *r, fp_step *st, uintptr_t w)
     if (st == NULL || p->broken)
         return;
     if (p->naux == p->capaux) {
-        size_t cap = p->capaux ? p->capaux * 2 : 1024;
+        size_t cap = p->capaux ? p->capaux * 2 : 16;
         if (cap > PLAN_MAX_WORDS) {
             p->broken = 1;
             return;
@@ -275,6 +275,27 @@ plan_word(fp_run *r, fp_step *st, uintptr_t w)
     }
     p->aux[p->naux++] = w;
     st->n++;
+}
+
+/* A recorded plan's tables cut to what it holds: a plan is kept per root, most roots
+ * are small, and a plan's memory follows its checks, not its tables' growth. */
+static void
+plan_trim(FpPlan *p)
+{
+    if (p->cap > p->n) {
+        fp_step *steps = PyMem_Realloc(p->steps, (p->n ? p->n : 1) * sizeof(fp_step));
+        if (steps != NULL) {
+            p->steps = steps;
+            p->cap = p->n ? p->n : 1;
+        }
+    }
+    if (p->capaux > p->naux) {
+        uintptr_t *aux = PyMem_Realloc(p->aux, (p->naux ? p->naux : 1) * sizeof(uintptr_t));
+        if (aux != NULL) {
+            p->aux = aux;
+            p->capaux = p->naux ? p->naux : 1;
+        }
+    }
 }
 
 static void
@@ -1270,6 +1291,7 @@ Fingerprint_of(Fingerprint *f, PyObject *args)
         } else {
             pset_free(&r.plan->typeset);   /* (only while it is recorded) */
             memset(&r.plan->typeset, 0, sizeof(pset));
+            plan_trim(r.plan);
             result = Py_BuildValue("(KKnO)", h1, h2, r.count,
                                    r.plan->broken ? Py_None : (PyObject *)r.plan);
         }

@@ -46,7 +46,7 @@ pset_slot(void *p, size_t mask)
 static int
 pset_grow(pset *s)
 {
-    size_t cap = s->cap ? s->cap * 2 : 1024;
+    size_t cap = s->cap ? s->cap * 2 : 32;
     void **keys = PyMem_Calloc(cap, sizeof(void *));
     if (keys == NULL) {
         PyErr_NoMemory();

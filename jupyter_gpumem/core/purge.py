@@ -20,13 +20,17 @@ from . import devices as _devices
 from . import scan as _scan
 from .purge_execute import changes, execute, read_usage, release_caches
 from .purge_holders import held_elsewhere, release_handles
-from .purge_messages import list_message, skipped_messages, still_messages
+from .purge_messages import list_message, partial_message, skipped_messages, still_messages
 from .purge_plan import Budget, make_plan, still_held, tracked
 from .purge_result import (PURGE_SCHEMA, UNNAMED, Change, DeviceChange, PurgeError,
                            PurgeResult, StillHeld)
 
 __all__ = ["PURGE_SCHEMA", "UNNAMED", "Change", "DeviceChange", "PurgeError",
            "PurgeResult", "StillHeld", "purge", "release_caches"]
+
+#: of the limit: what a real purge's plan may take (the scan after the deletions: the rest)
+_PLAN_SHARE = 0.75
+
 
 def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bool = False,
           dry_run: bool = False, device: str = "auto", time_limit: float = 3.0) -> PurgeResult:
@@ -50,9 +54,14 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bo
     if names and all:
         raise PurgeError("give names or --all, not both (nothing was deleted)")
     ids = set(_devices.selected_ids(device))
-    # a dry run scans twice (what is held, what stays); a purge once more afterwards
-    budget = Budget(time_limit, 2 if dry_run else 3)
-    plan = make_plan(list(names or ()), shell, namespace, all, dry_run, device, ids, budget)
+    # the whole command within the limit: a dry run's plan may take all of it; a real
+    # purge's plan three quarters, the scan after the deletions the rest (the collection
+    # of garbage and the release of caches are not the scans' time)
+    budget = Budget(time_limit, 1.0 if dry_run else _PLAN_SHARE, started=start)
+    # no collection while the plan makes its many short-lived objects: one they trigger
+    # costs time in proportion to the whole heap, which the plan's cost must not follow
+    with _scan.paused_gc():
+        plan = make_plan(list(names or ()), shell, namespace, all, dry_run, device, ids, budget)
     result = plan.result
     if dry_run:
         if plan.in_list:
@@ -76,14 +85,17 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, all: bo
         result.messages += release_caches()
         budget.extend(time.perf_counter() - collected)
         after = read_usage(device)
-        roots = _scan.collect_roots(namespace, shell)
-        scan3 = _scan.scan(roots, devices=ids, shell=shell, namespace=namespace,
-                           time_limit=budget.limit())
-        result.still_held = still_held(roots, scan3, plan.reportable)
-        # only when memory the purge meant to free is still alive: the search of modules'
-        # globals that names its holder gets a scan limit of its own, beyond the budget
-        elsewhere, kept, notes = held_elsewhere(plan.handles, plan.infos, scan3, shell,
-                                                namespace, ids, time_limit)
+        budget.later(1.0)
+        with _scan.paused_gc():   # (after the one collection above: as for the plan)
+            scan3 = plan.scan_after(shell, namespace, ids, budget.limit())
+            result.still_held = still_held(scan3.roots, scan3, plan.reportable)
+            if scan3.partial:
+                result.partial = True
+                result.messages.append(partial_message(scan3.reasons))
+            # only when memory the purge meant to free is still alive: the search of
+            # modules' globals that names its holder gets what is left of the limit
+            elsewhere, kept, notes = held_elsewhere(plan.handles, plan.infos, scan3, shell,
+                                                    namespace, ids, budget.limit())
     finally:
         release_handles(plan.handles)
     result.still_held += elsewhere

@@ -18,6 +18,20 @@ def cut_short(scan_result) -> str:
 
 
 
+def partial_message(reasons: list[str]) -> str:
+    """What a purge whose scans were cut says (its result is ``partial``)."""
+    hint = " (raise GpuMemMagics.scan_time_limit)" if any("time limit" in r for r in reasons) else ""
+    return "partial scan: " + ", ".join(dict.fromkeys(reasons)) + hint
+
+
+def cut_plan_message(dry_run: bool) -> str:
+    """What a purge whose plan the time limit cut does: only what was proven goes."""
+    verb = "would go" if dry_run else "went"
+    return (f"the plan was cut short, so only what it proved {verb}: the names given and "
+            f"the hidden holders that are their objects; hidden holders that only share "
+            f"their memory stay (raise GpuMemMagics.scan_time_limit to look further)")
+
+
 def list_message(texts: list[str], dry_run: bool) -> str:
     """What a path into a list leaves there (``None``: the list keeps its length)."""
     verb = "would hold" if dry_run else "now holds" if len(texts) == 1 else "now hold"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import devices as _devices
@@ -19,7 +19,7 @@ from .. import backends as _backends
 from ..backends import active_backends
 from .hidden import BY_PURGE_ARG
 from .purge_holders import Recorder, weak_handles
-from .purge_messages import cut_short, out_key_message
+from .purge_messages import cut_plan_message, cut_short, out_key_message, partial_message
 from .purge_result import PurgeError, PurgeResult, StillHeld
 from .purge_targets import Holdings, Target, hidden_to_clear, removed_names, resolve_targets
 from .render import fmt_bytes
@@ -261,27 +261,66 @@ class Plan:
     infos: dict              # storage key -> StorageInfo, of the same
     skipped: list[str]
     in_list: list[str]
+    #: user name -> (its object, its first walk), for the names that stay and reached none
+    #: of the targets' storages: the scan after the deletions reuses their walk
+    unchanged: dict = field(default_factory=dict)
+
+    def scan_after(self, shell: Any, namespace: dict | None, ids: set[str],
+                   time_limit: float) -> "_scan.ScanResult":
+        """The scan of the notebook once the targets are gone: a root still bound to the
+        object the plan walked, that reached none of the targets' storages then, reaches
+        what it did (the purge only took references away, and ran no code of the
+        user's); only the others are walked again."""
+        roots = _scan.collect_roots(namespace, shell)
+        reach: list = [None] * len(roots)
+        again: list[int] = []
+        for i, root in enumerate(roots):
+            known = None if root.hidden else self.unchanged.get(root.name)
+            if known is not None and known[0] is root.obj:
+                reach[i] = known[1]
+            else:
+                again.append(i)
+        self.unchanged = {}
+        walked = _scan.scan([roots[i] for i in again], devices=ids, shell=shell,
+                            namespace=namespace, time_limit=time_limit)
+        for i, got in zip(again, walked.reach):
+            reach[i] = got
+        walked.roots, walked.reach = roots, reach
+        walked.kept, walked.cut = [], [again[i] for i in walked.cut]
+        return walked
 
 
 class Budget:
-    """One deadline for all the scans of a purge: each scan gets the scan limit, or what
-    is left of the whole command's time, whichever is less (at least a sliver, so that a
-    late scan still answers, partial). The command then answers within its bound
-    whatever the heap, however many scans it needed."""
+    """One deadline for all the scans of a purge, within the scan limit: each scan gets
+    what is left of ``share`` of the limit from the command's start (at least a sliver,
+    so that a late scan still answers, partial). The command then answers within its
+    limit whatever the heap, however many scans it needed (a real purge's collection of
+    garbage and release of caches are not the scans': see :meth:`extend`)."""
 
     RESERVE = 0.05   # of the whole: the work after the last scan
+    SLIVER = 0.05    # of the limit: what a scan gets at least
 
-    def __init__(self, time_limit: float, scans: int):
+    def __init__(self, time_limit: float, share: float = 1.0, started: float | None = None):
         self.time_limit = time_limit
-        self.deadline = time.perf_counter() + scans * time_limit * (1 - self.RESERVE)
+        self.share = share
+        self.started = time.perf_counter() if started is None else started
+        self.excluded = 0.0
+
+    @property
+    def deadline(self) -> float:
+        return self.started + self.excluded + self.share * self.time_limit * (1 - self.RESERVE)
 
     def limit(self) -> float:
         left = self.deadline - time.perf_counter()
-        return min(self.time_limit, max(left, 0.05 * self.time_limit))
+        return min(self.time_limit, max(left, self.SLIVER * self.time_limit))
+
+    def later(self, share: float) -> None:
+        """The next scans may use up to ``share`` of the limit from the start."""
+        self.share = max(self.share, share)
 
     def extend(self, seconds: float) -> None:
         """Time spent on work that is not a scan (a garbage collection) is not the scans'."""
-        self.deadline += seconds
+        self.excluded += seconds
 
 
 def make_plan(names: list[str], shell: Any, namespace: dict | None, all_names: bool,
@@ -315,15 +354,29 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
         target_paths = {k: node for t in targets for k, node in t.keys.items()}
     else:  # no names: the targets are the hidden holders that hold memory
         target_paths = {k: v[1] for r in roots if r.hidden for k, v in reach_of[id(r)].storages.items()}
-    # what the user names that stay will still hold, with the purged references taken out
+    # what the user names that stay will still hold, with the purged references taken out.
+    # Taking references out only takes reach away: a root whose first walk reached none of
+    # the targets' storages reaches none now, and is not walked again (the first walk is
+    # reused); the others, and the stand-ins, are
     named_roots = {id(t.root) for t in targets if t.root is not None}
     user_remaining = [r for r in roots if not r.hidden and id(r) not in named_roots]
     stay_roots, cut, by_of = _what_stays(targets, user_remaining)
+    target_keys = target_paths.keys()
+    # (a root the first scan's time limit cut is not walked again either: that plan is
+    # cut, and proves only what it found: see below)
+    first_cut = {id(roots[i]) for i in scan1.cut}
+    stay_roots = [r for r in stay_roots if id(r) not in reach_of
+                  or not target_keys.isdisjoint(reach_of[id(r)].storages)]
     scan2 = _scan.scan(stay_roots, devices=ids, shell=shell, namespace=namespace,
                        time_limit=budget.limit(), extra_stop=cut)
     user_held = set().union(*(reach.storages.keys() for reach in scan2.reach)) if scan2.reach else set()
     own = target_paths.keys() - user_held
-    hidden_clear = hidden_to_clear(roots, holdings, targets, names, own)
+    # a plan the time limit cut proves only what it found: the targets, and the hidden
+    # holders that are their objects; a hidden holder that only shares their memory may
+    # share it with a name the scans did not finish, and stays
+    timed_out = scan1.timed_out or scan2.timed_out
+    hidden_clear = hidden_to_clear(roots, holdings, targets, names,
+                                   set() if timed_out and names else own)
     # an entry of Out under a key of the user's own type: finding it again to remove it
     # would hash the key (their code); it stays, and the result says so
     left = [r for r in hidden_clear if _hidden.purge_arg(r.kind, r.purge) is None]
@@ -336,14 +389,17 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
     predicted, reached = _predicted(scan1, own, ids)
     removed = removed_names(targets, hidden_clear, names)
     result = PurgeResult(names, removed, predicted, dry_run=dry_run,
+                         partial=scan1.partial or scan2.partial,
                          still_held=still_held(stay_roots, scan2, reportable, by_of))
     if kept:
         result.messages.append(_purge_all.kept_message(kept, fmt_bytes, dry_run))
     if left:
         result.messages.append(out_key_message(
             len(left), sum(i.nbytes for r in left for i, _, _ in reach_of[id(r)].storages.values())))
-    if scan1.partial or scan2.partial:
-        result.messages.append("partial scan: " + ", ".join(scan1.reasons + scan2.reasons))
+    if result.partial:
+        result.messages.append(partial_message(scan1.reasons + scan2.reasons))
+    if timed_out and names:
+        result.messages.append(cut_plan_message(dry_run))
     if dry_run:
         result.messages += released_by_purge(sorted(ids), reached)
     handles, infos = {}, {}
@@ -353,5 +409,12 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
                 infos.setdefault(k, reach.storages[k][0])
         handles = weak_handles(refs, infos)
     in_list = [t.text for t in targets if t.binding is not None and t.binding.in_list]
+    # (each reach without its paths: a path node is found when read, through the scan's
+    # path search, which holds what the scan walked, the purged tensors too)
+    unchanged = {} if dry_run else {
+        r.name: (r.obj, _scan.Reach({k: (v[0], None, None) for k, v in found.items()},
+                                    reach_of[id(r)].objects))
+        for r in user_remaining if id(r) not in first_cut
+        for found in (reach_of[id(r)].storages,) if target_keys.isdisjoint(found)}
     return Plan(result, targets, hidden_clear, reportable, tracked(scan1), handles, infos,
-                skipped, in_list)
+                skipped, in_list, unchanged)

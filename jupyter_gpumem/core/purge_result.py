@@ -71,7 +71,8 @@ class PurgeResult(JsonFields, Report):
     object of docs/PROTOCOL.md."""
 
     schema = PURGE_SCHEMA
-    JSON_AFTER = {"schema": None, "dry_run": "schema", "before": "predicted",
+    JSON_AFTER = {"schema": None, "dry_run": "schema", "partial": "dry_run",
+                  "before": "predicted",
                   "after": "before", "freed": "after"}
 
     names: list[str]
@@ -80,6 +81,9 @@ class PurgeResult(JsonFields, Report):
     changes: list[DeviceChange] = field(default_factory=list)
     still_held: list[StillHeld] = field(default_factory=list)
     dry_run: bool = False
+    #: a scan of the purge did not read everything (the time limit, most often): what it
+    #: says may be missing holders; a real purge cut before its plan was whole refuses
+    partial: bool = False
     messages: list[str] = field(default_factory=list)
     seconds: float = json_field(0.0, convert=round6)
 

@@ -42,21 +42,35 @@ def format_key(key: Any) -> str:
     return f"[{text}]" if len(text) <= 40 else "[...]"
 
 
-#: name -> whether it is one of IPython's or the shell's own (``_i42``, ``In``, ``__doc__``):
-#: a notebook adds ``_iN`` (and ``_N``) every cell, and the footer asks after each one
-_BOOKKEEPING: dict[str, bool] = {}
+#: name -> how it is typed (``model``, ``globals()['x[0]']``), or None where it is one of
+#: IPython's or the shell's own (``_i42``, ``In``, ``__doc__``): a notebook adds ``_iN``
+#: (and ``_N``) every cell, and the footer asks after each one. Trimmed only between two
+#: passes over a namespace (:func:`_trim_names`), never during one: a memo emptied while
+#: it is read would judge every name again, each pass
+_BOOKKEEPING: dict[str, str | None] = {}
 _BOOKKEEPING_MAX = 100_000
+_UNKNOWN = object()
+
+
+def _typed(name: str) -> str | None:
+    text = _BOOKKEEPING.get(name, _UNKNOWN)
+    if text is _UNKNOWN:
+        own = (name in _SHELL_NAMES or _HIDDEN_NAME.match(name) is not None
+               or (name.startswith("__") and name.endswith("__")))
+        text = _BOOKKEEPING[name] = None if own else name_text(name)
+    return text
 
 
 def _is_bookkeeping(name: str) -> bool:
-    known = _BOOKKEEPING.get(name)
-    if known is None:
-        known = bool(name in _SHELL_NAMES or _HIDDEN_NAME.match(name)
-                     or (name.startswith("__") and name.endswith("__")))
-        if len(_BOOKKEEPING) >= _BOOKKEEPING_MAX:
-            _BOOKKEEPING.clear()
-        _BOOKKEEPING[name] = known
-    return known
+    return _typed(name) is None
+
+
+def _trim_names(namespace: dict) -> None:
+    """Before a pass over ``namespace``: the memo is emptied where it outgrew both its
+    bound and twice the namespace (names deleted since), so it never holds more than a
+    pass adds to that."""
+    if len(_BOOKKEEPING) > max(_BOOKKEEPING_MAX, 2 * len(namespace)):
+        _BOOKKEEPING.clear()
 
 
 def _items_except_py(namespace: dict, types: frozenset, memo: list | None = None,
@@ -90,21 +104,26 @@ def _memo_for(namespace: dict) -> list:
 def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
     """The user's own names in a namespace (IPython's bookkeeping left out)."""
     hidden_ns = hidden_ns or {}
+    _trim_names(namespace)
     # names bound to an atomic value and IPython's own names are dropped first, in one
     # pass that does not read again the names it left out last time (IPython adds an
     # ``_iN`` every cell); the rest are looked at one by one
     keep = _items_except(namespace, ATOMIC, _memo_for(namespace), _is_bookkeeping)
     out = []
+    known, module = _BOOKKEEPING.get, types.ModuleType
     for name, value in keep:
         if type(name) is not str:
             continue   # ``globals()[42] = ...``: no name to type (see odd_keys)
-        if _is_bookkeeping(name):
+        # ``globals()['x[0]']``: not the first item of ``x``
+        text = known(name, _UNKNOWN)
+        if text is _UNKNOWN:
+            text = _typed(name)
+        if text is None:
             continue
         if name in hidden_ns and hidden_ns[name] is value:
             continue
-        if is_a(value, types.ModuleType) and is_library_module_name(MODULE_DICT(value).get("__name__")):
+        if is_a(value, module) and is_library_module_name(MODULE_DICT(value).get("__name__")):
             continue
-        text = name_text(name)   # ``globals()['x[0]']``: not the first item of ``x``
         out.append(Root(text, value, purge=text))
     return out
 

@@ -65,8 +65,16 @@ class ScanResult:
     refused: list = field(default_factory=list)
     #: per root, whether a warm scan reused its last walk (see :mod:`.scan_warm`)
     kept: list = field(default_factory=list)
+    #: the indices of the roots the time limit cut short or never reached
+    cut: list = field(default_factory=list)
     #: what the backends said of the walk, the result not partial for it (Backend.notes)
     notes: list = field(default_factory=list)
+
+    @property
+    def timed_out(self) -> bool:
+        """Whether the time limit cut the scan (one of its reasons; a scan partial for
+        another reason, a graph behind hooks, read everything it could)."""
+        return any("time limit" in reason for reason in self.reasons)
 
 
 # -- paths -------------------------------------------------------------------------
@@ -151,18 +159,19 @@ def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
          namespace: dict | None = None, time_limit: float = 3.0,
          extra_stop: set[int] | None = None, describe: bool = False,
          backends: list[Backend] | None = None, warm: WarmScan | None = None,
-         reuse: bool = True) -> ScanResult:
+         reuse: bool = True, started: float | None = None) -> ScanResult:
     """Walk every root; see the module docstring."""
     return run_to_end(iter_scan(roots, devices=devices, shell=shell, namespace=namespace,
                                 time_limit=time_limit, extra_stop=extra_stop, describe=describe,
-                                backends=backends, warm=warm, reuse=reuse, interleaved=False))
+                                backends=backends, warm=warm, reuse=reuse, interleaved=False,
+                                started=started))
 
 
 def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
               namespace: dict | None = None, time_limit: float = 3.0,
               extra_stop: set[int] | None = None, describe: bool = False,
               backends: list[Backend] | None = None, warm: WarmScan | None = None,
-              reuse: bool = True, interleaved: bool = True):
+              reuse: bool = True, interleaved: bool = True, started: float | None = None):
     """:func:`scan` in steps: a generator that yields every few milliseconds, between
     roots or between two C-level batches of one root (the garbage collector runs
     again meanwhile), and returns the :class:`ScanResult`. A caller on an event loop
@@ -176,11 +185,15 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     ``reuse=False`` every root is walked, and kept for the next scan. ``interleaved``:
     the caller may run other code at a step (an event loop); where it does not (it
     drives the steps to the end at once), a root is fingerprinted right after its walk
-    even if steps came during it."""
+    even if steps came during it. ``started``: when the caller's command began (the
+    limit is the command's: what it did before the scan counts), else now.
+
+    Its cost is linear in what the roots hold, and it honours its limit: past the
+    deadline no further root is looked at, and the result says which roots were cut."""
     start = time.perf_counter()
     stop = stop_ids_for(shell, namespace)
     backends = active_backends() if backends is None else backends
-    deadline = start + time_limit
+    deadline = (start if started is None else min(started, start)) + time_limit
     reacher = Reacher(backends, devices, stop, extra_stop, _DEFAULT_MAX_DEPTH, describe)
     for backend in backends:
         backend.start_scan(deadline)
@@ -193,14 +206,15 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     clean: set[int] = set()   # roots walked whole (no refusal, not cut short)
 
     def whole(i: int, before: tuple) -> None:
-        """Root ``i`` was walked to its end; ``before``: the refusals, reasons and steps
-        when its walk began. Clean if it refused nothing and said nothing, and then told
-        the warm scan before any other code can run."""
+        """Root ``i`` was walked to its end; ``before``: the refusals, reasons, steps and
+        time when its walk began. Clean if it refused nothing and said nothing, and then
+        told the warm scan (with what the walk cost) before any other code can run."""
         if before[:2] == (reacher.errors, len(reacher.reasons)):
             clean.add(i)
             if warm_pass is not None:
                 warm_pass.walked(i, roots[i], walked[i][0],
-                                 interleaved and before[2] != steps.taken, walked[i][1])
+                                 interleaved and before[2] != steps.taken, walked[i][1],
+                                 time.perf_counter() - before[3], before[2])
 
     def walk(i: int, until: float) -> tuple:
         root = roots[i]
@@ -236,6 +250,10 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     steps = _Steps()
     try:
         for i, root in enumerate(roots):
+            if time.perf_counter() >= deadline:   # the rest is not looked at: said below
+                walked += [({}, 0, {})] * (len(roots) - i)
+                cut += range(i, len(roots))
+                break
             if id(root.obj) in reacher.stop:
                 walked.append(({}, 0, {}))
                 continue
@@ -247,7 +265,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                     walked.append(kept)
                     continue
             now = time.perf_counter()
-            before = (reacher.errors, len(reacher.reasons), steps.taken)
+            before = (reacher.errors, len(reacher.reasons), steps.taken, now)
             try:
                 walked.append((yield from walk(i, now + max(deadline - now, 0.0) / (len(roots) - i))))
             except Exception:  # noqa: BLE001 - one name that cannot be read: the rest stands
@@ -260,9 +278,10 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 whole(i, before)
             if steps.due():
                 yield from steps.step()
+        out_of_time: list[int] = []   # the roots the time limit cut short, in order
         for i in cut:
             if time.perf_counter() < deadline:
-                before = (reacher.errors, len(reacher.reasons), steps.taken)
+                before = (reacher.errors, len(reacher.reasons), steps.taken, time.perf_counter())
                 try:
                     walked[i] = yield from walk(i, deadline)
                 except Exception:  # noqa: BLE001 - as above: what it found before stands
@@ -274,9 +293,14 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                 yield from steps.step()
                 if not reacher.out_of_time:
                     continue
-            reacher.current_root = roots[i].name
-            reacher.stop_walk("time limit reached")
+            out_of_time.append(i)
+        if out_of_time:
+            reacher.current_root = None
+            reacher.stop_walk(time_reason([roots[i].name for i in out_of_time[:_NAMED_CUT]],
+                                          len(out_of_time)))
 
+        if warm_pass is not None:
+            warm_pass.settle(steps.taken if interleaved else None)
         # the paths: each holder's largest storage now (the first in canonical order
         # among the largest), the rest when they are read
         finder.budget = max(deadline - time.perf_counter(), _PATH_SHARE * time_limit)
@@ -302,19 +326,30 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
             elif warm_pass is not None and i in clean:
                 warm_pass.keep(i, root, found, count, None)
             reach.append(Reach(found, count))
-        if warm_pass is not None:
-            warm_pass.end()
+        if warm_pass is not None and len(walked) == len(roots) and not out_of_time:
+            warm_pass.end()   # (a scan cut short forgets none of the roots it did not meet)
     finally:
         steps.end()
         if warm_pass is not None:
             warm_pass.close()
     result = ScanResult(roots, reach, reacher.partial, reacher.reasons,
                         time.perf_counter() - start, reacher.errors,
-                        reacher.refusals.kept, kept, notes)
+                        reacher.refusals.kept, kept, out_of_time, notes)
     finder.result = weakref.ref(result)
     if finder.exhausted:   # a path read for what is kept took the last of the time
         finder.say_partial()
     return result
+
+
+#: the roots a partial result names (the rest are counted)
+_NAMED_CUT = 5
+
+
+def time_reason(names: list[str], count: int) -> str:
+    """Why a scan is partial when its time limit cut ``count`` roots short (or never
+    reached them), the first of them ``names``: one reason, whatever their number."""
+    more = count - len(names)
+    return f"time limit reached in {', '.join(names)}" + (f" and {more:,} more names" if more > 0 else "")
 
 
 def _keep(warm_pass: Any, finder: PathFinder, i: int, root: Root, found: dict,

@@ -11,9 +11,15 @@ reused, and the holder's largest path with them. The fingerprint also keeps what
 read as a plan of checks, in the order it read them; the next scan runs the plan
 (``Fingerprint.check``), which reads far less than the hash (what an unchanged dict
 holds needs no reading, atoms there not even their type), and hashes the root again
-only where a check fails. Plain data is kept from its second walk on (up to
-:data:`PLAIN_LIMIT` objects), and walked without a fingerprint for a while after each
-change when it changes again and again. Anything the fingerprint cannot
+only where a check fails. Plain data is kept from its first walk where it is small
+(up to :data:`SMALL_PLAIN` objects walked in :data:`SMALL_WALK`: its fingerprint costs
+a microsecond, a few per cent of what walking a name costs), from a later walk up to
+:data:`PLAIN_LIMIT` objects, and is walked without a fingerprint for a while after each
+change when it changes again and again. Warm scans cost no more than cold ones, taken
+together: what they spend on the fingerprints of larger plain data comes from a bank
+(``WarmScan.bank``) of what reuse saved (the last walks' cost of the roots reused) and
+a quarter of each scan's walking time (:data:`HASH_SHARE`), never more than is in it.
+Anything the fingerprint cannot
 prove (an autograd graph, a frame, a numpy array, a tensor the backend has no
 record of, a walk that was cut short or refused an object) means the root is
 walked again. So the report is the one a full scan gives, byte for byte
@@ -32,6 +38,7 @@ root is walked; a full scan still records what it walked for the next one.
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from collections import OrderedDict, defaultdict, deque
 from dataclasses import dataclass, field
@@ -93,6 +100,7 @@ class Kept:
     objects: int
     keep: list = field(default_factory=list)   # what the fingerprint names by address
     plan: Any = None        # what the fingerprint read, as checks (or None)
+    cost: float = 0.0       # seconds its walk took: what reusing it saves
 
 
 def _copy(obj: Any) -> Any:
@@ -144,6 +152,8 @@ class WarmScan:
         self.stats: dict[int, tuple] = {}
         #: (what it was made from, the C core's Fingerprint), kept from scan to scan
         self._fingerprint: tuple | None = None
+        #: seconds reuse saved in the last scans and no fingerprint spent (see WarmPass)
+        self.bank = 0.0
         #: roots reused and walked by the last scan (benchmarks and tests read them)
         self.reused = 0
         self.walked = 0
@@ -246,6 +256,7 @@ class WarmScan:
         self._attributed = None
         self._fingerprint = None
         self.stats = {}
+        self.bank = 0.0
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -267,6 +278,16 @@ REST_MAX = 32
 #: plain data of more objects than this is walked each time (its first hash and its
 #: plan would cost more than they save: a plan is about 48 bytes a check)
 PLAIN_LIMIT = 200_000
+#: plain data of at most this many objects, walked in at most this many seconds, is
+#: fingerprinted at its first walk
+SMALL_PLAIN = 64
+SMALL_WALK = 20e-6
+#: of a scan's walking time: what it may spend on larger plain data's fingerprints
+#: beyond what reuse saved, and what the bank gains besides (the hash of plain data
+#: costs about twice its walk)
+HASH_SHARE = 0.25
+#: seconds the bank of what reuse saved holds at most
+BANK_MAX = 1.0
 
 
 class WarmPass:
@@ -285,6 +306,11 @@ class WarmPass:
         self._seen: set = set()
         #: the scan's steps when the fingerprint last forgot the tensors it read
         self.steps = 0
+        #: seconds: the reused roots' last walks, this scan's walks, the larger plain
+        #: data's fingerprints (see walked)
+        self.saved = self.walking = self.spent = 0.0
+        self._cost: dict[int, float] = {}
+        self._later: list = []   # larger plain data not fingerprinted yet (see settle)
         warm.reused = warm.walked = 0
 
     def key(self, root: Any) -> tuple:
@@ -333,6 +359,7 @@ class WarmPass:
         if kept is not None and self.reuse and self.plans and kept.plan is not None and \
                 self._checked(kept.plan, root.obj):
             warm.reused += 1
+            self.saved += kept.cost
             if rest is not None:
                 del warm._resting[key]
             return kept
@@ -343,6 +370,7 @@ class WarmPass:
         if now is not None and kept is not None and kept.print == now and self.reuse:
             kept.keep, kept.plan = keep, plan   # its plan said changed, its hash not
             warm.reused += 1
+            self.saved += kept.cost
             return kept
         if plain:   # plain data, changed: rests a while
             span = min(2 * rest[1], REST_MAX) if rest is not None else 1
@@ -351,33 +379,67 @@ class WarmPass:
         warm.walked += 1
         return None
 
-    def walked(self, i: int, root: Any, found: dict, stepped: bool, objects: int = 0) -> None:
-        """Root ``i`` was just walked whole (``found``: its storages), and no other code
-        ran since (``stepped``: a step of the scan came during the walk). Where its
-        fingerprint before the walk could not be taken (a tensor met for the first
-        time), it is taken now, so it matches what the walk read; after a step, nothing
-        is kept of it. Plain data (no storage) is fingerprinted from its second walk, up
-        to :data:`PLAIN_LIMIT` objects and with a plan only (see keep)."""
+    def walked(self, i: int, root: Any, found: dict, stepped: bool, objects: int = 0,
+               seconds: float = 0.0, began: int = 0) -> None:
+        """Root ``i`` was just walked whole (``found``: its storages; ``seconds``: what
+        the walk took), and no other code ran since (``stepped``: a step of the scan came
+        during the walk). Where its fingerprint before the walk could not be taken (a
+        tensor met for the first time), it is taken now, so it matches what the walk
+        read; after a step, nothing is kept of it. Plain data (no storage) is
+        fingerprinted with a plan only (see keep): at its first walk where it is small
+        (:data:`SMALL_PLAIN`), else from its second walk, up to :data:`PLAIN_LIMIT`
+        objects, where this scan can afford it (see the module docstring), now or at
+        :meth:`settle` (``began``: the scan's steps when the walk began)."""
+        self._cost[i] = seconds
+        self.walking += seconds
         got = self._pre.get(i, (None,))[0]
         key = self.key(root)
         ident = (id(root.obj), id(type(root.obj)))
         if got is not None or i in self._bare or self.warm._doubted.get(key) == ident:
             return   # (one found unprovable is not asked again while it is the same)
-        if not found:
+        larger = False
+        # (the walk counts no atoms: its time says what a list of a million strings is)
+        if not found and (objects > SMALL_PLAIN or seconds > SMALL_WALK):
             once = self.warm._plain_once
             if not self.plans or objects > PLAIN_LIMIT or key not in once:
-                once.add(key)   # plain data: fingerprinted from its second walk, if small
+                once.add(key)   # larger plain data: fingerprinted from its second walk
                 return
+            if not self._affords(seconds):
+                if not stepped:   # perhaps once the scan has reused more: see settle
+                    self._later.append((i, root, seconds, began))
+                return
+            larger = True
         if stepped:
             self._pre.pop(i, None)
             return
+        self._fingerprint(i, root, found, larger)
+
+    def _affords(self, seconds: float) -> bool:
+        """Whether the fingerprint of larger plain data whose walk took ``seconds`` fits
+        in what this scan saved (its hash costs about two walks)."""
+        return self.spent + 2 * seconds <= self.saved + self.warm.bank
+
+    def _fingerprint(self, i: int, root: Any, found: dict, larger: bool) -> None:
         keep: list = []
         # plain data is kept only with its plan: none (too many checks) is given up early
+        start = time.perf_counter() if larger else 0.0
         got = self._hashed(root.obj, keep, 1 if found else 2)
+        if larger:
+            self.spent += time.perf_counter() - start
         if got is None:
-            self.warm._doubted[key] = ident
+            self.warm._doubted[self.key(root)] = (id(root.obj), id(type(root.obj)))
             return
         self._pre[i] = (got[:3], keep, got[3])
+
+    def settle(self, steps: int | None) -> None:
+        """Every root is walked: the larger plain data that this scan could not afford
+        when it was walked is fingerprinted now where it can, if no step of the scan
+        came since its walk began (``steps``: the scan's steps now; None: the caller
+        lets no other code run at its steps)."""
+        later, self._later = self._later, []
+        for i, root, seconds, began in later:
+            if (steps is None or steps == began) and self._affords(seconds):
+                self._fingerprint(i, root, {}, True)
 
     def keep(self, i: int, root: Any, found: dict, objects: int, path: Any) -> None:
         """Keep root ``i``'s clean walk: ``found`` (its largest storage first, whose path
@@ -404,7 +466,7 @@ class WarmPass:
         if storages:
             first = next(iter(storages))
             storages[first] = (storages[first][0], path, None)
-        warm._kept[key] = Kept(got, storages, objects, keep, plan)
+        warm._kept[key] = Kept(got, storages, objects, keep, plan, self._cost.get(i, 0.0))
 
     def drop(self, root: Any) -> None:
         """Root ``root``'s walk was not clean: nothing of it is kept."""
@@ -412,8 +474,12 @@ class WarmPass:
 
     def close(self) -> None:
         """The scan is over, however it ended: the fingerprint, kept for the next scan,
-        lets go of the tensors and gradients it read, and of the walk's record."""
+        lets go of the tensors and gradients it read, and of the walk's record; what
+        its reuse saved and its fingerprints did not spend goes to the bank."""
         self.fingerprint.forget()
+        warm = self.warm
+        earned = self.saved + HASH_SHARE * self.walking - self.spent
+        warm.bank = min(BANK_MAX, max(0.0, warm.bank + earned))
 
     def end(self) -> None:
         """Forget the roots this scan did not meet (names deleted, outputs gone)."""

@@ -445,6 +445,7 @@ def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
         groups.setdefault(ids, []).append((text, device))
     for ids, selections in groups.items():
         try:
+            started = time.perf_counter()   # the limit is the group's, reading included
             usages = _devices.read_devices(selections[0][1], detail=True)
             roots = _scan.collect_roots(namespace, shell)
             extra: list[Root] = []
@@ -459,7 +460,7 @@ def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
                                                 namespace=namespace, time_limit=time_limit,
                                                 describe=bool(names),
                                                 warm=None if names else warm, reuse=not full,
-                                                interleaved=interleaved)
+                                                interleaved=interleaved, started=started)
             result = fold_own_aliases(result)
             for text, device in selections:
                 out[text] = _assemble(device, list(ids), accs, usages, result, names, extra,

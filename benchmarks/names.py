@@ -1,0 +1,156 @@
+"""How ``%gpumem`` grows with the number of names: 10,000 against 100,000, side by side.
+
+A namespace as a long notebook holds it, at two sizes (``N`` names): most names plain
+data (ints, floats, strings, small lists, dicts and tuples), one big plain structure
+per 10,000 names (a 10,000-entry dict of records), 1% of the names holding tensors
+(small tensors, and one small model with its Adam state in every hundred of those).
+For each size, in one process and both forms (the C core, and
+``JUPYTER_GPUMEM_PURE_SCAN=1`` in a child process), printed side by side:
+
+- with the limit out of the way (``scan_time_limit = 600``): the cold ``%gpumem`` (the
+  first), the warm one (nothing changed), ``%gpumem --full`` and
+  ``%gpumem purge --all --dry-run``, then the ratio 100k / 10k of each, and warm / cold.
+  Targets: each ratio at most 12x (the names hold 10x as much), warm at most cold;
+- with ``scan_time_limit = 1`` at 100,000 names: each call's time and whether it said
+  partial. Target: each within 1.5 s.
+
+Run: ``python benchmarks/names.py [--sizes 10000 100000] [--forms c pure]``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CALLS = ("cold", "warm", "full", "purge plan")
+BIG_SIZE = 10_000        # entries of each big plain structure
+PER_BIG = 10_000         # names per big structure
+TENSOR_SHARE = 100       # one name in this many holds tensors
+MODEL_SHARE = 100        # one tensor name in this many is a model (with its optimizer)
+
+
+def namespace(n: int) -> dict:
+    """``n`` names as a notebook holds them (see the module docstring)."""
+    import torch
+
+    torch.manual_seed(0)
+    ns: dict = {"torch": torch}
+    tensor_names = 0
+    for i in range(n - 1):
+        name = f"v{i}"
+        if i % TENSOR_SHARE == 0:
+            if tensor_names % MODEL_SHARE == 0:
+                model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(),
+                                            torch.nn.Linear(16, 4))
+                ns[name] = model
+                ns[f"opt{i}"] = torch.optim.Adam(model.parameters())
+            else:
+                ns[name] = torch.ones(8)
+            tensor_names += 1
+        elif i % PER_BIG == 1:
+            ns[name] = {k: {"id": k, "text": str(k), "tags": [k, k + 1]} for k in range(BIG_SIZE)}
+        else:
+            kind = i % 7
+            ns[name] = (i if kind == 0 else float(i) if kind == 1 else f"text {i}" if kind == 2
+                        else [i, i + 1, str(i)] if kind == 3 else {"a": i, "b": [i]} if kind == 4
+                        else (i, str(i)) if kind == 5 else {"k": (i, i)})
+    while len(ns) > n:   # the optimizers took names too
+        ns.popitem()
+    return ns
+
+
+def measure(n: int, limit: float) -> dict:
+    """Seconds of each call, and whether it said partial, in a fresh shell of ``n`` names."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_cell("%load_ext jupyter_gpumem", store_history=False)
+    shell.run_line_magic("config", f"GpuMemMagics.scan_time_limit = {limit}")
+    shell.user_ns.update(namespace(n))
+    gc.collect()
+    sink = io.StringIO()
+    out: dict = {}
+
+    def timed(key: str, line: str) -> None:
+        with contextlib.redirect_stdout(sink):
+            t0, c0 = time.perf_counter(), time.process_time()
+            result = shell.run_line_magic("gpumem", line + " -o")
+            out[key] = time.perf_counter() - t0
+            out[key + " cpu"] = time.process_time() - c0
+        out[key + " partial"] = bool(getattr(result, "partial", False))
+        sink.seek(0)
+        sink.truncate()
+
+    timed("cold", "--device cpu")
+    timed("warm", "--device cpu")
+    timed("full", "--device cpu --full")
+    timed("purge plan", "purge --all --dry-run --device cpu")
+    shell.run_cell("%unload_ext jupyter_gpumem", store_history=False)
+    return out
+
+
+def child(form: str, n: int, limit: float) -> dict:
+    """:func:`measure` in a fresh process, in one form of the scan."""
+    env = {**os.environ}
+    env.pop("JUPYTER_GPUMEM_PURE_SCAN", None)
+    if form == "pure":
+        env["JUPYTER_GPUMEM_PURE_SCAN"] = "1"
+    proc = subprocess.run([sys.executable, __file__, "--child", str(n), str(limit)],
+                          capture_output=True, text=True, env=env, timeout=1800)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if not line:
+        raise SystemExit(proc.stdout[-2000:] + proc.stderr[-2000:])
+    return json.loads(line[-1][len("RESULT "):])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", nargs=2, type=int, default=[10_000, 100_000])
+    ap.add_argument("--forms", nargs="*", default=["c", "pure"])
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(measure(int(args.child[0]), float(args.child[1]))))
+        return 0
+    small, large = args.sizes
+    ok = True
+    for form in args.forms:
+        runs = {n: child(form, n, 600.0) for n in (small, large)}
+        print(f"== {form} form, scan_time_limit out of the way (wall; the process's CPU "
+              f"time beside it, which a loaded machine disturbs less)")
+        print(f"{'call':>12} {small:>10,} {large:>10,}  ratio (target <= 12x)   "
+              f"cpu: {small:>8,} {large:>8,}  ratio")
+        for call in CALLS:
+            a, b = runs[small][call], runs[large][call]
+            ca, cb = runs[small][call + " cpu"], runs[large][call + " cpu"]
+            good = b / a <= 12 and not runs[large][call + " partial"]
+            ok &= good
+            print(f"{call:>12} {a:9.3f}s {b:9.3f}s  {b / a:5.1f}x {'PASS' if good else 'FAIL'}"
+                  + (" (partial)" if runs[large][call + " partial"] else "")
+                  + f"{'':14}{ca:7.3f}s {cb:7.3f}s  {cb / ca:5.1f}x")
+        for n in (small, large):
+            w, c = runs[n]["warm"], runs[n]["cold"]
+            ok &= w <= c
+            print(f"  warm / cold at {n:,}: {w / c:.2f} {'PASS' if w <= c else 'FAIL'} "
+                  f"(cpu {runs[n]['warm cpu'] / runs[n]['cold cpu']:.2f})")
+        cut = child(form, large, 1.0)
+        print(f"== {form} form, scan_time_limit = 1 at {large:,} names (target <= 1.5 s each)")
+        for call in CALLS:
+            good = cut[call] <= 1.5
+            ok &= good
+            print(f"{call:>12} {cut[call]:9.3f}s partial={cut[call + ' partial']} "
+                  f"{'PASS' if good else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
