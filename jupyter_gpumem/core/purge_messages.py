@@ -84,5 +84,6 @@ def still_messages(still: list[StillHeld]) -> list[str]:
             out.append(f"{size} of it is still alive, held by {UNNAMED} and modules' globals: "
                        f"not freed")
         else:
-            out.append(f"{s.by} still holds {size} of it ({s.path}): purge {s.by} too")
+            where = "" if s.path == s.by else f" ({s.path})"   # the name alone says it
+            out.append(f"{s.by} still holds {size} of it{where}: purge {s.by} too")
     return out

@@ -273,18 +273,26 @@ def snapshot_html(s) -> str:
 
 
 # -- purge ---------------------------------------------------------------------------
+def _allocated_column(r) -> bool:
+    """Whether any device of the purge has allocator counters (none on the host)."""
+    return any(c.allocated_before is not None for c in r.changes)
+
+
 def _purge_rows(r) -> list[list[str]]:
     if r.dry_run:
         return [[dev, fmt_bytes(n)] for dev, n in sorted(r.predicted.items())]
-    return [[c.device, c.measure, fmt_bytes(c.before), fmt_bytes(c.after), fmt_bytes(c.freed),
-             "" if c.allocated_before is None else
-             f"{fmt_bytes(c.allocated_before)} → {fmt_bytes(c.allocated_after)}"]
+    allocated = _allocated_column(r)
+    return [[c.device, c.measure, fmt_bytes(c.before), fmt_bytes(c.after), fmt_bytes(c.freed)]
+            + ([("" if c.allocated_before is None else
+                 f"{fmt_bytes(c.allocated_before)} → {fmt_bytes(c.allocated_after)}")]
+               if allocated else [])
             for c in r.changes]
 
 
 def _purge_headers(r) -> list[str]:
     return ["device", "would free"] if r.dry_run else \
-        ["device", "measure", "before", "after", "freed", "allocated"]
+        ["device", "measure", "before", "after", "freed"] + (
+            ["allocated"] if _allocated_column(r) else [])
 
 
 def purge_text(r) -> str:
