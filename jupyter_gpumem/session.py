@@ -6,7 +6,7 @@ builds one snapshot per device the views show and hands it to every view of
 that device (views whose selections cover the same devices, ``auto`` and ``cpu`` on a
 machine without accelerators, share one scan). In a kernel this happens after the
 cell's reply has gone, on the kernel's event loop, in steps
-(:func:`jupyter_gpumem.snapshot.build_many_steps`): between steps the loop runs
+(:func:`jupyter_gpumem.core.snapshot.build_many_steps`): between steps the loop runs
 whatever came in, and when a new cell ran
 meanwhile the refresh is dropped, since the next cell's end brings a new one.
 Without an event loop (a terminal IPython, a script) it happens at once, in

@@ -314,7 +314,7 @@ class Backend:
     def children(self, obj: Any) -> Iterator[tuple[tuple, Any]]:
         """Edges the generic walk cannot see, as ``(label, child)`` pairs.
 
-        Labels are tuples understood by :func:`jupyter_gpumem.scan.format_path`.
+        Labels are tuples understood by :func:`jupyter_gpumem.core.scan.format_path`.
         """
         return iter(())
 

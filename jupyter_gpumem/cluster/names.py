@@ -2,7 +2,7 @@
 persisted Dask collections, wherever a name reaches them (a list of futures, a dict
 holding a persisted array, ``Out[12]``, a closure).
 
-The walk is the product's own scan (:mod:`jupyter_gpumem.scan`), given one backend
+The walk is the product's own scan (:mod:`jupyter_gpumem.core.scan`), given one backend
 that takes a Future, or a collection of Dask's own types, as the thing it counts:
 its storage key is the Dask key. Futures and collections are recognised by their
 exact type (or, for collections, by being a class of Dask's own modules) and read

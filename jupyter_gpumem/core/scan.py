@@ -7,11 +7,11 @@ It is bounded in time and depth, and a partial result says why.
 
 A scan has two passes:
 
-1. :mod:`jupyter_gpumem.scan_reach`: which storages each root reaches, breadth
+1. :mod:`jupyter_gpumem.core.scan_reach`: which storages each root reaches, breadth
    first, a chunk of objects at a time in C-level passes (``gc.get_referents``
    over the chunk, exact types filtered in ``map``/``filter``/``compress``);
    tensors, models and optimizers are taken in batches by their backend.
-2. :mod:`jupyter_gpumem.scan_paths`: the path a user would type, found only
+2. :mod:`jupyter_gpumem.core.scan_paths`: the path a user would type, found only
    inside the roots that reach storages and only for what is shown (each
    holder's largest storage now, the others when their path is read).
 """
@@ -45,7 +45,7 @@ class Reach:
     """What one root reaches: storage key -> (storage, path node, description).
 
     A path node reads as ``parent, label = node`` (:func:`format_path`); it is found
-    when it is first read (see :mod:`jupyter_gpumem.scan_paths`)."""
+    when it is first read (see :mod:`jupyter_gpumem.core.scan_paths`)."""
 
     storages: dict = field(default_factory=dict)
     objects: int = 0
@@ -178,7 +178,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     lets other work run at each step; it must not let the user's code run and then go
     on (the namespace may have changed): it starts a new scan.
 
-    With ``warm`` (the shell's :class:`~jupyter_gpumem.scan_warm.WarmScan`), a root whose
+    With ``warm`` (the shell's :class:`~jupyter_gpumem.core.scan_warm.WarmScan`), a root whose
     fingerprint proves it unchanged since its last walk is not walked: its storages
     are the last walk's, and only its largest storage's path is kept (any other path
     node raises when read: a caller that reads them passes no ``warm``). With

@@ -18,7 +18,7 @@ objects that need the care above. Both walks find the same storages
 (tests/test_native_scan.py).
 
 No path is kept here: paths are found afterwards, inside the roots that reach
-storages (:mod:`jupyter_gpumem.scan_paths`).
+storages (:mod:`jupyter_gpumem.core.scan_paths`).
 """
 from __future__ import annotations
 

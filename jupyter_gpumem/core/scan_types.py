@@ -1,8 +1,8 @@
 """What the scan knows about types: atoms, library code, and what kind of object each
 type's instances are (read through C-level slots only: no user code runs).
 
-Shared by the reachability walk (:mod:`jupyter_gpumem.scan_reach`) and the search
-for canonical paths (:mod:`jupyter_gpumem.scan_paths`).
+Shared by the reachability walk (:mod:`jupyter_gpumem.core.scan_reach`) and the search
+for canonical paths (:mod:`jupyter_gpumem.core.scan_paths`).
 """
 from __future__ import annotations
 

@@ -407,7 +407,7 @@ def build(*, shell: Any = None, namespace: dict | None = None, device: str = "au
 def build_steps(*, shell: Any = None, namespace: dict | None = None, device: str = "auto",
                 names: list[str] | None = None, time_limit: float = 3.0, warm: Any = None,
                 full: bool = False, interleaved: bool = True):
-    """:func:`build` in steps (see :func:`jupyter_gpumem.scan.iter_scan`): a generator
+    """:func:`build` in steps (see :func:`jupyter_gpumem.core.scan.iter_scan`): a generator
     that yields while it scans and returns the Snapshot."""
     built = yield from build_many_steps(shell=shell, namespace=namespace, devices=[device],
                                         names=names, time_limit=time_limit, warm=warm,
@@ -426,7 +426,7 @@ def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
     its own snapshot, under its own name. With ``errors`` (a dict), a selection whose
     snapshot fails gets its exception there and the others go on; without, it raises.
 
-    ``warm``: the shell's :class:`~jupyter_gpumem.scan_warm.WarmScan` (roots proved
+    ``warm``: the shell's :class:`~jupyter_gpumem.core.scan_warm.WarmScan` (roots proved
     unchanged are not walked again; not with ``names``, whose rows read every path);
     ``full``: walk every root all the same (and keep what it reached for the next);
     ``interleaved``: the caller may run other code between steps (see iter_scan)."""
