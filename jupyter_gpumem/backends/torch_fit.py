@@ -65,9 +65,17 @@ def device_free(device: str) -> int | None:
     if torch is None or not device.startswith("cuda:"):
         return None
     index = int(device.split(":")[1])
-    free, _ = torch.cuda.mem_get_info(index)
-    cached = torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
-    return int(free) + max(int(cached), 0)
+    free, total = torch.cuda.mem_get_info(index)
+    allocated = torch.cuda.memory_allocated(index)
+    cached = torch.cuda.memory_reserved(index) - allocated
+    out = int(free) + max(int(cached), 0)
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if fraction is not None:   # set_per_process_memory_fraction caps the allocator
+        try:
+            out = min(out, int(fraction(index) * total) - int(allocated))
+        except Exception:  # noqa: BLE001 - no cap read: the device's figure stands
+            pass
+    return out
 
 
 def device_used(device: str) -> tuple[int, int] | None:
