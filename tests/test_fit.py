@@ -65,7 +65,8 @@ def test_names_buffers_and_gradients_come_back(ip, net):
     assert set(ip.user_ns) == keys | {"res"}
     assert any("set aside" in n and "put back" in n for n in r.notes)
     assert [t.size for t in r.trials] and all(t.ok for t in r.trials)
-    assert json.loads(json.dumps(r.to_json()))["largest"] == 64
+    got = json.loads(json.dumps(r.to_json()))
+    assert got["largest"] == 64 and got["peak"] == r.peak and got["headroom"] == r.free - r.peak
     assert "bs = 64 fits on cpu" in repr(r)
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from ..units import JsonFields, Report, esc, fmt_bytes, json_field, round6
 
 FIT_SCHEMA = "jupyter_gpumem.fit/1"
+#: memory the fit may leave behind unmentioned (bytes)
+DRIFT = 2 << 20
 
 
 @dataclass
@@ -38,7 +40,7 @@ class Accumulation(JsonFields):
 class FitResult(Report, JsonFields):
     """The answer of ``%%gpumem fit``; ``largest`` is None when not even the smallest size ran."""
 
-    JSON_AFTER = {"schema": None}
+    JSON_AFTER = {"schema": None, "peak": "largest", "headroom": "peak"}
     schema = FIT_SCHEMA
 
     variable: str
@@ -112,6 +114,11 @@ class FitResult(Report, JsonFields):
             out.append(f"--target {a.target}: micro-batch {a.micro} x {a.steps} accumulation "
                        f"steps")
         out += self.notes
+        if self.before is not None and self.after is not None \
+                and abs(self.after - self.before) > DRIFT:
+            what = "the process's resident set" if self.device == "cpu" else "allocated"
+            out.append(f"{what} after the fit: {fmt_bytes(self.after)}, against "
+                       f"{fmt_bytes(self.before)} before")
         return out
 
     def _text(self) -> str:
