@@ -126,13 +126,12 @@ def held(ip):
 def test_fit_on_cuda_matches_an_exhaustive_search(held, which, how):
     ip = held
     run(ip, "import gc\n%load_ext jupyter_gpumem\n" + MODELS[which] + EXHAUSTIVE)
-    run(ip, "step(4)\nbs = 'mine'\n")                       # gradients exist before
-    _empty()
     # the grid: some 30 steps up to the answer, from two measured peaks
     small, big = _peak(ip, 8), _peak(ip, 32)
     per = max((big - small) / 24, 1)
     step = max(8, int((ROOM - small) / per / 30) // 8 * 8)
     top = step * 128
+    run(ip, "step(4)\nbs = 'mine'\n")                       # gradients exist before
     grads = [(p.grad, p.grad.clone()) for p in ip.user_ns["model"].parameters()]
     _empty()
     free, total = torch.cuda.mem_get_info(0)
