@@ -51,7 +51,7 @@ def unload(ip) -> None:
 
 def _unregister_magics(ip, magics: GpuMemMagics) -> None:
     mm = ip.magics_manager
-    for kind, names in (("line", ("gpumem",)), ("cell", ("gpuwatch",))):
+    for kind, names in (("line", ("gpumem",)), ("cell", ("gpuwatch", "gpumem"))):
         for name in names:
             mm.magics[kind].pop(name, None)
     mm.registry.pop(type(magics).__name__, None)

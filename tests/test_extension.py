@@ -61,9 +61,9 @@ def test_unload_removes_every_magic_hook_thread_and_comm_target():
         ip.run_cell("%load_ext jupyter_gpumem")
         print("RELOADED", ours()[2])
     """)
-    assert "LOADED ['gpumem', 'gpuwatch'] True" in out
+    assert "LOADED ['gpumem', 'gpuwatch', 'gpumem'] True" in out   # line gpumem; cell gpuwatch, gpumem (fit)
     assert "AFTER True" in out, out
-    assert "RELOADED ['gpumem', 'gpuwatch']" in out
+    assert "RELOADED ['gpumem', 'gpuwatch', 'gpumem']" in out
 
 
 def test_autoload_through_ipython_config(tmp_path):

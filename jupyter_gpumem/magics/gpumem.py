@@ -17,6 +17,7 @@ from ..core import snapshot as _snapshot
 from .. import session as _session
 from ..settings import GpuMemSettings
 from . import panel as _panel
+from . import fit as _fit
 from . import processes as _processes
 from . import rescue as _rescue
 from . import tame as _tame
@@ -51,7 +52,8 @@ USAGE = """\
 %gpumem panel [--device ...] [--interval S] [--window S] [--close]
 %gpumem tame [--give-back] | off | status [-o]
 %gpumem trace on|off|status [--lines] [--stacks python|all] [--context alloc|all] [--max-entries N] [--device ...] [--save FILE.pickle]
-%%gpuwatch [-o NAME] [-v] [--interval S] [--plot] [--device ...]"""
+%%gpuwatch [-o NAME] [-v] [--interval S] [--plot] [--device ...]
+""" + _fit.USAGE
 
 
 @functools.cache   # a parser is read, never changed, by each call: built once
@@ -198,6 +200,20 @@ class GpuMemMagics(Magics, GpuMemSettings):
         """
         __tracebackhide__ = True  # noqa: F841
         return _watch.cell_magic_gpuwatch(self, line, cell)
+
+    @cell_magic("gpumem")
+    @output_can_be_silenced
+    def gpumem_cell(self, line: str, cell: str) -> Any:
+        """``%%gpumem fit VAR [--min 1] [--max N] [--step 8] [--target B] [--device ...]
+        [-o NAME]``: the largest VAR whose run of the cell fits in the memory free now.
+
+        Not wrapped in ``report_errors``: an exception of the cell other than out of memory
+        stops the search and reaches the user as usual."""
+        __tracebackhide__ = True  # noqa: F841
+        argv = line.split(None, 1)
+        if not argv or argv[0] != "fit":
+            raise UsageError(f"the cell form is {_fit.USAGE}")
+        return _fit.magic_fit(self, argv[1] if len(argv) > 1 else "", cell)
 
     async def gpuwatch_async(self, line: str, cell: str) -> Any:
         """``%%gpuwatch`` over a cell with top-level ``await``: what IPython awaits.
