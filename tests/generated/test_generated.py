@@ -1,0 +1,27 @@
+"""Rule 9, the generator of cases: random namespaces in a real IPython shell (host
+tensors, ``--device cpu``), mutated between scans, every method and hook of theirs a
+trap; the invariants are tests/generated/checks.py's. Profiles and the features left
+out while their breaches are open: tests/generated/conftest.py."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from hypothesis import given, settings  # noqa: E402
+
+from .checks import cold_report, run_recipe  # noqa: E402
+from .conftest import ALLOWED, COLD_EXAMPLES  # noqa: E402
+from .strategies import recipes  # noqa: E402
+
+
+@given(recipe=recipes(ALLOWED))
+def test_generated_notebooks_keep_every_rule(ip, recipe):
+    run_recipe(ip, recipe)
+
+
+@settings(max_examples=COLD_EXAMPLES)
+@given(recipe=recipes(ALLOWED, max_steps=6))
+def test_the_warm_report_is_a_fresh_processs(ip, recipe):
+    warm = run_recipe(ip, recipe, report_before_purge=True)
+    assert cold_report(recipe) == warm
