@@ -37,7 +37,7 @@ READINGS = ("time", "scan_seconds", "devices", "unattributed", "internals")
 
 def fresh(ip) -> None:
     """The shell as a new session's: empty namespace and output history, cell 1 next, no
-    last error; ``gen`` (the traps) and ``collections`` hidden names of it."""
+    last error; ``gen`` (the traps), ``collections`` and ``torch`` hidden names of it."""
     ip.reset(new_session=True)
     for name in ("last_exc", "last_value", "last_traceback", "last_type"):
         if hasattr(sys, name):
@@ -46,7 +46,7 @@ def fresh(ip) -> None:
     traps.forget_modules()
     gc.collect()
     traps.reset()
-    for name, value in (("gen", traps), ("collections", collections)):
+    for name, value in (("gen", traps), ("collections", collections), ("torch", traps.torch)):
         ip.user_ns[name] = ip.user_ns_hidden[name] = value
 
 
@@ -187,7 +187,7 @@ from tests.generated.checks import comparable
 recipe = ast.literal_eval(sys.argv[1])
 ip = InteractiveShell.instance()
 ip.run_cell('%load_ext jupyter_gpumem', store_history=False)
-for name, value in (('gen', traps), ('collections', collections)):
+for name, value in (('gen', traps), ('collections', collections), ('torch', traps.torch)):
     ip.user_ns[name] = ip.user_ns_hidden[name] = value
 for step in recipe:
     cell = cell_of(step)

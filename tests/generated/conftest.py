@@ -35,10 +35,13 @@ settings.register_profile("long", max_examples=10_000, derandomize=False, **_COM
 PROFILE = os.environ.get("GPUMEM_HYPOTHESIS_PROFILE", "ci")
 settings.load_profile(PROFILE)
 
+#: where each example's outcome is appended, one line each (to follow a long run)
+LOG = os.environ.get("GPUMEM_GENERATED_LOG")
+
 #: how many recipes are also run in a fresh process (slow: one interpreter each)
 COLD_EXAMPLES = {"ci": 3, "long": 60}.get(PROFILE, 3)
 
-KNOWN_OPEN = frozenset({"graph:hooks", "graph:checkpoint", "own_", "sparse", "set_"})
+KNOWN_OPEN = frozenset({"graph:hooks", "graph:checkpoint", "own_", "sparse", "set_", "numpy"})
 _ASKED = os.environ.get("GPUMEM_GENERATED_FEATURES", "")
 #: the features the generated runs draw from (``all``, or those of KNOWN_OPEN named,
 #: comma-separated, on top of the rest)

@@ -16,6 +16,8 @@ Expressions, as tuples (``KEY`` an atom's key, ``N`` its number of floats)::
     ("graph", KEY, N, MODE)      a scalar whose autograd graph saves KEY (plain|hooks|checkpoint)
     ("name", NAME)               the object NAME binds (shared)
     ("viewof", NAME)             a view of the tensor NAME binds (its storage, shared)
+    ("numpy", NAME)              a tensor on a numpy view of NAME's tensor: a storage of its
+                                 own at the same address, which keeps NAME's alive
     (KIND, [EXPR, ...])          KIND: list tuple set deque traplist
     (KIND, [(KEY, EXPR), ...])   KIND: dict odict ddict trapdict trap
     ("slots", EXPR, EXPR)        a __slots__ instance
@@ -34,6 +36,8 @@ Steps::
     ("del", NAME)                del NAME
     ("inplace", NAME)            NAME.add_(1)
     ("set_", NAME, KEY, N)       NAME.set_(a new tensor)
+    ("setto", NAME, OTHER)       NAME.set_(OTHER): NAME's tensor moves onto OTHER's storage
+    ("grow", NAME, N)            NAME.set_(its own storage, 0, (N,)): the storage grows to N
     ("scan",)                    scan here
     ("purge", NAME) | ("purge",)   %gpumem purge NAME, or of the hidden holders only (last)
 """
@@ -50,7 +54,7 @@ SETTABLE = ("dict", "odict", "ddict", "trapdict")
 
 #: what each feature a recipe can use stands for (the known classes the generator found,
 #: see tests/generated/conftest.py: KNOWN_OPEN)
-FEATURES = ("graph:plain", "graph:hooks", "graph:checkpoint", "sparse", "own_", "set_")
+FEATURES = ("graph:plain", "graph:hooks", "graph:checkpoint", "sparse", "own_", "set_", "numpy")
 
 
 # -- source ----------------------------------------------------------------------------------
@@ -71,6 +75,8 @@ def source(expr) -> str:
         return expr[1]
     if kind == "viewof":
         return f"{expr[1]}[:2]"
+    if kind == "numpy":
+        return f"torch.from_numpy({expr[1]}.numpy()[:2])"
     if kind in SEQUENCES:
         items = ", ".join(source(e) for e in expr[1])
         return {"list": f"[{items}]", "tuple": f"({items}{',' if len(expr[1]) == 1 else ''})",
@@ -126,6 +132,10 @@ def cell_of(step) -> str | None:
         return f"{step[1]}.add_(1);"
     if kind == "set_":
         return f"{step[1]}.set_(gen.atom({step[2]!r}, {step[3]}));"
+    if kind == "setto":
+        return f"{step[1]}.set_({step[2]});"
+    if kind == "grow":
+        return f"{step[1]}.set_({step[1]}.untyped_storage(), 0, ({step[2]},));"
     if kind in ("scan", "purge"):
         return None
     raise ValueError(f"no such step: {step!r}")
@@ -187,7 +197,9 @@ class Model:
             return Obj("graph", {expr[1]})
         if kind == "name":
             return self.names[expr[1]]
-        if kind == "viewof":
+        if kind in ("viewof", "numpy"):
+            if kind == "numpy":
+                self.features.add("numpy")
             return Obj("tensor", set(self.names[expr[1]].atoms))
         if kind in SEQUENCES:
             return Obj(kind, kids=[self.make(e) for e in expr[1]])
@@ -235,6 +247,13 @@ class Model:
             self.features.add("set_")
             self.sizes[step[2]] = 4 * step[3]
             self.names[step[1]].atoms = {step[2]}
+        elif kind == "setto":
+            self.features.add("set_")
+            self.names[step[1]].atoms = set(self.names[step[2]].atoms)
+        elif kind == "grow":
+            self.features.add("set_")
+            for key in self.names[step[1]].atoms:
+                self.sizes[key] = max(self.sizes[key], 4 * step[2])
         elif kind not in ("inplace", "scan", "purge"):
             raise ValueError(f"no such step: {step!r}")
 

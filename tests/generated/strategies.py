@@ -9,7 +9,7 @@ from .recipe import (APPENDABLE, DENSE, MAPPINGS, SEQUENCES, SETTABLE, WRAPPERS,
 
 NAMES = ("a", "b", "c", "d")
 CLASSES = ("C1", "C2")
-SIZES = (8, 64, 1000)
+SIZES = (8, 64, 1000, 16000)
 KEYS = ("x", "y", "z")
 
 
@@ -33,12 +33,12 @@ def _leaf(draw, model: Model, keys: _Keys, allowed: frozenset, hashable: bool = 
         if model.names:
             kinds.append("name")
     if model.dense_names():
-        kinds.append("viewof")
+        kinds += ["viewof"] + (["numpy"] if "numpy" in allowed else [])
     kind = draw(st.sampled_from(kinds))
     if kind == "name":
         return ("name", draw(st.sampled_from(sorted(model.names))))
-    if kind == "viewof":
-        return ("viewof", draw(st.sampled_from(sorted(model.dense_names()))))
+    if kind in ("viewof", "numpy"):
+        return (kind, draw(st.sampled_from(sorted(model.dense_names()))))
     n = draw(st.sampled_from(SIZES))
     if kind.startswith("graph:"):
         return ("graph", keys(), n, kind.split(":")[1])
@@ -90,7 +90,7 @@ def _step(draw, model: Model, keys: _Keys, allowed: frozenset):
     if model.dense_names():
         kinds.append("inplace")
         if "set_" in allowed:
-            kinds.append("set_")
+            kinds += ["set_", "grow", "setto"]
     kind = draw(st.sampled_from(kinds))
     if kind == "bind":
         return ("bind", draw(st.sampled_from(NAMES)), expr())
@@ -112,6 +112,11 @@ def _step(draw, model: Model, keys: _Keys, allowed: frozenset):
     if kind == "set_":
         return ("set_", draw(st.sampled_from(model.dense_names())), keys(),
                 draw(st.sampled_from(SIZES)))
+    if kind == "setto":
+        return ("setto", draw(st.sampled_from(model.dense_names())),
+                draw(st.sampled_from(model.dense_names())))
+    if kind == "grow":
+        return ("grow", draw(st.sampled_from(model.dense_names())), draw(st.sampled_from(SIZES)))
     return ("scan",)
 
 

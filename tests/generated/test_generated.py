@@ -4,6 +4,8 @@ trap; the invariants are tests/generated/checks.py's. Profiles and the features 
 out while their breaches are open: tests/generated/conftest.py."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytest.importorskip("torch")
@@ -11,13 +13,24 @@ pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 
 from .checks import cold_report, run_recipe  # noqa: E402
-from .conftest import ALLOWED, COLD_EXAMPLES  # noqa: E402
+from .conftest import ALLOWED, COLD_EXAMPLES, LOG  # noqa: E402
 from .strategies import recipes  # noqa: E402
 
 
 @given(recipe=recipes(ALLOWED))
 def test_generated_notebooks_keep_every_rule(ip, recipe):
-    run_recipe(ip, recipe)
+    try:
+        run_recipe(ip, recipe)
+    except BaseException as err:
+        _log(f"fail {type(err).__name__} {str(err).splitlines()[0][:200] if str(err) else ''} {recipe!r}")
+        raise
+    _log(f"ok {len(recipe)}")
+
+
+def _log(line: str) -> None:
+    if LOG:
+        with open(LOG, "a") as f:
+            print(f"{time.time():.1f} {line}", file=f)
 
 
 @settings(max_examples=COLD_EXAMPLES)
