@@ -4,8 +4,9 @@
 - ``long``: 10,000 recipes, for a run on demand
   (``GPUMEM_HYPOTHESIS_PROFILE=long python -m pytest tests/generated/test_generated.py``).
 
-Neither keeps an example database (``database=None``): nothing is written into the
-checkout. A failure prints its recipe; paste it into test_found.py as a named test.
+Neither keeps an example database (``database=None``), and Hypothesis' other files go to
+a temporary folder: nothing is written into the checkout. A failure prints its recipe;
+paste it into test_found.py as a named test.
 
 ``KNOWN_OPEN``: recipe features (tests/generated/recipe.py: FEATURES) whose breaches are
 known and being fixed; the generated runs leave them out, each has its named regression
@@ -16,11 +17,17 @@ from __future__ import annotations
 
 import gc
 import os
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from .recipe import FEATURES
+
+# Hypothesis' own files (its cache of the constants it finds in the code) go to a
+# temporary folder too, never into the checkout
+set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "jupyter_gpumem-hypothesis"))
 
 _COMMON = dict(
     deadline=None,
