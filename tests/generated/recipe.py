@@ -16,6 +16,7 @@ Expressions, as tuples (``KEY`` an atom's key, ``N`` its number of floats)::
     ("graph", KEY, N, MODE)      a scalar whose autograd graph saves KEY (plain|hooks|checkpoint)
     ("name", NAME)               the object NAME binds (shared)
     ("viewof", NAME)             a view of the tensor NAME binds (its storage, shared)
+    ("tattr", DENSE, EXPR)       the tensor DENSE (a dense form above) with EXPR as its attribute
     ("numpy", NAME)              a tensor on a numpy view of NAME's tensor: a storage of its
                                  own at the same address, which keeps NAME's alive
     (KIND, [EXPR, ...])          KIND: list tuple set deque traplist
@@ -54,7 +55,8 @@ SETTABLE = ("dict", "odict", "ddict", "trapdict")
 
 #: what each feature a recipe can use stands for (the known classes the generator found,
 #: see tests/generated/conftest.py: KNOWN_OPEN)
-FEATURES = ("graph:plain", "graph:hooks", "graph:checkpoint", "sparse", "own_", "set_", "numpy")
+FEATURES = ("graph:plain", "graph:hooks", "graph:checkpoint", "sparse", "own_", "set_", "numpy",
+            "tattr")
 
 
 # -- source ----------------------------------------------------------------------------------
@@ -75,6 +77,8 @@ def source(expr) -> str:
         return expr[1]
     if kind == "viewof":
         return f"{expr[1]}[:2]"
+    if kind == "tattr":
+        return f"gen.with_attr({source(expr[1])}, {source(expr[2])})"
     if kind == "numpy":
         return f"torch.from_numpy({expr[1]}.numpy()[:2])"
     if kind in SEQUENCES:
@@ -197,6 +201,10 @@ class Model:
             return Obj("graph", {expr[1]})
         if kind == "name":
             return self.names[expr[1]]
+        if kind == "tattr":
+            self.features.add("tattr")
+            tensor = self.make(expr[1])
+            return Obj("tensor", set(tensor.atoms), [self.make(expr[2])])
         if kind in ("viewof", "numpy"):
             if kind == "numpy":
                 self.features.add("numpy")

@@ -29,7 +29,8 @@ def _leaf(draw, model: Model, keys: _Keys, allowed: frozenset, hashable: bool = 
     if not hashable:
         if "sparse" in allowed:
             kinds.append("sparse")
-        kinds += [m for m in ("graph:plain", "graph:hooks", "graph:checkpoint") if m in allowed]
+        kinds += [m for m in ("graph:plain", "graph:hooks", "graph:checkpoint", "tattr")
+                  if m in allowed]
         if model.names:
             kinds.append("name")
     if model.dense_names():
@@ -39,6 +40,9 @@ def _leaf(draw, model: Model, keys: _Keys, allowed: frozenset, hashable: bool = 
         return ("name", draw(st.sampled_from(sorted(model.names))))
     if kind in ("viewof", "numpy"):
         return (kind, draw(st.sampled_from(sorted(model.dense_names()))))
+    if kind == "tattr":
+        return ("tattr", (draw(st.sampled_from(DENSE)), keys(), draw(st.sampled_from(SIZES))),
+                _leaf(draw, model, keys, allowed, hashable=True))
     n = draw(st.sampled_from(SIZES))
     if kind.startswith("graph:"):
         return ("graph", keys(), n, kind.split(":")[1])
@@ -49,7 +53,8 @@ def expression(draw, model: Model, keys: _Keys, allowed: frozenset, depth: int =
     """A random expression (see recipe.py for the forms)."""
     if depth <= 0 or draw(st.integers(0, 2)) == 0:
         return _leaf(draw, model, keys, allowed)
-    kind = draw(st.sampled_from(SEQUENCES + MAPPINGS + WRAPPERS + ("slots", "module")))
+    kind = draw(st.sampled_from(SEQUENCES + MAPPINGS + WRAPPERS + ("slots", "module") +
+                                (("tattr",) if "tattr" in allowed else ())))
     inner = lambda: expression(draw, model, keys, allowed, depth - 1)  # noqa: E731
     count = lambda: draw(st.integers(0, 3))  # noqa: E731
     if kind == "set":
@@ -61,6 +66,8 @@ def expression(draw, model: Model, keys: _Keys, allowed: frozenset, depth: int =
         return (kind, [(k, inner()) for k in chosen])
     if kind == "slots":
         return ("slots", inner(), inner())
+    if kind == "tattr":
+        return ("tattr", (draw(st.sampled_from(DENSE)), keys(), draw(st.sampled_from(SIZES))), inner())
     if kind == "nnmod":
         return ("nnmod", _dense(draw, model, keys))
     if kind == "module":

@@ -63,6 +63,13 @@ def forget_modules() -> None:
         del sys.modules[name]
 
 
+def with_attr(tensor, value):
+    """``tensor``, with ``value`` as its attribute ``extra`` (in the tensor's own
+    ``__dict__``, as ``param.main_grad`` is kept by some trainers)."""
+    tensor.extra = value
+    return tensor
+
+
 def sparse(key: str, n: int):
     """A sparse COO tensor of ``n`` values; its values' and its indices' storages are
     watched as ``key`` and ``key + ".i"``."""
