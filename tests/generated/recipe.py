@@ -37,6 +37,7 @@ Steps::
     ("del", NAME)                del NAME
     ("inplace", NAME)            NAME.add_(1)
     ("set_", NAME, KEY, N)       NAME.set_(a new tensor)
+    ("data", NAME, KEY, N)       NAME.data = a new tensor
     ("setto", NAME, OTHER)       NAME.set_(OTHER): NAME's tensor moves onto OTHER's storage
     ("grow", NAME, N)            NAME.set_(its own storage, 0, (N,)): the storage grows to N
     ("scan",)                    scan here
@@ -138,6 +139,8 @@ def cell_of(step) -> str | None:
         return f"{step[1]}.set_(gen.atom({step[2]!r}, {step[3]}));"
     if kind == "setto":
         return f"{step[1]}.set_({step[2]});"
+    if kind == "data":
+        return f"{step[1]}.data = gen.atom({step[2]!r}, {step[3]})"
     if kind == "grow":
         return f"{step[1]}.set_({step[1]}.untyped_storage(), 0, ({step[2]},));"
     if kind in ("scan", "purge"):
@@ -253,6 +256,9 @@ class Model:
             del self.names[step[1]]
         elif kind == "set_":
             self.features.add("set_")
+            self.sizes[step[2]] = 4 * step[3]
+            self.names[step[1]].atoms = {step[2]}
+        elif kind == "data":
             self.sizes[step[2]] = 4 * step[3]
             self.names[step[1]].atoms = {step[2]}
         elif kind == "setto":

@@ -95,7 +95,7 @@ def _step(draw, model: Model, keys: _Keys, allowed: frozenset):
     if model.names:
         kinds += ["del", "bind"]
     if model.dense_names():
-        kinds.append("inplace")
+        kinds += ["inplace", "data"]
         if "set_" in allowed:
             kinds += ["set_", "grow", "setto"]
     kind = draw(st.sampled_from(kinds))
@@ -118,6 +118,9 @@ def _step(draw, model: Model, keys: _Keys, allowed: frozenset):
         return ("inplace", draw(st.sampled_from(model.dense_names())))
     if kind == "set_":
         return ("set_", draw(st.sampled_from(model.dense_names())), keys(),
+                draw(st.sampled_from(SIZES)))
+    if kind == "data":
+        return ("data", draw(st.sampled_from(model.dense_names())), keys(),
                 draw(st.sampled_from(SIZES)))
     if kind == "setto":
         return ("setto", draw(st.sampled_from(model.dense_names())),
