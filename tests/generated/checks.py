@@ -7,9 +7,9 @@ to rule 9's invariants at every scan point and at the purge that ends it:
   readings, taken anew by each call, aside), and every name is blamed for at least the
   bytes of the storages it reaches;
 - ``purge NAME`` removes exactly NAME (and hidden holders), frees every watched storage
-  only it held and keeps every one a surviving name holds; ``purge`` with no name keeps
-  every user binding, the user's own ``_`` included, and frees what only hidden holders
-  kept;
+  only it held and keeps every one a surviving name holds; ``purge --all`` the same for
+  every name that holds one; ``purge`` with no name keeps every user binding, the user's
+  own ``_`` included, and frees what only hidden holders kept;
 - (:func:`cold_report`) a fresh process that runs the same cells gives the same report.
 """
 from __future__ import annotations
@@ -57,8 +57,8 @@ def user_keys(ip, model: Model) -> set:
         k not in ip.user_ns_hidden and not (isinstance(k, str) and IPYTHON_NAME.fullmatch(k)))}
 
 
-def bindings(ip, model: Model, leave_out: str | None = None) -> dict:
-    return {n: ip.user_ns.get(n) for n in model.names if n != leave_out}
+def bindings(ip, model: Model) -> dict:
+    return {n: ip.user_ns.get(n) for n in model.names}
 
 
 def alive() -> set:
@@ -127,29 +127,41 @@ def scan_point(ip, model: Model):
 
 
 def purge_point(ip, model: Model, target: str | None) -> None:
-    """The purge that ends a recipe, checked against the model."""
-    keys, binds = user_keys(ip, model), bindings(ip, model, leave_out=target)
-    others = [n for n in model.names if n != target]
-    survivors = model.held_by(others)
-    if target is None:
-        own = model.hidden_atoms() - survivors
-        result = gpumem(ip, "purge --device cpu -o")
-    else:
-        own = model.names[target].reach() - survivors
-        result = gpumem(ip, f"purge {target} --device cpu -o")
-    if target is not None and not model.names[target].reach():
+    """The purge that ends a recipe (of ``target``: a name, ``--all``, or None: the hidden
+    holders only), checked against the model. ``--all`` takes the names its own rule
+    picks (core/purge_all.py), never one that holds nothing and always a bare tensor."""
+    holding = {n for n, o in model.names.items() if o.reach()}
+    removed = {target} & holding if target not in (None, "--all") else set()
+    candidates = holding if target == "--all" else removed
+    keys = user_keys(ip, model)
+    # the objects of the names that stay, to see them the same after; of the others, no
+    # reference is kept (only their ids)
+    binds = {n: v for n, v in bindings(ip, model).items() if n not in candidates}
+    ids = {n: id(ip.user_ns.get(n)) for n in candidates}
+    result = gpumem(ip, f"purge {target or ''} --device cpu -o")
+    what = f"purge {target or '(hidden)'}"
+    if target == "--all":
+        removed = set(getattr(result, "removed", ())) & set(model.names)
+        assert removed <= holding, f"--all removed names that hold nothing: {sorted(removed - holding)}"
+        bare = {n for n in holding if model.names[n].kind in ("tensor", "graph")}
+        assert bare <= removed, f"--all kept tensors: {sorted(bare - removed)}"
+    elif target is not None and not removed:
         assert isinstance(result, UsageError), f"{target} holds nothing, yet was purged"
-        target = None   # and nothing may change
-    else:
-        assert not isinstance(result, UsageError), f"purge refused: {result}"
+    if removed or target is None:
+        assert not isinstance(result, UsageError), f"{what} refused: {result}"
+    survivors = model.held_by([n for n in model.names if n not in removed])
+    own = set().union(*(model.names[n].reach() for n in removed)) - survivors
+    if target is None:
+        own |= model.hidden_atoms() - survivors
     gc.collect()
-    assert user_keys(ip, model) == keys - {target}, (
-        f"purge {target or '(hidden)'} removed {sorted(keys - user_keys(ip, model))}")
+    assert user_keys(ip, model) == keys - removed, (
+        f"{what} removed {sorted(keys - user_keys(ip, model))}")
     moved = sorted(n for n, v in binds.items() if ip.user_ns.get(n) is not v)
-    assert moved == [], f"purge {target or '(hidden)'} touched the user's {moved}"
+    moved += sorted(n for n, i in ids.items() if n not in removed and id(ip.user_ns.get(n)) != i)
+    assert moved == [], f"{what} touched the user's {moved}"
     live = alive()
-    assert survivors <= live, f"purge freed storages a surviving name holds: {sorted(survivors - live)}"
-    assert not own & live, f"purge left storages only its targets held: {sorted(own & live)}"
+    assert survivors <= live, f"{what} freed storages a surviving name holds: {sorted(survivors - live)}"
+    assert not own & live, f"{what} left storages only its targets held: {sorted(own & live)}"
 
 
 def run_recipe(ip, recipe, *, report_before_purge: bool = False):

@@ -41,7 +41,8 @@ Steps::
     ("setto", NAME, OTHER)       NAME.set_(OTHER): NAME's tensor moves onto OTHER's storage
     ("grow", NAME, N)            NAME.set_(its own storage, 0, (N,)): the storage grows to N
     ("scan",)                    scan here
-    ("purge", NAME) | ("purge",)   %gpumem purge NAME, or of the hidden holders only (last)
+    ("purge", NAME)              %gpumem purge NAME (last); ("purge", "--all"): --all;
+                                 ("purge",): the hidden holders only
 """
 from __future__ import annotations
 

@@ -133,16 +133,16 @@ def _step(draw, model: Model, keys: _Keys, allowed: frozenset):
 @st.composite
 def recipes(draw, allowed: frozenset, max_steps: int = 10):
     """A recipe: up to ``max_steps`` steps using only the ``allowed`` features, a scan,
-    then a purge (of one name, or of the hidden holders only)."""
+    then a purge (of one name, of all, or of the hidden holders only)."""
     model, keys, steps = Model(), _Keys(), []
     for _ in range(draw(st.integers(1, max_steps))):
         step = _step(draw, model, keys, allowed)
         model.apply(step)
         steps.append(step)
     steps.append(("scan",))
-    targets = sorted(model.names)
-    if targets and draw(st.booleans()):
-        steps.append(("purge", draw(st.sampled_from(targets))))
+    how = draw(st.sampled_from(("hidden", "all", "name", "name") if model.names else ("hidden", "all")))
+    if how == "name":
+        steps.append(("purge", draw(st.sampled_from(sorted(model.names)))))
     else:
-        steps.append(("purge",))
+        steps.append(("purge", "--all") if how == "all" else ("purge",))
     return steps
