@@ -34,6 +34,9 @@ Steps::
     ("raise", EXPR)              a cell that raises with EXPR in a frame (the last traceback)
     ("append", NAME, EXPR)       NAME.append(EXPR)
     ("setitem", NAME, KEY, EXPR) NAME[KEY] = EXPR
+    ("setattr", NAME, KEY, EXPR) NAME.KEY = EXPR (NAME a gen.Trap)
+    ("cell", NAME, EXPR)         NAME.__closure__[0].cell_contents = EXPR (NAME a closure)
+    ("defaults", NAME, EXPR)     NAME.__defaults__ = (EXPR,) (NAME a function with a default)
     ("del", NAME)                del NAME
     ("inplace", NAME)            NAME.add_(1)
     ("set_", NAME, KEY, N)       NAME.set_(a new tensor)
@@ -132,6 +135,12 @@ def cell_of(step) -> str | None:
         return f"{step[1]}.append({source(step[2])})"
     if kind == "setitem":
         return f"{step[1]}[{step[2]!r}] = {source(step[3])}"
+    if kind == "setattr":
+        return f"{step[1]}.{step[2]} = {source(step[3])}"
+    if kind == "cell":
+        return f"{step[1]}.__closure__[0].cell_contents = {source(step[2])}"
+    if kind == "defaults":
+        return f"{step[1]}.__defaults__ = ({source(step[2])},)"
     if kind == "del":
         return f"del {step[1]}"
     if kind == "inplace":
@@ -245,7 +254,9 @@ class Model:
             self.last_error = self.make(step[1])
         elif kind == "append":
             self.names[step[1]].kids.append(self.make(step[2]))
-        elif kind == "setitem":
+        elif kind in ("cell", "defaults"):
+            self.names[step[1]].kids = [self.make(step[2])]
+        elif kind in ("setitem", "setattr"):
             # the model keeps one kid per key: a replaced key's old value goes
             target, new = self.names[step[1]], self.make(step[3])
             if step[2] in target.keys:

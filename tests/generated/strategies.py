@@ -92,6 +92,9 @@ def _step(draw, model: Model, keys: _Keys, allowed: frozenset):
         kinds.append("append")
     if by_kind & set(SETTABLE):
         kinds.append("setitem")
+    for kind, mutation in (("trap", "setattr"), ("closure", "cell"), ("default", "defaults")):
+        if kind in by_kind:
+            kinds.append(mutation)
     if model.names:
         kinds += ["del", "bind"]
     if model.dense_names():
@@ -112,6 +115,11 @@ def _step(draw, model: Model, keys: _Keys, allowed: frozenset):
         return ("setitem", draw(st.sampled_from(
             sorted(n for n, o in model.names.items() if o.kind in SETTABLE))),
             draw(st.sampled_from(KEYS)), expr())
+    if kind in ("setattr", "cell", "defaults"):
+        of = {"setattr": "trap", "cell": "closure", "defaults": "default"}[kind]
+        name = draw(st.sampled_from(sorted(n for n, o in model.names.items() if o.kind == of)))
+        return (kind, name, draw(st.sampled_from(KEYS)), expr()) if kind == "setattr" else \
+            (kind, name, expr())
     if kind == "del":
         return ("del", draw(st.sampled_from(sorted(model.names))))
     if kind == "inplace":
