@@ -149,7 +149,7 @@ def purge_point(ip, model: Model, target: str | None) -> None:
         assert isinstance(result, UsageError), f"{target} holds nothing, yet was purged"
     if removed or target is None:
         assert not isinstance(result, UsageError), f"{what} refused: {result}"
-    survivors = model.held_by([n for n in model.names if n not in removed])
+    survivors = model.held_by([n for n in model.names if n not in removed], purged=removed)
     own = set().union(*(model.names[n].reach() for n in removed)) - survivors
     if target is None:
         own |= model.hidden_atoms() - survivors

@@ -284,13 +284,16 @@ class Model:
             raise ValueError(f"no such step: {step!r}")
 
     # what the checks ask
-    def held_by(self, names) -> set:
-        """The atoms the given names reach (modules in sys.modules count as named)."""
+    def held_by(self, names, purged=()) -> set:
+        """The atoms the given names reach, and the modules in sys.modules (but those bound
+        to a ``purged`` name: a purge of a module's name takes it out of sys.modules too)."""
         out: set = set()
         for name in names:
             out |= self.names[name].reach()
+        gone = [self.names[n] for n in purged]
         for obj in self.pinned:
-            out |= obj.reach()
+            if not any(obj is g for g in gone):
+                out |= obj.reach()
         return out
 
     def hidden_atoms(self) -> set:
