@@ -80,7 +80,8 @@ def gpumem(ip, line: str):
 def same(warm, full) -> None:
     """The two snapshots are the same report (the devices' readings aside)."""
     assert [d.attributed for d in warm.devices] == [d.attributed for d in full.devices]
-    full.devices, full.unattributed, full.processes = warm.devices, warm.unattributed, warm.processes
+    full.devices, full.unattributed = warm.devices, warm.unattributed
+    full.processes = warm.processes
     full.time, full.scan_seconds = warm.time, warm.scan_seconds
     assert repr(warm) == repr(full), "the warm report is not the full one"
     assert warm._repr_html_() == full._repr_html_()
@@ -142,7 +143,8 @@ def purge_point(ip, model: Model, target: str | None) -> None:
     what = f"purge {target or '(hidden)'}"
     if target == "--all":
         removed = set(getattr(result, "removed", ())) & set(model.names)
-        assert removed <= holding, f"--all removed names that hold nothing: {sorted(removed - holding)}"
+        assert removed <= holding, \
+            f"--all removed names that hold nothing: {sorted(removed - holding)}"
         bare = {n for n in holding if model.names[n].kind in ("tensor", "graph")}
         assert bare <= removed, f"--all kept tensors: {sorted(bare - removed)}"
     elif target is not None and not removed:
@@ -160,7 +162,8 @@ def purge_point(ip, model: Model, target: str | None) -> None:
     moved += sorted(n for n, i in ids.items() if n not in removed and id(ip.user_ns.get(n)) != i)
     assert moved == [], f"{what} touched the user's {moved}"
     live = alive()
-    assert survivors <= live, f"{what} freed storages a surviving name holds: {sorted(survivors - live)}"
+    assert survivors <= live, \
+        f"{what} freed storages a surviving name holds: {sorted(survivors - live)}"
     assert not own & live, f"{what} left storages only its targets held: {sorted(own & live)}"
 
 
@@ -181,8 +184,9 @@ def run_recipe(ip, recipe, *, report_before_purge: bool = False):
                 cell = cell_of(step)
                 result = ip.run_cell(cell, store_history=True)
                 if result.success == (step[0] == "raise"):
-                    raise AssertionError(f"the cell {cell!r} {'did not fail' if result.success else 'failed'}:"
-                                         f" {result.error_in_exec!r}\n{program(recipe)}")
+                    how = "did not fail" if result.success else "failed"
+                    raise AssertionError(f"the cell {cell!r} {how}: {result.error_in_exec!r}\n"
+                                         f"{program(recipe)}")
                 model.apply(step)
     finally:
         fresh(ip)

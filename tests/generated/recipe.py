@@ -124,7 +124,8 @@ def cell_of(step) -> str | None:
     if kind == "bind":
         return f"{step[1]} = {source(step[2])}"
     if kind == "class":
-        return f"class {step[1]}(gen.Trap):\n    shared = {source(step[3])}\n{step[2]} = {step[1]}()"
+        return (f"class {step[1]}(gen.Trap):\n    shared = {source(step[3])}\n"
+                f"{step[2]} = {step[1]}()")
     if kind == "own_":
         return f"_ = {source(step[1])}"
     if kind == "show":

@@ -67,7 +67,8 @@ def expression(draw, model: Model, keys: _Keys, allowed: frozenset, depth: int =
     if kind == "slots":
         return ("slots", inner(), inner())
     if kind == "tattr":
-        return ("tattr", (draw(st.sampled_from(DENSE)), keys(), draw(st.sampled_from(SIZES))), inner())
+        dense = (draw(st.sampled_from(DENSE)), keys(), draw(st.sampled_from(SIZES)))
+        return ("tattr", dense, inner())
     if kind == "nnmod":
         return ("nnmod", _dense(draw, model, keys))
     if kind == "module":
@@ -148,7 +149,8 @@ def recipes(draw, allowed: frozenset, max_steps: int = 10):
         model.apply(step)
         steps.append(step)
     steps.append(("scan",))
-    how = draw(st.sampled_from(("hidden", "all", "name", "name") if model.names else ("hidden", "all")))
+    ways = ("hidden", "all", "name", "name") if model.names else ("hidden", "all")
+    how = draw(st.sampled_from(ways))
     if how == "name":
         steps.append(("purge", draw(st.sampled_from(sorted(model.names)))))
     else:

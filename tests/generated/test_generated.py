@@ -22,7 +22,8 @@ def test_generated_notebooks_keep_every_rule(ip, recipe):
     try:
         run_recipe(ip, recipe)
     except BaseException as err:
-        _log(f"fail {type(err).__name__} {str(err).splitlines()[0][:200] if str(err) else ''} {recipe!r}")
+        first = str(err).splitlines()[0][:200] if str(err) else ""
+        _log(f"fail {type(err).__name__} {first} {recipe!r}")
         raise
     _log(f"ok {len(recipe)}")
 
