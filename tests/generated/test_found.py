@@ -17,31 +17,26 @@ def known(rule: str):
     return pytest.mark.xfail(strict=True, reason=f"known: {rule}")
 
 
-@known("never unpack what a hook guards (saved-tensor hooks)")
 def test_a_shown_graph_under_saved_tensor_hooks_runs_no_unpack_hook(ip):
     """%gpumem ran the unpack hook of a graph built under saved_tensors_hooks (Out[1])."""
     run_recipe(ip, [("show", ("graph", "k1", 8, "hooks")), ("scan",), ("purge",)])
 
 
-@known("never unpack what a hook guards (checkpoint replays the forward)")
 def test_a_checkpointed_graph_is_not_replayed(ip):
     """%gpumem replayed the forward of a non-reentrant checkpoint, three times."""
     run_recipe(ip, [("bind", "a", ("graph", "k1", 8, "checkpoint")), ("scan",), ("purge",)])
 
 
-@known("a user's own _ is the user's")
 def test_purge_of_the_hidden_holders_keeps_the_users_own_underscore(ip):
     """%gpumem purge (no names) emptied `_`, which the user had bound to a tensor."""
     run_recipe(ip, [("own_", ("atom", "k1", 8)), ("scan",), ("purge",)])
 
 
-@known("sparse layouts are counted by their storages")
 def test_a_sparse_tensor_is_blamed(ip):
     """A sparse COO tensor in a name was not blamed at all (its 96 B of values and indices)."""
     run_recipe(ip, [("bind", "a", ("sparse", "k1", 8)), ("scan",), ("purge", "a")])
 
 
-@known("sparse layouts are counted by their storages")
 def test_a_shown_sparse_tensor_goes_with_the_hidden_holders(ip):
     """A sparse tensor shown as a cell's value stayed alive after %gpumem purge."""
     run_recipe(ip, [("show", ("sparse", "k1", 8)), ("scan",), ("purge",)])
