@@ -32,3 +32,21 @@ def test_a_note_keeps_the_path_where_it_says_more_than_the_name(ip, capsys):
     lines = _lines(capsys, ip, "purge t --device cpu")
     assert any(line.startswith("note: box still holds 4.0 MiB of it (box['k'])")
                for line in lines), lines
+
+
+def test_the_graph_hint_offers_item_only_for_one_element(ip, capsys):
+    run(ip, "import torch\nw = torch.ones(16, 64, requires_grad=True)\n"
+            "out = (w * 2).reshape(8, 2, 64)\nloss = (w * 3).sum()")
+    lines = _lines(capsys, ip, "--device cpu")
+    hints = [line for line in lines if line.startswith("hint:")]
+    assert "hint: `out` keeps its autograd graph alive: store `out.detach()` instead" in hints, lines
+    assert ("hint: `loss` keeps its autograd graph alive: store `loss.item()` or "
+            "`loss.detach()` instead") in hints, lines
+
+
+def test_a_comment_after_the_magic_is_a_comment(ip, capsys):
+    run(ip, "import torch\nt = torch.ones(1 << 10)")
+    lines = _lines(capsys, ip, "--device cpu  # who holds what")
+    assert any(line.startswith("t ") for line in lines), lines
+    lines = _lines(capsys, ip, "t --device cpu # the tensor's rows")
+    assert any("t" in line for line in lines) and not any("malformed" in line for line in lines)

@@ -591,10 +591,15 @@ class TorchBackend(Backend):
                 return (f"`{name}` holds its parameters and their state: "
                         f"purge it together with its model")
             return None
-        if self.graph_and_grad(obj)[0] is not None:
-            return (f"`{name}` keeps its autograd graph alive: "
-                    f"store `{name}.item()` or `{name}.detach()` instead")
         base = torch._C.TensorBase
+        if self.graph_and_grad(obj)[0] is not None:
+            try:   # .item() only where it works: a tensor of one element
+                with torch._C.DisableTorchFunctionSubclass():
+                    one = base.numel(obj) == 1
+            except Exception:  # noqa: BLE001 - a tensor refusing numel: no .item() offered
+                one = False
+            store = f"`{name}.item()` or `{name}.detach()`" if one else f"`{name}.detach()`"
+            return f"`{name}` keeps its autograd graph alive: store {store} instead"
         try:
             with torch._C.DisableTorchFunctionSubclass():
                 own = base.numel(obj) * base.element_size(obj)

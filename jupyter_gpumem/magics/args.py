@@ -30,7 +30,9 @@ def split_line(line: str) -> list[str]:
     its quotes and the spaces of its keys (``cfg['a b']``, ``globals()['my tensor']``).
 
     A token that is quoted as a whole (``"my file.csv"``) loses its quotes, as a shell's
-    would (``shlex``); a quote left open is a UsageError.
+    would (``shlex``); a quote left open is a UsageError. A ``#`` outside quotes and
+    brackets that starts a token begins a comment: the rest of the line is not read
+    (``%gpumem  # who holds what``), as in Python.
     """
     tokens: list[str] = []
     token: list[str] = []
@@ -49,6 +51,8 @@ def split_line(line: str) -> list[str]:
             depth += 1
         elif c == "]":
             depth = max(depth - 1, 0)
+        elif c == "#" and depth == 0 and not token:
+            break                                   # a comment: the rest is not read
         elif c.isspace() and depth == 0:
             if token:
                 tokens.append("".join(token))
