@@ -144,7 +144,8 @@ def test_closing_the_session_alone_takes_back_everything_the_extension_added(ip)
     run(ip, "u = torch.ones(1000)")
     session = session_of(ip)
     loaded = ours()
-    assert loaded["magics"] == ["gpumem", "gpuwatch"] and loaded["target"]
+    # %gpumem (line), %%gpumem (cell: fit) and %%gpuwatch
+    assert loaded["magics"] == ["gpumem", "gpumem", "gpuwatch"] and loaded["target"]
     assert loaded["threads"] == ["jupyter_gpumem-sampler"] and loaded["transformers"]
     assert len(loaded["hooks"]) == 2
     try:

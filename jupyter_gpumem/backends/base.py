@@ -209,6 +209,20 @@ def _is_real(module: Any, name: str, distributions: tuple) -> bool:
                for home in _installed_homes(top, distributions or DISTRIBUTIONS.get(top, (top,))))
 
 
+def _with_room(fn, *args):
+    """``fn(*args)`` with 200 more frames of recursion limit than now (put back after;
+    a limit only bounds the stack, so a higher one for a moment changes no answer), or
+    None where it still fails."""
+    old = sys.getrecursionlimit()
+    try:
+        sys.setrecursionlimit(old + 200)
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - still unreadable: the caller decides nothing
+        return None
+    finally:
+        sys.setrecursionlimit(old)
+
+
 def framework_module(name: str, distributions: tuple = ()) -> Any:
     """``sys.modules[name]`` where it is a module of the real framework (``torch``,
     ``jax._src.xla_bridge``): a plain module whose file lies where an installed
@@ -226,8 +240,14 @@ def framework_module(name: str, distributions: tuple = ()) -> Any:
         return module if got[1] else None
     try:
         real = _is_real(module, name, distributions)
-    except Exception:
-        real = False
+    except RecursionError:
+        # a low recursion limit (the user's, or deep in a walk) says nothing of the
+        # module: the look-up (importlib.metadata, realpath) is asked again with room
+        real = _with_room(_is_real, module, name, distributions)
+        if real is None:
+            return None   # not proved real: not read, and not decided for good
+    except Exception:  # noqa: BLE001 - not proved real: not read, and not decided for good
+        return None
     try:
         ref = weakref.ref(module, lambda r, key=id(module): _verdicts.pop(key, None))
     except TypeError:

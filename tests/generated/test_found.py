@@ -65,3 +65,17 @@ def test_a_tensor_is_blamed_for_what_its_attributes_hold(ip):
     not 64,032."""
     run_recipe(ip, [("bind", "a", ("tattr", ("atom", "k1", 8), ("atom", "k2", 16000))),
                     ("scan",), ("purge", "a")])
+
+
+@pytest.mark.xfail(strict=True, reason="new: a user's own _ holding an exception whose dict "
+                   "names a class is blamed for less than it reaches")
+def test_the_users_own_underscore_is_blamed_for_all_it_reaches(ip):
+    """`_` bound by the user to an exception whose dict holds a class C1 (with a tensor
+    attribute) and a tensor, then a value shown: `_` reached 64 B and was blamed for 32."""
+    run_recipe(ip, [("bind", "a", ("dict", [("x", ("atom", "k1", 8))])),
+                    ("bind", "a", ("atom", "k2", 8)), ("bind", "c", ("atom", "k3", 8)),
+                    ("bind", "b", ("atom", "k4", 1000)), ("bind", "c", ("atom", "k5", 8)),
+                    ("class", "C1", "c", ("atom", "k6", 8)),
+                    ("own_", ("exc", ("dict", [("x", ("name", "C1")), ("y", ("name", "a"))]))),
+                    ("show", ("atom", "k7", 8)), ("scan",), ("purge",)])
+
