@@ -8,6 +8,8 @@
 # files on GPUMEM_TEST_WORKERS processes (pytest-xdist, default 2; a file's tests stay
 # together in one process, in their order; 0 runs them in this process). Arguments go
 # to both pytest runs; GPUMEM_TEST_PASSES=native or =pure runs one pass only.
+# The generated cases (tests/generated) run after each pass in a process of their own,
+# so that no other test file's state reaches their shell.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
@@ -24,14 +26,18 @@ for pass in $passes; do
   case "$pass" in
     native)
       echo "== tests with the C core"
-      env -u JUPYTER_GPUMEM_PURE_SCAN python -m pytest -q "${spread[@]}" --durations=15 "$@" \
+      env -u JUPYTER_GPUMEM_PURE_SCAN python -m pytest -q "${spread[@]}" --durations=15 \
+        --ignore=tests/generated "$@" || status=$?
+      env -u JUPYTER_GPUMEM_PURE_SCAN python -m pytest -q -p no:cacheprovider tests/generated \
         || status=$? ;;
     pure)
       echo "== tests without the C core (JUPYTER_GPUMEM_PURE_SCAN=1)"
       JUPYTER_GPUMEM_PURE_SCAN=1 python -m pytest -q -p no:cacheprovider "${spread[@]}" \
         --durations=15 --ignore=tests/e2e --ignore=tests/test_labextension.py \
         --ignore=tests/test_labextension_lint.py --ignore=tests/test_notebooks.py \
-        --ignore=tests/test_panel_kernel.py "$@" || status=$? ;;
+        --ignore=tests/test_panel_kernel.py --ignore=tests/generated "$@" || status=$?
+      JUPYTER_GPUMEM_PURE_SCAN=1 python -m pytest -q -p no:cacheprovider tests/generated \
+        || status=$? ;;
     *) echo "unknown pass: $pass (native, pure)" >&2; exit 2 ;;
   esac
 done
