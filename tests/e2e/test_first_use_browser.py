@@ -156,11 +156,17 @@ def _scenario(lab, page) -> None:
     sidebar.locator("button.jp-GpuMem-purge").click()
     page.locator(".jp-Dialog button.jp-mod-accept").click()
     t = time.monotonic()
-    page.wait_for_function(
-        "sel => { const r = document.querySelector(sel); return ![...r.querySelectorAll("
-        "'input[type=checkbox]')].some(i => (i.closest('label') || i.parentElement)"
-        ".textContent.trim() === 'b'); }",
-        arg=PANEL, timeout=30000)
+    try:
+        page.wait_for_function(
+            "sel => { const r = document.querySelector(sel); return ![...r.querySelectorAll("
+            "'input[type=checkbox]')].some(i => (i.closest('label') || i.parentElement)"
+            ".textContent.trim() === 'b'); }",
+            arg=PANEL, timeout=30000)
+    except Exception as exc:   # what each view and the server said, for the failure's reader
+        raise AssertionError(
+            f"the panel still lists b {time.monotonic() - t:.0f} s after the sidebar's purge\n"
+            f"sidebar: {sidebar.inner_text()[:1500]}\npanel: {_panel(page)['text'][:1500]}\n"
+            f"server log: {lab['log'].read_text()[-3000:]}") from exc
     from_sidebar = time.monotonic() - t
     page.wait_for_function("sel => !/purge at/.test(document.querySelector(sel).innerText)",
                            arg=PANEL, timeout=30000)
