@@ -330,22 +330,25 @@ def _starters(env: dict, started: float, pid: int, ctx: Context | None) -> list[
     server, path = env.get(KERNEL_ENV), env.get(PATH_ENV)
     uid = os.getuid()
     out = []
-    for proc in psutil.process_iter(["pid", "uids", "ppid", "create_time", "cmdline", "name"]):
+    # the cheap tests first (one read of each process's stat); its command line, owner and
+    # environment are read only for a process that passed them
+    for proc in psutil.process_iter(["pid", "ppid", "create_time", "name"]):
         info = proc.info
         cand = info["pid"]
-        if cand == pid or cand <= 1 or info["uids"] is None or info["uids"].real != uid \
-                or info["name"] in REAPERS:      # init or a subreaper is no kernel
+        if cand == pid or cand <= 1 or info["name"] in REAPERS:  # init or a subreaper is no kernel
             continue
         if info["create_time"] is None or info["create_time"] > started + SAME_START:
             continue
         try:
+            if not ((ctx is not None and cand in ctx.kernels) or str(info["ppid"]) == server
+                    or _looks_like_kernel(proc.cmdline() or ())):
+                continue
+            if proc.uids().real != uid:
+                continue
             cenv = proc.environ()
         except (psutil.Error, OSError):
             continue
-        if cenv.get(KERNEL_ENV) != server or (path and cenv.get(PATH_ENV) != path):
-            continue
-        if (ctx is not None and cand in ctx.kernels) or str(info["ppid"]) == server \
-                or _looks_like_kernel(info["cmdline"] or ()):
+        if cenv.get(KERNEL_ENV) == server and (not path or cenv.get(PATH_ENV) == path):
             out.append(cand)
     return out
 
@@ -431,7 +434,6 @@ def describe(pid: int, nbytes: int | None, ctx: Context, lists=()) -> GpuProcess
         return out
     if holds_gpu_file(pid) is False:
         return None
-    chain = _ancestors(pid)
     if pid in ctx.ancestors:
         out.relation, out.label = "ancestor", "this process's parent chain"
         if ctx.server_pid == pid:
@@ -442,6 +444,7 @@ def describe(pid: int, nbytes: int | None, ctx: Context, lists=()) -> GpuProcess
         out.relation, out.path, out.kernel_id = "kernel", kernel.path, kernel.kernel_id
         out.label = f"kernel of this server: {kernel.path or 'path unknown'}"
         return out
+    chain = _ancestors(pid)         # only now: a kernel of the server's list needs none
     for up in chain:
         if up == ctx.me:
             break
