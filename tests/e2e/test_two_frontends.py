@@ -1,0 +1,90 @@
+"""One notebook open in JupyterLab and in Notebook 7 at once, one kernel behind both (a
+real server, Chromium): a purge from each frontend's sidebar succeeds within the bound and
+the other frontend's sidebar follows; the kernel never logs a message it could not route
+(``Unknown subshell_id``: the purge that went nowhere, silently)."""
+from __future__ import annotations
+
+import contextlib
+import re
+
+import pytest
+
+from lab_browser import (  # noqa: F401 - page: a fixture
+    SIDEBAR, SIDEBAR_TAB, TOKEN, needs_chromium, page, run_cell, screenshot_on_failure, serve,
+)
+
+#: how long a purge may take to answer, from the click on the dialog's button
+BOUND_MS = 30000
+
+
+def _code(source: str) -> dict:
+    return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+            "source": source}
+
+
+NOTEBOOK = {
+    "cells": [
+        _code("%load_ext jupyter_gpumem\nimport torch\n"
+              "a = torch.ones(4 << 20, dtype=torch.uint8)\n"
+              "b = torch.ones(2 << 20, dtype=torch.uint8)\n"
+              "c = torch.ones(1 << 20, dtype=torch.uint8)"),
+        _code("'a' in dir(), 'b' in dir(), 'c' in dir()"),
+    ],
+    "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                "name": "python3"},
+                 "language_info": {"name": "python"}},
+    "nbformat": 4, "nbformat_minor": 5,
+}
+
+
+def _row(sidebar, name: str):
+    return sidebar.locator(f'tr.jp-GpuMem-holder[data-name="{name}"]')
+
+
+def _purge(page, name: str) -> None:
+    """Check ``name`` in this page's sidebar, purge it, and wait (within the bound) for
+    its row to go or for the sidebar to say the purge failed."""
+    sidebar = page.locator(SIDEBAR)
+    _row(sidebar, name).locator("input[type=checkbox]").check()
+    sidebar.locator("button.jp-GpuMem-purge").click()
+    page.locator(".jp-Dialog button.jp-mod-accept").click()
+    page.wait_for_function(
+        "([sel, name]) => { const s = document.querySelector(sel); return !s.querySelector("
+        "`tr.jp-GpuMem-holder[data-name=\"${name}\"]`) || /fail|no answer/i.test(s.innerText); }",
+        arg=[SIDEBAR, name], timeout=BOUND_MS)
+    assert _row(sidebar, name).count() == 0, sidebar.inner_text()
+
+
+@needs_chromium
+def test_a_purge_from_lab_and_from_notebook7_on_one_kernel(tmp_path, page):
+    pytest.importorskip("notebook")
+    lab_server = contextlib.contextmanager(serve)(
+        tmp_path, "jupyterlab", {"two.ipynb": NOTEBOOK}, user_settings={"defaultDevice": "cpu"})
+    with lab_server as served, screenshot_on_failure(page, "two-frontends-failure.png"):
+        lab = page
+        lab.goto(f"{served['base']}/lab/tree/two.ipynb?token={TOKEN}")
+        lab.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
+        lab.wait_for_selector(
+            '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90000)
+        run_cell(lab, 0)
+        lab.click(SIDEBAR_TAB)
+        _row(lab.locator(SIDEBAR), "a").wait_for(timeout=60000)
+
+        # the same notebook in Notebook 7, in a second window: the same kernel
+        nb7 = lab.context.new_page()
+        with screenshot_on_failure(nb7, "two-frontends-notebook7-failure.png"):
+            nb7.goto(f"{served['base']}/notebooks/two.ipynb?token={TOKEN}")
+            nb7.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
+            nb7.locator(".lm-MenuBar-item", has_text=re.compile(r"^View$")).click()
+            nb7.locator(".lm-Menu-item", has_text="Right Sidebar").hover()
+            nb7.locator(".lm-Menu-item", has_text="Show Kernel Memory").click()
+            _row(nb7.locator(SIDEBAR), "a").wait_for(timeout=60000)
+
+            _purge(nb7, "a")                                 # from Notebook 7
+            _row(lab.locator(SIDEBAR), "a").wait_for(state="detached", timeout=BOUND_MS)
+            lab.bring_to_front()
+            _purge(lab, "b")                                 # from JupyterLab
+            _row(nb7.locator(SIDEBAR), "b").wait_for(state="detached", timeout=BOUND_MS)
+        assert run_cell(lab, 1).strip() == "(False, False, True)"
+    log = served["log"].read_text()
+    assert "Unknown subshell_id" not in log, log[-3000:]
