@@ -102,6 +102,11 @@ def _empty():
     import gc  # noqa: PLC0415 - local to the helper
     gc.collect()
     torch.cuda.synchronize()
+    # the fit's release clears the cuBLAS workspaces (torch makes them again at the next
+    # product): cleared here too, so that before and after count the user's tensors only
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
     torch.cuda.empty_cache()
 
 

@@ -162,7 +162,7 @@ def test_terminal_metrics_and_nvml_agree_to_the_mib(tmp_path):
         [(_, dev_used)] = [x for x in got["jupyter_gpumem_device_used_bytes"]
                            if x[0]["device"] == dev]
         assert abs(dev_used - used) < 64 * MiB       # read a moment apart
-        assert "orphan: left by a kernel of c.ipynb (parent gone)" in text
+        assert "orphan: left by a kernel of c.ipynb (parent gone" in text     # and why
 
         dry = cli(server, "orphans", "--dry-run")
         assert str(child) in dry and psutil.pid_exists(child)
