@@ -67,6 +67,22 @@ def check_device(value: Any, what: str = "device") -> str:
         raise ValueError(f"{what}: {exc}") from None
 
 
+def _checked(trait: str, check, keep_parsed: bool) -> Any:
+    """A traitlets validator of ``trait`` by ``check(value, what)``: its ValueError (or
+    TypeError) becomes a TraitError naming ``GpuMemMagics.<trait>``; the trait keeps what
+    the check returned (``keep_parsed``: seconds) or the value as given (``"80%"``)."""
+    what = f"GpuMemMagics.{trait}"
+
+    def _validate(self, proposal):
+        try:
+            parsed = check(proposal["value"], what)
+        except (TypeError, ValueError) as exc:
+            text = str(exc)
+            raise TraitError(text if text.startswith(what) else f"{what}: {text}") from None
+        return parsed if keep_parsed else proposal["value"]
+    return validate(trait)(_validate)
+
+
 class GpuMemSettings(Configurable):
     """What the user can set; the magics (``GpuMemMagics``) carry these traits.
 
@@ -121,38 +137,13 @@ class GpuMemSettings(Configurable):
                 print(f"jupyter_gpumem: {exc}; the setting keeps {getattr(self, name)!r}",
                       file=sys.stderr)
 
-    @validate("warn_at")
-    def _check_warn_at(self, proposal):
-        try:
-            parse_share(proposal["value"])
-        except (TypeError, ValueError) as exc:
-            raise TraitError(f"GpuMemMagics.warn_at: {exc}") from None
-        return proposal["value"]
+    # each value is checked where it enters, by the one check of its kind: a bad one is
+    # refused with that check's one line (a TraitError), the setting unchanged
+    _check_warn_at = _checked("warn_at", lambda value, _what: parse_share(value), False)
+    _check_sample_interval = _checked("sample_interval", check_interval, True)
+    _check_default_device = _checked("default_device", check_device, False)
+    _check_scan_time_limit = _checked("scan_time_limit", check_time_limit, True)
 
     @observe("warn_at")
     def _parse_warn_at(self, change) -> None:
         self.warn_share = parse_share(change["new"])
-
-    @validate("sample_interval")
-    def _check_sample_interval(self, proposal) -> float:
-        try:
-            return check_interval(proposal["value"], "GpuMemMagics.sample_interval")
-        except ValueError as exc:
-            raise TraitError(str(exc)) from None
-
-    @validate("default_device")
-    def _check_default_device(self, proposal) -> str:
-        """One this process has: ``cuda:0`` on a machine without a GPU is refused when
-        set (``%config``) and at load (``ipython_config.py``: the default stays)."""
-        try:
-            check_device(proposal["value"], "GpuMemMagics.default_device")
-        except ValueError as exc:
-            raise TraitError(str(exc)) from None
-        return proposal["value"]
-
-    @validate("scan_time_limit")
-    def _check_scan_time_limit(self, proposal) -> float:
-        try:
-            return check_time_limit(proposal["value"], "GpuMemMagics.scan_time_limit")
-        except ValueError as exc:
-            raise TraitError(str(exc)) from None
