@@ -6,7 +6,7 @@ import { Widget } from '@lumino/widgets';
 
 import { CONFIRM_LIST_MAX } from './constants';
 import { formatBytes } from './format';
-import { h } from './view';
+import { h } from './dom';
 
 /** Ask before deleting names from the kernel; true to go ahead. */
 export async function confirmPurge(

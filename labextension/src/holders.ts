@@ -6,9 +6,9 @@
  * rows on screen in the DOM (fixed row height, windowing). Its DOM stays: a
  * check changes a box's state in place, so focus stays where it was.
  */
+import { h, renderCodeText } from './dom';
 import { formatByteMap, formatBytes } from './format';
 import { IHolder, ISnapshot } from './protocol';
-import { h, renderCodeText } from './view';
 
 /** Height of one row, px (fixed: the window is computed from it). */
 export const ROW_HEIGHT = 26;

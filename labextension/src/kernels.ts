@@ -8,9 +8,9 @@
  * server's kernel API), end the orphans (`POST api/gpumem/orphans`); each
  * that changes something asks first.
  */
+import { h } from './dom';
 import { formatBytes } from './format';
 import type { IServerReading } from './model';
-import { h } from './view';
 
 /** One kernel of the endpoint's answer. */
 export interface IServerKernel {

@@ -10,9 +10,9 @@ import type { Kernel } from '@jupyterlab/services';
 import { DisposableSet } from '@lumino/disposable';
 import { Widget } from '@lumino/widgets';
 
+import { h } from './dom';
 import { formatByteMap } from './format';
 import type { IKernelsBackend } from './kernels';
-import { h } from './view';
 
 const COMM_TARGET = 'jupyter_gpumem';
 const REPLY_TIMEOUT_MS = 15000;
