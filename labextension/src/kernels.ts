@@ -10,7 +10,7 @@
  */
 import { h } from './dom';
 import { formatBytes } from './format';
-import type { IServerReading } from './model';
+import type { IServerReading } from './kernelView';
 
 /** One kernel of the endpoint's answer. */
 export interface IServerKernel {

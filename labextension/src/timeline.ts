@@ -7,7 +7,7 @@ import uPlot from 'uplot';
 
 import { h } from './dom';
 import { clockTime, formatBytes } from './format';
-import { ICellBand, ITimelinePoint } from './model';
+import { ICellBand, ITimelinePoint } from './kernelView';
 
 /** One line of a chart. */
 export interface ISeriesSpec {

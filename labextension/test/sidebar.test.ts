@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it, vi } from 'vitest';
 
-import { ITimelinePoint } from '../src/model';
+import { ITimelinePoint } from '../src/kernelView';
 import {
   axisBytes,
   timelineData,
