@@ -1,37 +1,23 @@
 /**
- * What the Kernels section asks of JupyterLab: the server's endpoints (through
- * its authenticated ServerConnection), the document manager, the kernel API,
- * a kernel's own `jupyter_gpumem` comm, and a confirmation dialog.
+ * A kernel's own `jupyter_gpumem` comm, opened for one job and closed after
+ * it: the Kernels section purges the hidden holders (`Out[N]`, the last
+ * traceback) of a kernel that is not the one the sidebar follows. The
+ * sidebar's own link to the kernels (one comm each, kept open) is channel.ts.
  */
-import type { JupyterFrontEnd } from '@jupyterlab/application';
-import { Dialog, showDialog } from '@jupyterlab/apputils';
-import { ServerConnection } from '@jupyterlab/services';
 import type { Kernel } from '@jupyterlab/services';
 import { DisposableSet } from '@lumino/disposable';
-import { Widget } from '@lumino/widgets';
 
-import { h } from './dom';
+import { COMM_TARGET } from './constants';
 import { formatByteMap } from './format';
-import type { IKernelsBackend } from './kernels';
+import { Requests } from './protocol';
 
-const COMM_TARGET = 'jupyter_gpumem';
+/** How long the kernel has to say `hello` and to answer the refresh, in ms. */
 const REPLY_TIMEOUT_MS = 15000;
+/** How long the purge may take, in ms. */
 const PURGE_TIMEOUT_MS = 120000;
-
-async function confirm(
-  title: string,
-  text: string,
-  label: string
-): Promise<boolean> {
-  const result = await showDialog({
-    title,
-    body: new Widget({ node: h('p', { class: 'jp-GpuMem-confirm' }, text) }),
-    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label })],
-    // Enter keeps what the user has: the destructive button needs a click
-    defaultButton: 0
-  });
-  return result.button.accept;
-}
+/** Ids of this job's two requests. */
+const REFRESH_ID = 'kernels-refresh';
+const PURGE_ID = 'kernels-purge';
 
 /** Messages of one comm, awaited one condition at a time. */
 class CommReplies {
@@ -93,9 +79,9 @@ export async function purgeHiddenThroughComm(
     }
     // every device: a hidden holder (Out[12], the last traceback) may hold host
     // memory too, and the purge that follows goes on this comm's selection
-    comm.send({ type: 'set_device', id: 'kernels-refresh', device: 'all' });
+    comm.send({ ...Requests.setDevice(REFRESH_ID, 'all') });
     const reply = await replies.next(
-      m => m.reply_to === 'kernels-refresh',
+      m => m.reply_to === REFRESH_ID,
       REPLY_TIMEOUT_MS
     );
     const snapshot = reply?.snapshot as
@@ -117,9 +103,9 @@ export async function purgeHiddenThroughComm(
     if (!ok) {
       return 'Nothing purged.';
     }
-    comm.send({ type: 'purge', id: 'kernels-purge', names });
+    comm.send({ ...Requests.purge(PURGE_ID, names) });
     const result = await replies.next(
-      m => m.reply_to === 'kernels-purge',
+      m => m.reply_to === PURGE_ID,
       PURGE_TIMEOUT_MS
     );
     if (!result) {
@@ -140,34 +126,4 @@ export async function purgeHiddenThroughComm(
     }
     owned.dispose();
   }
-}
-
-/** The Kernels section's backend for this JupyterLab. */
-export function labKernelsBackend(app: JupyterFrontEnd): IKernelsBackend {
-  const services = app.serviceManager;
-  const settings = services.serverSettings;
-  return {
-    async request(path: string, body?: unknown): Promise<unknown> {
-      const base = settings.baseUrl;
-      const url = (base.endsWith('/') ? base : base + '/') + path;
-      const init: RequestInit =
-        body === undefined
-          ? { method: 'GET' }
-          : { method: 'POST', body: JSON.stringify(body) };
-      const response = await ServerConnection.makeRequest(url, init, settings);
-      if (!response.ok) {
-        throw new ServerConnection.ResponseError(response);
-      }
-      return response.json();
-    },
-    async open(path: string): Promise<void> {
-      await app.commands.execute('docmanager:open', { path });
-    },
-    async shutdown(kernelId: string): Promise<void> {
-      await services.kernels.shutdown(kernelId);
-    },
-    purgeHidden: (id, name) =>
-      purgeHiddenThroughComm(services.kernels, id, name, confirm),
-    confirm
-  };
 }
