@@ -6,6 +6,7 @@ import type { ILabShell, JupyterFrontEnd } from '@jupyterlab/application';
 import type { ICommandPalette } from '@jupyterlab/apputils';
 import type { INotebookTracker } from '@jupyterlab/notebook';
 import type { ISettingRegistry } from '@jupyterlab/settingregistry';
+import type { Kernel } from '@jupyterlab/services';
 import type { IStatusBar } from '@jupyterlab/statusbar';
 import { Poll } from '@lumino/polling';
 
@@ -27,10 +28,29 @@ import { serverRequest } from './request';
 import { applySettings, readSettings } from './settings';
 import { GpuMemSidebar } from './sidebar';
 import { MemoryStatusItem } from './statusbar';
-import { IWidgetWithSession, KernelWidgetTracker } from './tracker';
+import { hasSession, IWidgetWithSession, KernelWidgetTracker } from './tracker';
 
 /** How often the Kernels section asks the server while the sidebar shows, in ms. */
 const KERNELS_INTERVAL_MS = 5000;
+
+/**
+ * The connection a notebook or console of the main area holds to the kernel
+ * `id` and that handles its comms, or null.
+ */
+function openConnection(
+  app: JupyterFrontEnd,
+  id: string
+): Kernel.IKernelConnection | null {
+  for (const widget of app.shell.widgets('main')) {
+    const kernel = hasSession(widget)
+      ? widget.sessionContext.session?.kernel
+      : null;
+    if (kernel && kernel.id === id && kernel.handleComms) {
+      return kernel;
+    }
+  }
+  return null;
+}
 
 /**
  * The Kernels section's backend for this JupyterLab: the server's endpoints
@@ -48,7 +68,13 @@ export function labKernelsBackend(app: JupyterFrontEnd): IKernelsBackend {
       await services.kernels.shutdown(kernelId);
     },
     purgeHidden: (id, name) =>
-      purgeHiddenThroughComm(services.kernels, id, name, confirmAction),
+      purgeHiddenThroughComm(
+        services.kernels,
+        id,
+        name,
+        confirmAction,
+        openConnection(app, id)
+      ),
     confirm: confirmAction
   };
 }

@@ -58,18 +58,31 @@ class CommReplies {
   private _wake: () => void = () => undefined;
 }
 
-/** Purge a kernel's hidden holders through its own comm (confirmed first). */
+/**
+ * Purge a kernel's hidden holders through its own comm (confirmed first).
+ *
+ * `open` is a connection to that kernel this JupyterLab holds already (a
+ * notebook's or a console's): the comm goes on it, since a second connection
+ * to a kernel whose comms one handles gets none. Otherwise a connection is
+ * opened for the job, and closed after it.
+ */
 export async function purgeHiddenThroughComm(
   kernels: Kernel.IManager,
   id: string,
   name: string | null,
-  ask: (title: string, text: string, label: string) => Promise<boolean>
+  ask: (title: string, text: string, label: string) => Promise<boolean>,
+  open: Kernel.IKernelConnection | null = null
 ): Promise<string> {
-  const connection = kernels.connectTo({ model: { id, name: name ?? '' } });
   const owned = new DisposableSet();
-  owned.add(connection);
+  let connection = open;
+  if (!connection || connection.isDisposed || !connection.handleComms) {
+    connection = kernels.connectTo({ model: { id, name: name ?? '' } });
+    owned.add(connection);
+  }
+  // closed in `finally`, once, before the connection: not in `owned`, which
+  // would dispose it a second time (releasing its share of a subshell twice)
+  // eslint-disable-next-line jupyter/require-disposable-transfer
   const comm = connection.createComm(COMM_TARGET);
-  owned.add(comm);
   try {
     const replies = new CommReplies(comm);
     comm.open({});
@@ -121,7 +134,7 @@ export async function purgeHiddenThroughComm(
       try {
         comm.close();
       } catch {
-        // the kernel closed it already
+        comm.dispose(); // the kernel closed it already
       }
     }
     owned.dispose();
