@@ -1,10 +1,12 @@
 /**
- * Wiring of the plugin: model, channel, sidebar and focus tracking.
+ * Wiring of the plugin: model, channel, sidebar, the Kernels section's
+ * backend and focus tracking.
  */
 import type { ILabShell, JupyterFrontEnd } from '@jupyterlab/application';
 import type { ICommandPalette } from '@jupyterlab/apputils';
 import type { INotebookTracker } from '@jupyterlab/notebook';
 import type { ISettingRegistry } from '@jupyterlab/settingregistry';
+import type { Kernel } from '@jupyterlab/services';
 import type { IStatusBar } from '@jupyterlab/statusbar';
 import { Poll } from '@lumino/polling';
 
@@ -17,18 +19,65 @@ import {
   SIDEBAR_TITLE,
   STATUS_ID
 } from './constants';
-import { confirmPurge } from './dialog';
+import { confirmAction, confirmPurge } from './dialog';
 import { gpuMemIcon } from './icon';
-import { KernelsSection, serverReader } from './kernels';
-import { labKernelsBackend } from './kernelsBackend';
+import { purgeHiddenThroughComm } from './kernelComm';
+import { IKernelsBackend, KernelsSection, serverReader } from './kernels';
 import { SidebarModel } from './model';
+import { serverRequest } from './request';
 import { applySettings, readSettings } from './settings';
 import { GpuMemSidebar } from './sidebar';
 import { MemoryStatusItem } from './statusbar';
-import { IWidgetWithSession, KernelWidgetTracker } from './tracker';
+import { hasSession, IWidgetWithSession, KernelWidgetTracker } from './tracker';
 
 /** How often the Kernels section asks the server while the sidebar shows, in ms. */
 const KERNELS_INTERVAL_MS = 5000;
+
+/**
+ * The connection a notebook or console of the main area holds to the kernel
+ * `id` and that handles its comms, or null.
+ */
+function openConnection(
+  app: JupyterFrontEnd,
+  id: string
+): Kernel.IKernelConnection | null {
+  for (const widget of app.shell.widgets('main')) {
+    const kernel = hasSession(widget)
+      ? widget.sessionContext.session?.kernel
+      : null;
+    if (kernel && kernel.id === id && kernel.handleComms) {
+      return kernel;
+    }
+  }
+  return null;
+}
+
+/**
+ * The Kernels section's backend for this JupyterLab: the server's endpoints
+ * (request.ts), the document manager, the kernel API, a kernel's own comm
+ * (kernelComm.ts) and a confirmation dialog.
+ */
+export function labKernelsBackend(app: JupyterFrontEnd): IKernelsBackend {
+  const services = app.serviceManager;
+  return {
+    request: serverRequest(services.serverSettings),
+    async open(path: string): Promise<void> {
+      await app.commands.execute('docmanager:open', { path });
+    },
+    async shutdown(kernelId: string): Promise<void> {
+      await services.kernels.shutdown(kernelId);
+    },
+    purgeHidden: (id, name) =>
+      purgeHiddenThroughComm(
+        services.kernels,
+        id,
+        name,
+        confirmAction,
+        openConnection(app, id)
+      ),
+    confirm: confirmAction
+  };
+}
 
 /** Add the sidebar to the right area and make it follow the kernel in focus. */
 export function activateSidebar(

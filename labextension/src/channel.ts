@@ -18,7 +18,8 @@ import {
   PURGE_SNAPSHOT_WAIT_MS,
   SERVER_READINGS_INTERVAL_MS
 } from './constants';
-import { IServerReading, SidebarModel } from './model';
+import { IServerReading } from './kernelView';
+import { SidebarModel } from './model';
 import {
   IPurgeResult,
   IPurgeResultMessage,

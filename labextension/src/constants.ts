@@ -28,6 +28,8 @@ export const SNAPSHOT_SCHEMA = 'jupyter_gpumem.snapshot/1';
 export const PURGE_SCHEMA = 'jupyter_gpumem.purge/1';
 /** Schema of a snapshot's optional `cluster` part (a Dask cluster's workers). */
 export const CLUSTER_SCHEMA = 'jupyter_gpumem.cluster/1';
+/** Schema of the server extension's `GET api/gpumem/kernels` answer. */
+export const KERNELS_SCHEMA = 'jupyter_gpumem.kernels/1';
 
 /** Device selection when the sidebar starts. */
 export const DEFAULT_DEVICE = 'auto';

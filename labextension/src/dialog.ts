@@ -1,12 +1,13 @@
 /**
- * The purge confirmation, a JupyterLab dialog.
+ * The confirmations, JupyterLab dialogs: the sidebar's purge, and the
+ * Kernels section's actions (shut down, purge hidden holders, end orphans).
  */
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
 import { CONFIRM_LIST_MAX } from './constants';
 import { formatBytes } from './format';
-import { h } from './view';
+import { h } from './dom';
 
 /** Ask before deleting names from the kernel; true to go ahead. */
 export async function confirmPurge(
@@ -45,6 +46,22 @@ export async function confirmPurge(
         label: `Purge ${names.length} name${names.length === 1 ? '' : 's'}`
       })
     ],
+    // Enter keeps what the user has: the destructive button needs a click
+    defaultButton: 0
+  });
+  return result.button.accept;
+}
+
+/** Ask before an action that changes something; true to go ahead. */
+export async function confirmAction(
+  title: string,
+  text: string,
+  label: string
+): Promise<boolean> {
+  const result = await showDialog({
+    title,
+    body: new Widget({ node: h('p', { class: 'jp-GpuMem-confirm' }, text) }),
+    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label })],
     // Enter keeps what the user has: the destructive button needs a click
     defaultButton: 0
   });

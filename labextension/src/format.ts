@@ -40,3 +40,29 @@ export function formatByteMap(
     .map(([device, bytes]) => `${device} ${formatBytes(bytes)}`)
     .join(', ');
 }
+
+/** `0.0004` -> `<1 ms`, `0.042` -> `42 ms`, `1.5` -> `1.5 s`. */
+export function formatSeconds(seconds: number | null | undefined): string {
+  if (
+    seconds === null ||
+    seconds === undefined ||
+    !Number.isFinite(seconds) ||
+    seconds < 0
+  ) {
+    return 'n/a';
+  }
+  if (seconds < 0.001) {
+    return '<1 ms';
+  }
+  if (seconds < 1) {
+    return `${Math.round(seconds * 1000)} ms`;
+  }
+  return `${seconds.toFixed(seconds < 10 ? 1 : 0)} s`;
+}
+
+/** `12:03:05` in the browser's time zone, from epoch seconds. */
+export function clockTime(epochSeconds: number): string {
+  const d = new Date(epochSeconds * 1000);
+  const two = (n: number) => String(n).padStart(2, '0');
+  return `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
+}

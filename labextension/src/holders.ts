@@ -6,9 +6,9 @@
  * rows on screen in the DOM (fixed row height, windowing). Its DOM stays: a
  * check changes a box's state in place, so focus stays where it was.
  */
+import { h, renderCodeText } from './dom';
 import { formatByteMap, formatBytes } from './format';
 import { IHolder, ISnapshot } from './protocol';
-import { h, renderCodeText } from './view';
 
 /** Height of one row, px (fixed: the window is computed from it). */
 export const ROW_HEIGHT = 26;
@@ -18,6 +18,12 @@ const OVERSCAN = 8;
 
 /** Height the table's scroll box gets when the page does not say (tests), px. */
 const DEFAULT_VIEWPORT = 520;
+
+/** The sort mark a header shows after its label (style/base.css draws it). */
+const SORT_MARK = ' ▼';
+
+/** The byte columns: each sized to its widest figure. */
+const BYTE_COLUMNS: ReadonlyArray<SortKey> = ['unique', 'shared'];
 
 /** Holders named on a hint line shared by several (the rest are counted), as the text report. */
 export const HINT_NAMES = 3;
@@ -132,6 +138,37 @@ export function hintLines(
     names: line.names.sort(compareNames).slice(0, HINT_NAMES),
     more: Math.max(line.names.length - HINT_NAMES, 0)
   }));
+}
+
+/** What a byte cell shows: `160.0 MiB`; a dash where it shares nothing. */
+function byteFigure(holder: IHolder, key: SortKey): string {
+  if (key === 'shared') {
+    return holder.shared ? formatBytes(holder.shared) : '–';
+  }
+  return formatBytes(holder.unique);
+}
+
+let measuring: CanvasRenderingContext2D | null | undefined;
+
+/**
+ * Width of the widest of `texts` in the font `style` gives, px; null where
+ * nothing can measure (no canvas, no font: a detached node).
+ */
+function textWidth(
+  texts: ReadonlyArray<string>,
+  style: CSSStyleDeclaration
+): number | null {
+  if (measuring === undefined) {
+    measuring = document.createElement('canvas').getContext('2d');
+  }
+  if (!measuring || !style.fontSize || !style.fontFamily) {
+    return null;
+  }
+  if (texts.length === 0) {
+    return 0;
+  }
+  measuring.font = `${style.fontStyle} ${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+  return Math.max(...texts.map(t => measuring!.measureText(t).width));
 }
 
 /** Column headers: label, sort key, title. */
@@ -368,6 +405,7 @@ export class HoldersTable {
         ? document.activeElement.closest('tr')?.getAttribute('data-name')
         : null;
     this._body.replaceChildren(...rows);
+    this._sizeByteColumns();
     if (focused) {
       const again = this._body.querySelector<HTMLInputElement>(
         `tr[data-name="${CSS.escape(focused)}"] input`
@@ -375,6 +413,54 @@ export class HoldersTable {
       again?.focus();
     }
     this._syncAll();
+  }
+
+  /**
+   * Size each byte column ("Frees", "Shared") to the widest figure it shows
+   * (in the cells' font) and to its header (with the sort mark when sorted
+   * by it), padding included: a figure is never cut, whatever the sidebar's
+   * width; the name column gives the room. Sized again when the holders, the
+   * sort or the font (a theme, a font size) change; until the table is in
+   * the page, the stylesheet's width.
+   */
+  private _sizeByteColumns(): void {
+    if (!this._table.isConnected) {
+      return;
+    }
+    const cells = getComputedStyle(this._table);
+    const font = `${cells.fontStyle} ${cells.fontWeight} ${cells.fontSize} ${cells.fontFamily}`;
+    const state = `${font}|${this._sortKey}`;
+    if (state === this._sized && this._snapshot === this._sizedFor) {
+      return;
+    }
+    const holders = this._snapshot?.holders ?? [];
+    for (const [label, key] of COLUMNS) {
+      const th = this._headers.get(key);
+      const button = th?.querySelector('button');
+      if (!BYTE_COLUMNS.includes(key) || !th || !button) {
+        continue;
+      }
+      const figures = textWidth(
+        [...new Set(holders.map(holder => byteFigure(holder, key)))],
+        cells
+      );
+      const header = textWidth(
+        [label + (key === this._sortKey ? SORT_MARK : '')],
+        getComputedStyle(button)
+      );
+      if (header === null) {
+        return; // nothing measures here: the stylesheet's width stays
+      }
+      const box = getComputedStyle(th);
+      const padding =
+        (parseFloat(box.paddingLeft) || 0) +
+        (parseFloat(box.paddingRight) || 0);
+      // a pixel more than measured: text is laid out at fractional widths
+      const width = Math.ceil(Math.max(figures ?? 0, header) + padding) + 1;
+      this._table.style.setProperty(`--jp-GpuMem-${key}Width`, `${width}px`);
+    }
+    this._sized = state;
+    this._sizedFor = this._snapshot;
   }
 
   private _spacer(height: number, columns: number): HTMLElement {
@@ -440,12 +526,12 @@ export class HoldersTable {
       h(
         'td',
         { class: 'jp-GpuMem-bytes jp-GpuMem-frees' },
-        formatBytes(holder.unique)
+        byteFigure(holder, 'unique')
       ),
       h(
         'td',
         { class: 'jp-GpuMem-bytes jp-GpuMem-sharedBytes' },
-        holder.shared ? formatBytes(holder.shared) : '–'
+        byteFigure(holder, 'shared')
       ),
       this._showDevices
         ? h(
@@ -487,6 +573,9 @@ export class HoldersTable {
   private _sortKey: SortKey = 'unique';
   private _descending = true;
   private _showDevices = false;
+  /** The font and sort, and the snapshot, the byte columns were sized for. */
+  private _sized = '';
+  private _sizedFor: ISnapshot | null = null;
   private _first = -1;
   private _last = -1;
   private _headers = new Map<SortKey, HTMLElement>();

@@ -8,79 +8,21 @@
  * server's kernel API), end the orphans (`POST api/gpumem/orphans`); each
  * that changes something asks first.
  */
+import { h } from './dom';
 import { formatBytes } from './format';
-import type { IServerReading } from './model';
-import { h } from './view';
-
-/** One kernel of the endpoint's answer. */
-export interface IServerKernel {
-  id: string;
-  name: string | null;
-  path: string | null;
-  type: string | null;
-  pid: number | null;
-  pid_note: string | null;
-  children: number[];
-  gpu: { [device: string]: number };
-  gpu_bytes: number;
-  execution_state: string | null;
-  /** Resident memory of the kernel and its children (newer servers). */
-  host?: { rss: number | null } | null;
-}
-
-/** A process on a GPU that is no kernel of the server. */
-export interface IOtherProcess {
-  device: string;
-  pid: number;
-  bytes: number | null;
-  relation: string;
-  label: string;
-  user: string | null;
-  command: string;
-  path: string | null;
-  purgeable: boolean;
-}
-
-/** The endpoint's answer (`jupyter_gpumem.kernels/1`). */
-export interface IServerKernels {
-  schema: string;
-  gpu: boolean;
-  message: string | null;
-  kernels: IServerKernel[];
-  others: IOtherProcess[];
-  orphans: IOtherProcess[];
-}
+import type { IServerReading } from './kernelView';
+import type { IOtherProcess, IServerKernel, IServerKernels } from './protocol';
+import { endServerOrphans, readServerKernels, ServerRequest } from './request';
 
 /** What the section needs from JupyterLab (given by activate.ts; faked in tests). */
 export interface IKernelsBackend {
   /** GET (no body) or POST (a JSON body) a path under the server's base URL. */
-  request(path: string, body?: unknown): Promise<unknown>;
+  request: ServerRequest;
   open(path: string): Promise<void>;
   shutdown(kernelId: string): Promise<void>;
   /** Purge the kernel's hidden holders through its comm; a line saying what happened. */
   purgeHidden(kernelId: string, kernelName: string | null): Promise<string>;
   confirm(title: string, text: string, label: string): Promise<boolean>;
-}
-
-export const KERNELS_PATH = 'api/gpumem/kernels';
-export const ORPHANS_PATH = 'api/gpumem/orphans';
-
-/** Checks the shape of the endpoint's answer; throws on anything else. */
-export function parseServerKernels(data: unknown): IServerKernels {
-  const d = data as IServerKernels;
-  if (
-    !d ||
-    typeof d !== 'object' ||
-    d.schema !== 'jupyter_gpumem.kernels/1' ||
-    !Array.isArray(d.kernels) ||
-    !Array.isArray(d.others)
-  ) {
-    throw new Error('not an answer of the jupyter_gpumem server extension');
-  }
-  return {
-    ...d,
-    orphans: Array.isArray(d.orphans) ? d.orphans : []
-  };
 }
 
 /** What the section says where the server has no GPU figures. */
@@ -150,9 +92,7 @@ export class KernelsSection {
   /** Ask the endpoint and draw the answer. */
   async refresh(): Promise<void> {
     try {
-      this._data = parseServerKernels(
-        await this._backend.request(KERNELS_PATH)
-      );
+      this._data = await readServerKernels(this._request);
       this._error = null;
     } catch (reason) {
       this._data = null;
@@ -223,12 +163,7 @@ export class KernelsSection {
     if (!ok) {
       return false;
     }
-    const result = (await this._backend.request(ORPHANS_PATH, {
-      dry_run: false
-    })) as {
-      steps?: { pid: number; signal: string; result: string }[];
-      freed?: { [d: string]: number };
-    };
+    const result = await endServerOrphans(this._request, false);
     const ended = new Set(
       (result.steps ?? []).filter(s => s.result === 'ended').map(s => s.pid)
     );
@@ -425,6 +360,8 @@ export class KernelsSection {
   }
 
   private _backend: IKernelsBackend;
+  private _request: ServerRequest = (path, body) =>
+    this._backend.request(path, body);
   private _data: IServerKernels | null = null;
   private _error: string | null = null;
   private _body = h('div', { class: 'jp-GpuMem-kernelsBody' });
@@ -439,7 +376,9 @@ export function serverReader(
   backend: Pick<IKernelsBackend, 'request'>
 ): (kernelId: string) => Promise<IServerReading | null> {
   return async kernelId => {
-    const data = parseServerKernels(await backend.request(KERNELS_PATH));
+    const data = await readServerKernels((path, body) =>
+      backend.request(path, body)
+    );
     const k = data.kernels.find(one => one.id === kernelId);
     if (!k) {
       return null;

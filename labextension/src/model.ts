@@ -7,6 +7,14 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import { DEFAULT_DEVICE, TIMELINE_POINTS } from './constants';
 import {
+  ConnectionState,
+  ICellBand,
+  IPendingRequest,
+  IServerReading,
+  ITimelinePoint,
+  KernelView
+} from './kernelView';
+import {
   IDeviceUsage,
   IHelloMessage,
   IPurgeResult,
@@ -15,102 +23,6 @@ import {
   RequestId,
   SidebarRequest
 } from './protocol';
-
-/**
- * Where the link to the kernel stands.
- *
- * - `no-kernel`: no notebook in focus, or it has no kernel.
- * - `connecting`: a comm was opened; no `hello` yet (the kernel may be busy).
- * - `restarting`: the kernel restarts; a comm opens once it is back.
- * - `not-loaded`: the kernel closed the comm: it has not loaded the extension.
- * - `loading`: the sidebar is running `%load_ext jupyter_gpumem`.
- * - `ready`: `hello` received; messages flow.
- * - `dead`: the kernel died.
- */
-export type ConnectionState =
-  | 'no-kernel'
-  | 'connecting'
-  | 'restarting'
-  | 'not-loaded'
-  | 'loading'
-  | 'ready'
-  | 'dead';
-
-/** One reading of one device, for the timeline. */
-export interface ITimelinePoint {
-  time: number;
-  allocated: number | null;
-  reserved: number | null;
-  used: number | null;
-  /** Bytes of the tensors the scan found on it (host memory), when known. */
-  tracked?: number | null;
-}
-
-/** One cell's run, in seconds since the epoch (`end` null while it runs). */
-export interface ICellBand {
-  start: number;
-  end: number | null;
-}
-
-/** A request sent to the kernel that has no final answer yet. */
-export interface IPendingRequest {
-  id: RequestId;
-  request: SidebarRequest;
-  /** When it was sent, ms since the epoch. */
-  sent: number;
-  /** The kernel said it runs when the running cell ends. */
-  queued: boolean;
-  /** The kernel's line about the queue (`queued: runs when the cell ends`). */
-  message: string | null;
-}
-
-/** The server's reading of a kernel whose comm is not open yet. */
-export interface IServerReading {
-  time: number;
-  /** Resident memory of the kernel and its children, bytes. */
-  rss: number | null;
-  /** Bytes per GPU, when the server has NVML. */
-  gpu: { [device: string]: number };
-  /** The server's line when it has no GPU figures. */
-  message: string | null;
-}
-
-/** Least age of a purge result before a memory change clears it, in seconds. */
-const PURGE_RESULT_MIN_S = 3;
-
-/** Change of a device's allocated bytes that clears a purge result. */
-const PURGE_RESULT_CHANGE = 1 << 20;
-
-/** Everything the sidebar knows about one kernel. */
-class KernelView {
-  constructor(state: ConnectionState, label: string) {
-    this.state = state;
-    this.kernelLabel = label;
-  }
-
-  state: ConnectionState;
-  kernelLabel: string;
-  version: string | null = null;
-  /** The kernel side says it takes the newer requests (its `hello` has `busy`). */
-  modern = false;
-  devices: IDeviceUsage[] = [];
-  devicesReceived = false;
-  snapshot: ISnapshot | null = null;
-  timeline = new Map<string, ITimelinePoint[]>();
-  cells: ICellBand[] = [];
-  selected: ReadonlySet<string> = new Set<string>();
-  lastPurge: IPurgeResult | null = null;
-  /** Time of the first device reading after the last purge result. */
-  purgeReadingsAt: number | null = null;
-  /** Allocated bytes per device in that reading. */
-  purgeReadings = new Map<string, number>();
-  snapshotsSincePurge = 0;
-  error: string | null = null;
-  cellRunning = false;
-  pending = new Map<RequestId, IPendingRequest>();
-  noAnswer: IPendingRequest | null = null;
-  serverReading: IServerReading | null = null;
-}
 
 /**
  * The sidebar's state: one view per kernel followed; the getters read the
@@ -259,7 +171,7 @@ export class SidebarModel {
   show(key: string | null, kernelLabel: string, state: ConnectionState): void {
     let v = key === null ? undefined : this._views.get(key);
     if (!v) {
-      v = new KernelView(state, kernelLabel);
+      v = new KernelView(state, kernelLabel, this._seen);
       if (key !== null) {
         this._views.set(key, v);
       }
@@ -315,7 +227,7 @@ export class SidebarModel {
     const timeline = v.timeline;
     const cells = v.cells;
     // in place: the channel's `inKernel` holds this very view
-    Object.assign(v, new KernelView(state, kernelLabel));
+    Object.assign(v, new KernelView(state, kernelLabel, this._seen));
     v.timeline = timeline;
     v.cells = cells;
     this._emit();
@@ -371,7 +283,7 @@ export class SidebarModel {
       ];
       for (const [id, bytes] of figures) {
         if (typeof bytes === 'number') {
-          this._addPoint(id, {
+          this._v.addPoint(id, {
             time: reading.time,
             allocated: null,
             reserved: null,
@@ -392,9 +304,7 @@ export class SidebarModel {
   /** Check or uncheck several holders at once (one change). */
   toggleMany(purgeNames: ReadonlyArray<string>, checked: boolean): void {
     const v = this._v;
-    const purgeable = new Set(
-      (v.snapshot?.holders ?? []).map(h => h.purge).filter(p => p)
-    );
+    const purgeable = v.purgeable();
     const next = new Set(v.selected);
     for (const name of purgeNames) {
       if (checked && purgeable.has(name)) {
@@ -445,7 +355,7 @@ export class SidebarModel {
 
   /** The answer to `id` came (a part of a split purge: no message to show). */
   answered(id: RequestId): void {
-    this._answered(id);
+    this._v.answered(id);
     this._emit();
   }
 
@@ -468,19 +378,19 @@ export class SidebarModel {
         pending.queued = true;
         pending.message = message.message || 'queued: runs when the cell ends';
       }
-      this._answered(null);
+      v.answered(null);
       this._emit();
       return;
     }
     if (message.type === 'cancelled') {
       v.pending.delete(message.request);
       v.pending.delete(message.reply_to);
-      this._answered(null);
+      v.answered(null);
       this._emit();
       return;
     }
     if (replyTo !== null) {
-      this._answered(replyTo);
+      v.answered(replyTo);
     }
     switch (message.type) {
       case 'hello':
@@ -494,8 +404,8 @@ export class SidebarModel {
           v.cellRunning = message.cell_running;
         }
         v.serverReading = null;
-        this._setDevices(message.devices, message.time);
-        this._expirePurge(message.devices, message.time);
+        v.setDevices(message.devices, message.time);
+        v.expirePurge(message.devices, message.time);
         break;
       case 'snapshot': {
         v.state = 'ready';
@@ -504,19 +414,19 @@ export class SidebarModel {
         if (typeof message.snapshot.cell_running === 'boolean') {
           v.cellRunning = message.snapshot.cell_running;
         }
-        this._setDevices(
+        v.setDevices(
           message.snapshot.devices,
           message.snapshot.time,
           message.snapshot
         );
-        this._pruneSelection();
+        v.pruneSelection();
         const cell = message.snapshot.cell;
         if (
           cell &&
           typeof cell.start === 'number' &&
           typeof cell.end === 'number'
         ) {
-          this._addCell(cell.start, cell.end);
+          v.addCell(cell.start, cell.end);
         }
         // the snapshot that follows a purge shows its effect; the next one
         // (a cell, a refresh) is newer than the purge: its result goes
@@ -544,15 +454,6 @@ export class SidebarModel {
     this._emit();
   }
 
-  /** The answer to `id` came (null: some answer came: the kernel is alive). */
-  private _answered(id: RequestId | null): void {
-    const v = this._v;
-    if (id !== null) {
-      v.pending.delete(id);
-    }
-    v.noAnswer = null;
-  }
-
   private _hello(message: IHelloMessage): void {
     const v = this._v;
     v.state = 'ready';
@@ -572,7 +473,7 @@ export class SidebarModel {
         continue;
       }
       for (const [id, d] of Object.entries(reading.devices ?? {})) {
-        this._addPoint(id, {
+        v.addPoint(id, {
           time: reading.time,
           allocated: d?.allocated ?? null,
           reserved: d?.reserved ?? null,
@@ -581,113 +482,6 @@ export class SidebarModel {
         });
       }
     }
-  }
-
-  /**
-   * A purge result stays until memory changed: a device reading at least
-   * `PURGE_RESULT_MIN_S` after the first one that followed it, whose
-   * allocated bytes differ by `PURGE_RESULT_CHANGE` or more on some device
-   * (or, for an older kernel, the second snapshot after it).
-   */
-  private _expirePurge(devices: IDeviceUsage[], time: number): void {
-    const v = this._v;
-    if (!v.lastPurge || v.lastPurge.dry_run) {
-      return;
-    }
-    const now = new Map(
-      devices
-        .filter(d => typeof d.allocated === 'number')
-        .map(d => [d.id, d.allocated as number])
-    );
-    if (v.purgeReadingsAt === null) {
-      v.purgeReadingsAt = time;
-      v.purgeReadings = now;
-      return;
-    }
-    if (time - v.purgeReadingsAt < PURGE_RESULT_MIN_S) {
-      return;
-    }
-    for (const [id, bytes] of now) {
-      const before = v.purgeReadings.get(id);
-      if (
-        before !== undefined &&
-        Math.abs(bytes - before) >= PURGE_RESULT_CHANGE
-      ) {
-        v.lastPurge = null;
-        return;
-      }
-    }
-  }
-
-  /** A cell known from the kernel's snapshot (start and end), if not yet seen. */
-  private _addCell(start: number, end: number): void {
-    const v = this._v;
-    if (v.cells.some(c => Math.abs(c.start - start) < 0.05)) {
-      return;
-    }
-    v.cells = [...v.cells, { start, end }]
-      .sort((a, b) => a.start - b.start)
-      .slice(-TIMELINE_POINTS);
-  }
-
-  /** Add one point in time order (a point at a time already there is dropped). */
-  private _addPoint(id: string, point: ITimelinePoint): void {
-    const v = this._v;
-    this._seen.add(id);
-    const points = [...(v.timeline.get(id) ?? [])];
-    const last = points[points.length - 1];
-    if (!last || last.time < point.time) {
-      points.push(point);
-    } else if (!points.some(p => p.time === point.time)) {
-      points.push(point);
-      points.sort((a, b) => a.time - b.time);
-    } else {
-      return;
-    }
-    v.timeline.set(id, points.slice(-TIMELINE_POINTS));
-  }
-
-  private _setDevices(
-    devices: IDeviceUsage[],
-    time: number,
-    snapshot?: ISnapshot
-  ): void {
-    const v = this._v;
-    if (!snapshot && v.snapshot) {
-      // a `devices` reading has no scan behind it: the tensors found on a
-      // host device are the last snapshot's
-      const scanned = new Map(v.snapshot.devices.map(d => [d.id, d]));
-      devices = devices.map(d =>
-        d.kind === 'cpu' && scanned.has(d.id)
-          ? { ...d, attributed: scanned.get(d.id)!.attributed }
-          : d
-      );
-    }
-    v.devices = devices;
-    v.devicesReceived = true;
-    for (const device of devices) {
-      this._seen.add(device.id);
-      const points = v.timeline.get(device.id) ?? [];
-      const last = points[points.length - 1];
-      if (last && last.time >= time) {
-        continue;
-      }
-      this._addPoint(device.id, {
-        time,
-        allocated: device.allocated ?? null,
-        reserved: device.reserved ?? null,
-        used: device.used_process ?? null,
-        tracked: tracked(device, snapshot) ?? last?.tracked ?? null
-      });
-    }
-  }
-
-  private _pruneSelection(): void {
-    const v = this._v;
-    const purgeable = new Set(
-      (v.snapshot?.holders ?? []).map(h => h.purge).filter(p => p)
-    );
-    v.selected = new Set([...v.selected].filter(name => purgeable.has(name)));
   }
 
   /** Emit `changed` when the kernel worked on is the one shown. */
@@ -701,28 +495,8 @@ export class SidebarModel {
   private _device: string = DEFAULT_DEVICE;
   private _seen = new Set<string>();
   /** The kernel a method works on (the shown one, or the one `inKernel` names). */
-  private _v: KernelView = new KernelView('no-kernel', '');
+  private _v: KernelView = new KernelView('no-kernel', '', this._seen);
   /** The kernel shown. */
   private _shown: KernelView = this._v;
   private _views = new Map<string, KernelView>();
-}
-
-/**
- * Bytes of the tensors found on a host device: its `attributed` figure, or the
- * snapshot's holders on it (a `devices` reading carries no scan).
- */
-function tracked(device: IDeviceUsage, snapshot?: ISnapshot): number | null {
-  if (device.kind !== 'cpu') {
-    return null;
-  }
-  if (!snapshot) {
-    return null; // a `devices` reading: no scan behind its figures
-  }
-  if (typeof device.attributed === 'number') {
-    return device.attributed;
-  }
-  return snapshot.holders.reduce(
-    (acc, h) => acc + (h.devices[device.id] ?? 0),
-    0
-  );
 }

@@ -1,9 +1,14 @@
 /**
- * The snapshot schema and the comm protocol of docs/PROTOCOL.md, as types,
- * with a checker for what arrives from the kernel and builders for what the
- * sidebar sends.
+ * The snapshot schema, the comm protocol and the server extension's answers
+ * of docs/PROTOCOL.md, as types, with checkers for what arrives from the
+ * kernel and the server and builders for what the sidebar sends the kernel.
  */
-import { CLUSTER_SCHEMA, PURGE_SCHEMA, SNAPSHOT_SCHEMA } from './constants';
+import {
+  CLUSTER_SCHEMA,
+  KERNELS_SCHEMA,
+  PURGE_SCHEMA,
+  SNAPSHOT_SCHEMA
+} from './constants';
 
 /** Bytes per device id, e.g. `{"cuda:0": 1048576}`. */
 export type ByteMap = { [device: string]: number };
@@ -277,6 +282,102 @@ export type SidebarRequest =
   | IHelloRequest
   | ICancelRequest;
 
+// -- the server extension (docs/PROTOCOL.md, "Server extension") --
+
+/** A process on a GPU, as the server names it (`GpuProcess` and its device). */
+export interface IOtherProcess {
+  device: string;
+  pid: number;
+  bytes: number | null;
+  /** `orphan`, `other_user`, `kernel`, `kernel_child`, `own`, ... */
+  relation: string;
+  label: string;
+  user: string | null;
+  command: string;
+  path: string | null;
+  purgeable: boolean;
+}
+
+/** One GPU as the server reads it (NVML), with what it cannot name. */
+export interface IServerDevice {
+  device: string;
+  nvml_index: number | null;
+  uuid: string | null;
+  name: string | null;
+  total: number | null;
+  used: number | null;
+  hidden: number;
+  hidden_bytes: number;
+}
+
+/** One kernel of the server's answer. */
+export interface IServerKernel {
+  id: string;
+  name: string | null;
+  /** Its first session's notebook or console path; null: no session. */
+  path: string | null;
+  type: string | null;
+  /** Null where the server does not run the kernel itself (`pid_note` says). */
+  pid: number | null;
+  pid_note: string | null;
+  /** Every descendant, GPU or not. */
+  children: number[];
+  /** Bytes per GPU of the kernel and its descendants. */
+  gpu: { [device: string]: number };
+  gpu_bytes: number;
+  execution_state: string | null;
+  /** Resident memory of the kernel and its children (newer servers). */
+  host?: { rss: number | null } | null;
+  sessions?: { path: string | null; type: string | null; name?: string }[];
+  /** Its processes on the GPUs. */
+  processes?: Pick<
+    IOtherProcess,
+    'pid' | 'device' | 'bytes' | 'relation' | 'label' | 'command'
+  >[];
+}
+
+/** The answer of `GET api/gpumem/kernels` (`jupyter_gpumem.kernels/1`). */
+export interface IServerKernels {
+  schema: string;
+  version?: string;
+  /** When the readings were taken, epoch seconds. */
+  time?: number;
+  server_pid?: number;
+  user?: string | null;
+  /** False: no GPU, or no NVML (`message` says). */
+  gpu: boolean;
+  message: string | null;
+  devices?: IServerDevice[];
+  /** Largest GPU use first. */
+  kernels: IServerKernel[];
+  /** On the GPUs, no kernel of the server nor a kernel's child. */
+  others: IOtherProcess[];
+  /** Those of `others` that are orphans (older servers: absent). */
+  orphans: IOtherProcess[];
+}
+
+/** The answer of `POST api/gpumem/orphans` (an `OrphanPurge`). */
+export interface IOrphanPurge {
+  dry_run?: boolean;
+  grace?: number;
+  targets?: {
+    pid: number;
+    bytes: number | null;
+    devices: ByteMap;
+    user: string | null;
+    command: string;
+    path: string | null;
+    label: string;
+  }[];
+  /** One signal each, or what became of it (`result` `ended` once gone). */
+  steps?: { pid: number; signal: string; result: string; seconds?: number }[];
+  before?: ByteMap;
+  after?: ByteMap;
+  freed?: ByteMap;
+  messages?: string[];
+  seconds?: number;
+}
+
 /** Result of checking one message from the kernel. */
 export type Parsed =
   { ok: true; message: KernelMessage } | { ok: false; reason: string };
@@ -447,6 +548,26 @@ export function parseKernelMessage(data: unknown): Parsed {
     default:
       return { ok: false, reason: `unknown message type "${data.type}"` };
   }
+}
+
+/**
+ * Checks the shape of the server's `api/gpumem/kernels` answer; throws on
+ * anything else. An older server's answer without `orphans` gets an empty list.
+ */
+export function parseServerKernels(data: unknown): IServerKernels {
+  const d = data as IServerKernels;
+  if (
+    !isObject(d) ||
+    d.schema !== KERNELS_SCHEMA ||
+    !Array.isArray(d.kernels) ||
+    !Array.isArray(d.others)
+  ) {
+    throw new Error('not an answer of the jupyter_gpumem server extension');
+  }
+  return {
+    ...d,
+    orphans: Array.isArray(d.orphans) ? d.orphans : []
+  };
 }
 
 /** Builders of the requests, so their shape lives in one place. */

@@ -8,21 +8,17 @@ import { Widget } from '@lumino/widgets';
 
 import { KernelChannel } from './channel';
 import { DEVICE_CHOICES, REFRESH_INTERVAL_MS } from './constants';
-import { formatBytes } from './format';
+import { h } from './dom';
+import { clockTime, formatBytes } from './format';
 import { HoldersTable } from './holders';
-import { IServerReading, SidebarModel } from './model';
+import { IServerReading } from './kernelView';
+import { SidebarModel } from './model';
 import { IDeviceUsage } from './protocol';
 import { TimelineView } from './timeline';
-import {
-  clockTime,
-  h,
-  predictedBytes,
-  renderClusterDevices,
-  renderClusterHolders,
-  renderDevices,
-  renderHolderNotes,
-  renderPurgeResult
-} from './view';
+import { renderClusterDevices, renderClusterHolders } from './viewCluster';
+import { renderDevices } from './viewDevices';
+import { predictedBytes, renderHolderNotes } from './viewHolderNotes';
+import { renderPurgeResult } from './viewPurge';
 
 /** Snapshot messages that say what the no-accelerator line says already. */
 const NO_ACCELERATOR_MESSAGE = /^no accelerator\b/i;

@@ -5,9 +5,9 @@
  */
 import uPlot from 'uplot';
 
-import { formatBytes } from './format';
-import { ICellBand, ITimelinePoint } from './model';
-import { clockTime, h } from './view';
+import { h } from './dom';
+import { clockTime, formatBytes } from './format';
+import { ICellBand, ITimelinePoint } from './kernelView';
 
 /** One line of a chart. */
 export interface ISeriesSpec {

@@ -6,13 +6,11 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { parseKernelMessage } from '../src/protocol';
 import {
-  barSegments,
   clusterWhere,
   renderClusterDevices,
-  renderClusterHolders,
-  renderDevice,
-  workerLabel
-} from '../src/view';
+  renderClusterHolders
+} from '../src/viewCluster';
+import { barSegments, renderDevice, workerLabel } from '../src/viewDevices';
 import {
   $,
   $$,

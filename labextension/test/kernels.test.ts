@@ -3,13 +3,11 @@ import { describe, expect, it } from 'vitest';
 import {
   holdingKernels,
   IKernelsBackend,
-  IServerKernels,
-  KERNELS_PATH,
   KernelsSection,
-  NO_NVML_MESSAGE,
-  ORPHANS_PATH,
-  parseServerKernels
+  NO_NVML_MESSAGE
 } from '../src/kernels';
+import { IServerKernels, parseServerKernels } from '../src/protocol';
+import { KERNELS_PATH, ORPHANS_PATH } from '../src/request';
 
 const MiB = 1 << 20;
 const GiB = 1 << 30;
@@ -28,7 +26,7 @@ function kernel(
     pid,
     pid_note: pid === null ? 'pid unknown (a remote provisioner)' : null,
     children: pid === null ? [] : [pid + 1],
-    gpu: bytes ? { 'cuda:0': bytes } : {},
+    gpu: (bytes ? { 'cuda:0': bytes } : {}) as { [device: string]: number },
     gpu_bytes: bytes,
     execution_state: 'idle'
   };

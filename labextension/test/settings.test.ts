@@ -1,5 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 
+import { DEFAULT_WARN_SHARE } from '../src/constants';
 import { applySettings, readSettings } from '../src/settings';
 import { disposeSidebars, hello, openSidebar } from './helpers';
 import schema from '../schema/sidebar.json';
@@ -35,7 +36,11 @@ describe('settings', () => {
     hello(session.kernel.lastComm);
     session.kernel.lastComm.sent = [];
     const apply = (refreshInterval: number, defaultDevice: string) =>
-      applySettings({ refreshInterval, defaultDevice }, sidebar, channel);
+      applySettings(
+        { refreshInterval, defaultDevice, warnAt: DEFAULT_WARN_SHARE },
+        sidebar,
+        channel
+      );
 
     apply(3, 'cpu');
     expect(sidebar.poll.frequency.interval).toBe(3000);

@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it, vi } from 'vitest';
 
-import { ITimelinePoint } from '../src/model';
+import { ITimelinePoint } from '../src/kernelView';
 import {
   axisBytes,
   timelineData,
@@ -11,15 +11,10 @@ import {
   timeRange,
   visibleBands
 } from '../src/timeline';
-import {
-  barScale,
-  barSegments,
-  formatSeconds,
-  renderCodeText,
-  renderDevice,
-  h,
-  renderHolderNotes
-} from '../src/view';
+import { h, renderCodeText } from '../src/dom';
+import { formatSeconds } from '../src/format';
+import { barScale, barSegments, renderDevice } from '../src/viewDevices';
+import { renderHolderNotes } from '../src/viewHolderNotes';
 import { HoldersTable } from '../src/holders';
 import {
   $,

@@ -1,37 +1,23 @@
 /**
- * What the Kernels section asks of JupyterLab: the server's endpoints (through
- * its authenticated ServerConnection), the document manager, the kernel API,
- * a kernel's own `jupyter_gpumem` comm, and a confirmation dialog.
+ * A kernel's own `jupyter_gpumem` comm, opened for one job and closed after
+ * it: the Kernels section purges the hidden holders (`Out[N]`, the last
+ * traceback) of a kernel that is not the one the sidebar follows. The
+ * sidebar's own link to the kernels (one comm each, kept open) is channel.ts.
  */
-import type { JupyterFrontEnd } from '@jupyterlab/application';
-import { Dialog, showDialog } from '@jupyterlab/apputils';
-import { ServerConnection } from '@jupyterlab/services';
 import type { Kernel } from '@jupyterlab/services';
 import { DisposableSet } from '@lumino/disposable';
-import { Widget } from '@lumino/widgets';
 
+import { COMM_TARGET } from './constants';
 import { formatByteMap } from './format';
-import type { IKernelsBackend } from './kernels';
-import { h } from './view';
+import { Requests } from './protocol';
 
-const COMM_TARGET = 'jupyter_gpumem';
+/** How long the kernel has to say `hello` and to answer the refresh, in ms. */
 const REPLY_TIMEOUT_MS = 15000;
+/** How long the purge may take, in ms. */
 const PURGE_TIMEOUT_MS = 120000;
-
-async function confirm(
-  title: string,
-  text: string,
-  label: string
-): Promise<boolean> {
-  const result = await showDialog({
-    title,
-    body: new Widget({ node: h('p', { class: 'jp-GpuMem-confirm' }, text) }),
-    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label })],
-    // Enter keeps what the user has: the destructive button needs a click
-    defaultButton: 0
-  });
-  return result.button.accept;
-}
+/** Ids of this job's two requests. */
+const REFRESH_ID = 'kernels-refresh';
+const PURGE_ID = 'kernels-purge';
 
 /** Messages of one comm, awaited one condition at a time. */
 class CommReplies {
@@ -72,18 +58,31 @@ class CommReplies {
   private _wake: () => void = () => undefined;
 }
 
-/** Purge a kernel's hidden holders through its own comm (confirmed first). */
+/**
+ * Purge a kernel's hidden holders through its own comm (confirmed first).
+ *
+ * `open` is a connection to that kernel this JupyterLab holds already (a
+ * notebook's or a console's): the comm goes on it, since a second connection
+ * to a kernel whose comms one handles gets none. Otherwise a connection is
+ * opened for the job, and closed after it.
+ */
 export async function purgeHiddenThroughComm(
   kernels: Kernel.IManager,
   id: string,
   name: string | null,
-  ask: (title: string, text: string, label: string) => Promise<boolean>
+  ask: (title: string, text: string, label: string) => Promise<boolean>,
+  open: Kernel.IKernelConnection | null = null
 ): Promise<string> {
-  const connection = kernels.connectTo({ model: { id, name: name ?? '' } });
   const owned = new DisposableSet();
-  owned.add(connection);
+  let connection = open;
+  if (!connection || connection.isDisposed || !connection.handleComms) {
+    connection = kernels.connectTo({ model: { id, name: name ?? '' } });
+    owned.add(connection);
+  }
+  // closed in `finally`, once, before the connection: not in `owned`, which
+  // would dispose it a second time (releasing its share of a subshell twice)
+  // eslint-disable-next-line jupyter/require-disposable-transfer
   const comm = connection.createComm(COMM_TARGET);
-  owned.add(comm);
   try {
     const replies = new CommReplies(comm);
     comm.open({});
@@ -93,9 +92,9 @@ export async function purgeHiddenThroughComm(
     }
     // every device: a hidden holder (Out[12], the last traceback) may hold host
     // memory too, and the purge that follows goes on this comm's selection
-    comm.send({ type: 'set_device', id: 'kernels-refresh', device: 'all' });
+    comm.send({ ...Requests.setDevice(REFRESH_ID, 'all') });
     const reply = await replies.next(
-      m => m.reply_to === 'kernels-refresh',
+      m => m.reply_to === REFRESH_ID,
       REPLY_TIMEOUT_MS
     );
     const snapshot = reply?.snapshot as
@@ -117,9 +116,9 @@ export async function purgeHiddenThroughComm(
     if (!ok) {
       return 'Nothing purged.';
     }
-    comm.send({ type: 'purge', id: 'kernels-purge', names });
+    comm.send({ ...Requests.purge(PURGE_ID, names) });
     const result = await replies.next(
-      m => m.reply_to === 'kernels-purge',
+      m => m.reply_to === PURGE_ID,
       PURGE_TIMEOUT_MS
     );
     if (!result) {
@@ -135,39 +134,9 @@ export async function purgeHiddenThroughComm(
       try {
         comm.close();
       } catch {
-        // the kernel closed it already
+        comm.dispose(); // the kernel closed it already
       }
     }
     owned.dispose();
   }
-}
-
-/** The Kernels section's backend for this JupyterLab. */
-export function labKernelsBackend(app: JupyterFrontEnd): IKernelsBackend {
-  const services = app.serviceManager;
-  const settings = services.serverSettings;
-  return {
-    async request(path: string, body?: unknown): Promise<unknown> {
-      const base = settings.baseUrl;
-      const url = (base.endsWith('/') ? base : base + '/') + path;
-      const init: RequestInit =
-        body === undefined
-          ? { method: 'GET' }
-          : { method: 'POST', body: JSON.stringify(body) };
-      const response = await ServerConnection.makeRequest(url, init, settings);
-      if (!response.ok) {
-        throw new ServerConnection.ResponseError(response);
-      }
-      return response.json();
-    },
-    async open(path: string): Promise<void> {
-      await app.commands.execute('docmanager:open', { path });
-    },
-    async shutdown(kernelId: string): Promise<void> {
-      await services.kernels.shutdown(kernelId);
-    },
-    purgeHidden: (id, name) =>
-      purgeHiddenThroughComm(services.kernels, id, name, confirm),
-    confirm
-  };
 }
