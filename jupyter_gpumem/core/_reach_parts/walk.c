@@ -8,9 +8,9 @@
  * not plain (tensors, modules, classes, functions, frames, numpy arrays, types not
  * learned yet) is handed back to Python, once. Start at walk_py_run. */
 
-/* o stacked at `depth` (a strong reference taken) and counted; -1 out of memory. */
 /* ==== the stack, and what enters it ============================================== */
 
+/* o stacked at `depth` (a strong reference taken) and counted; -1 out of memory. */
 static int
 walk_push(Walker *w, PyObject *o, int depth)
 {
@@ -290,19 +290,21 @@ walk_py_clear(Walker *w, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-/* The getters of pending, count and deep (see walk_getset). */
+/* pending: the objects still on the stack */
 static PyObject *
 walk_py_pending(Walker *w, void *Py_UNUSED(closure))
 {
     return PyLong_FromSize_t(w->top);
 }
 
+/* count: the objects entered here */
 static PyObject *
 walk_py_count(Walker *w, void *Py_UNUSED(closure))
 {
     return PyLong_FromSsize_t(w->count);
 }
 
+/* deep: whether a structure deeper than max_depth was cut */
 static PyObject *
 walk_py_deep(Walker *w, void *Py_UNUSED(closure))
 {
