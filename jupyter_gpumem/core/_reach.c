@@ -14,7 +14,8 @@
  *                  place, with a memo of the names left out             dict.c
  *   take_batch     many tensors of a backend's plain types at once      batch.c
  *   pread_held     read the start of a small /proc file, the lock held  proc.c
- *   write_held     write to a file, the lock held (not on Windows)      proc.c
+ *   write_held     write to a file, the lock held                       proc.c
+ *                  (these two are not built on Windows)
  *   Fingerprint    type: proves a root unchanged since the last scan
  *                  (of, check, begin, forget, use_taken)     fingerprint.c, fp_*.c
  *   FingerprintPlan  type: what one fingerprint read, kept as checks    plan.c
@@ -27,8 +28,9 @@
  *   dict    dict_        a dict's entry table read in place; items_except
  *   proc    proc_        /proc reads and writes
  *   batch   batch_       take_batch, and the stamp a backend's record is checked by
- *   fp_hash, fp_tensor, fp_kinds, fingerprint   fp_   the Fingerprint
+ *   fp_hash, fp_tensor, fp_kinds   fp_   the Fingerprint's run, tensors, kinds
  *   plan    plan_        plans: recorded by the fingerprint, checked at the next scan
+ *   fingerprint   fp_    the Fingerprint type
  * A function Python calls is named <prefix>_py_<its name>; each header states its part's
  * types and invariants, once.
  *
