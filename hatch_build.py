@@ -1,7 +1,9 @@
 """Build hook: compiles the scan's optional C core (jupyter_gpumem/core/_reach.c).
 
-Built in place with setuptools' ``build_ext``, so an editable install uses it too,
-and shipped in the wheel (which is then platform-specific). It is always compiled
+Built in place with setuptools' ``build_ext`` from the one file ``SOURCE``, which
+#includes its parts (``PARTS``, every one listed in the build's dependencies), so an
+editable install uses it too, and shipped in the wheel (which is then
+platform-specific). It is always compiled
 from the source (``force``): a ``.so`` left in the tree by an earlier build is never
 packed. Where no compiler is found the build goes on without it, and any such
 leftover is removed: the scan then walks in Python, with the same answers, more
@@ -24,8 +26,16 @@ SOURCE = "jupyter_gpumem/core/_reach.c"
 LABEXTENSION = "jupyter_gpumem/labextension"
 #: what the sidebar's build leaves beside the files JupyterLab loads (never shipped)
 LEFTOVERS = ("*.map", "build_log.json", "*.orig")
-HEADER = "jupyter_gpumem/core/_fingerprint.h"   # included by SOURCE
+#: the parts SOURCE #includes (its .c and .h files): each a dependency of the build
+PARTS = "jupyter_gpumem/core/_reach_parts"
 MODULE = "jupyter_gpumem.core._reach"
+
+
+def native_depends(root: str) -> list[str]:
+    """Every part of the C core (``PARTS/*.c``, ``PARTS/*.h``), relative to ``root``:
+    the build's dependencies, so that a change of any part rebuilds the module."""
+    found = glob.glob(os.path.join(root, PARTS, "*.[ch]"))
+    return sorted(os.path.relpath(p, root).replace(os.sep, "/") for p in found)
 
 
 class NativeScanHook(BuildHookInterface):
@@ -54,7 +64,8 @@ class NativeScanHook(BuildHookInterface):
 
     def _build(self) -> str:
         root = self.root
-        ext = Extension(MODULE, [SOURCE], depends=[HEADER], extra_compile_args=["-O2"])
+        ext = Extension(MODULE, [SOURCE], depends=native_depends(root),
+                        extra_compile_args=["-O2"])
         dist = Distribution({"name": "jupyter-gpumem-native", "ext_modules": [ext]})
         dist.src_root = root
         cwd = os.getcwd()

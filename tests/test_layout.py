@@ -369,6 +369,10 @@ def test_leftover_and_broken_files_in_backends_neither_register_twice_nor_stop_t
 
 # -- each room's face: sizes, private names, module state -----------------------------------
 MAX_LINES = 700
+#: a C header holds declarations, types and invariants only (its part's face)
+MAX_HEADER_LINES = 100
+#: the files the size caps cover: the modules and the C core's sources and headers
+SIZED = (".py", ".c", ".h")
 
 #: module-level names of the package that are changed after import, or instances of its
 #: classes, each truly per process (never per shell: a shell's state belongs to its
@@ -472,10 +476,38 @@ def mutated_module_state(modules=None) -> set[str]:
     return found
 
 
-def test_no_file_of_the_package_is_over_700_lines():
-    long = {str(path.relative_to(PACKAGE)): n for path, _ in MODULES.values()
-            if (n := len(path.read_text().splitlines())) > MAX_LINES}
-    assert long == {}
+def oversized(root: Path = PACKAGE) -> dict[str, int]:
+    """The files under ``root`` over their cap, with their lines: a module (``.py``) or a
+    C source (``.c``) over MAX_LINES, a C header (``.h``) over MAX_HEADER_LINES."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in SIZED or not path.is_file():
+            continue
+        cap = MAX_HEADER_LINES if path.suffix == ".h" else MAX_LINES
+        if (n := len(path.read_text().splitlines())) > cap:
+            found[path.relative_to(root).as_posix()] = n
+    return found
+
+
+def test_no_file_of_the_package_is_over_700_lines_nor_header_over_100():
+    assert oversized() == {}
+
+
+def test_the_size_checks_see_what_they_look_for(tmp_path):
+    """Planted offenders (a module and a C source one line over MAX_LINES, a header one
+    over MAX_HEADER_LINES) are found; files at their cap are not."""
+    parts = tmp_path / "core" / "_parts"
+    parts.mkdir(parents=True)
+    (tmp_path / "core" / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "core" / "fine.py").write_text("x = 1\n" * MAX_LINES)
+    (parts / "long.c").write_text("int x;\n" * (MAX_LINES + 1))
+    (parts / "fine.c").write_text("int x;\n" * MAX_LINES)
+    (parts / "long.h").write_text("int x;\n" * (MAX_HEADER_LINES + 1))
+    (parts / "fine.h").write_text("int x;\n" * MAX_HEADER_LINES)
+    (parts / "notes.txt").write_text("x\n" * (MAX_LINES + 1))
+    assert oversized(tmp_path) == {"core/long.py": MAX_LINES + 1,
+                                   "core/_parts/long.c": MAX_LINES + 1,
+                                   "core/_parts/long.h": MAX_HEADER_LINES + 1}
 
 
 def private_imports(modules=None) -> list[str]:

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -20,6 +21,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT_SIDEBAR = ROOT / "jupyter_gpumem" / "labextension"
+#: the C core: the one file compiled, and the parts it #includes
+CORE_SOURCE = "jupyter_gpumem/core/_reach.c"
+CORE_PARTS = "jupyter_gpumem/core/_reach_parts"
 
 pytestmark = [
     pytest.mark.skipif(not (BUILT_SIDEBAR / "static" / "style.js").exists(),
@@ -53,6 +57,12 @@ def _wheel(src: Path, out: Path, **env) -> list[str]:
         return z.namelist()
 
 
+def _core_parts() -> list[str]:
+    """The C core's parts in the tree (its .c and .h files), as the archives name them."""
+    return sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / CORE_PARTS).iterdir()
+                  if p.suffix in (".c", ".h"))
+
+
 def _plant_stale_core(src: Path) -> Path:
     """A C core as an earlier build would have left it, newer than its source."""
     name = "_reach" + sysconfig.get_config_var("EXT_SUFFIX")
@@ -80,6 +90,42 @@ def test_with_a_compiler_the_core_is_compiled_from_the_source(tmp_path):
     with zipfile.ZipFile(glob.glob(str(tmp_path / "out" / "*.whl"))[0]) as z:
         z.extract(cores[0], out)
     assert (out / cores[0]).read_bytes()[:4] == b"\x7fELF", "the planted leftover was packed"
+    assert set(_core_parts()) <= set(names), "the wheel lacks parts of the C core's source"
+
+
+def test_every_part_of_the_c_core_is_included_and_a_dependency_of_its_build():
+    """The one compiled file includes each part, and the build hook lists each one as a
+    dependency (a change of any part rebuilds the module)."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        import hatch_build
+    finally:
+        sys.path.remove(str(ROOT))
+    parts = _core_parts()
+    assert any(p.endswith(".h") for p in parts) and any(p.endswith(".c") for p in parts)
+    assert hatch_build.SOURCE == CORE_SOURCE and hatch_build.PARTS == CORE_PARTS
+    assert hatch_build.native_depends(str(ROOT)) == parts
+    source = (ROOT / CORE_SOURCE).read_text()
+    included = {line.split('"')[1] for line in source.splitlines()
+                if line.startswith("#include \"")}
+    assert {p[len("jupyter_gpumem/core/"):] for p in parts} == included
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler here")
+def test_the_sdist_carries_every_part_and_its_wheel_compiles_the_core(tmp_path):
+    src = _tree(tmp_path)
+    run = subprocess.run([sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d",
+                          str(tmp_path / "sdist")], cwd=src, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (sdist,) = glob.glob(str(tmp_path / "sdist" / "*.tar.gz"))
+    with tarfile.open(sdist) as tar:
+        names = [n.split("/", 1)[1] for n in tar.getnames() if "/" in n]
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    assert set(_core_parts()) | {CORE_SOURCE} <= set(names), names
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
+    built = _wheel(unpacked, tmp_path / "out")
+    assert [n for n in built if n.startswith("jupyter_gpumem/core/_reach") and n.endswith(".so")]
 
 
 def test_the_sidebar_ships_without_source_maps_or_build_leftovers(tmp_path):
