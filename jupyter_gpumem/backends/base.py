@@ -138,6 +138,14 @@ def class_getters(tp: type) -> list[tuple[str, Any]]:
         type(v) is property and type(_FGET(v)) is _BUILTIN)]
 
 
+def is_a(obj: Any, cls: "type | tuple[type, ...]") -> bool:
+    """``isinstance`` by the object's real type: never asks ``obj.__class__`` (a
+    property of the user's, a mock's spec, a dead weak proxy), which ``isinstance``
+    does wherever the type alone says no. The one way the package asks what an object
+    is (tests/test_layout.py holds ``backends/`` and ``core/`` to it)."""
+    return issubclass(type(obj), cls)
+
+
 def instance_dict(obj: Any) -> dict:
     """``obj.__dict__`` read through the C slot: no property or ``__getattribute__``
     of the object's class runs. Empty when there is none."""

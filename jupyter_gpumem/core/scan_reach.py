@@ -41,6 +41,7 @@ from .scan_types import (
     PARTIAL, SEQ, SET, SKIP, TENSOR, TRACEBACK, TYPE_FLAGS, OutOfTime, Refusals, classify, keyable,
     split_keyable, untracked_holds_nothing,
 )
+from ..backends.base import is_a
 
 _native = native.CORE   # the C core (built with the package where a compiler was found)
 
@@ -128,7 +129,7 @@ class Reacher(TensorTaking):
         # collectable (and then dicts and tuples the collector leaves untracked)
         self._watch: set[type] = set()
         numpy = sys.modules.get("numpy")
-        if isinstance(getattr(numpy, "ndarray", None), type):
+        if is_a(getattr(numpy, "ndarray", None), type):
             self._watch |= _subclasses(numpy.ndarray)
         for backend in backends:   # a framework's own object the collector does not
             try:                   # track (torch's saved tensors, held by checkpoint)

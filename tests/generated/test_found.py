@@ -42,6 +42,14 @@ def test_a_shown_sparse_tensor_goes_with_the_hidden_holders(ip):
     run_recipe(ip, [("show", ("sparse", "k1", 8)), ("scan",), ("purge",)])
 
 
+def test_a_class_with_a_trap_metaclass_is_read_raw_with_keras_imported(ip):
+    """With Keras imported (its backend active), %gpumem asked every holder whether it was
+    a Keras optimizer with ``isinstance``, which read the class's ``__class__`` through
+    its metaclass (met only where another test file had imported TensorFlow first)."""
+    pytest.importorskip("keras")
+    run_recipe(ip, [("class", "C1", "a", ("atom", "k1", 8)), ("scan",), ("purge",)])
+
+
 @known("the storage size kept per data pointer is refreshed after set_()")
 def test_set_onto_a_storage_at_the_same_address_is_measured_again(ip):
     """After b.set_(a), b (which sat on a numpy view at a's address) was still 8 B. Its
