@@ -41,7 +41,7 @@ from .scan_types import (
     PARTIAL, SEQ, SET, SKIP, TENSOR, TRACEBACK, TYPE_FLAGS, OutOfTime, Refusals, classify, keyable,
     split_keyable, untracked_holds_nothing,
 )
-from ..backends.base import is_a
+from ..backends.base import is_a, with_room
 
 _native = native.CORE   # the C core (built with the package where a compiler was found)
 
@@ -206,6 +206,13 @@ class Reacher(TensorTaking):
     def _learn_one(self, tp: type) -> None:
         try:
             kind, backend = classify(tp, self.backends)
+        except RecursionError:
+            # a deep stack (a low limit of the user's) says nothing of the type: it is
+            # asked again with room, not skipped for the whole scan
+            got = with_room(classify, tp, self.backends)
+            kind, backend = got if got is not None else (SKIP, None)
+            if got is None:
+                self.refuse(None, tp)
         except Exception:
             kind, backend = SKIP, None
             self.refuse(None, tp)
