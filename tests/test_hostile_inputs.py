@@ -303,9 +303,6 @@ def test_the_comm_refuses_a_fullwidth_digit_and_normalises_case_and_spaces_exact
 
 
 # -- a low recursion limit ------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="open since the real-framework check (backends/base.py "
-                   "framework_module): under a low recursion limit 9 objects are skipped "
-                   "'in ?' instead of inside `nested`")
 def test_a_holder_that_a_low_recursion_limit_cuts_is_named():
     """At each recursion limit low enough to make the walk skip objects, the report says
     inside which holders they were (``nested``), beside the count of them."""

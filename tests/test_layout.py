@@ -574,3 +574,39 @@ def test_the_room_checks_see_what_they_look_for(tmp_path):
     assert [f for f in private_imports(mods) if ".bad:" in f] == [f"{NAME}.watch.bad:12 _purge._Target",
                                      f"{NAME}.watch.bad:2 from {NAME}.core.render import _table"]
     assert mutated_module_state(bad) == {"watch.bad._PENDING", "watch.bad.COUNT", "watch.bad.HUB"}
+
+
+# -- what an object is, by its real type ----------------------------------------------------
+#: the layers that read the user's objects: they ask what an object is by its real type
+#: (``is_a`` of backends/base.py), never with ``isinstance``, which reads ``obj.__class__``
+#: (a property or ``__getattribute__`` of the user's) wherever the type alone says no
+REAL_TYPE_ONLY = ("backends", "core")
+
+
+def isinstance_calls(modules=None) -> list[str]:
+    """``isinstance(...)`` (and ``builtins.isinstance``) called in the REAL_TYPE_ONLY
+    layers."""
+    modules = modules or MODULES
+    found = []
+    for module, _, tree in _trees(modules):
+        if module.split(".")[1:2] not in ([layer] for layer in REAL_TYPE_ONLY):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and (
+                    (isinstance(node.func, ast.Name) and node.func.id == "isinstance") or
+                    (isinstance(node.func, ast.Attribute) and node.func.attr == "isinstance")):
+                found.append(f"{module}:{node.lineno}")
+    return sorted(found)
+
+
+def test_the_layers_that_read_user_objects_never_call_isinstance(tmp_path):
+    """A framework's backend asked for a hint about any root (a class whose metaclass
+    traps ``__getattribute__``, an instance whose ``__class__`` is a property) once ran
+    ``isinstance`` on it: ``backends/`` and ``core/`` ask ``is_a``. The check, on a
+    module written to break it, and on the package."""
+    path = tmp_path / "bad.py"
+    path.write_text("import builtins\n\ndef f(x):\n    return isinstance(x, int) or "
+                    "builtins.isinstance(x, str)\n")
+    bad = {f"{NAME}.backends.bad": (path, False), f"{NAME}.views.fine": (path, False)}
+    assert isinstance_calls(bad) == [f"{NAME}.backends.bad:4", f"{NAME}.backends.bad:4"]
+    assert isinstance_calls() == []

@@ -19,6 +19,7 @@ from typing import Iterable
 
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, Registry,
                    StorageInfo)
+from .base import is_a
 from . import cuda_context as _cuda_context
 
 
@@ -42,7 +43,7 @@ def discover(path: Iterable[str] | None = None,
                           f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
             continue
         for backend in getattr(module, "BACKENDS", None) or ():
-            if not isinstance(backend, Backend):
+            if not is_a(backend, Backend):
                 raise TypeError(f"{package}.{info.name}.BACKENDS holds {backend!r}, "
                                 f"not a Backend")
             found.append((info.name, backend))

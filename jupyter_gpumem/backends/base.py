@@ -138,6 +138,14 @@ def class_getters(tp: type) -> list[tuple[str, Any]]:
         type(v) is property and type(_FGET(v)) is _BUILTIN)]
 
 
+def is_a(obj: Any, cls: "type | tuple[type, ...]") -> bool:
+    """``isinstance`` by the object's real type: never asks ``obj.__class__`` (a
+    property of the user's, a mock's spec, a dead weak proxy), which ``isinstance``
+    does wherever the type alone says no. The one way the package asks what an object
+    is (tests/test_layout.py holds ``backends/`` and ``core/`` to it)."""
+    return issubclass(type(obj), cls)
+
+
 def instance_dict(obj: Any) -> dict:
     """``obj.__dict__`` read through the C slot: no property or ``__getattribute__``
     of the object's class runs. Empty when there is none."""
@@ -209,10 +217,11 @@ def _is_real(module: Any, name: str, distributions: tuple) -> bool:
                for home in _installed_homes(top, distributions or DISTRIBUTIONS.get(top, (top,))))
 
 
-def _with_room(fn, *args):
+def with_room(fn, *args):
     """``fn(*args)`` with 200 more frames of recursion limit than now (put back after;
     a limit only bounds the stack, so a higher one for a moment changes no answer), or
-    None where it still fails."""
+    None where it still fails. The one answer to a ``RecursionError`` met while deciding
+    something about an object or a type: that the stack was deep says nothing of it."""
     old = sys.getrecursionlimit()
     try:
         sys.setrecursionlimit(old + 200)
@@ -243,7 +252,7 @@ def framework_module(name: str, distributions: tuple = ()) -> Any:
     except RecursionError:
         # a low recursion limit (the user's, or deep in a walk) says nothing of the
         # module: the look-up (importlib.metadata, realpath) is asked again with room
-        real = _with_room(_is_real, module, name, distributions)
+        real = with_room(_is_real, module, name, distributions)
         if real is None:
             return None   # not proved real: not read, and not decided for good
     except Exception:  # noqa: BLE001 - not proved real: not read, and not decided for good

@@ -19,12 +19,13 @@ from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEsti
                    framework_module, oom_by_name)
 from ..units import fmt_bytes
 from . import nvml
+from .base import is_a
 
 _MiB = 1 << 20
 
 
 def _format_uuid(raw: Any) -> str | None:
-    if isinstance(raw, str):
+    if is_a(raw, str):
         return raw if raw.startswith(("GPU-", "MIG-")) else "GPU-" + raw
     try:
         h = bytes(raw).hex()
@@ -46,7 +47,7 @@ class CupyBackend(Backend):
 
     def tensor_types(self) -> tuple[type, ...]:
         nd = getattr(framework_module("cupy"), "ndarray", None)
-        return (nd,) if isinstance(nd, type) else ()
+        return (nd,) if is_a(nd, type) else ()
 
     def storages(self, obj: Any) -> list[StorageInfo]:
         try:
@@ -108,9 +109,9 @@ class CupyBackend(Backend):
             return 0, 0
         nbytes = 0
         for ref in gc.get_referents(pool):
-            groups = ref.values() if isinstance(ref, dict) else ()
+            groups = ref.values() if is_a(ref, dict) else ()
             for group in groups:
-                if isinstance(group, (list, set, tuple)):
+                if is_a(group, (list, set, tuple)):
                     nbytes += sum(int(getattr(m, "size", 0) or 0) for m in group)
         return blocks, nbytes or None
 
@@ -124,7 +125,7 @@ class CupyBackend(Backend):
             try:  # the pool holds memory there, so this device has a context already
                 props = runtime.getDeviceProperties(index)
                 raw_name = props.get("name")
-                name = raw_name.decode() if isinstance(raw_name, bytes) else raw_name
+                name = raw_name.decode() if is_a(raw_name, bytes) else raw_name
                 uuid = _format_uuid(props.get("uuid")) if kind == "cuda" else None
                 total = props.get("totalGlobalMem")
             except Exception:

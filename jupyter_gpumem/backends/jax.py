@@ -16,6 +16,7 @@ from typing import Any
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo,
                    framework_module, xla_is_oom)
 from ..units import fmt_bytes
+from .base import is_a
 
 _GiB = 1 << 30
 _HOST_MEMORY_KINDS = frozenset({"pinned_host", "unpinned_host"})
@@ -62,7 +63,7 @@ class JaxBackend(Backend):
 
     def tensor_types(self) -> tuple[type, ...]:
         array = getattr(framework_module("jax"), "Array", None)
-        return (array,) if isinstance(array, type) else ()
+        return (array,) if is_a(array, type) else ()
 
     # -- arrays ------------------------------------------------------------
     def storages(self, obj: Any) -> list[StorageInfo]:

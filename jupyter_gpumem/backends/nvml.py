@@ -27,6 +27,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from .base import is_a
 
 RETRY_EVERY = 1.0       # seconds between tries to get NVML (or one device) back
 GRAPHICS_EVERY = 1.0    # seconds a device's list of graphics processes is kept
@@ -101,7 +102,7 @@ def _pynvml():
 
 
 def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return value.decode() if is_a(value, bytes) else str(value)
 
 
 def _why(exc: BaseException) -> str:
@@ -284,7 +285,7 @@ def _graphics(index: int) -> list:
     try:
         procs = list(nv.nvmlDeviceGetGraphicsRunningProcesses(dev.handle))
     except Exception as exc:
-        if isinstance(exc, AttributeError) or getattr(exc, "value", None) == _NOT_SUPPORTED:
+        if is_a(exc, AttributeError) or getattr(exc, "value", None) == _NOT_SUPPORTED:
             st["no_graphics"].add(index)
         else:
             _failed(exc, gen)

@@ -17,6 +17,7 @@ from .torch_graph import GraphLedger, SavedReader, attributes, graph_children
 from .torch_storage import StorageReader
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo,
                    PeakCounter, PeakLedgerView, framework_module, instance_dict, oom_by_name)
+from .base import is_a
 
 _MODULE_OWN = ("_parameters", "_buffers", "_modules")
 _MODULE_OWN_SET = frozenset(_MODULE_OWN)
@@ -36,8 +37,8 @@ _STATE_KEY = ("opt_state_key",)
 def _counter(stats: dict, name: str) -> dict:
     """``stats[name]['all']`` of ``torch.cuda.memory_stats_as_nested_dict()``, or {}."""
     value = stats.get(name)
-    value = value.get("all") if isinstance(value, dict) else None
-    return value if isinstance(value, dict) else {}
+    value = value.get("all") if is_a(value, dict) else None
+    return value if is_a(value, dict) else {}
 
 
 def _allocator_key(stats: dict) -> tuple:
@@ -558,7 +559,7 @@ class TorchBackend(Backend):
 
     def gc_sees_all(self, tp: type) -> bool:
         module = getattr(getattr(self.torch, "nn", None), "Module", None)
-        return isinstance(module, type) and issubclass(tp, module)
+        return is_a(module, type) and issubclass(tp, module)
 
     def peak_counters(self, device_ids) -> list[PeakCounter]:
         return _peaks.counters(device_ids)

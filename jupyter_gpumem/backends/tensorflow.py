@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 
 from .base import (DLPACK_DEVICES, AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate,
                    StorageInfo, framework_module, xla_is_oom)
+from .base import is_a
 from ..units import fmt_bytes
 
 #: dtypes TensorFlow can export through DLPack (see module docstring)
@@ -195,7 +196,7 @@ class TensorFlowBackend(Backend):
     # -- tensors ---------------------------------------------------------
     def storages(self, obj: Any) -> list[StorageInfo]:
         rv = framework_module("tensorflow.python.ops.resource_variable_ops")
-        if rv is not None and isinstance(obj, rv.BaseResourceVariable):
+        if rv is not None and is_a(obj, rv.BaseResourceVariable):
             try:
                 obj = obj.value()  # a read shares the variable's buffer
             except Exception:
@@ -470,12 +471,12 @@ class KerasBackend(Backend):
             if backend is self:
                 continue
             types_ = backend.tensor_types()
-            if types_ and isinstance(value, types_):
+            if types_ and is_a(value, types_):
                 return backend.storages(value)
         return []
 
     def children(self, obj: Any) -> Iterator[tuple[tuple, Any]]:
-        if isinstance(obj, self._lookup("variable")):
+        if is_a(obj, self._lookup("variable")):
             return
         # The walk takes a variable the moment it is given and keeps the first
         # path it finds; other children go on its stack, the last given explored
@@ -489,23 +490,23 @@ class KerasBackend(Backend):
         for key, value in dict.items(_instance_dict(obj)):
             if key in _KERAS_SKIP:
                 continue
-            if isinstance(value, variable):
+            if is_a(value, variable):
                 direct.append((("attr", key), value))
-            elif isinstance(value, tracked) or key == "optimizer":
+            elif is_a(value, tracked) or key == "optimizer":
                 layers.append((("attr", key), value))
-            elif isinstance(value, (list, tuple)) and _items(value) \
-                    and isinstance(_items(value)[0], tracked):
+            elif is_a(value, (list, tuple)) and _items(value) \
+                    and is_a(_items(value)[0], tracked):
                 lists += [(("attr_index", key, i), v) for i, v in enumerate(_items(value))]
             else:
                 rest.append((("attr", key), value))
         yield from direct
-        yield from [(label, v) for label, v in lists if isinstance(v, variable)]
+        yield from [(label, v) for label, v in lists if is_a(v, variable)]
         yield from rest
         yield from layers[::-1]
-        yield from [(label, v) for label, v in lists if not isinstance(v, variable)][::-1]
+        yield from [(label, v) for label, v in lists if not is_a(v, variable)][::-1]
 
     def hint(self, name: str, obj: Any, nbytes: int) -> str | None:
-        if isinstance(obj, self._lookup("optimizer")):
+        if is_a(obj, self._lookup("optimizer")):
             return (f"`{name}` holds its slot variables and its model's variables: "
                     f"purge it together with its model")
         return None
@@ -516,9 +517,9 @@ def _items(seq: Any) -> list:
     if type(seq) is list or type(seq) is tuple:
         return list(seq)
     storage = _instance_dict(seq).get("_storage")
-    if isinstance(storage, list):
+    if is_a(storage, list):
         return list(storage)
-    return list(list.__iter__(seq)) if isinstance(seq, list) else list(tuple.__iter__(seq))
+    return list(list.__iter__(seq)) if is_a(seq, list) else list(tuple.__iter__(seq))
 
 
 def _instance_dict(obj: Any) -> dict:
@@ -526,7 +527,7 @@ def _instance_dict(obj: Any) -> dict:
         d = object.__getattribute__(obj, "__dict__")
     except AttributeError:
         return {}
-    return d if isinstance(d, dict) else {}
+    return d if is_a(d, dict) else {}
 
 
 BACKENDS = [KerasBackend(), TensorFlowBackend()]

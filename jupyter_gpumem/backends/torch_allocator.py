@@ -27,6 +27,7 @@ from typing import Iterable
 
 from .base import Internal
 from ..units import fmt_bytes
+from .base import is_a
 
 MiB = 1 << 20
 DEFAULT_POOL = (0, 0)
@@ -144,7 +145,7 @@ class AllocatorView:
                 continue
             base = int(seg.get("address", 0))
             pool = seg.get("segment_pool_id")
-            pool = tuple(int(x) for x in pool) if isinstance(pool, (tuple, list)) else DEFAULT_POOL
+            pool = tuple(int(x) for x in pool) if is_a(pool, (tuple, list)) else DEFAULT_POOL
             blocks = []
             addr = base
             for b in seg.get("blocks") or ():
@@ -341,7 +342,7 @@ class Reached:
     __slots__ = ("ptrs", "_sorted")
 
     def __init__(self, ptrs: Iterable[int]) -> None:
-        self.ptrs = ptrs if isinstance(ptrs, (set, frozenset)) else set(ptrs)
+        self.ptrs = ptrs if is_a(ptrs, (set, frozenset)) else set(ptrs)
         self._sorted: list[int] | None = None
 
     @classmethod

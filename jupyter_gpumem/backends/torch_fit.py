@@ -22,6 +22,7 @@ import sys
 from typing import Any, Iterable
 
 from . import torch_peaks as _peaks
+from .base import is_a
 
 #: messages of the host allocator's out-of-memory (a plain RuntimeError)
 _HOST_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory",
@@ -35,9 +36,9 @@ def _torch() -> Any:
 def is_oom(exc: BaseException) -> bool:
     """Whether ``exc`` is an allocator's out-of-memory: torch's ``OutOfMemoryError``, the
     host allocator's RuntimeError, or Python's ``MemoryError``."""
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+    if is_a(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _HOST_OOM)
+    return is_a(exc, RuntimeError) and any(m in str(exc) for m in _HOST_OOM)
 
 
 def peak_field(device: str) -> tuple[tuple, str, str]:
@@ -111,21 +112,21 @@ class StepGuard:
             if id(value) in seen:
                 return
             seen.add(id(value))
-            if isinstance(value, module_t):
+            if is_a(value, module_t):
                 self.modules.append(value)
-            elif isinstance(value, optim_t):
+            elif is_a(value, optim_t):
                 self.optimizers.append(value)
-            elif isinstance(value, tensor_t):
+            elif is_a(value, tensor_t):
                 self.tensors.append(value)
-            elif depth and isinstance(value, (list, tuple)):
+            elif depth and is_a(value, (list, tuple)):
                 for item in value[:1000]:
                     add(item, depth - 1)
-            elif depth and isinstance(value, dict):
+            elif depth and is_a(value, dict):
                 for item in list(value.values())[:1000]:
                     add(item, depth - 1)
             elif depth and type(value).__module__ != "builtins":
                 attrs = getattr(value, "__dict__", None)
-                if isinstance(attrs, dict):
+                if is_a(attrs, dict):
                     for item in list(attrs.values())[:1000]:
                         add(item, 0)
 

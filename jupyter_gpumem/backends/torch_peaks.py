@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .base import PeakCounter, PeakLedgerView, Reading, framework_module
+from .base import is_a
 
 FAMILY = "torch"
 
@@ -24,13 +25,13 @@ def _unwrapped(fn: Callable) -> Callable:
 def flatten_nested(stats: Any) -> Reading:
     """``{"allocated_bytes.all": (current, peak), ...}`` from a nested memory_stats dict."""
     out: Reading = {}
-    if not isinstance(stats, dict):
+    if not is_a(stats, dict):
         return out
     for stat, pools in stats.items():
-        if not isinstance(pools, dict):
+        if not is_a(pools, dict):
             continue
         for pool, d in pools.items():
-            if isinstance(d, dict) and "peak" in d and "current" in d:
+            if is_a(d, dict) and "peak" in d and "current" in d:
                 out[f"{stat}.{pool}"] = (int(d["current"]), int(d["peak"]))
     return out
 
@@ -104,7 +105,7 @@ def _accelerator_key(device_index) -> tuple | None:
         return None
     if device_index is None:
         index = torch.accelerator.current_device_index()
-    elif isinstance(device_index, int):
+    elif is_a(device_index, int):
         index = device_index
     else:
         dev = torch.device(device_index)

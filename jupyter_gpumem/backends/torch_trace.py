@@ -29,6 +29,7 @@ from collections import deque
 from typing import Any, Callable
 
 from .base import TraceCost as Cost, framework_module
+from .base import is_a
 
 #: the events of torch's history, as trace reads them (the host's are written the same way)
 _ALLOC, _FREE = "alloc", "free_requested"
@@ -68,9 +69,9 @@ class CudaFeed:
         queued = getattr(torch.cuda, "_queued_calls", None)
 
         def cancel():
-            if isinstance(queued, list):
+            if is_a(queued, list):
                 for i, item in enumerate(list(queued)):
-                    if (item[0] if isinstance(item, tuple) else item) is fn:
+                    if (item[0] if is_a(item, tuple) else item) is fn:
                         try:
                             queued.pop(i)
                         except IndexError:

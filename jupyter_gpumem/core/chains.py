@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import sys
 from typing import Any, Callable, Iterator
+from ..backends.base import is_a
 
 _CONTEXT = BaseException.__dict__["__context__"]
 _CAUSE = BaseException.__dict__["__cause__"]
@@ -30,7 +31,7 @@ def last_error(shell: Any = None) -> BaseException | None:
     result's ``error_in_exec``."""
     for obj in (getattr(sys, "last_exc", None), getattr(sys, "last_value", None),
                 getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None)):
-        if isinstance(obj, BaseException):
+        if is_a(obj, BaseException):
             return obj
     return None
 
@@ -45,10 +46,10 @@ def chained(error: BaseException | None) -> Iterator[tuple[str, BaseException, B
     while todo and len(seen) <= MAX_CHAIN:
         path, exc = todo.pop(0)
         links = [(".__cause__", _CAUSE.__get__(exc)), (".__context__", _CONTEXT.__get__(exc))]
-        if _MEMBERS is not None and isinstance(exc, _GROUP):
+        if _MEMBERS is not None and is_a(exc, _GROUP):
             links += [(f".exceptions[{i}]", e) for i, e in enumerate(_MEMBERS.__get__(exc))]
         for step, nxt in links:
-            if isinstance(nxt, BaseException) and id(nxt) not in seen:
+            if is_a(nxt, BaseException) and id(nxt) not in seen:
                 seen.add(id(nxt))
                 yield path + step, nxt, exc
                 todo.append((path + step, nxt))

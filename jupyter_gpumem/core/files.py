@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import stat
 from typing import IO, Callable
+from ..backends.base import is_a
 
 _OPEN_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
                | getattr(os, "O_CLOEXEC", 0))
@@ -108,7 +109,7 @@ def write_file(path: str, write: Callable[[IO], None], text: bool = False) -> st
             os.unlink(tmp)
         except OSError:
             pass
-        if isinstance(exc, OSError):
+        if is_a(exc, OSError):
             raise OSError(f"{path}: {exc.strerror or exc}") from None
         raise
     return path

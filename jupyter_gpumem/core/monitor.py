@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 from typing import Any, Callable
+from ..backends.base import is_a
 
 MIN_INTERVAL = 0.001   # seconds; below this a sampler only burns a core
 MAX_INTERVAL = 3600.0  # seconds; above this a timeline has nothing to show
@@ -37,7 +38,7 @@ def check_interval(value: object, what: str = "the interval", minimum: float = M
         seconds = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError):
         seconds = math.nan
-    if isinstance(value, bool) or not math.isfinite(seconds) or not minimum <= seconds <= maximum:
+    if is_a(value, bool) or not math.isfinite(seconds) or not minimum <= seconds <= maximum:
         raise ValueError(f"{what} needs a number of seconds from {minimum:g} to {maximum:g}, "
                          f"not {value!r}")
     return seconds

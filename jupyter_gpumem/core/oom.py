@@ -21,6 +21,7 @@ from typing import Any
 from ..backends import REGISTRY
 from . import devices as _devices
 from ..units import fmt_bytes
+from ..backends.base import is_a
 
 #: the allocator setting that lets PyTorch's CUDA caching allocator grow segments in place
 #: instead of cutting blocks (read when the process first uses CUDA)
@@ -83,7 +84,7 @@ def framework_of(exc: BaseException, text: str | None = None) -> str | None:
     if said:    # XLA's status is JAX's and TensorFlow's: the class's own package decides
         home = (getattr(type(exc), "__module__", None) or "").split(".")[0]
         return next((b.name for b in said if getattr(b, "module", None) == home), said[0].name)
-    if isinstance(exc, MemoryError):
+    if is_a(exc, MemoryError):
         return "host"
     return "unknown" if "out of memory" in text.lower() else None
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import paths as _paths
 from .roots import Root
+from ..backends.base import is_a
 
 
 @dataclass
@@ -72,7 +73,7 @@ def resolve_targets(names: list[str], roots: list[Root], holdings: Holdings, *, 
     targets: list[Target] = []
     for text in names:
         found = holdings.direct(text)
-        if isinstance(found, str):
+        if is_a(found, str):
             errors.append(found)
             continue
         if found is not None:

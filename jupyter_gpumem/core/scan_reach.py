@@ -41,6 +41,7 @@ from .scan_types import (
     PARTIAL, SEQ, SET, SKIP, TENSOR, TRACEBACK, TYPE_FLAGS, OutOfTime, Refusals, classify, keyable,
     split_keyable, untracked_holds_nothing,
 )
+from ..backends.base import is_a, with_room
 
 _native = native.CORE   # the C core (built with the package where a compiler was found)
 
@@ -128,7 +129,7 @@ class Reacher(TensorTaking):
         # collectable (and then dicts and tuples the collector leaves untracked)
         self._watch: set[type] = set()
         numpy = sys.modules.get("numpy")
-        if isinstance(getattr(numpy, "ndarray", None), type):
+        if is_a(getattr(numpy, "ndarray", None), type):
             self._watch |= _subclasses(numpy.ndarray)
         for backend in backends:   # a framework's own object the collector does not
             try:                   # track (torch's saved tensors, held by checkpoint)
@@ -205,6 +206,13 @@ class Reacher(TensorTaking):
     def _learn_one(self, tp: type) -> None:
         try:
             kind, backend = classify(tp, self.backends)
+        except RecursionError:
+            # a deep stack (a low limit of the user's) says nothing of the type: it is
+            # asked again with room, not skipped for the whole scan
+            got = with_room(classify, tp, self.backends)
+            kind, backend = got if got is not None else (SKIP, None)
+            if got is None:
+                self.refuse(None, tp)
         except Exception:
             kind, backend = SKIP, None
             self.refuse(None, tp)

@@ -18,7 +18,7 @@ from operator import not_
 from typing import Any
 
 from ..backends import Backend
-from ..backends.base import dict_descriptor
+from ..backends.base import dict_descriptor, is_a  # noqa: F401 - re-exported
 
 ATOMIC = frozenset({
     int, float, complex, bool, str, bytes, bytearray, type(None), range, slice,
@@ -204,12 +204,6 @@ def split_keyable(objs: list) -> tuple[list, list]:
         return objs, []     # (instances of abstract base classes: ABCMeta, asked once)
     ok = list(map(keyable_meta, metas))
     return list(compress(objs, ok)), list(compress(objs, map(not_, ok)))
-
-
-def is_a(obj: Any, cls: "type | tuple[type, ...]") -> bool:
-    """``isinstance`` by the object's real type: never asks ``obj.__class__`` (a
-    property of the user's, a mock's spec, a dead weak proxy)."""
-    return issubclass(type(obj), cls)
 
 
 def slots_of(tp: type) -> tuple:

@@ -132,11 +132,12 @@ class Snapshot(JsonFields, Report):
         return [i for i in self.internals if i.device == device and i.kind in kinds]
 
     def holder(self, name: str) -> Holder | None:
-        """The holder called ``name`` (or with that alias), if any."""
-        for h in self.holders + self.details:
-            if h.name == name or name in h.aliases:
-                return h
-        return None
+        """The holder called ``name``, else one with that alias, if any: a name the user
+        bound (their own ``_``) is theirs, before an IPython record that has it as an
+        alias (the display hook's ``_``, kept under the user's binding)."""
+        every = self.holders + self.details
+        return next((h for h in every if h.name == name), None) or \
+            next((h for h in every if name in h.aliases), None)
 
     _text = snapshot_text
     _html = snapshot_html

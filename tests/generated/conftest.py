@@ -17,6 +17,8 @@ draws every feature whatever it holds, ``=sparse,set_`` adds those).
 from __future__ import annotations
 
 import gc
+import importlib
+import importlib.util
 import os
 import tempfile
 
@@ -51,7 +53,7 @@ LOG = os.environ.get("GPUMEM_GENERATED_LOG")
 #: how many recipes are also run in a fresh process (slow: one interpreter each)
 COLD_EXAMPLES = {"ci": 3, "long": 60}.get(PROFILE, 3)
 
-KNOWN_OPEN = frozenset({"set_", "numpy", "tattr", "own_"})
+KNOWN_OPEN = frozenset({"set_", "numpy", "tattr"})
 _ASKED = os.environ.get("GPUMEM_GENERATED_FEATURES", "")
 #: the features the generated runs draw from (``all``, or those of KNOWN_OPEN named,
 #: comma-separated, on top of the rest)
@@ -59,11 +61,21 @@ ALLOWED = frozenset(FEATURES) if _ASKED == "all" else \
     frozenset(FEATURES) - KNOWN_OPEN | (set(_ASKED.split(",")) & set(FEATURES))
 
 
+#: frameworks imported (where installed) before the first example: every backend of theirs
+#: is then active in each scan, as in a process that imported them (a Keras hint once ran
+#: ``isinstance`` on every holder, met only after another test file imported TensorFlow)
+FRAMEWORKS = ("keras", "jax")
+
+
 @pytest.fixture(scope="package", autouse=True)
 def frozen_heap():
-    """The heap as it is before the first example moves to the collector's permanent
-    generation (``gc.freeze``): each full collection (the examples' and the purge's) then
-    walks what the examples made, not all of torch and IPython (a tenth of the time)."""
+    """Every installed framework of :data:`FRAMEWORKS` imported, then the heap as it is
+    before the first example moves to the collector's permanent generation
+    (``gc.freeze``): each full collection (the examples' and the purge's) then walks what
+    the examples made, not all of torch and IPython (a tenth of the time)."""
+    for name in FRAMEWORKS:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
     gc.collect()
     gc.freeze()
     yield

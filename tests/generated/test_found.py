@@ -42,6 +42,14 @@ def test_a_shown_sparse_tensor_goes_with_the_hidden_holders(ip):
     run_recipe(ip, [("show", ("sparse", "k1", 8)), ("scan",), ("purge",)])
 
 
+def test_a_class_with_a_trap_metaclass_is_read_raw_with_keras_imported(ip):
+    """With Keras imported (its backend active), %gpumem asked every holder whether it was
+    a Keras optimizer with ``isinstance``, which read the class's ``__class__`` through
+    its metaclass (met only where another test file had imported TensorFlow first)."""
+    pytest.importorskip("keras")
+    run_recipe(ip, [("class", "C1", "a", ("atom", "k1", 8)), ("scan",), ("purge",)])
+
+
 @known("the storage size kept per data pointer is refreshed after set_()")
 def test_set_onto_a_storage_at_the_same_address_is_measured_again(ip):
     """After b.set_(a), b (which sat on a numpy view at a's address) was still 8 B. Its
@@ -67,11 +75,10 @@ def test_a_tensor_is_blamed_for_what_its_attributes_hold(ip):
                     ("scan",), ("purge", "a")])
 
 
-@pytest.mark.xfail(strict=True, reason="new: a user's own _ holding an exception whose dict "
-                   "names a class is blamed for less than it reaches")
 def test_the_users_own_underscore_is_blamed_for_all_it_reaches(ip):
     """`_` bound by the user to an exception whose dict holds a class C1 (with a tensor
-    attribute) and a tensor, then a value shown: `_` reached 64 B and was blamed for 32."""
+    attribute) and a tensor, then a value shown: `_` reached 64 B and was blamed for 32 (the
+    result's holder, Out[8], has the display hook's `_` as an alias, and was taken for it)."""
     run_recipe(ip, [("bind", "a", ("dict", [("x", ("atom", "k1", 8))])),
                     ("bind", "a", ("atom", "k2", 8)), ("bind", "c", ("atom", "k3", 8)),
                     ("bind", "b", ("atom", "k4", 1000)), ("bind", "c", ("atom", "k5", 8)),

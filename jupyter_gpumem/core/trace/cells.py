@@ -23,6 +23,7 @@ from collections import deque
 from typing import Any, Iterator
 
 from ..scan_types import LIB_DIRS
+from ...backends.base import is_a
 
 INPUT_RE = re.compile(r"^<ipython-input-(\d+)-[0-9a-fA-F]+>$")
 IN_RE = re.compile(r"^In\s*\[(\d+)\]$")
@@ -51,7 +52,7 @@ class CellNames:
     def filename_map(self) -> dict:
         compiler = getattr(self.shell, "compile", None)
         fmap = getattr(compiler, "_filename_map", None)
-        return fmap if isinstance(fmap, dict) else {}
+        return fmap if is_a(fmap, dict) else {}
 
     def number(self, filename: Any) -> int | None:
         """The execution count of the cell whose code file this is, else ``None``."""
@@ -146,7 +147,7 @@ class CellSpans:
         self._version += 1
         if end > span[0]:
             self.seconds += end - span[0]
-        if result is None or not isinstance(span, CellSpan):
+        if result is None or not is_a(span, CellSpan):
             return
         n = getattr(result, "execution_count", None)
         info = getattr(result, "info", None)

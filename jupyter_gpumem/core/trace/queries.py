@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping
 from .cells import BETWEEN as AT_BETWEEN, CellNames
 from .index import ALLOC, FREE, Block, DeviceIndex, SnapshotIndex
 from .sites import BEFORE, BETWEEN, ROUNDING_NOTE, CellLines, LineAlloc, Resolver, Site, SiteGroup
+from ...backends.base import is_a
 
 NEAREST_NOTE = ("allocated on a thread with no Python frame (a C++ thread such as autograd's "
                 "backward, or a cuBLAS workspace of that thread); the line is the cell's last "
@@ -32,7 +33,7 @@ UNNUMBERED = Site(None, None, how="unknown",
 
 def split_key(key: Any) -> tuple[str | None, int | None]:
     """``(device, pointer)`` of a storage key, or ``(None, pointer)`` for a bare pointer."""
-    if isinstance(key, tuple) and len(key) == 2 and type(key[1]) is int:
+    if is_a(key, tuple) and len(key) == 2 and type(key[1]) is int:
         return str(key[0]), key[1]
     if type(key) is int:
         return None, key
@@ -220,10 +221,10 @@ class Queries:
         sizes: dict[int, int | None] = {}
         for k in reached or ():
             ptr = k if type(k) is int else k[1] if (
-                isinstance(k, tuple) and len(k) == 2 and k[0] == device and type(k[1]) is int) \
+                is_a(k, tuple) and len(k) == 2 and k[0] == device and type(k[1]) is int) \
                 else None
             if ptr is not None:
-                n = reached.get(k) if isinstance(reached, Mapping) else None
+                n = reached.get(k) if is_a(reached, Mapping) else None
                 sizes[ptr] = (sizes.get(ptr) or 0) + n if type(n) is int else sizes.get(ptr)
         ranges = sorted(sizes)
         internals = internals or {}

@@ -9,6 +9,7 @@ from typing import Any, Callable
 from ..files import check_file, write_file
 from .cells import IN_RE, CellNames
 from .index import ALLOC, FREE
+from ...backends.base import is_a
 
 #: the names the visualizer's file may have (it opens a pickle)
 SUFFIXES = (".pickle", ".pkl")
@@ -39,7 +40,7 @@ def rename_cells(data: dict, cells: CellNames) -> int:
     def fix(frames) -> None:
         nonlocal count
         for f in frames or ():
-            if not isinstance(f, dict) or id(f) in done:
+            if not is_a(f, dict) or id(f) in done:
                 continue
             done.add(id(f))
             n = cells.number(f.get("filename"))

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 from ...units import JsonFields, fmt_bytes, json_field
 from .cells import CellNames, short_path
+from ...backends.base import is_a
 
 BEFORE_TEXT = "allocated before trace was on"
 BETWEEN_TEXT = "allocated between cells (by a background thread or a callback)"
@@ -166,15 +167,15 @@ class CellLines(list):
 
 # -- frames -> sites -------------------------------------------------------------------------
 def frame_tuple(f: Any) -> tuple | None:
-    if isinstance(f, dict):
+    if is_a(f, dict):
         return (f.get("filename"), f.get("line"), f.get("name"))
-    if isinstance(f, tuple) and len(f) == 3:
+    if is_a(f, tuple) and len(f) == 3:
         return f
     return None
 
 
 def is_python(f: Any) -> bool:
-    fn = f.get("filename") if isinstance(f, dict) else f[0] if isinstance(f, tuple) else None
+    fn = f.get("filename") if is_a(f, dict) else f[0] if is_a(f, tuple) else None
     return type(fn) is str and (fn.endswith(".py") or fn.startswith("<"))
 
 
@@ -205,7 +206,7 @@ class Resolver:
             n = self.cells.number(fr[0])
             if n is not None and not self.cells.magic_line(fr[0], fr[1]):
                 out = (n, fr[0], fr[1], fr[2])
-        if isinstance(f, dict):
+        if is_a(f, dict):
             self._memo[key] = (out,)
             self._keep.append(f)
         return out

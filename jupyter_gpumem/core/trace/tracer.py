@@ -16,6 +16,7 @@ from .hook import AfterImport
 from .index import SnapshotIndex
 from .queries import Queries
 from .save import dump, frame_cells_by_time, host_snapshot, rename_cells
+from ...backends.base import is_a
 
 #: allocator events the framework keeps (a ring buffer); each costs host memory while kept
 DEFAULT_MAX_ENTRIES = 100_000
@@ -68,7 +69,7 @@ def host_storages(shell: Any) -> set:
     except Exception:  # noqa: BLE001 - without it, storages only lack the note
         return set()
     return {k[1] for reach in result.reach for k in reach.storages
-            if isinstance(k, tuple) and k[0] == "cpu"}
+            if is_a(k, tuple) and k[0] == "cpu"}
 
 
 class Tracer(Queries):
