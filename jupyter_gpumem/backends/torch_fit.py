@@ -22,7 +22,7 @@ import sys
 from typing import Any, Iterable
 
 from . import torch_peaks as _peaks
-from .base import is_a
+from .base import instance_dict, is_a
 
 #: messages of the host allocator's out-of-memory (a plain RuntimeError)
 _HOST_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory",
@@ -118,17 +118,20 @@ class StepGuard:
                 self.optimizers.append(value)
             elif is_a(value, tensor_t):
                 self.tensors.append(value)
-            elif depth and is_a(value, (list, tuple)):
-                for item in value[:1000]:
+            # containers read through their C slots: no __getitem__, values() or
+            # __dict__ property of a subclass of the user's runs (rule 1)
+            elif depth and is_a(value, list):
+                for item in list.__getitem__(value, slice(0, 1000)):
+                    add(item, depth - 1)
+            elif depth and is_a(value, tuple):
+                for item in tuple.__getitem__(value, slice(0, 1000)):
                     add(item, depth - 1)
             elif depth and is_a(value, dict):
-                for item in list(value.values())[:1000]:
+                for item in list(dict.values(value))[:1000]:
                     add(item, depth - 1)
             elif depth and type(value).__module__ != "builtins":
-                attrs = getattr(value, "__dict__", None)
-                if is_a(attrs, dict):
-                    for item in list(attrs.values())[:1000]:
-                        add(item, 0)
+                for item in list(dict.values(instance_dict(value)))[:1000]:
+                    add(item, 0)
 
         for value in values:
             add(value, 1)
