@@ -28,7 +28,7 @@ LAYERS = [
     ["backends"],
     ["core"],
     ["cluster"],
-    ["settings", "session", "handoff"],
+    ["settings", "session", "handoff", "dispatch", "refresh"],
     ["watch"],
     ["api"],
     ["server"],    # the Jupyter server extension: core and api, never IPython
@@ -40,8 +40,8 @@ LAYERS = [
 ]
 
 #: layers that never import IPython, widgets or matplotlib, at any level
-NO_FRONTEND = ("units", "backends", "core", "cluster", "settings", "session", "handoff", "watch",
-               "api", "server", "cli")
+NO_FRONTEND = ("units", "backends", "core", "cluster", "settings", "session", "handoff",
+               "dispatch", "refresh", "watch", "api", "server", "cli")
 FRONTEND = ("IPython", "ipywidgets", "ipykernel", "matplotlib")
 
 
