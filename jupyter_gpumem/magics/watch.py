@@ -17,7 +17,7 @@ from ..watch import export as _export
 from ..session import session_of
 from ..settings import fmt_share, parse_share
 from ..units import MissingPackage, complain
-from ..watch.footer import start_footer, stop_footer, traced_lines
+from ..views.footer import start_footer, stop_footer, traced_lines
 from ..watch.frames import current_count
 from ..watch.result import fmt_seconds
 from ..watch.scope import Watch
