@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import ClusterError, dask_imported, find_client, held_names, snapshot
+from .. import cluster as _cluster     # looked up at each use: a test may stand in for one
 
 #: share of the time limit the walk of the names for cluster keys may take
 CLUSTER_WALK_SHARE = 0.3
@@ -53,8 +53,9 @@ def cluster_part(client: Any, names: Any, device: str, time_limit: float) -> dic
     """The cluster part of a snapshot (JSON), or a one-line note of why there is none.
     Asks only the cluster (``names`` were walked on the main thread): any thread."""
     try:
-        part = snapshot(client, names=names, device=device, time_limit=time_limit).to_json()
-    except ClusterError as exc:
+        part = _cluster.snapshot(client, names=names, device=device,
+                                time_limit=time_limit).to_json()
+    except _cluster.ClusterError as exc:
         return f"cluster: {exc}"
     except Exception as exc:  # noqa: BLE001 - the local snapshot stands
         return f"cluster: {type(exc).__name__}: {exc}"
@@ -91,17 +92,18 @@ class LiveCluster:
         The walk of the names runs here (main thread), the question to the cluster
         is an :class:`Offload`; together within the time limit. ``stale()`` true:
         a newer refresh was asked, the devices left are not asked."""
-        if not dask_imported():
+        if not _cluster.dask_imported():
             return {}
-        client = find_client(shell=self.shell)
+        client = _cluster.find_client(shell=self.shell)
         if client is None:
             return {}
         start = time.perf_counter()
         limit = self.time_limit()
         try:
-            names = held_names(client, shell=self.shell, time_limit=limit * CLUSTER_WALK_SHARE)
+            names = _cluster.held_names(client, shell=self.shell,
+                                        time_limit=limit * CLUSTER_WALK_SHARE)
         except Exception as exc:  # noqa: BLE001 - an asynchronous client, say
-            note = f"cluster: {exc}" if isinstance(exc, ClusterError) \
+            note = f"cluster: {exc}" if isinstance(exc, _cluster.ClusterError) \
                 else f"cluster: {type(exc).__name__}: {exc}"
             return {device: note for device in devices}
         out: dict[str, Any] = {}
