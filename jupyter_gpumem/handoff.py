@@ -19,7 +19,7 @@ Without an event loop (a terminal IPython, a script) a request from another thre
 for the next cell's end, or for the main thread's next :meth:`MainThreadQueue.submit`.
 
 The queue hears of the outer cells through its session (it is a
-:class:`~jupyter_gpumem.session.CellFollower`: :meth:`cell_began`, :meth:`cell_ended`,
+:class:`~jupyter_gpumem.dispatch.CellFollower`: :meth:`cell_began`, :meth:`cell_ended`,
 :meth:`cell_lost`), so nested cells and IPython's unpaired events are sorted out there,
 once. Nothing here imports IPython or ipykernel.
 """

@@ -291,7 +291,7 @@ def test_unregister_removes_target_hook_thread_and_comms(shell):
     thread = hub.thread
     assert manager.targets[gpucomm.TARGET] == hub.on_open
     # the after-cell hook is the shell's session's (made by the comm, which owns it here)
-    hook = hub.session._post_run_cell
+    hook = hub.session.dispatch.post_run_cell
     assert hub.owns_session and hook in shell.events.callbacks["post_run_cell"]
     gpucomm.unregister_comm(shell)
     assert gpucomm.TARGET not in manager.targets

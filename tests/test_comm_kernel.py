@@ -25,7 +25,7 @@ TARGET = "jupyter_gpumem"
 RECORD = """\
 %load_ext jupyter_gpumem
 import threading, time, torch
-import jupyter_gpumem.core.purge as _P, jupyter_gpumem.session as _S
+import jupyter_gpumem.core.purge as _P, jupyter_gpumem.refresh as _S
 seen = []
 _real_purge, _real_build = _P.purge, _S.build
 def _rec_purge(*a, **k):

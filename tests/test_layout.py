@@ -28,7 +28,7 @@ LAYERS = [
     ["backends"],
     ["core"],
     ["cluster"],
-    ["settings", "session", "handoff"],
+    ["settings", "session", "handoff", "dispatch", "refresh"],
     ["watch"],
     ["api"],
     ["server"],    # the Jupyter server extension: core and api, never IPython
@@ -40,8 +40,8 @@ LAYERS = [
 ]
 
 #: layers that never import IPython, widgets or matplotlib, at any level
-NO_FRONTEND = ("units", "backends", "core", "cluster", "settings", "session", "handoff", "watch",
-               "api", "server", "cli")
+NO_FRONTEND = ("units", "backends", "core", "cluster", "settings", "session", "handoff",
+               "dispatch", "refresh", "watch", "api", "server", "cli")
 FRONTEND = ("IPython", "ipywidgets", "ipykernel", "matplotlib")
 
 
@@ -508,6 +508,34 @@ def test_the_size_checks_see_what_they_look_for(tmp_path):
     assert oversized(tmp_path) == {"core/long.py": MAX_LINES + 1,
                                    "core/_parts/long.c": MAX_LINES + 1,
                                    "core/_parts/long.h": MAX_HEADER_LINES + 1}
+
+
+#: the most lines the body of the ``Session`` class may take: it keeps ownership only (the
+#: settings, the registry, the purge funnel, the teardown); each of its other jobs is a
+#: module of its own beside it (dispatch.py, refresh.py, cluster/live.py)
+SESSION_MAX_LINES = 300
+
+
+def class_lines(path: Path, name: str) -> int:
+    """The lines of the class ``name`` in ``path``, from its ``class`` line to its last."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    assert len(found) == 1, f"{path}: {len(found)} classes {name}"
+    return found[0].end_lineno - found[0].lineno + 1
+
+
+def test_the_session_class_keeps_ownership_only():
+    assert class_lines(MODULES[f"{NAME}.session"][0], "Session") <= SESSION_MAX_LINES
+
+
+def test_the_session_size_check_sees_a_long_class(tmp_path):
+    """The check itself, on a planted ``Session`` of one line more than allowed (and
+    one exactly at the limit)."""
+    for extra, over in ((0, False), (1, True)):
+        path = tmp_path / f"session_{extra}.py"
+        body = "".join(f"    x{i} = {i}\n" for i in range(SESSION_MAX_LINES - 1 + extra))
+        path.write_text(f"import os\n\n\nclass Session:\n{body}\n\ndef after():\n    pass\n")
+        assert (class_lines(path, "Session") > SESSION_MAX_LINES) is over
 
 
 def private_imports(modules=None) -> list[str]:

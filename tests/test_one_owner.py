@@ -126,7 +126,7 @@ def test_closing_the_session_alone_takes_back_everything_the_extension_added(ip)
     def ours() -> dict:
         return {"hooks": sorted(getattr(cb, "__qualname__", "") for cbs in
                                 ip.events.callbacks.values() for cb in cbs
-                                if "Session" in getattr(cb, "__qualname__", "")),
+                                if "CellDispatch" in getattr(cb, "__qualname__", "")),
                 "magics": sorted(n for kind in ("line", "cell")
                                  for n in ip.magics_manager.magics[kind]
                                  if n in ("gpumem", "gpuwatch")),

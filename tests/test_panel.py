@@ -38,7 +38,7 @@ def _hooked(shell, owner) -> bool:
     hooks = [fn for name in ("pre_run_cell", "post_run_cell")
              for fn in shell.events.callbacks[name]]
     if session is not None:
-        hooks += [fn for pair in session._cell_hooks for fn in pair]
+        hooks += [fn for pair in session.dispatch.hooks for fn in pair]
     return any(getattr(fn, "__self__", None) is owner for fn in hooks)
 
 
@@ -365,15 +365,15 @@ def test_a_timeline_that_holds_still_is_not_sent_again(shell, recorder):
 
 
 def test_a_failing_refresh_never_breaks_the_cell(shell, monkeypatch):
-    from jupyter_gpumem import session
+    from jupyter_gpumem import refresh
 
     panel = open_panel(shell)
 
     def broken(**kwargs):
         raise RuntimeError("scan exploded")
 
-    # the shell's session builds the snapshot after each cell for every view
-    monkeypatch.setattr(session, "build_many_steps", broken)
+    # the shell's session builds the snapshot after each cell for every view (its refresher)
+    monkeypatch.setattr(refresh, "build_many_steps", broken)
     result = run(shell, "v = 1 + 1\nv")
     assert result.result == 2
     assert "scan failed: RuntimeError: scan exploded" in panel.status.value
@@ -466,7 +466,7 @@ def test_closing_the_widget_stops_its_thread_and_hooks(shell):
     panel.widget.close()
     assert panel.closed and not thread.is_alive()
     assert panel_mod.current(shell) is None
-    assert not _hooked(shell, panel) and panel not in session_of(shell)._views
+    assert not _hooked(shell, panel) and panel not in session_of(shell).refresher.views
     assert panel.widget.comm is None and panel.bars.comm is None  # the models are closed
     refreshes = panel.refreshes
     run(shell, "after = torch.zeros(10)")

@@ -120,18 +120,18 @@ def test_select_all_of_out_purges_every_value_in_one_confirmation(shell):
 
 
 def test_a_click_from_another_thread_runs_on_the_main_thread(shell, monkeypatch):
-    from jupyter_gpumem import session as session_mod
+    from jupyter_gpumem import refresh
 
     run(shell, "x = torch.ones(2**18)")
     panel = open_panel(shell)
     threads = []
-    real = session_mod.build_many_steps
+    real = refresh.build_many_steps
 
     def spy(*args, **kwargs):
         threads.append(threading.current_thread())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(session_mod, "build_many_steps", spy)
+    monkeypatch.setattr(refresh, "build_many_steps", spy)
     # while a cell runs: a click on Refresh is queued, says so, and can be cancelled
     shell.user_ns.update(_panel=panel, _in_thread=_in_thread)
     run(shell, "_in_thread(_panel.refresh_button.click)\n"

@@ -845,11 +845,11 @@ def test_trace_hears_of_cells_through_the_session_not_hooks_of_its_own(ip):
         assert (len(events["pre_run_cell"]), len(events["post_run_cell"])) == before
         session = session_of(ip)
         tr = trace.tracer()
-        assert (tr._pre, tr._post) in session._cell_hooks
+        assert (tr._pre, tr._post) in session.dispatch.hooks
         run(ip, "x = 1")
         assert tr.spans is session.cells, "one record of cell spans: the session's"
         assert any(s.count == ip.execution_count - 1 for s in session.cells), "the cell was heard"
     finally:
         run(ip, "%gpumem trace off")
     assert (trace.tracer() is None or not trace.is_on())
-    assert not any(h[0].__qualname__.startswith("Tracer.") for h in session_of(ip)._cell_hooks)
+    assert not any(h[0].__qualname__.startswith("Tracer.") for h in session_of(ip).dispatch.hooks)

@@ -191,7 +191,7 @@ def test_the_views_refresh_in_steps_with_the_same_report(ip):
     only with the fingerprint taken before its walk, so it is reused from the scan after
     next; every refresh's JSON is the full scan's."""
     from jupyter_gpumem.core.snapshot import build_many_steps
-    from jupyter_gpumem.session import drive_now
+    from jupyter_gpumem.cluster.live import drive_now
 
     run(ip, SETUP)
     state = session_of(ip).warm

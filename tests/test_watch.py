@@ -23,7 +23,7 @@ from conftest import run  # noqa: E402
 import importlib  # noqa: E402
 
 watch_mod = importlib.import_module("jupyter_gpumem.watch.scope")
-from jupyter_gpumem.watch import footer as watch_footer  # noqa: E402
+from jupyter_gpumem.views import footer as watch_footer  # noqa: E402
 from jupyter_gpumem.watch import sampling as watch_sampling  # noqa: E402
 from jupyter_gpumem.watch.state import state_for  # noqa: E402
 from jupyter_gpumem.watch.holders import HolderTracker  # noqa: E402

@@ -46,7 +46,7 @@ class WatchState:
         self.series = _monitor.Series(maxlen=SERIES_POINTS)
         #: the watches' sampling: on the session's thread, else the process's
         self.hub = SamplerHub(session.sampler if session is not None else PROCESS_SAMPLER)
-        self.footer: Any = None   # the watch-on footer (watch.footer) while it is on
+        self.footer: Any = None   # the watch-on footer (views.footer) while it is on
         self.footer_device: str | None = None
         self.costs: deque = deque(maxlen=2000)   # seconds each footer cost (pre + post)
         #: the tracker's holders are as the last watch's end left them (no error since):

@@ -1,7 +1,7 @@
 """``%gpumem watch on``: the one-line footer after every cell, its warning and auto-purge.
 
 Its face: :func:`start_footer` / :func:`stop_footer` (on a shell's
-:class:`~.state.WatchState`), :func:`traced_lines`, :func:`is_own_command`. The
+:class:`~jupyter_gpumem.watch.state.WatchState`), :func:`traced_lines`, :func:`is_own_command`. The
 footer follows the shell's cells through its session's one pairing of the cell
 events (:meth:`Session.follow_cells`) and reads the user's settings from the
 session (no IPython import: the shell is passed in).
@@ -19,11 +19,11 @@ from ..core.render import fmt_bytes
 from ..session import purge
 from ..settings import fmt_share
 from ..units import complain
-from .frames import current_count
-from .peaks import LEDGER
-from .result import WatchResult
-from .scope import Watch
-from .state import WatchState
+from ..watch.frames import current_count
+from ..watch.peaks import LEDGER
+from ..watch.result import WatchResult
+from ..watch.scope import Watch
+from ..watch.state import WatchState
 
 #: a line that runs one of the product's own commands: ``%gpumem ...``, ``r = %gpumem -o``
 _OWN_LINE = re.compile(r"\s*(?:[A-Za-z_]\w*\s*=\s*)?%gpumem(?:\s|$)")
@@ -194,7 +194,7 @@ class _Footer:
     """``%gpumem watch on`` for one shell: a :class:`Watch` per outer cell and its line.
 
     It follows the outer cells through the session's pairing of the cell events
-    (:class:`~jupyter_gpumem.session.CellFollower`): a cell run from inside a cell
+    (:class:`~jupyter_gpumem.dispatch.CellFollower`): a cell run from inside a cell
     counts in its outer cell, and a "pre" or "post" without its partner never turns
     the footer off.
     """
