@@ -23,7 +23,7 @@ stays free (at once, without a loop), and the whole part is bounded by
 wait.
 
 The session owns the shell's one sampling thread too (:attr:`Session.sampler`, a
-:class:`~jupyter_gpumem.core.monitor.SharedSampler`): the watch, the panel and the
+:class:`~jupyter_gpumem.core.sampler.SharedSampler`): the watch, the panel and the
 sidebar's channels subscribe to it, each at its own interval, and the thread runs
 only while one of them is subscribed.
 
@@ -50,12 +50,13 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
-from .core.scan_warm import WarmScan
+from .core.scan.warm import WarmScan
 from .core.snapshot import build, build_many_steps
-from .core import monitor as _monitor
+from .core import cells as _cells
+from .core import sampler as _sampler
 from .core import purge as _purge
 from .core.devices import read_devices
-from .core.monitor import CellEvents
+from .core.cells import CellEvents
 from .core import trace as _trace
 from .core.trace import CellSpans
 from . import cluster as _cluster
@@ -179,7 +180,7 @@ class Session:
         self.reruns: Any = None
         #: the shell's one sampling thread: the watch, the panel and the comm hub subscribe
         #: to it (``sampler.subscribe``); it starts with the first and ends with the last
-        self.sampler = _monitor.SharedSampler(read=read_devices, name=SAMPLER_NAME)
+        self.sampler = _sampler.SharedSampler(read=read_devices, name=SAMPLER_NAME)
         #: (pre, post) of the views and the footer: called from the session's own hooks,
         #: the shell's only pre/post_run_cell callbacks of the extension (trace's too: the
         #: magics give trace.start the session's hooks)
@@ -215,13 +216,13 @@ class Session:
         #: the panel ask)
         self.purges = 0
         #: what the last scans walked, per name: a root proved unchanged is not walked
-        #: again (core/scan_warm.py; every snapshot of this shell goes through it)
+        #: again (core/scan/warm.py; every snapshot of this shell goes through it)
         self.warm = WarmScan()
         #: what reads or changes the namespace from another thread, or while a cell runs,
         #: goes through here (jupyter_gpumem/handoff.py): run on the main thread, between cells
         self.handoff = MainThreadQueue(loop_of=lambda: _kernel_loop(shell))
         self.follow_cells(self.handoff)
-        _monitor.hook_cells(shell, self._pre_run_cell, self._post_run_cell)
+        _cells.hook_cells(shell, self._pre_run_cell, self._post_run_cell)
 
     # -- settings ----------------------------------------------------------------
     @property
@@ -545,7 +546,7 @@ class Session:
         self.stop_trace()
         self.warm.clear()
         self._cell_hooks.clear()
-        _monitor.unhook_cells(self.shell, self._pre_run_cell, self._post_run_cell)
+        _cells.unhook_cells(self.shell, self._pre_run_cell, self._post_run_cell)
 
     def stop_trace(self) -> str:
         """Stop the allocation trace this shell started, if it still records."""
@@ -570,7 +571,7 @@ def hook_cells(shell: Any, pre: Callable, post: Callable) -> None:
     if session is not None:
         session.hook_cells(pre, post)
     else:
-        _monitor.hook_cells(shell, pre, post)
+        _cells.hook_cells(shell, pre, post)
 
 
 def unhook_cells(shell: Any, pre: Callable, post: Callable) -> None:
@@ -578,7 +579,7 @@ def unhook_cells(shell: Any, pre: Callable, post: Callable) -> None:
     session = session_of(shell)
     if session is not None:
         session.unhook_cells(pre, post)
-    _monitor.unhook_cells(shell, pre, post)
+    _cells.unhook_cells(shell, pre, post)
 
 
 def _add_cluster(data: dict, part: dict | str | None) -> None:

@@ -380,14 +380,14 @@ PER_PROCESS = {
     "watch.peaks.LEDGER": "allocator and host peaks: the process's counters",
     "watch.peaks._PATCHES": "the framework functions wrapped for peaks, patched once",
     "core.trace._RECORDING": "torch's allocation history is process-wide: one recording",
-    "core.monitor._RUN_CELL_ASYNC": "IPython's run_cell_async code object, one per process",
+    "core.cells._RUN_CELL_ASYNC": "IPython's run_cell_async code object, one per process",
     "core.devices._PARSED": "device names parsed once (a pure cache of strings)",
     "core.devices._PROC_FDS": "this process's open /proc descriptors",
     "core.devices._AVAILABLE": "the host's available memory, read at most every 50 ms",
-    "core.roots._BOOKKEEPING": "which names are IPython's bookkeeping (a cache of strings)",
-    "core.roots._MEMOS": "the C pass's memo per namespace: key strings only, 16 at most; "
+    "core.scan.roots._BOOKKEEPING": "which names are IPython's bookkeeping (a cache of strings)",
+    "core.scan.roots._MEMOS": "the C pass's memo per namespace: key strings only, 16 at most; "
                          "losing it costs speed, never an answer",
-    "core.scan_types._module_is_library": "which modules are libraries (a cache of names)",
+    "core.scan.types._module_is_library": "which modules are libraries (a cache of names)",
     "backends.nvml._local": "NVML's batch of readings of the thread that reads",
     "backends.tame._saved": "the environment variables tame set: the process's environment",
     "backends.torch_trace._MODE_CLASS": "a torch class looked up once",
@@ -396,7 +396,7 @@ PER_PROCESS = {
     "extension._SAID_ABSENT": "whether the process was told its scan's C core is absent "
                               "(said once, at the first load)",
     "core.render._LAST_TABLE": "the last holders table laid out, by its rows (a pure cache)",
-    "core.scan_types._META_KEYABLE": "per metaclass: may its instances be dict keys (a cache)",
+    "core.scan.types._META_KEYABLE": "per metaclass: may its instances be dict keys (a cache)",
     "backends.base._verdicts": "per module object: is it the real framework (a cache, "
                                "each entry leaving with its module)",
     "backends.base._homes": "where each framework's distributions are installed (a cache "
@@ -405,9 +405,9 @@ PER_PROCESS = {
 }
 
 #: module-level instances of the package's classes that are frozen values, not state
-FROZEN = {"core.hidden.OUTPUT", "core.hidden.UNDERSCORE", "core.hidden.RESULT",
-          "core.hidden.TRACEBACK", "core.hidden.CHAIN", "core.trace.queries.UNNUMBERED", "core.trace.sites.BEFORE",
-          "core.trace.sites.BETWEEN", "core.scan_warm.UNREAD"}
+FROZEN = {"core.scan.hidden.OUTPUT", "core.scan.hidden.UNDERSCORE", "core.scan.hidden.RESULT",
+          "core.scan.hidden.TRACEBACK", "core.scan.hidden.CHAIN", "core.trace.queries.UNNUMBERED", "core.trace.sites.BEFORE",
+          "core.trace.sites.BETWEEN", "core.scan.warm.UNREAD"}
 
 _MUTATORS = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update",
              "setdefault", "add", "discard", "move_to_end", "appendleft", "__setitem__"}

@@ -16,7 +16,8 @@ import textwrap
 import pytest
 
 from conftest import ROOT, child_result
-from jupyter_gpumem.core import devices, native
+from jupyter_gpumem.core import devices
+from jupyter_gpumem.core.scan import native
 
 CHILD = textwrap.dedent(r'''
     import importlib.abc, json, sys

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ...units import JsonFields, fmt_bytes, json_field
-from .cells import CellNames, short_path
+from ..cells import CellNames, short_path
 
 BEFORE_TEXT = "allocated before trace was on"
 BETWEEN_TEXT = "allocated between cells (by a background thread or a callback)"

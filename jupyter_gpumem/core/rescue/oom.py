@@ -18,9 +18,9 @@ except ImportError:  # pragma: no cover - Windows
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backends import REGISTRY
-from . import devices as _devices
-from ..units import fmt_bytes
+from ...backends import REGISTRY
+from .. import devices as _devices
+from ...units import fmt_bytes
 
 #: the allocator setting that lets PyTorch's CUDA caching allocator grow segments in place
 #: instead of cutting blocks (read when the process first uses CUDA)

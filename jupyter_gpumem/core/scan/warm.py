@@ -47,11 +47,10 @@ from operator import itemgetter
 from typing import Any
 
 from . import native
-from .scan_kinds import CLASS_SKIP_KEYS
-from .scan_types import (
-    ATOMIC_IDS, BUILTIN, CELL, CLASS, CONTAINER, EXCEPTION, FUNCTION, INSTANCE, LRU, METHOD, MODULE,
-    PARTIAL, SKIP, TENSOR, TRACEBACK, classify, is_library_module_name,
-)
+from .kinds import CLASS_SKIP_KEYS
+from .types import (ATOMIC_IDS, BUILTIN, CELL, CLASS, CONTAINER, EXCEPTION, FUNCTION, INSTANCE, LRU,
+                    METHOD, MODULE, PARTIAL, SKIP, TENSOR, TRACEBACK, classify,
+                    is_library_module_name)
 
 #: the environment switch that makes every scan a full one (the warm scan's test switch)
 FULL_ENV = "JUPYTER_GPUMEM_FULL_SCAN"
@@ -66,7 +65,7 @@ _JUDGED_MAX = 10_000
 # what the fingerprint does with an object of each type (core/_fingerprint.h)
 (DOUBT, ATOM, DICT, ODICT, DDICT, SEQ, SET, ITER, PLAIN_TENSOR, REFERENTS,
  FUNCTION_PARTS, CELL_CONTENTS, CLASS_DICT, MODULE_NAME) = range(14)
-#: by the types' ids: no class of the user's is ever hashed (see scan_types.keyable_meta)
+#: by the types' ids: no class of the user's is ever hashed (see types.keyable_meta)
 _EXACT = {id(dict): DICT, id(OrderedDict): ODICT, id(defaultdict): DDICT, id(list): SEQ,
           id(tuple): SEQ, id(set): SET, id(frozenset): SET, id(deque): ITER}
 #: kinds the walk reads through their referents, as the fingerprint does
