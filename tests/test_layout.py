@@ -97,11 +97,13 @@ def _trees(modules: dict):
         yield module, is_package, ast.parse(path.read_text(), str(path))
 
 
-def imports(other: bool = False) -> list[Import]:
+def imports(other: bool = False, modules: dict | None = None) -> list[Import]:
     """Every import of a module of the package by a module of the package
-    (``other``: of anything else instead); ``from . import x`` is an edge to ``x``."""
+    (``other``: of anything else instead); ``from . import x`` is an edge to ``x``.
+    ``modules``: the importers to read, MODULES by default (the package's modules are
+    always what a target is looked up in)."""
     found = []
-    for module, is_package, tree in _trees(MODULES):
+    for module, is_package, tree in _trees(modules or MODULES):
         parents = _parents(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -542,3 +544,106 @@ def test_the_room_checks_see_what_they_look_for(tmp_path):
     assert [f for f in private_imports(mods) if ".bad:" in f] == [f"{NAME}.watch.bad:12 _purge._Target",
                                      f"{NAME}.watch.bad:2 from {NAME}.core.render import _table"]
     assert mutated_module_state(bad) == {"watch.bad._PENDING", "watch.bad.COUNT", "watch.bad.HUB"}
+
+
+# -- core/ reads as a few nouns -------------------------------------------------------------
+#: core/'s top level holds at most this many modules (``.py`` files, its ``__init__`` too):
+#: the rest live in its packages (scan/, purge/, trace/, ...), one noun each
+MAX_CORE_MODULES = 10
+#: prefixes no module of core/'s top may have: the scan's and the purge's modules live in
+#: their packages
+CORE_PREFIXES = ("scan", "purge")
+#: packages whose ``__init__`` is their face: a module outside one (of the package, its
+#: tests or its benchmarks) imports the package, never one of its modules
+FACES = ("core.purge",)
+ROOT = PACKAGE.parent
+
+
+def crowded_core(core: Path = PACKAGE / "core") -> list[str]:
+    """core/'s top-level modules where there are more than MAX_CORE_MODULES, else []."""
+    names = sorted(p.name for p in core.glob("*.py"))
+    return names if len(names) > MAX_CORE_MODULES else []
+
+
+def prefixed_modules(package: Path = PACKAGE) -> list[str]:
+    """Modules named after a package: at core/'s top one prefixed ``scan_`` or ``purge_``,
+    anywhere one prefixed by a package beside it (``core/trace_x.py`` next to ``core/trace/``:
+    it belongs inside) or named after its own folder, bare or as a prefix
+    (``core/processes/processes.py``, ``core/scan/scan_kinds.py``: inside, the prefix says
+    nothing)."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.stem == "__init__" or "__pycache__" in path.parts:
+            continue
+        folder = path.parent
+        owners = {d.name for d in folder.iterdir() if (d / "__init__.py").is_file()}
+        owners.add(folder.name)
+        if folder == package / "core":
+            owners.update(CORE_PREFIXES)
+        if any(path.stem == o or path.stem.startswith(o + "_") for o in owners):
+            found.append(str(path.relative_to(package)))
+    return found
+
+
+def _outside_modules() -> dict[str, tuple[Path, bool]]:
+    """The Python files of the tests, benchmarks and scripts, by a module-like name."""
+    out = {}
+    for folder in ("tests", "benchmarks", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            out[".".join(path.relative_to(ROOT).with_suffix("").parts)] = (path, False)
+    return out
+
+
+def behind_a_face(modules: dict | None = None) -> list[str]:
+    """Imports of a module inside one of FACES by a module outside it."""
+    found = []
+    for imp in imports(modules=modules or {**MODULES, **_outside_modules()}):
+        for face in FACES:
+            full = f"{NAME}.{face}"
+            inside = imp.source == full or imp.source.startswith(full + ".")
+            if imp.target.startswith(full + ".") and not inside:
+                found.append(repr(imp))
+    return found
+
+
+def test_core_has_at_most_ten_modules_at_its_top():
+    assert crowded_core() == []
+
+
+def test_no_module_is_named_after_a_package():
+    assert prefixed_modules() == []
+
+
+def test_nothing_outside_the_purge_imports_its_inner_modules():
+    assert behind_a_face() == []
+
+
+def test_the_noun_checks_see_what_they_look_for(tmp_path):
+    """Each check of core/'s shape, on a tree written to break it."""
+    core = tmp_path / "pkg" / "core"
+    (core / "scan").mkdir(parents=True)
+    (core / "fit").mkdir()
+    for name in ("__init__", "devices", "scan_kinds", "purge_plan", "fit_result", "trace_cells",
+                 "scan/__init__", "scan/kinds", "scan/scan_types", "scan/scan", "fit/__init__"):
+        (core / f"{name}.py").write_text("")
+    assert prefixed_modules(tmp_path / "pkg") == ["core/fit_result.py", "core/purge_plan.py",
+                                                  "core/scan/scan.py", "core/scan/scan_types.py",
+                                                  "core/scan_kinds.py"]
+    assert crowded_core(core) == []                 # 6 modules at its top
+    for i in range(5):
+        (core / f"noun{i}.py").write_text("")
+    assert len(crowded_core(core)) == 11            # one too many
+
+    bad = tmp_path / "bad.py"
+    bad.write_text(textwrap.dedent('''\
+        import jupyter_gpumem.core.purge.result as result
+        from ..core.purge import PurgeError, execute       # the face: fine
+        from ..core.purge import plan                      # a module behind it
+        from ..core.purge.targets import Target            # a name from behind it
+    '''))
+    inner = tmp_path / "inner.py"
+    inner.write_text("from .plan import make_plan\nfrom . import targets\n")
+    got = behind_a_face({f"{NAME}.cluster.bad": (bad, False), f"{NAME}.core.purge.inner": (inner, False)})
+    assert got == [f"{NAME}.cluster.bad:1 -> {NAME}.core.purge.result",
+                   f"{NAME}.cluster.bad:3 -> {NAME}.core.purge.plan",
+                   f"{NAME}.cluster.bad:4 -> {NAME}.core.purge.targets"], got
