@@ -50,7 +50,7 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
-from .core.scan.warm import WarmScan
+from .core.scan import WarmScan
 from .core.snapshot import build, build_many_steps
 from .core import cells as _cells
 from .core import sampler as _sampler

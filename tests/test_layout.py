@@ -553,9 +553,12 @@ MAX_CORE_MODULES = 10
 #: prefixes no module of core/'s top may have: the scan's and the purge's modules live in
 #: their packages
 CORE_PREFIXES = ("scan", "purge")
-#: packages whose ``__init__`` is their face: a module outside one (of the package, its
-#: tests or its benchmarks) imports the package, never one of its modules
-FACES = ("core.purge",)
+#: packages whose ``__init__`` is their face, with the inner modules that are public too
+#: (nouns of their own): a module of the package outside one imports the package or those,
+#: never another of its modules
+FACES = {"core.purge": (), "core.scan": ("hidden", "paths", "native")}
+#: the faces the tests and benchmarks keep too (the scan's tests read its inner modules)
+STRICT_FACES = ("core.purge",)
 ROOT = PACKAGE.parent
 
 
@@ -594,15 +597,20 @@ def _outside_modules() -> dict[str, tuple[Path, bool]]:
     return out
 
 
-def behind_a_face(modules: dict | None = None) -> list[str]:
-    """Imports of a module inside one of FACES by a module outside it."""
+def behind_a_face(modules: dict | None = None, outside: dict | None = None) -> list[str]:
+    """Imports of a module inside one of FACES (not one of its public ones) by a module
+    outside it: ``modules`` (the package's) against every face, ``outside`` (the tests',
+    the benchmarks', the scripts') against STRICT_FACES."""
     found = []
-    for imp in imports(modules=modules or {**MODULES, **_outside_modules()}):
-        for face in FACES:
-            full = f"{NAME}.{face}"
-            inside = imp.source == full or imp.source.startswith(full + ".")
-            if imp.target.startswith(full + ".") and not inside:
-                found.append(repr(imp))
+    for importers, faces in ((modules or MODULES, FACES),
+                             (outside if outside is not None else _outside_modules(), STRICT_FACES)):
+        for imp in imports(modules=importers):
+            for face in faces:
+                full = f"{NAME}.{face}"
+                public = {f"{full}.{m}" for m in FACES[face]}
+                inside = imp.source == full or imp.source.startswith(full + ".")
+                if imp.target.startswith(full + ".") and imp.target not in public and not inside:
+                    found.append(repr(imp))
     return found
 
 
@@ -614,7 +622,7 @@ def test_no_module_is_named_after_a_package():
     assert prefixed_modules() == []
 
 
-def test_nothing_outside_the_purge_imports_its_inner_modules():
+def test_nothing_outside_the_purge_or_the_scan_imports_their_inner_modules():
     assert behind_a_face() == []
 
 
@@ -640,10 +648,19 @@ def test_the_noun_checks_see_what_they_look_for(tmp_path):
         from ..core.purge import PurgeError, execute       # the face: fine
         from ..core.purge import plan                      # a module behind it
         from ..core.purge.targets import Target            # a name from behind it
+        from ..core.scan import Root, hidden               # the face, and a public module
+        from ..core.scan.paths import PathError            # a public module
+        from ..core.scan.roots import odd_keys             # behind the scan's face
     '''))
     inner = tmp_path / "inner.py"
-    inner.write_text("from .plan import make_plan\nfrom . import targets\n")
-    got = behind_a_face({f"{NAME}.cluster.bad": (bad, False), f"{NAME}.core.purge.inner": (inner, False)})
+    inner.write_text("from .plan import make_plan\nfrom . import targets\nfrom ..scan.types import TENSOR\n")
+    test = tmp_path / "test_x.py"
+    test.write_text("from jupyter_gpumem.core.scan import reach\nfrom jupyter_gpumem.core.purge.plan import Budget\n")
+    got = behind_a_face({f"{NAME}.cluster.bad": (bad, False), f"{NAME}.core.purge.inner": (inner, False)},
+                        {"tests.test_x": (test, False)})
     assert got == [f"{NAME}.cluster.bad:1 -> {NAME}.core.purge.result",
                    f"{NAME}.cluster.bad:3 -> {NAME}.core.purge.plan",
-                   f"{NAME}.cluster.bad:4 -> {NAME}.core.purge.targets"], got
+                   f"{NAME}.cluster.bad:4 -> {NAME}.core.purge.targets",
+                   f"{NAME}.cluster.bad:7 -> {NAME}.core.scan.roots",
+                   f"{NAME}.core.purge.inner:3 -> {NAME}.core.scan.types",
+                   "tests.test_x:2 -> jupyter_gpumem.core.purge.plan"], got

@@ -21,7 +21,7 @@ from ..core import scan as _scan
 from ..core.purge import (Holdings, PurgeError, Target, execute, hidden_to_clear, names_of,
                           removed_names, resolve_targets)
 from ..core.render import fmt_bytes
-from ..core.scan.roots import Root
+from ..core.scan import Root
 from . import remote
 from .build import (Deadline, HeldNames, bytes_on, build, describe_wanters, run_on_workers,
                     walk_messages)

@@ -26,7 +26,7 @@ from bisect import bisect_right
 from collections import deque
 from typing import Any, Callable, Iterator
 
-from .scan.types import LIB_DIRS
+from .scan import LIB_DIRS
 
 INPUT_RE = re.compile(r"^<ipython-input-(\d+)-[0-9a-fA-F]+>$")
 IN_RE = re.compile(r"^In\s*\[(\d+)\]$")

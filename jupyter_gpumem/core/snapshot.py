@@ -22,9 +22,7 @@ from ..backends import Internal, active_backends
 from ..backends import cuda_context as _cuda_context
 from .render import fmt_bytes, snapshot_html, snapshot_text
 from .scan.paths import resolve
-from .scan.roots import Root, odd_keys
-from .scan.types import is_a, type_name_of
-from .scan.steps import run_to_end
+from .scan import Root, is_a, odd_keys, run_to_end, type_name_of
 from ..units import JsonFields, Report, json_field, round6
 
 SNAPSHOT_SCHEMA = "jupyter_gpumem.snapshot/1"

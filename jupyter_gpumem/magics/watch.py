@@ -12,7 +12,7 @@ from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import UsageError
 
 from ..core import devices as _devices
-from ..core.scan.roots import Root
+from ..core.scan import Root
 from ..watch import export as _export
 from ..session import session_of
 from ..settings import fmt_share, parse_share

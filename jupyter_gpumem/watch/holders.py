@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from ..core.scan import hidden as _hidden
 from ..core import scan as _scan
-from ..core.scan.roots import Root
+from ..core.scan import Root
 from ..backends import active_backends
 from ..core.snapshot import type_name
 

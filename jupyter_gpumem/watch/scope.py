@@ -51,7 +51,7 @@ from ..core import sampler as _sampler
 from ..core import scan as _scan
 from ..core.rescue.oom import is_oom
 from ..core.scan.hidden import traceback_root
-from ..core.scan.roots import Root
+from ..core.scan import Root
 from ..settings import check_device, check_time_limit
 from ..units import complain
 from . import sampling as _sampling

@@ -15,7 +15,7 @@ from ..scan import paths as _paths
 from ...backends import active_backends
 from .result import DeviceChange
 from .targets import Target
-from ..scan.roots import Root
+from ..scan import Root
 
 
 def delete_target(t: Target, shell: Any, namespace: dict | None) -> list[str]:

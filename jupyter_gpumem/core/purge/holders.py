@@ -16,8 +16,7 @@ from typing import Any
 from .. import scan as _scan
 from ...backends import active_backends
 from .result import UNNAMED, StillHeld
-from ..scan.roots import Root
-from ..scan.types import ATOMIC_IDS
+from ..scan import ATOMIC_IDS, Root
 
 _MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
 _TYPE_DICT = type.__dict__["__dict__"].__get__

@@ -23,8 +23,7 @@ from .messages import cut_plan_message, cut_short, out_key_message, partial_mess
 from .result import PurgeError, PurgeResult, StillHeld
 from .targets import Holdings, Target, hidden_to_clear, removed_names, resolve_targets
 from ..render import fmt_bytes
-from ..scan.roots import Root
-from ..scan.types import ATOMIC_IDS
+from ..scan import ATOMIC_IDS, Root
 from ..snapshot import released_by_purge
 
 _TYPE_DICT = type.__dict__["__dict__"].__get__

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..scan import paths as _paths
-from ..scan.roots import Root
+from ..scan import Root
 
 
 @dataclass

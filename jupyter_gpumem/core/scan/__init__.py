@@ -29,10 +29,17 @@ from ...backends import Backend, active_backends
 from .search import Nodes, PathFinder
 from .hidden import hidden_roots
 from .paths import attr_text
-from .roots import Root, format_key, stop_ids_for, user_roots
+from .roots import Root, format_key, odd_keys, stop_ids_for, user_roots
 from .reach import Reacher
 from .warm import Kept, WarmScan
 from .steps import run_to_end
+from .types import (ATOMIC_IDS, CLASS, CONTAINER, DICT, DICT_SUB, LIB_DIRS, SEQ, SEQ_SUB, SET,
+                    SET_SUB, TENSOR, classify, is_a, type_name_of)
+
+# The face: a module outside core/scan imports what it needs of the scan from here (the
+# names above and below: Root, WarmScan, run_to_end, the kinds of objects, ...); the
+# scan's modules that are nouns of their own, hidden (IPython's hidden holders), paths
+# (the paths a user types) and native (the C core's loader), it may import whole.
 
 _DEFAULT_MAX_DEPTH = 4000   # levels of the walk (an attribute is one or two)
 _PATH_SHARE = 0.1           # of the time limit: what the paths get at least, after the walk
