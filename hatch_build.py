@@ -7,7 +7,7 @@ platform-specific). It is always compiled
 from the source (``force``): a ``.so`` left in the tree by an earlier build is never
 packed. Where no compiler is found the build goes on without it, and any such
 leftover is removed: the scan then walks in Python, with the same answers, more
-slowly (``jupyter_gpumem.core.native.CORE`` is None, and loading the extension says
+slowly (``jupyter_gpumem.core.scan.native.CORE`` is None, and loading the extension says
 so in one line).
 
 The wheel carries the sidebar's built files without their source maps and build

@@ -29,7 +29,7 @@ from cell_latency import SETUP, Kernel  # noqa: E402
 
 WATCH = "%load_ext jupyter_gpumem\n%gpumem watch on --device cpu"
 FORGET = """
-from jupyter_gpumem.core import roots as _roots
+from jupyter_gpumem.core.scan import roots as _roots
 _forgetful = _roots._items_except
 _roots._items_except = lambda ns, types, memo=None, judge=None: _forgetful(ns, types)
 """

@@ -20,7 +20,7 @@ import time
 from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_gpumem.session import session_of
-from jupyter_gpumem.core.reruns import host_allocated
+from jupyter_gpumem.core.rescue.reruns import host_allocated
 from jupyter_gpumem.watch.reruns import attribution
 
 SETUP = """

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 @contextlib.contextmanager
 def python_form():
     """Every use of the C core takes its Python form while inside."""
-    from jupyter_gpumem.core import roots, scan_reach
+    from jupyter_gpumem.core.scan import roots, reach as scan_reach
 
     saved = scan_reach.NATIVE, scan_reach.TAKE_BATCH, roots._items_except
     scan_reach.NATIVE = scan_reach.TAKE_BATCH = None
@@ -72,7 +72,7 @@ def compare(shell, device: str, repeat: int) -> tuple[float, float, bool]:
 def run_all(shell, device: str = "cpu", repeat: int = 9) -> bool:
     """Each scenario of benchmarks/scan.py (the model without its extra heap) in both forms."""
     import scan as bench
-    from jupyter_gpumem.core import scan_reach
+    from jupyter_gpumem.core.scan import reach as scan_reach
 
     if scan_reach.NATIVE is None:
         print("== forms: the C core is not loaded here (not built, or JUPYTER_GPUMEM_PURE_SCAN=1):"

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Protocol
 
-from .core import monitor as _monitor
-from .core.monitor import CellEvents
+from .core import cells as _cells
+from .core.cells import CellEvents
 from .core.trace import CellSpans
 from .units import complain
 
@@ -73,7 +73,7 @@ class CellDispatch:
         #: ended here only)
         self.cells = CellSpans(CELL_SPANS)
         self.version = 0
-        _monitor.hook_cells(shell, self.pre_run_cell, self.post_run_cell)
+        _cells.hook_cells(shell, self.pre_run_cell, self.post_run_cell)
 
     def running(self) -> bool:
         """Whether a cell runs now."""
@@ -109,7 +109,7 @@ class CellDispatch:
         """Forget the followers and the hooks, and leave the shell's events."""
         self.followers.clear()
         self.hooks.clear()
-        _monitor.unhook_cells(self.shell, self.pre_run_cell, self.post_run_cell)
+        _cells.unhook_cells(self.shell, self.pre_run_cell, self.post_run_cell)
 
     def _lose(self, runs: list) -> None:
         for run in runs:        # cells whose "post" never came: their end is unknown

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import session as _session
-from .core import native as _native
+from .core.scan import native as _native
 from .core import processes as _processes
 from .magics import tame as _tame
 from .magics import trace as _trace

@@ -25,7 +25,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from .cluster.live import LiveCluster, Offload, add_cluster, drive_now
-from .core.scan_warm import WarmScan
+from .core.scan import WarmScan
 from .core.snapshot import build, build_many_steps
 from .units import complain
 

@@ -12,7 +12,7 @@ A session owns, and closes (:meth:`Session.close` is the only teardown,
   :class:`~jupyter_gpumem.refresh.Refresher`, with the Dask cluster's live part,
   :class:`~jupyter_gpumem.cluster.live.LiveCluster`);
 - the shell's one sampling thread (:attr:`Session.sampler`, a
-  :class:`~jupyter_gpumem.core.monitor.SharedSampler`): the watch, the panel and the
+  :class:`~jupyter_gpumem.core.sampler.SharedSampler`): the watch, the panel and the
   sidebar's channels subscribe to it, each at its own interval, and the thread runs
   only while one of them is subscribed;
 - what reads or changes the namespace at a view's request (:attr:`Session.handoff`,
@@ -29,8 +29,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .cluster.live import LiveCluster
-from .core.scan_warm import WarmScan
-from .core import monitor as _monitor
+from .core.scan import WarmScan
+from .core import sampler as _sampler
+from .core import cells as _cells
 from .core import purge as _purge
 from .core.devices import read_devices
 from .core import trace as _trace
@@ -63,7 +64,7 @@ class Session:
         self.reruns: Any = None
         #: the shell's one sampling thread: the watch, the panel and the comm hub subscribe
         #: to it (``sampler.subscribe``); it starts with the first and ends with the last
-        self.sampler = _monitor.SharedSampler(read=read_devices, name=SAMPLER_NAME)
+        self.sampler = _sampler.SharedSampler(read=read_devices, name=SAMPLER_NAME)
         self._closers: list[Callable[[], Any]] = []
         #: the allocation trace this shell's ``%gpumem trace on`` started (a
         #: :class:`~jupyter_gpumem.core.trace.Tracer`), stopped when the session closes
@@ -73,7 +74,7 @@ class Session:
         #: the panel ask)
         self.purges = 0
         #: what the last scans walked, per name: a root proved unchanged is not walked
-        #: again (core/scan_warm.py; every snapshot of this shell goes through it)
+        #: again (core/scan/warm.py; every snapshot of this shell goes through it)
         self.warm = WarmScan()
         #: the Dask cluster's part of the snapshots, and its one thread
         self.cluster = LiveCluster(shell, lambda: self.time_limit)
@@ -199,7 +200,7 @@ def hook_cells(shell: Any, pre: Callable, post: Callable) -> None:
     if session is not None:
         session.hook_cells(pre, post)
     else:
-        _monitor.hook_cells(shell, pre, post)
+        _cells.hook_cells(shell, pre, post)
 
 
 def unhook_cells(shell: Any, pre: Callable, post: Callable) -> None:
@@ -207,7 +208,7 @@ def unhook_cells(shell: Any, pre: Callable, post: Callable) -> None:
     session = session_of(shell)
     if session is not None:
         session.unhook_cells(pre, post)
-    _monitor.unhook_cells(shell, pre, post)
+    _cells.unhook_cells(shell, pre, post)
 
 
 def _kernel_loop(shell: Any) -> Any:

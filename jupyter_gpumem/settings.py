@@ -17,7 +17,7 @@ from traitlets import Bool, Float, TraitError, Unicode, Union, observe, validate
 from traitlets.config import Configurable
 
 from .core.devices import check_present
-from .core.monitor import check_interval
+from .core.sampler import check_interval
 
 
 def parse_share(value: Any) -> float | None:

@@ -237,7 +237,7 @@ def test_proc_reads_keep_the_interpreter_lock_with_the_c_core():
     may keep it for as long as a message takes to send: a footer's /proc reads keep it."""
     import threading
 
-    from jupyter_gpumem.core import native
+    from jupyter_gpumem.core.scan import native
 
     core = native.CORE
     if core is None or not hasattr(core, "pread_held"):

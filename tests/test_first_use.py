@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 torch = pytest.importorskip("torch")
 
 import jupyter_gpumem  # noqa: E402
-from jupyter_gpumem.core import scan_kinds  # noqa: E402
+from jupyter_gpumem.core.scan import kinds as scan_kinds  # noqa: E402
 from conftest import run  # noqa: E402
 
 

@@ -17,7 +17,7 @@ import torch
 from IPython.core.error import UsageError
 
 from jupyter_gpumem.core.fit import Grid, search
-from jupyter_gpumem.core.fit_result import Trial, accumulation
+from jupyter_gpumem.core.fit.result import Trial, accumulation
 
 from conftest import run
 

@@ -203,7 +203,7 @@ def test_a_class_whose_metaclass_defines_eq_or_hash_is_read_and_never_hashed(
     their type's traverse and their attributes by C slots: the tensor they hold is
     blamed with its path, the report, the footer, %%gpuwatch and purge work, and the
     metaclass is never asked."""
-    from jupyter_gpumem.core import scan_reach
+    from jupyter_gpumem.core.scan import reach as scan_reach
 
     if walk == "Python walk":
         monkeypatch.setattr(scan_reach, "NATIVE", None)
@@ -234,7 +234,7 @@ def test_a_name_whose_walk_fails_is_one_line_and_the_rest_stands(ip, capsys, mon
     with an ``__eq__`` metaclass, is read now): the failure is injected into the walk of
     one name, whatever a future one may be. That name is counted as skipped, in one
     line; every other name, the footer, %%gpuwatch and purge still answer."""
-    from jupyter_gpumem.core import scan_reach
+    from jupyter_gpumem.core.scan import reach as scan_reach
 
     bad = [torch.ones(8)]
     real = scan_reach.Reacher.walk_steps

@@ -25,7 +25,7 @@ FORMS = ["C core", "Python walk"]
 @pytest.fixture(params=FORMS)
 def walk(request, monkeypatch):
     """Each test once with the C walker, once with the walk in Python."""
-    from jupyter_gpumem.core import scan_reach
+    from jupyter_gpumem.core.scan import reach as scan_reach
 
     if request.param == "Python walk":
         monkeypatch.setattr(scan_reach, "NATIVE", None)

@@ -97,11 +97,13 @@ def _trees(modules: dict):
         yield module, is_package, ast.parse(path.read_text(), str(path))
 
 
-def imports(other: bool = False) -> list[Import]:
+def imports(other: bool = False, modules: dict | None = None) -> list[Import]:
     """Every import of a module of the package by a module of the package
-    (``other``: of anything else instead); ``from . import x`` is an edge to ``x``."""
+    (``other``: of anything else instead); ``from . import x`` is an edge to ``x``.
+    ``modules``: the importers to read, MODULES by default (the package's modules are
+    always what a target is looked up in)."""
     found = []
-    for module, is_package, tree in _trees(MODULES):
+    for module, is_package, tree in _trees(modules or MODULES):
         parents = _parents(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -384,14 +386,14 @@ PER_PROCESS = {
     "watch.peaks.LEDGER": "allocator and host peaks: the process's counters",
     "watch.peaks._PATCHES": "the framework functions wrapped for peaks, patched once",
     "core.trace._RECORDING": "torch's allocation history is process-wide: one recording",
-    "core.monitor._RUN_CELL_ASYNC": "IPython's run_cell_async code object, one per process",
+    "core.cells._RUN_CELL_ASYNC": "IPython's run_cell_async code object, one per process",
     "core.devices._PARSED": "device names parsed once (a pure cache of strings)",
     "core.devices._PROC_FDS": "this process's open /proc descriptors",
     "core.devices._AVAILABLE": "the host's available memory, read at most every 50 ms",
-    "core.roots._BOOKKEEPING": "which names are IPython's bookkeeping (a cache of strings)",
-    "core.roots._MEMOS": "the C pass's memo per namespace: key strings only, 16 at most; "
+    "core.scan.roots._BOOKKEEPING": "which names are IPython's bookkeeping (a cache of strings)",
+    "core.scan.roots._MEMOS": "the C pass's memo per namespace: key strings only, 16 at most; "
                          "losing it costs speed, never an answer",
-    "core.scan_types._module_is_library": "which modules are libraries (a cache of names)",
+    "core.scan.types._module_is_library": "which modules are libraries (a cache of names)",
     "backends.nvml._local": "NVML's batch of readings of the thread that reads",
     "backends.tame._saved": "the environment variables tame set: the process's environment",
     "backends.torch_trace._MODE_CLASS": "a torch class looked up once",
@@ -400,7 +402,7 @@ PER_PROCESS = {
     "extension._SAID_ABSENT": "whether the process was told its scan's C core is absent "
                               "(said once, at the first load)",
     "core.render._LAST_TABLE": "the last holders table laid out, by its rows (a pure cache)",
-    "core.scan_types._META_KEYABLE": "per metaclass: may its instances be dict keys (a cache)",
+    "core.scan.types._META_KEYABLE": "per metaclass: may its instances be dict keys (a cache)",
     "backends.base._verdicts": "per module object: is it the real framework (a cache, "
                                "each entry leaving with its module)",
     "backends.base._homes": "where each framework's distributions are installed (a cache "
@@ -409,9 +411,9 @@ PER_PROCESS = {
 }
 
 #: module-level instances of the package's classes that are frozen values, not state
-FROZEN = {"core.hidden.OUTPUT", "core.hidden.UNDERSCORE", "core.hidden.RESULT",
-          "core.hidden.TRACEBACK", "core.hidden.CHAIN", "core.trace.queries.UNNUMBERED", "core.trace.sites.BEFORE",
-          "core.trace.sites.BETWEEN", "core.scan_warm.UNREAD"}
+FROZEN = {"core.scan.hidden.OUTPUT", "core.scan.hidden.UNDERSCORE", "core.scan.hidden.RESULT",
+          "core.scan.hidden.TRACEBACK", "core.scan.hidden.CHAIN", "core.trace.queries.UNNUMBERED", "core.trace.sites.BEFORE",
+          "core.trace.sites.BETWEEN", "core.scan.warm.UNREAD"}
 
 _MUTATORS = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update",
              "setdefault", "add", "discard", "move_to_end", "appendleft", "__setitem__"}
@@ -638,3 +640,122 @@ def test_the_layers_that_read_user_objects_never_call_isinstance(tmp_path):
     bad = {f"{NAME}.backends.bad": (path, False), f"{NAME}.views.fine": (path, False)}
     assert isinstance_calls(bad) == [f"{NAME}.backends.bad:4", f"{NAME}.backends.bad:4"]
     assert isinstance_calls() == []
+
+# -- core/ reads as a few nouns -------------------------------------------------------------
+#: core/'s top level holds at most this many modules (``.py`` files, its ``__init__`` too):
+#: the rest live in its packages (scan/, purge/, trace/, ...), one noun each
+MAX_CORE_MODULES = 10
+#: prefixes no module of core/'s top may have: the scan's and the purge's modules live in
+#: their packages
+CORE_PREFIXES = ("scan", "purge")
+#: packages whose ``__init__`` is their face, with the inner modules that are public too
+#: (nouns of their own): a module of the package outside one imports the package or those,
+#: never another of its modules
+FACES = {"core.purge": (), "core.scan": ("hidden", "paths", "native")}
+#: the faces the tests and benchmarks keep too (the scan's tests read its inner modules)
+STRICT_FACES = ("core.purge",)
+ROOT = PACKAGE.parent
+
+
+def crowded_core(core: Path = PACKAGE / "core") -> list[str]:
+    """core/'s top-level modules where there are more than MAX_CORE_MODULES, else []."""
+    names = sorted(p.name for p in core.glob("*.py"))
+    return names if len(names) > MAX_CORE_MODULES else []
+
+
+def prefixed_modules(package: Path = PACKAGE) -> list[str]:
+    """Modules named after a package: at core/'s top one prefixed ``scan_`` or ``purge_``,
+    anywhere one prefixed by a package beside it (``core/trace_x.py`` next to ``core/trace/``:
+    it belongs inside) or named after its own folder, bare or as a prefix
+    (``core/processes/processes.py``, ``core/scan/scan_kinds.py``: inside, the prefix says
+    nothing)."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.stem == "__init__" or "__pycache__" in path.parts:
+            continue
+        folder = path.parent
+        owners = {d.name for d in folder.iterdir() if (d / "__init__.py").is_file()}
+        owners.add(folder.name)
+        if folder == package / "core":
+            owners.update(CORE_PREFIXES)
+        if any(path.stem == o or path.stem.startswith(o + "_") for o in owners):
+            found.append(str(path.relative_to(package)))
+    return found
+
+
+def _outside_modules() -> dict[str, tuple[Path, bool]]:
+    """The Python files of the tests, benchmarks and scripts, by a module-like name."""
+    out = {}
+    for folder in ("tests", "benchmarks", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            out[".".join(path.relative_to(ROOT).with_suffix("").parts)] = (path, False)
+    return out
+
+
+def behind_a_face(modules: dict | None = None, outside: dict | None = None) -> list[str]:
+    """Imports of a module inside one of FACES (not one of its public ones) by a module
+    outside it: ``modules`` (the package's) against every face, ``outside`` (the tests',
+    the benchmarks', the scripts') against STRICT_FACES."""
+    found = []
+    for importers, faces in ((modules or MODULES, FACES),
+                             (outside if outside is not None else _outside_modules(), STRICT_FACES)):
+        for imp in imports(modules=importers):
+            for face in faces:
+                full = f"{NAME}.{face}"
+                public = {f"{full}.{m}" for m in FACES[face]}
+                inside = imp.source == full or imp.source.startswith(full + ".")
+                if imp.target.startswith(full + ".") and imp.target not in public and not inside:
+                    found.append(repr(imp))
+    return found
+
+
+def test_core_has_at_most_ten_modules_at_its_top():
+    assert crowded_core() == []
+
+
+def test_no_module_is_named_after_a_package():
+    assert prefixed_modules() == []
+
+
+def test_nothing_outside_the_purge_or_the_scan_imports_their_inner_modules():
+    assert behind_a_face() == []
+
+
+def test_the_noun_checks_see_what_they_look_for(tmp_path):
+    """Each check of core/'s shape, on a tree written to break it."""
+    core = tmp_path / "pkg" / "core"
+    (core / "scan").mkdir(parents=True)
+    (core / "fit").mkdir()
+    for name in ("__init__", "devices", "scan_kinds", "purge_plan", "fit_result", "trace_cells",
+                 "scan/__init__", "scan/kinds", "scan/scan_types", "scan/scan", "fit/__init__"):
+        (core / f"{name}.py").write_text("")
+    assert prefixed_modules(tmp_path / "pkg") == ["core/fit_result.py", "core/purge_plan.py",
+                                                  "core/scan/scan.py", "core/scan/scan_types.py",
+                                                  "core/scan_kinds.py"]
+    assert crowded_core(core) == []                 # 6 modules at its top
+    for i in range(5):
+        (core / f"noun{i}.py").write_text("")
+    assert len(crowded_core(core)) == 11            # one too many
+
+    bad = tmp_path / "bad.py"
+    bad.write_text(textwrap.dedent('''\
+        import jupyter_gpumem.core.purge.result as result
+        from ..core.purge import PurgeError, execute       # the face: fine
+        from ..core.purge import plan                      # a module behind it
+        from ..core.purge.targets import Target            # a name from behind it
+        from ..core.scan import Root, hidden               # the face, and a public module
+        from ..core.scan.paths import PathError            # a public module
+        from ..core.scan.roots import odd_keys             # behind the scan's face
+    '''))
+    inner = tmp_path / "inner.py"
+    inner.write_text("from .plan import make_plan\nfrom . import targets\nfrom ..scan.types import TENSOR\n")
+    test = tmp_path / "test_x.py"
+    test.write_text("from jupyter_gpumem.core.scan import reach\nfrom jupyter_gpumem.core.purge.plan import Budget\n")
+    got = behind_a_face({f"{NAME}.cluster.bad": (bad, False), f"{NAME}.core.purge.inner": (inner, False)},
+                        {"tests.test_x": (test, False)})
+    assert got == [f"{NAME}.cluster.bad:1 -> {NAME}.core.purge.result",
+                   f"{NAME}.cluster.bad:3 -> {NAME}.core.purge.plan",
+                   f"{NAME}.cluster.bad:4 -> {NAME}.core.purge.targets",
+                   f"{NAME}.cluster.bad:7 -> {NAME}.core.scan.roots",
+                   f"{NAME}.core.purge.inner:3 -> {NAME}.core.scan.types",
+                   "tests.test_x:2 -> jupyter_gpumem.core.purge.plan"], got

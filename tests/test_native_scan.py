@@ -20,8 +20,8 @@ torch = pytest.importorskip("torch")
 from conftest import run  # noqa: E402
 from jupyter_gpumem.backends import active_backends  # noqa: E402
 from jupyter_gpumem.core import scan as _scan  # noqa: E402
-from jupyter_gpumem.core import native as native_switch  # noqa: E402
-from jupyter_gpumem.core import scan_reach  # noqa: E402
+from jupyter_gpumem.core.scan import native as native_switch  # noqa: E402
+from jupyter_gpumem.core.scan import reach as scan_reach  # noqa: E402
 
 needs_native = pytest.mark.skipif(scan_reach.NATIVE is None, reason="the C core is not built here")
 
@@ -138,8 +138,8 @@ def test_the_c_filter_of_a_namespace_keeps_what_the_python_filter_keeps_and_asks
     as the Python fallback, in order, and neither asks a metaclass whose ``__hash__``
     and ``__eq__`` raise (the types are compared by address; ``type(v) in ATOMIC``
     would run the user's ``__hash__``)."""
-    from jupyter_gpumem.core import roots
-    from jupyter_gpumem.core.scan_types import ATOMIC
+    from jupyter_gpumem.core.scan import roots
+    from jupyter_gpumem.core.scan.types import ATOMIC
 
     native = core_or_skip()
 
@@ -175,8 +175,8 @@ def test_the_c_filter_remembers_ipythons_names_and_answers_as_the_python_filter_
     the judge only about the cell's new names, and at every step of a run of changes
     (names added, deleted, rebound, IPython's names rebound to tensors, a table rebuilt
     by growth, a key that is no name) user_roots gives what the Python filter gives."""
-    from jupyter_gpumem.core import roots
-    from jupyter_gpumem.core.scan_types import ATOMIC
+    from jupyter_gpumem.core.scan import roots
+    from jupyter_gpumem.core.scan.types import ATOMIC
 
     native = core_or_skip()
     if sys.implementation.name == "cpython" and (3, 11) <= sys.version_info[:2] <= (3, 13):
@@ -241,7 +241,7 @@ def test_the_c_filter_keeps_its_pairs_whole_when_a_collection_inside_it_changes_
     import gc
 
     native = core_or_skip()
-    from jupyter_gpumem.core.scan_types import ATOMIC
+    from jupyter_gpumem.core.scan.types import ATOMIC
 
     ns = {f"v{i}": [i] for i in range(200)}
     ns.update(n=1, s="x")
@@ -330,7 +330,7 @@ def test_the_c_batch_loop_writes_nothing_for_a_graph_and_passes_errors_on():
     anything is written (the caller goes by halves); a getter that raises is the
     caller's error; the devices filter and the nodes; bad arguments are a TypeError."""
     from jupyter_gpumem.backends.pytorch import TorchBackend
-    from jupyter_gpumem.core.scan_paths import LazyNode
+    from jupyter_gpumem.core.scan.search import LazyNode
 
     native = core_or_skip()
     backend = TorchBackend()

@@ -16,7 +16,8 @@ import textwrap
 import pytest
 
 from conftest import ROOT, child_result
-from jupyter_gpumem.core import devices, native
+from jupyter_gpumem.core import devices
+from jupyter_gpumem.core.scan import native
 
 CHILD = textwrap.dedent(r'''
     import importlib.abc, json, sys
@@ -66,7 +67,7 @@ CHILD = textwrap.dedent(r'''
     out["purge_ok"] = r.success and "keep" not in shell.user_ns
     out["purge_text"] = text(cap)
     out["core_loaded"] = "jupyter_gpumem.core._reach" in sys.modules
-    from jupyter_gpumem.core import native, scan_reach
+    from jupyter_gpumem.core.scan import native, reach as scan_reach
     out["native"] = native.CORE is not None and scan_reach.NATIVE is not None
     print("RESULT " + json.dumps(out))
 ''')

@@ -14,7 +14,8 @@ import pytest
 
 import gpu_holders as gh
 from test_processes import fake_nvml  # noqa: F401 - the fixture
-from jupyter_gpumem.core import orphans, processes
+from jupyter_gpumem.core.processes import orphans
+from jupyter_gpumem.core import processes
 
 pytest.importorskip("ipykernel")
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,8 @@ from IPython.core.error import UsageError
 import gpu_holders as gh
 from test_json_shape import check
 from test_processes import fake_nvml  # noqa: F401 - the fixture
-from jupyter_gpumem.core import orphans, processes
+from jupyter_gpumem.core.processes import orphans
+from jupyter_gpumem.core import processes
 
 KERNEL_ENV = {"JPY_PARENT_PID": "999999", "JPY_SESSION_NAME": "old.ipynb"}
 MiB = gh.MiB

@@ -20,7 +20,7 @@ pytest.importorskip("ipywidgets")
 import gpu_holders as gh  # noqa: E402
 from test_processes import fake_nvml  # noqa: E402,F401 - the fixture
 from jupyter_gpumem.backends import nvml  # noqa: E402
-from jupyter_gpumem.core import orphans as core_orphans  # noqa: E402
+from jupyter_gpumem.core.processes import orphans as core_orphans  # noqa: E402
 from jupyter_gpumem.views import panel as panel_mod  # noqa: E402
 from jupyter_gpumem.views import panel_orphans  # noqa: E402
 

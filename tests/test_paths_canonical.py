@@ -172,7 +172,7 @@ def test_a_model_beside_a_long_list_is_found_in_time(ip):
     at C speed, whether the container leads to a storage not met yet. Without the C core
     the same question is asked in Python, some eight times slower (benchmarks/scan_forms.py):
     the limit there is as much longer."""
-    from jupyter_gpumem.core import scan_reach
+    from jupyter_gpumem.core.scan import reach as scan_reach
 
     run(ip, "import torch\nclass Data: pass\n"
             "d = Data()\nd.records = [{'id': i, 'tags': [i]} for i in range(300_000)]\n"
@@ -213,7 +213,7 @@ def test_the_groups_of_children_by_step_are_the_same_by_runs_and_by_kinds():
     """_split groups a block's children by the cost of their step; runs of one kind (an
     optimizer's children) are grouped as slices, anything else pair by pair: the same
     groups, in the same order, either way."""
-    from jupyter_gpumem.core import scan_paths
+    from jupyter_gpumem.core.scan import search as scan_paths
 
     def reference(pairs):
         costs = [(0, 1) if label is None else scan_paths._cost(label[0]) for label, _ in pairs]

@@ -144,7 +144,7 @@ def test_exception_traceback_path_shown_is_purgeable(ip, unrelated):
 
 
 def test_paths_never_ask_an_object_for_its_class():
-    from jupyter_gpumem.core import paths
+    from jupyter_gpumem.core.scan import paths
 
     calls = []
 

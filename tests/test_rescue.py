@@ -88,7 +88,7 @@ def test_the_button_rescues_through_its_comm_and_names_what_goes():
 
 # -- in-process: chains, the rule, bad input ---------------------------------------------
 def test_a_chained_exception_is_a_hidden_holder_cleared_by_the_hidden_only_purge(ip):
-    from jupyter_gpumem.core.chains import LAST
+    from jupyter_gpumem.core.scan.chains import LAST
 
     run(ip, "import torch\ndef load():\n    t = torch.ones(3 << 20)\n    raise KeyError(1)")
     run(ip, "try:\n    load()\nexcept KeyError:\n    raise ValueError('while handling')",
@@ -102,7 +102,7 @@ def test_a_chained_exception_is_a_hidden_holder_cleared_by_the_hidden_only_purge
 
 
 def test_an_exception_group_member_is_named_as_the_user_reaches_it(ip):
-    from jupyter_gpumem.core.chains import LAST
+    from jupyter_gpumem.core.scan.chains import LAST
 
     run(ip, "import torch\ndef bad():\n    t = torch.ones(2 << 20)\n    raise OSError(1)")
     run(ip, "errs = []\ntry:\n    bad()\nexcept OSError as e:\n    errs.append(e)\n"
@@ -137,7 +137,7 @@ def test_a_failed_cell_that_awaits_is_rerun_awaited(ip):
 
 
 def test_the_frameworks_errors_are_known_from_their_real_classes():
-    from jupyter_gpumem.core.oom import framework_of, requested_bytes
+    from jupyter_gpumem.core.rescue.oom import framework_of, requested_bytes
 
     tf = pytest.importorskip("tensorflow")
     e = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape"
@@ -181,7 +181,7 @@ CUDA_CAPPED = ("CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a tota
 
 def test_fragmentation_is_told_from_the_allocators_message_and_the_advice_only_while_off(
         monkeypatch):
-    from jupyter_gpumem.core.oom import EXPANDABLE, read_oom
+    from jupyter_gpumem.core.rescue.oom import EXPANDABLE, read_oom
 
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     error = type("OutOfMemoryError", (RuntimeError,), {})(CUDA_CAPPED)

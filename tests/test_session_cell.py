@@ -54,14 +54,14 @@ def test_one_pairing_of_the_cell_events_walks_the_stack_once_a_cell(ip, monkeypa
     the views, trace): with all of them on, a cell walks the stack for the frames of the
     running cells once, and only up to the innermost one; the footer's watch is the
     session's outer cell's."""
-    from jupyter_gpumem.core import monitor
+    from jupyter_gpumem.core import cells
     from jupyter_gpumem.watch.state import state_for
 
     run(ip, "%gpumem watch on --device cpu")
     run(ip, "%gpumem trace on --device cpu")
     walks = []
-    real = monitor._running_cell_frames
-    monkeypatch.setattr(monitor, "_running_cell_frames",
+    real = cells._running_cell_frames
+    monkeypatch.setattr(cells, "_running_cell_frames",
                         lambda first_only=False: (walks.append(first_only), real(first_only))[1])
     footer = state_for(ip).footer
     seen = []

@@ -20,7 +20,7 @@ from conftest import raises_fatal, run  # noqa: E402
 from test_comm import open_sidebar, send  # noqa: E402
 from test_watch import _sampling_threads  # noqa: E402
 
-from jupyter_gpumem.core.monitor import SharedSampler  # noqa: E402
+from jupyter_gpumem.core.sampler import SharedSampler  # noqa: E402
 from jupyter_gpumem.session import session_of  # noqa: E402
 from jupyter_gpumem.views import comm as gpucomm  # noqa: E402
 from jupyter_gpumem.views import panel as panel_mod  # noqa: E402
@@ -196,9 +196,9 @@ def test_a_script_watch_without_a_shell_samples_on_a_thread_of_its_own():
 
 
 def test_a_sampling_thread_that_dies_tells_every_subscriber(thread_tracebacks):
-    from jupyter_gpumem.core import monitor
+    from jupyter_gpumem.core import sampler as core_sampler
 
-    sampler = monitor.SharedSampler(read=lambda selection: [selection],
+    sampler = core_sampler.SharedSampler(read=lambda selection: [selection],
                                     name="jupyter_gpumem-test")
     failures: list[tuple[str, str]] = []
     subs = [sampler.subscribe(lambda: None, 0.02, name=n,

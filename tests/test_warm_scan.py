@@ -1,4 +1,4 @@
-"""The warm scan (core/scan_warm.py): a name proved unchanged is not walked again, and
+"""The warm scan (core/scan/warm.py): a name proved unchanged is not walked again, and
 the report is the one a full scan gives, byte for byte, after every kind of change a
 notebook makes between two ``%gpumem``.
 
@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import run, weak  # noqa: E402
-from jupyter_gpumem.core import scan_warm  # noqa: E402
+from jupyter_gpumem.core.scan import warm as scan_warm  # noqa: E402
 from jupyter_gpumem.session import session_of  # noqa: E402
 
 warm_here = pytest.mark.skipif(not scan_warm.WarmScan.available(),

@@ -23,7 +23,7 @@ from conftest import kernel_messages, raises_fatal, run  # noqa: E402
 from IPython.core.error import UsageError  # noqa: E402
 
 watch_mod = importlib.import_module("jupyter_gpumem.watch.scope")
-from jupyter_gpumem.core import monitor  # noqa: E402
+from jupyter_gpumem.core import sampler as core_sampler  # noqa: E402
 from jupyter_gpumem.watch.holders import HolderTracker  # noqa: E402
 from jupyter_gpumem.watch.peaks import LEDGER, RssCounter  # noqa: E402
 from jupyter_gpumem.watch.sampling import SamplerHub  # noqa: E402
@@ -111,13 +111,13 @@ def test_the_python_api_rejects_intervals_out_of_range():
 
 
 def test_a_sampler_thread_never_dies_with_a_traceback(thread_tracebacks):
-    sampler = monitor.SharedSampler(read=lambda selection: [], name="jupyter_gpumem-test")
+    sampler = core_sampler.SharedSampler(read=lambda selection: [], name="jupyter_gpumem-test")
     calls = []
     s = sampler.subscribe(lambda: calls.append(1), 0.01, name="test")
     time.sleep(0.05)
     s.interval = float("inf")        # Event.wait(inf) raises OverflowError: it is bounded
     time.sleep(0.1)
-    assert s.is_alive() and s.failure is None and s.interval == monitor.MAX_INTERVAL
+    assert s.is_alive() and s.failure is None and s.interval == core_sampler.MAX_INTERVAL
     s.stop()
     assert not s.is_alive() and calls and sampler.thread is None
 

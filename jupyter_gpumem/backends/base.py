@@ -405,7 +405,7 @@ class Backend:
         return None
 
     def fingerprint_spec(self) -> "tuple | None":
-        """What the warm scan's fingerprint reads of a plain tensor (core/_fingerprint.h):
+        """What the warm scan's fingerprint reads of a plain tensor (core/_reach_parts/fp_tensor.c):
         ``(known, grad_fn, stamp_getters, grad)``, the record of :meth:`batch_spec`, the
         getters of its storage stamp (see :meth:`batch_spec`) and two getters (getset or
         method descriptors are called through their C functions). None: this backend's
@@ -416,7 +416,7 @@ class Backend:
         """Whether reading a tensor through :meth:`fingerprint_spec`'s getters can run
         Python code now (a framework's mode that intercepts them): the warm scan then
         hashes each root again instead of running its plan of checks, which holds no
-        reference to what it checks (core/_fingerprint.h)."""
+        reference to what it checks (core/_reach_parts/plan.c)."""
         return False
 
     def batch_spec(self) -> "tuple | None":

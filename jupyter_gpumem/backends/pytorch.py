@@ -25,7 +25,7 @@ _PLAIN_CONTAINERS = frozenset({dict, OrderedDict, set})
 _ATOMIC_GROUP_VALUES = (int, float, bool, str, type(None))   # lr, eps, flags
 _PLAIN_VALUES = frozenset(_ATOMIC_GROUP_VALUES)
 # the sets above by the types' ids: a value's class is never hashed (a metaclass of the
-# user's may define __hash__ or __eq__; see core.scan_types.keyable_meta)
+# user's may define __hash__ or __eq__; see core.scan.types.keyable_meta)
 _PLAIN_VALUE_IDS = frozenset(map(id, _PLAIN_VALUES))
 _PLAIN_CONTAINER_IDS = frozenset(map(id, _PLAIN_CONTAINERS))
 _GRAD = ("attr", "grad")

@@ -19,7 +19,7 @@ import os
 import posixpath
 import sys
 
-from ..core import orphans as _orphans
+from ..core.processes import orphans as _orphans
 from ..core import processes as _processes
 from ..units import fmt_bytes
 from . import listing as _listing

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import scan as _scan
-from ..core.roots import Root
+from ..core.scan import Root
 from ..backends import Backend, StorageInfo
 from ..core.snapshot import type_name
 

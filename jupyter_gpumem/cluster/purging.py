@@ -18,12 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import scan as _scan
-from ..core.purge_execute import execute
-from ..core.purge_result import PurgeError
-from ..core.purge_targets import (Holdings, Target, hidden_to_clear, names_of, removed_names,
-                                  resolve_targets)
+from ..core.purge import (Holdings, PurgeError, Target, execute, hidden_to_clear, names_of,
+                          removed_names, resolve_targets)
 from ..core.render import fmt_bytes
-from ..core.roots import Root
+from ..core.scan import Root
 from . import remote
 from .build import (Deadline, HeldNames, bytes_on, build, describe_wanters, run_on_workers,
                     walk_messages)

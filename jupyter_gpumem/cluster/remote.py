@@ -22,7 +22,7 @@ from ..backends import Backend, StorageInfo, active_backends
 from ..backends.base import DLPACK_DEVICES
 from ..core import devices as _devices
 from ..core import scan as _scan
-from ..core.roots import Root
+from ..core.scan import Root
 from ..core.snapshot import Sharing
 from ..core import purge as _purge
 

@@ -1,5 +1,5 @@
 /* _reach.c: the scan's C core, the module jupyter_gpumem.core._reach (optional: where it
- * is not built, jupyter_gpumem.core.scan_reach walks in Python, with the same objects and
+ * is not built, jupyter_gpumem.core.scan.reach walks in Python, with the same objects and
  * the same answers, and jupyter_gpumem.core.devices reads /proc through os.pread).
  *
  * This is the one file compiled; its parts, in _reach_parts/, are #included below in
@@ -91,7 +91,7 @@ static PyMethodDef reach_functions[] = {
 
 static struct PyModuleDef reach_module = {
     PyModuleDef_HEAD_INIT, "_reach",
-    "The reach walk's core at C speed (optional; see jupyter_gpumem.core.scan_reach).", -1,
+    "The reach walk's core at C speed (optional; see jupyter_gpumem.core.scan.reach).", -1,
     reach_functions,
 };
 

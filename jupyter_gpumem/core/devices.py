@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ..backends import nvml
 from ..backends import AcceleratorInfo, FrameworkUsage, active_backends
 from ..units import JsonFields
-from . import native
+from .scan import native
 
 _DEVICE_RE = re.compile(r"(auto|all|cpu|cuda|gpu|(cuda|mps):([0-9]{1,9})|mps)", re.ASCII)
 DEVICE_CHOICES = "auto, all, cpu, cuda or cuda:N"

@@ -13,7 +13,7 @@ from operator import itemgetter
 from typing import Any
 
 from . import devices as _devices
-from . import hidden as _hidden
+from .scan import hidden as _hidden
 from . import processes as _processes
 from . import scan as _scan
 from . import trace as _trace
@@ -21,10 +21,8 @@ from .. import backends as _backends
 from ..backends import Internal, active_backends
 from ..backends import cuda_context as _cuda_context
 from .render import fmt_bytes, snapshot_html, snapshot_text
-from .paths import resolve
-from .roots import Root, odd_keys
-from .scan_types import is_a, type_name_of
-from .steps import run_to_end
+from .scan.paths import resolve
+from .scan import Root, is_a, odd_keys, run_to_end, type_name_of
 from ..units import JsonFields, Report, json_field, round6
 
 SNAPSHOT_SCHEMA = "jupyter_gpumem.snapshot/1"
@@ -427,7 +425,7 @@ def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
     its own snapshot, under its own name. With ``errors`` (a dict), a selection whose
     snapshot fails gets its exception there and the others go on; without, it raises.
 
-    ``warm``: the shell's :class:`~jupyter_gpumem.core.scan_warm.WarmScan` (roots proved
+    ``warm``: the shell's :class:`~jupyter_gpumem.core.scan.warm.WarmScan` (roots proved
     unchanged are not walked again; not with ``names``, whose rows read every path);
     ``full``: walk every root all the same (and keep what it reached for the next);
     ``interleaved``: the caller may run other code between steps (see iter_scan)."""

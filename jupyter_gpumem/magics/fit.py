@@ -23,7 +23,7 @@ from ..backends import active_backends
 from ..backends import torch_fit
 from ..core import devices as _devices
 from ..core.fit import Grid, search
-from ..core.fit_result import FitResult, Trial, accumulation
+from ..core.fit.result import FitResult, Trial, accumulation
 from ..units import fmt_bytes, one_line
 from ..watch.peaks import LEDGER
 from .args import parser, split_line

@@ -10,8 +10,8 @@ from IPython.display import display
 
 from .. import cluster
 from ..core import devices as _devices
-from ..core.monitor import check_interval
-from ..core.paths import PathError
+from ..core.sampler import check_interval
+from ..core.scan.paths import PathError
 from ..core import purge as _purge
 from ..core import snapshot as _snapshot
 from .. import session as _session

@@ -7,7 +7,7 @@ from IPython.core.error import UsageError
 from IPython.display import display
 
 from ..core import snapshot as _snapshot
-from ..core.monitor import MAX_INTERVAL, check_interval
+from ..core.sampler import MAX_INTERVAL, check_interval
 from ..session import session_of
 from ..views.panel import (INTERVAL, MAX_WINDOW, MIN_INTERVAL, MIN_WINDOW, WINDOW, Panel,
                            close, current, widgets)

@@ -6,7 +6,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from ..core import devices as _devices
-from ..core import orphans as _orphans
+from ..core.processes import orphans as _orphans
 from ..core import processes as _processes
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from IPython.core.displayhook import DisplayHook
 from IPython.core.error import UsageError
 
-from ..core.roots import Root
+from ..core.scan import Root
 from ..units import complain
 from ..watch.frames import current_count
 from ..watch.scope import Watch

@@ -11,7 +11,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from ..core import orphans as _orphans
+from ..core.processes import orphans as _orphans
 from ..core import processes as _processes
 from . import body as _body
 from . import metrics as _metrics

@@ -3,7 +3,7 @@
 The sidebar opens a comm on this target (see docs/PROTOCOL.md). The kernel
 answers ``hello``, then sends ``devices`` about once a second from the shell's
 sampling thread (the hub subscribes to its session's
-:class:`~jupyter_gpumem.core.monitor.SharedSampler` while a channel is open),
+:class:`~jupyter_gpumem.core.sampler.SharedSampler` while a channel is open),
 which reads device counters only and never touches the user's namespace, and
 a ``snapshot`` after each cell (the shell's
 :class:`~jupyter_gpumem.session.Session` builds it on the main thread, after
@@ -33,9 +33,9 @@ from typing import Any, Callable
 
 from ..api import __version__
 from ..core import devices as _devices
-from ..core import orphans as _orphans
+from ..core.processes import orphans as _orphans
 from ..core import purge as _purge
-from ..core.monitor import Subscription
+from ..core.sampler import Subscription
 from ..session import close_session, open_session, session_of
 from ..units import one_line
 from .routes import Route

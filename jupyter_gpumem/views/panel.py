@@ -2,7 +2,7 @@
 
 Device bars and a timeline move about once a second from the shell's
 sampling thread (the panel subscribes to its session's
-:class:`~jupyter_gpumem.core.monitor.SharedSampler`), which only reads device
+:class:`~jupyter_gpumem.core.sampler.SharedSampler`), which only reads device
 counters and sets widget values. The holders table is rebuilt on the main
 thread after each cell, from the snapshot its session builds once the cell's
 reply has gone, the only place the user's namespace is read; the timeline's
@@ -23,7 +23,7 @@ Under the device bars, the Orphans section lists this user's orphans on the GPUs
 from the same snapshot (its ``processes``, what ``%gpumem --processes`` lists), so
 it reads nothing while a cell runs; its button ends the ones a kernel left after
 a confirmation that names each of them, with the code of ``%gpumem purge
---orphans`` (:mod:`jupyter_gpumem.core.orphans`), and shows every step.
+--orphans`` (:mod:`jupyter_gpumem.core.processes.orphans`), and shows every step.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from collections import deque
 from typing import Any
 
 from ..core import purge as _purge
-from ..core.monitor import SharedSampler, Subscription, Series, device_point
+from ..core.sampler import SharedSampler, Subscription, Series, device_point
 from ..session import session_of
 from ..watch.scope import history_for
 from . import panel_render as _render

@@ -3,7 +3,7 @@
 Under the device bars, it lists the orphans of the panel's last snapshot (its
 ``processes``, what ``%gpumem --processes`` lists), so it reads nothing while a cell
 runs. Its button ends the ones a kernel left after a confirmation that names each of
-them, with the code of ``%gpumem purge --orphans`` (:mod:`jupyter_gpumem.core.orphans`),
+them, with the code of ``%gpumem purge --orphans`` (:mod:`jupyter_gpumem.core.processes.orphans`),
 and shows every step. Its callbacks never raise into the kernel: an error is one line
 in the section.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from ..backends import nvml as _nvml
 from ..core import devices as _devices
-from ..core import orphans as _orphans
+from ..core.processes import orphans as _orphans
 from ..core.render import fmt_bytes
 from .panel_render import FONT, cell, esc, positive
 from .question import Question, guarded, status_html

@@ -341,7 +341,7 @@ def timeline_svg(points: list, dev: str, *, window: float, now: float | None = N
     """An inline SVG of one device over the last ``window`` seconds, with ticks at round
     values on both axes (bytes from 0; seconds before now).
 
-    ``points`` are ``(time, {device: {field: bytes}})`` (monitor.Series);
+    ``points`` are ``(time, {device: {field: bytes}})`` (core.sampler.Series);
     ``cells`` are ``(start, end or None)`` spans drawn as shaded bands. A line of one
     reading is drawn as a dot.
     """

@@ -24,9 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..core import hidden as _hidden
+from ..core.scan import hidden as _hidden
 from ..core import scan as _scan
-from ..core.roots import Root
+from ..core.scan import Root
 from ..backends import active_backends
 from ..core.snapshot import type_name
 

@@ -1,5 +1,5 @@
 """Creeping memory on reruns, in a shell: a follower of the session's outer cells that
-gives :class:`~jupyter_gpumem.core.reruns.RerunTracker` its figures.
+gives :class:`~jupyter_gpumem.core.rescue.reruns.RerunTracker` its figures.
 
 Each outer cell is known across reruns by the frontend's cell id (ipykernel hands
 IPython the execute request's ``cellId``: ``info.cell_id``) or else its source. Its
@@ -16,7 +16,7 @@ from typing import Any
 from ..backends import active_backends
 from ..core import devices as _devices
 from ..core import snapshot as _snapshot
-from ..core.reruns import Flag, Holding, RerunTracker, host_allocated
+from ..core.rescue.reruns import Flag, Holding, RerunTracker, host_allocated
 from ..units import complain
 
 

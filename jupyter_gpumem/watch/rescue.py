@@ -1,6 +1,6 @@
 """The out-of-memory rescue: an offer right under the traceback, and the rescue itself.
 
-When an outer cell ends with an out-of-memory error (:func:`jupyter_gpumem.core.oom.is_oom`),
+When an outer cell ends with an out-of-memory error (:func:`jupyter_gpumem.core.rescue.oom.is_oom`),
 the session's follower here (:class:`Rescues`, ``session.rescue``) reads what was asked
 against what is free, scans once for what holds memory on that device, and shows the
 offer: the hidden holders a rescue clears (the traceback's frames, ``Out``, ``_``, the
@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..core import oom as _oom
+from ..core.rescue import oom as _oom
 from ..core import snapshot as _snapshot
-from ..core.oom import OomInfo
+from ..core.rescue.oom import OomInfo
 from ..units import complain, fmt_bytes
 from .reruns import cell_key
 

@@ -14,13 +14,13 @@ import time
 from typing import Any
 
 from ..core import devices as _devices
-from ..core import monitor as _monitor
+from ..core import sampler as _sampler
 from .peaks import LEDGER
 
 #: the sampling thread of watches outside a shell's session (a script's ``watch()``,
 #: a shell without the extension): per process, since such a watch has no session to
 #: own one; its thread runs only while one of them is open
-PROCESS_SAMPLER = _monitor.SharedSampler(read=_devices.read_devices, name="jupyter_gpumem-watch")
+PROCESS_SAMPLER = _sampler.SharedSampler(read=_devices.read_devices, name="jupyter_gpumem-watch")
 
 
 def ordered(ids) -> list[str]:
@@ -41,7 +41,7 @@ def read_devices(ids: list[str], read: Any = None) -> dict[str, _devices.DeviceU
 class Sampling:
     """What one open watch gathers from the sampler: max process usage per device."""
 
-    def __init__(self, device_ids: list[str], series: _monitor.Series, interval: float) -> None:
+    def __init__(self, device_ids: list[str], series: _sampler.Series, interval: float) -> None:
         self.devices = set(device_ids)
         self.series = series
         self.interval = interval
@@ -70,11 +70,11 @@ class SamplerHub:
     again. It reads counters only.
     """
 
-    def __init__(self, sampler: _monitor.SharedSampler) -> None:
+    def __init__(self, sampler: _sampler.SharedSampler) -> None:
         self.sampler = sampler
         self._lock = threading.Lock()
         #: the subscription to the sampler while one runs (or is paused between cells)
-        self.sub: _monitor.Subscription | None = None
+        self.sub: _sampler.Subscription | None = None
         #: the watches open now
         self.open: list[Sampling] = []
         self._holds = 0
@@ -177,7 +177,7 @@ class SamplerHub:
         else:
             usages = {d: usages[d] for d in ids}
         t = time.time()
-        point = _monitor.device_point(usages.values())
+        point = _sampler.device_point(usages.values())
         seen: set[int] = set()
         for s in opens:
             s.observe(point)

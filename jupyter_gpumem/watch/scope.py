@@ -47,11 +47,11 @@ import time
 from typing import Any
 
 from ..core import devices as _devices
-from ..core import monitor as _monitor
+from ..core import sampler as _sampler
 from ..core import scan as _scan
-from ..core.oom import is_oom
-from ..core.hidden import traceback_root
-from ..core.roots import Root
+from ..core.rescue.oom import is_oom
+from ..core.scan.hidden import traceback_root
+from ..core.scan import Root
 from ..settings import check_device, check_time_limit
 from ..units import complain
 from . import sampling as _sampling
@@ -80,7 +80,7 @@ def _marks(usages: dict[str, _devices.DeviceUsage]) -> dict[str, int]:
 # -- the watch itself ------------------------------------------------------------------------
 def _is_oom(exc: BaseException) -> bool:
     """Python's MemoryError, an "out of memory" message, or a framework's own error: the
-    one rule, :func:`jupyter_gpumem.core.oom.is_oom`."""
+    one rule, :func:`jupyter_gpumem.core.rescue.oom.is_oom`."""
     return is_oom(exc)
 
 
@@ -109,7 +109,7 @@ class Watch:
         self.shell = shell
         self.namespace = namespace
         self.device = _devices.parse_device(device)
-        self.interval = _monitor.check_interval(interval, "interval")
+        self.interval = _sampler.check_interval(interval, "interval")
         self.label = label
         self.report = report
         self.time_limit = time_limit

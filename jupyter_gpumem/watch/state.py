@@ -9,10 +9,10 @@ shell without the extension) has one of its own, which lives as long as the watc
   (:class:`~.result.WatchResult`, oldest first, at most ``MAX_HISTORY``) kept while
   ``%gpumem watch on`` is on, plus ``%%gpuwatch`` cells run while it is off.
   Read it on the main thread; records are never changed once appended.
-- :func:`series_for(shell) <series_for>`: the :class:`~..core.monitor.Series` the
+- :func:`series_for(shell) <series_for>`: the :class:`~..core.sampler.Series` the
   sampling thread fills while watched code runs: points
   ``(unix time, {device: {"allocated", "reserved", "used_process", "total"}})``
-  as :func:`~..core.monitor.device_point` makes them, about every
+  as :func:`~..core.sampler.device_point` makes them, about every
   ``sample_interval`` seconds; none between cells.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from ..core import monitor as _monitor
+from ..core import sampler as _sampler
 from ..session import session_of
 from .holders import HolderTracker
 from .peaks import LEDGER, uninstall_all
@@ -43,7 +43,7 @@ class WatchState:
         self.session = session
         self.tracker = HolderTracker()
         self.history: list[WatchResult] = []
-        self.series = _monitor.Series(maxlen=SERIES_POINTS)
+        self.series = _sampler.Series(maxlen=SERIES_POINTS)
         #: the watches' sampling: on the session's thread, else the process's
         self.hub = SamplerHub(session.sampler if session is not None else PROCESS_SAMPLER)
         self.footer: Any = None   # the watch-on footer (views.footer) while it is on
@@ -95,6 +95,6 @@ def history_for(shell: Any) -> list[WatchResult]:
     return state_for(shell).history
 
 
-def series_for(shell: Any) -> _monitor.Series:
+def series_for(shell: Any) -> _sampler.Series:
     """The sampled timeline of a shell (see the module docstring)."""
     return state_for(shell).series

@@ -130,7 +130,7 @@ def scan_point(ip, model: Model):
 def purge_point(ip, model: Model, target: str | None) -> None:
     """The purge that ends a recipe (of ``target``: a name, ``--all``, or None: the hidden
     holders only), checked against the model. ``--all`` takes the names its own rule
-    picks (core/purge_all.py), never one that holds nothing and always a bare tensor."""
+    picks (core/purge/everything.py), never one that holds nothing and always a bare tensor."""
     holding = {n for n, o in model.names.items() if o.reach()}
     removed = {target} & holding if target not in (None, "--all") else set()
     candidates = holding if target == "--all" else removed

@@ -25,7 +25,7 @@ fi
 
 for form in ${GPU_FORMS:-native pure}; do
   if [ "$form" = pure ]; then export JUPYTER_GPUMEM_PURE_SCAN=1; else unset JUPYTER_GPUMEM_PURE_SCAN; fi
-  python3 -c "from jupyter_gpumem.core import native, scan_reach; print('form $form: C core', 'loaded' if native.CORE else 'absent', '· walk', 'C' if scan_reach.NATIVE else 'Python')" >> "$summary" 2>&1
+  python3 -c "from jupyter_gpumem.core.scan import native, reach as scan_reach; print('form $form: C core', 'loaded' if native.CORE else 'absent', '· walk', 'C' if scan_reach.NATIVE else 'Python')" >> "$summary" 2>&1
   if [ -n "${GPU_PER_FILE:-}" ]; then
     for t in ${GPU_TESTS:-$(cd tests/gpu && ls test_*.py | sed 's/\.py$//')}; do
       start=$(date +%s)

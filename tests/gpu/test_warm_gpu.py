@@ -19,7 +19,7 @@ from conftest import run  # noqa: E402
 from gpu_floor import (  # noqa: E402,F401
     assert_at_most_floor, empty_caches_after_each_test, floor, process_bytes)
 from test_warm_scan import _same  # noqa: E402
-from jupyter_gpumem.core import scan_warm  # noqa: E402
+from jupyter_gpumem.core.scan import warm as scan_warm  # noqa: E402
 from jupyter_gpumem.session import session_of  # noqa: E402
 
 SETUP = """

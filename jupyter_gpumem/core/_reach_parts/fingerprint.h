@@ -12,7 +12,7 @@
  *   - the type cache holds each type by a strong reference while a scan runs, and none
  *     between scans (forget()): a class of the user's can hold what a purge frees.
  * Built only under DICT_TABLE (dict.h): elsewhere the scan always walks every root. */
-/* actions, as the caller's judge gives them for a type (see core/scan_warm.py) */
+/* actions, as the caller's judge gives them for a type (see core/scan/warm.py) */
 enum {
     FP_DOUBT = 0, FP_ATOM = 1, FP_DICT = 2, FP_ODICT = 3, FP_DDICT = 4, FP_SEQ = 5,
     FP_SET = 6, FP_ITER = 7, FP_TENSOR = 8, FP_REFERENTS = 9,

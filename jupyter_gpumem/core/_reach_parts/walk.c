@@ -37,7 +37,7 @@ walk_push(Walker *w, PyObject *o, int depth)
    metaclass hashes and compares as type does. One that defines __hash__ or __eq__
    would run that code (or fail: __eq__ alone makes its classes unhashable), so its
    instances are never handed back to Python: they are walked here, through their
-   type's tp_traverse (see scan_types.keyable_meta, the same rule in Python). */
+   type's tp_traverse (see core/scan/types.py keyable_meta, the same rule in Python). */
 static int
 walk_keyable_class(PyTypeObject *tp)
 {

@@ -59,7 +59,7 @@ import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from ...backends.base import TraceCost as Cost
-from .cells import CellNames, CellSpan, CellSpans, short_path
+from ..cells import CellNames, CellSpan, CellSpans, short_path
 from .save import SUFFIXES, check_path, rename_cells
 from .sites import BEFORE, BEFORE_TEXT, BETWEEN_TEXT, CellLines, LineAlloc, Site, SiteGroup
 from .tracer import CONTEXTS, DEFAULT_MAX_ENTRIES, DEPTHS, STACKS, Tracer

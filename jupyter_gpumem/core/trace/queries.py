@@ -16,7 +16,7 @@ import time
 from bisect import bisect_right
 from typing import Any, Iterable, Mapping
 
-from .cells import BETWEEN as AT_BETWEEN, CellNames
+from ..cells import BETWEEN as AT_BETWEEN, CellNames
 from .index import ALLOC, FREE, Block, DeviceIndex, SnapshotIndex
 from .sites import BEFORE, BETWEEN, ROUNDING_NOTE, CellLines, LineAlloc, Resolver, Site, SiteGroup
 from ...backends.base import is_a

@@ -7,7 +7,7 @@ import pickle
 from typing import Any, Callable
 
 from ..files import check_file, write_file
-from .cells import IN_RE, CellNames
+from ..cells import IN_RE, CellNames
 from .index import ALLOC, FREE
 from ...backends.base import is_a
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ...units import JsonFields, fmt_bytes, json_field
-from .cells import CellNames, short_path
+from ..cells import CellNames, short_path
 from ...backends.base import is_a
 
 BEFORE_TEXT = "allocated before trace was on"

@@ -8,9 +8,9 @@ from typing import Any, Callable
 
 from ...backends import REGISTRY, Backend
 from ...backends.base import TraceCost as Cost
-from ..monitor import hook_cells, unhook_cells
+from ..cells import hook_cells, unhook_cells
 from ..scan import collect_roots, scan
-from .cells import CellNames, CellSpans
+from ..cells import CellNames, CellSpans
 from .sites import Resolver
 from .hook import AfterImport
 from .index import SnapshotIndex

@@ -1,8 +1,8 @@
 """What an object of each kind holds, labelled with the step a user would type to it
 (``("attr", "weight")``, ``("index", 3)``, ``("closure", "f")``): the path search's
-reading of objects (:mod:`.scan_paths`).
+reading of objects (:mod:`.search`).
 
-:data:`LABELLED` maps a kind (:mod:`.scan_types`) to its reader, called with the path
+:data:`LABELLED` maps a kind (:mod:`.types`) to its reader, called with the path
 finder and the object; a reader returns ``(label, child)`` pairs. A long container of
 an exact type is read by :func:`long_pairs` (see :data:`LONG`, :func:`size_of`).
 """
@@ -17,18 +17,14 @@ from itertools import chain, compress, islice, repeat
 from operator import not_
 from typing import Any
 
-from ..backends.base import dict_descriptor
-from .scan_kinds import (
-    CLASS_SKIP_KEYS, function_parts, frame_locals, generator_frame, ndarray_base,
-    ndarray_holds_objects, ndarray_items, ndarray_size,
-)
-from .scan_types import (
-    BUILTIN, CELL, CLASS, CONTAINER, DICT, DICT_SUB, EXCEPTION, FRAME, FUNCTION, GENERATOR,
-    INSTANCE, LRU, MEMORYVIEW, METHOD, MODULE, MODULE_DICT, NDARRAY, PANDAS, PARTIAL, PROXY, SEQ,
-    SEQ_SUB, SET, SET_SUB, TRACEBACK, TYPE_DICT, has_native_base, is_a, is_library_module_name,
-    keyable_meta, slots_of, viewed,
-)
-from .scan_types import ATOMIC_IDS as _ATOMIC_IDS
+from ...backends.base import dict_descriptor
+from .kinds import (CLASS_SKIP_KEYS, function_parts, frame_locals, generator_frame, ndarray_base,
+                    ndarray_holds_objects, ndarray_items, ndarray_size)
+from .types import (BUILTIN, CELL, CLASS, CONTAINER, DICT, DICT_SUB, EXCEPTION, FRAME, FUNCTION,
+                    GENERATOR, INSTANCE, LRU, MEMORYVIEW, METHOD, MODULE, MODULE_DICT, NDARRAY,
+                    PANDAS, PARTIAL, PROXY, SEQ, SEQ_SUB, SET, SET_SUB, TRACEBACK, TYPE_DICT,
+                    has_native_base, is_a, is_library_module_name, keyable_meta, slots_of, viewed)
+from .types import ATOMIC_IDS as _ATOMIC_IDS
 
 _SLICE = 1 << 15   # children of a long container labelled in one C-level pass
 _ELEM, _KEY, _ODD_KEY = ("elem",), ("key",), ("item", ...)
@@ -63,7 +59,7 @@ class LongPairs:
 def _not_atoms(values: list) -> list:
     """Which of ``values`` are not atoms, in C-level passes. Types are compared by id
     here and below: a class whose metaclass defines ``__hash__`` or ``__eq__`` is never
-    hashed (see scan_types.keyable_meta)."""
+    hashed (see types.keyable_meta)."""
     return list(map(not_, map(_ATOMIC_IDS.__contains__, map(id, map(type, values)))))
 
 

@@ -1,8 +1,8 @@
 """``%gpumem purge --orphans``: end this user's orphaned processes that hold GPU memory.
 
-The targets are the ``purgeable`` processes of :mod:`.processes`: this user's,
+The targets are the ``purgeable`` processes of :mod:`jupyter_gpumem.core.processes`: this user's,
 orphaned (no live parent but init or a subreaper), started by a Jupyter kernel that
-is provably gone (:func:`.processes.judge`). Each one is checked again just before
+is provably gone (:func:`jupyter_gpumem.core.processes.judge`). Each one is checked again just before
 each signal (the same process: its start time; still this user's, still an orphan by
 the same proof, still holding a GPU device file; never this process, its parent or
 one of its ancestors) and then gets SIGTERM; those still running after
@@ -19,10 +19,10 @@ from typing import Callable, Mapping
 
 import psutil
 
-from ..backends import nvml
-from ..units import JsonFields, Report, fmt_bytes, html_table, json_field, round6, text_table
-from . import processes as _processes
-from .render import code_html
+from ...backends import nvml
+from ...units import JsonFields, Report, fmt_bytes, html_table, json_field, round6, text_table
+from .. import processes as _processes
+from ..render import code_html
 
 GRACE = 3.0          # seconds between SIGTERM and SIGKILL
 MAX_GRACE = 60.0
@@ -147,7 +147,7 @@ def _used(dps) -> dict[str, int]:
 
 def plan(ctx: _processes.Context | None = None, devices=None):
     """The targets, what is left alone and the devices' processes (``devices``: as for
-    :func:`.processes.read`; default every NVML device)."""
+    :func:`jupyter_gpumem.core.processes.read`; default every NVML device)."""
     ctx = ctx or _processes.context()
     dps = _processes.read(devices, ctx) if devices is not None else _processes.read_all(ctx)
     targets: dict[int, Target] = {}

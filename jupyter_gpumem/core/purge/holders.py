@@ -13,11 +13,10 @@ import weakref
 from operator import itemgetter
 from typing import Any
 
-from . import scan as _scan
-from ..backends import active_backends
-from .purge_result import UNNAMED, StillHeld
-from .roots import Root
-from .scan_types import ATOMIC_IDS
+from .. import scan as _scan
+from ...backends import active_backends
+from .result import UNNAMED, StillHeld
+from ..scan import ATOMIC_IDS, Root
 
 _MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
 _TYPE_DICT = type.__dict__["__dict__"].__get__

@@ -18,10 +18,10 @@ except ImportError:  # pragma: no cover - Windows
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backends import REGISTRY
-from . import devices as _devices
-from ..units import fmt_bytes
-from ..backends.base import is_a
+from ...backends import REGISTRY
+from .. import devices as _devices
+from ...units import fmt_bytes
+from ...backends.base import is_a
 
 #: the allocator setting that lets PyTorch's CUDA caching allocator grow segments in place
 #: instead of cutting blocks (read when the process first uses CUDA)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from . import chains as _chains
 from .roots import Root, format_key
-from .scan_types import ATOMIC_IDS as _ATOMIC_IDS, is_a
+from .types import ATOMIC_IDS as _ATOMIC_IDS, is_a
 
 _FIRST = itemgetter(0)
 

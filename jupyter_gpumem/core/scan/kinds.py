@@ -1,8 +1,8 @@
 """What the walk reads of an object of each kind, one at a time (no labels: the path
-search labels them itself, :mod:`.scan_labels`), and the readers both passes share
+search labels them itself, :mod:`.labels`), and the readers both passes share
 (a function's parts, a frame's locals, a numpy array's elements).
 
-:data:`HANDLERS` maps a kind (:mod:`.scan_types`) to its reader, called with the
+:data:`HANDLERS` maps a kind (:mod:`.types`) to its reader, called with the
 walker and the object; a reader returns what the object holds.
 """
 from __future__ import annotations
@@ -14,10 +14,9 @@ from itertools import repeat
 from operator import is_, itemgetter
 from typing import Any
 
-from .scan_types import (
-    CLASS, CONTAINER, DICT_SUB, FRAME, FUNCTION, GENERATOR, MEMORYVIEW, MODULE, MODULE_DICT,
-    NDARRAY, PANDAS, PROXY, SEQ_SUB, SET_SUB, TYPE_DICT, is_library_module_name, viewed,
-)
+from .types import (CLASS, CONTAINER, DICT_SUB, FRAME, FUNCTION, GENERATOR, MEMORYVIEW, MODULE,
+                    MODULE_DICT, NDARRAY, PANDAS, PROXY, SEQ_SUB, SET_SUB, TYPE_DICT,
+                    is_library_module_name, viewed)
 
 BIG = 1 << 15           # an exact dict, list, tuple or set longer than this is read in slices
 #: a class's own entries that are not what it holds

@@ -1,8 +1,8 @@
 """What the scan knows about types: atoms, library code, and what kind of object each
 type's instances are (read through C-level slots only: no user code runs).
 
-Shared by the reachability walk (:mod:`jupyter_gpumem.core.scan_reach`) and the search
-for canonical paths (:mod:`jupyter_gpumem.core.scan_paths`).
+Shared by the reachability walk (:mod:`jupyter_gpumem.core.scan.reach`) and the search
+for canonical paths (:mod:`jupyter_gpumem.core.scan.search`).
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from itertools import compress
 from operator import not_
 from typing import Any
 
-from ..backends import Backend
-from ..backends.base import dict_descriptor, is_a  # noqa: F401 - re-exported
+from ...backends import Backend
+from ...backends.base import dict_descriptor, is_a  # noqa: F401 - re-exported
 
 ATOMIC = frozenset({
     int, float, complex, bool, str, bytes, bytearray, type(None), range, slice,

@@ -9,13 +9,13 @@ import gc
 import sys
 from typing import Any
 
-from . import devices as _devices
-from . import hidden as _hidden
-from . import paths as _paths
-from ..backends import active_backends
-from .purge_result import DeviceChange
-from .purge_targets import Target
-from .roots import Root
+from .. import devices as _devices
+from ..scan import hidden as _hidden
+from ..scan import paths as _paths
+from ...backends import active_backends
+from .result import DeviceChange
+from .targets import Target
+from ..scan import Root
 
 
 def delete_target(t: Target, shell: Any, namespace: dict | None) -> list[str]:

@@ -2,7 +2,7 @@
 (a model's parameters, an optimizer's state) in one loop of the C core or in C-level
 passes; each storage found is recorded with its path node.
 
-:class:`TensorTaking` is a part of :class:`.scan_reach.Reacher`: it uses the walk's
+:class:`TensorTaking` is a part of :class:`.reach.Reacher`: it uses the walk's
 state (``backend_of``, ``memo``, the storages found, the path node maker) and hands
 what the tensors hold back to the walk (``_admit``).
 """
@@ -12,8 +12,8 @@ from itertools import compress, filterfalse, repeat
 from operator import is_, is_not, itemgetter, not_
 from typing import Any
 
-from ..backends import Backend
-from .scan_types import OutOfTime, type_name_of
+from ...backends import Backend
+from .types import OutOfTime, type_name_of
 
 BATCH = 8               # this many tensors of one container are taken together; fewer, one by one
 _FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .render import purge_html, purge_text
-from ..units import JsonFields, Report, json_field, round6
+from ..render import purge_html, purge_text
+from ...units import JsonFields, Report, json_field, round6
 
 PURGE_SCHEMA = "jupyter_gpumem.purge/1"
 #: who holds memory that is still alive when no name and no module's global reaches it

@@ -18,7 +18,7 @@ objects that need the care above. Both walks find the same storages
 (tests/test_native_scan.py).
 
 No path is kept here: paths are found afterwards, inside the roots that reach
-storages (:mod:`jupyter_gpumem.core.scan_paths`).
+storages (:mod:`jupyter_gpumem.core.scan.search`).
 """
 from __future__ import annotations
 
@@ -30,18 +30,16 @@ from itertools import compress, islice
 from operator import itemgetter, not_
 from typing import Any
 
-from ..backends import Backend
-from ..backends.base import dict_descriptor
+from ...backends import Backend
+from ...backends.base import dict_descriptor
 from . import native
-from .scan_kinds import BIG, HANDLERS
+from .kinds import BIG, HANDLERS
 from .steps import run_to_end
-from .scan_tensors import TensorTaking, no_nodes
-from .scan_types import (
-    ATOMIC, BUILTIN, CELL, CONTAINER, DICT, EXCEPTION, HAVE_GC, INSTANCE, LRU, METHOD, NDARRAY,
-    PARTIAL, SEQ, SET, SKIP, TENSOR, TRACEBACK, TYPE_FLAGS, OutOfTime, Refusals, classify, keyable,
-    split_keyable, untracked_holds_nothing,
-)
-from ..backends.base import is_a, with_room
+from .tensors import TensorTaking, no_nodes
+from .types import (ATOMIC, BUILTIN, CELL, CONTAINER, DICT, EXCEPTION, HAVE_GC, INSTANCE, LRU,
+                    METHOD, NDARRAY, PARTIAL, SEQ, SET, SKIP, TENSOR, TRACEBACK, TYPE_FLAGS,
+                    OutOfTime, Refusals, classify, keyable, split_keyable, untracked_holds_nothing)
+from ...backends.base import is_a, with_room
 
 _native = native.CORE   # the C core (built with the package where a compiler was found)
 
@@ -375,7 +373,7 @@ class Reacher(TensorTaking):
 
     def _keyless(self, objs: list) -> None:
         """Objects whose class cannot be a key (its metaclass defines ``__eq__`` or
-        ``__hash__``: see :func:`~.scan_types.keyable_meta`): never classified, read
+        ``__hash__``: see :func:`~.types.keyable_meta`): never classified, read
         through their type's traverse (the C core walks them itself, as plain)."""
         objs = [o for o in objs if is_tracked(o) and id(o) not in self.stop]
         if not objs:

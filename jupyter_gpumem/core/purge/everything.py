@@ -13,9 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .roots import Root
-from .scan_types import (ATOMIC_IDS, CLASS, CONTAINER, DICT, DICT_SUB, SEQ, SEQ_SUB, SET, SET_SUB,
-                         TENSOR, classify, type_name_of)
+from ..scan import (ATOMIC_IDS, CLASS, CONTAINER, DICT, DICT_SUB, SEQ, SEQ_SUB, SET, SET_SUB,
+                    TENSOR, Root, classify, type_name_of)
 
 #: the kinds a name is taken for as it is; the plain containers are weighed
 TAKEN = frozenset({TENSOR, CONTAINER})

@@ -1,5 +1,5 @@
 """A purge's plan, made and checked whole before anything is deleted: the targets
-(:mod:`.purge_targets`), the hidden holders that go with them, the bytes each device
+(:mod:`.targets`), the hidden holders that go with them, the bytes each device
 gets back, and, from a scan of what stays (the user's other names, with the purged
 references taken out), what still holds the memory.
 """
@@ -10,22 +10,21 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import devices as _devices
-from . import paths as _paths
-from . import hidden as _hidden
-from . import purge_all as _purge_all
-from . import scan as _scan
-from .. import backends as _backends
-from ..backends import active_backends
-from .hidden import BY_PURGE_ARG
-from .purge_holders import Recorder, weak_handles
-from .purge_messages import cut_plan_message, cut_short, out_key_message, partial_message
-from .purge_result import PurgeError, PurgeResult, StillHeld
-from .purge_targets import Holdings, Target, hidden_to_clear, removed_names, resolve_targets
-from .render import fmt_bytes
-from .roots import Root
-from .scan_types import ATOMIC_IDS
-from .snapshot import released_by_purge
+from .. import devices as _devices
+from ..scan import paths as _paths
+from ..scan import hidden as _hidden
+from . import everything as _everything
+from .. import scan as _scan
+from ... import backends as _backends
+from ...backends import active_backends
+from ..scan.hidden import BY_PURGE_ARG
+from .holders import Recorder, weak_handles
+from .messages import cut_plan_message, cut_short, out_key_message, partial_message
+from .result import PurgeError, PurgeResult, StillHeld
+from .targets import Holdings, Target, hidden_to_clear, removed_names, resolve_targets
+from ..render import fmt_bytes
+from ..scan import ATOMIC_IDS, Root
+from ..snapshot import released_by_purge
 
 _TYPE_DICT = type.__dict__["__dict__"].__get__
 _EXC_LINKS = ("__traceback__", "__context__", "__cause__")
@@ -343,8 +342,8 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
                        time_limit=budget.limit(), backends=backends)
     reach_of = {id(r): reach for r, reach in zip(roots, scan1.reach)}
     kept: list = []
-    if all_names:   # what --all takes and what it keeps: see purge_all
-        names, kept = _purge_all.split(roots, reach_of, active_backends())
+    if all_names:   # what --all takes and what it keeps: see everything.py
+        names, kept = _everything.split(roots, reach_of, active_backends())
     names = list(dict.fromkeys(names))   # a name given twice is purged once
     holdings = _Holdings(roots, scan1, ids, shell, namespace, budget, backends)
     targets, skipped, errors = resolve_targets(names, roots, holdings, shell=shell,
@@ -392,7 +391,7 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
                          partial=scan1.partial or scan2.partial,
                          still_held=still_held(stay_roots, scan2, reportable, by_of))
     if kept:
-        result.messages.append(_purge_all.kept_message(kept, fmt_bytes, dry_run))
+        result.messages.append(_everything.kept_message(kept, fmt_bytes, dry_run))
     if left:
         result.messages.append(out_key_message(
             len(left), sum(i.nbytes for r in left for i, _, _ in reach_of[id(r)].storages.values())))

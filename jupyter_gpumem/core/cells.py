@@ -1,4 +1,5 @@
-"""Notebook cells for trace: which cell a code file is, and when each cell ran.
+"""Notebook cells: IPython's cell events paired, which cell a code file is, and when each
+cell ran.
 
 * :class:`CellNames` maps a frame's code file to the cell's execution count through
   IPython's compiler (``shell.compile._filename_map``: ``<ipython-input-8-…>`` in
@@ -12,18 +13,21 @@
   keeps one (``Session.cells``, which the panel's timeline reads too) and trace reads
   it to map a block to the cell during which it was allocated, from the allocator
   history's own timestamps.
+* :class:`CellEvents` pairs IPython's ``pre_run_cell`` with its ``post_run_cell``
+  (:func:`hook_cells` registers a pair of callbacks, :func:`unhook_cells` takes them off).
 """
 from __future__ import annotations
 
 import linecache
 import re
 import sys
+import threading
 from bisect import bisect_right
 from collections import deque
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from ..scan_types import LIB_DIRS
-from ...backends.base import is_a
+from .scan import LIB_DIRS
+from ..backends.base import is_a
 
 INPUT_RE = re.compile(r"^<ipython-input-(\d+)-[0-9a-fA-F]+>$")
 IN_RE = re.compile(r"^In\s*\[(\d+)\]$")
@@ -201,3 +205,158 @@ class CellSpans:
             if getattr(s, "count", None) == n:
                 return s[0], s[1]
         return None
+
+
+# -- pairing IPython's cell events ---------------------------------------------------------------
+class Cell:
+    """One cell seen by :class:`CellEvents`; ``payload`` is what its user keeps for it."""
+
+    __slots__ = ("info", "frame", "thread", "outer", "payload")
+
+    def __init__(self, info: object, frame: int | None, outer: bool) -> None:
+        self.info = info
+        self.frame = frame      # id() of the run_cell_async frame that announced it (not the frame)
+        self.thread = threading.get_ident()
+        self.outer = outer      # no other cell of ours was running when it began
+        self.payload: object = None
+
+    def gone(self, frames: set[int]) -> bool:
+        """Its announcing frame is not among ``frames`` (of this thread's stack)."""
+        return (self.frame is not None and self.thread == threading.get_ident()
+                and self.frame not in frames)
+
+
+#: per process: the code object of IPython's ``run_cell_async`` (the same for every
+#: shell of the process), looked up once
+_RUN_CELL_ASYNC: list = []
+
+
+def _run_cell_async_code():
+    """The code of IPython's ``InteractiveShell.run_cell_async``, once a shell's IPython is
+    imported (the core never imports it); None before, and where it cannot be read
+    (then cells pair by their ExecutionInfo only)."""
+    if not _RUN_CELL_ASYNC:
+        module = sys.modules.get("IPython.core.interactiveshell")
+        if module is None:
+            return None
+        try:
+            _RUN_CELL_ASYNC.append(module.InteractiveShell.run_cell_async.__code__)
+        except Exception:  # noqa: BLE001
+            _RUN_CELL_ASYNC.append(None)
+    return _RUN_CELL_ASYNC[0]
+
+
+def _running_cell_frames(first_only: bool = False) -> list[int]:
+    """ids of the frames of IPython's ``run_cell_async`` on this stack, innermost first
+    (``first_only``: the innermost alone)."""
+    code = _run_cell_async_code()
+    if code is None:
+        return []
+    ids = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            ids.append(id(frame))
+            if first_only:
+                break
+        frame = frame.f_back
+    del frame
+    return ids
+
+
+def hook_cells(shell: object, pre: Callable, post: Callable) -> None:
+    """Register ``pre`` and ``post`` for IPython's ``pre_run_cell`` / ``post_run_cell``."""
+    events = getattr(shell, "events", None)
+    if events is not None:
+        events.register("pre_run_cell", pre)
+        events.register("post_run_cell", post)
+
+
+def unhook_cells(shell: object, pre: Callable, post: Callable) -> None:
+    """Undo :func:`hook_cells` (what is not registered is left alone)."""
+    events = getattr(shell, "events", None)
+    if events is None:
+        return
+    for name, fn in (("pre_run_cell", pre), ("post_run_cell", post)):
+        try:
+            events.unregister(name, fn)
+        except ValueError:
+            pass
+
+
+class CellEvents:
+    """Pairs ``pre_run_cell`` with ``post_run_cell``, which IPython does not do.
+
+    IPython fires "pre" without "post" for a cell run by awaiting
+    ``run_cell_async`` (IPython's own tests do that at the top level; a cell
+    can do it inside a cell) and "post" without "pre" for an empty cell run
+    with ``run_cell('')``; ipykernel fires "post" with no result when an async
+    cell is interrupted. So a "post" ends the cell whose ``ExecutionInfo`` it
+    carries (``result.info is info``), and a cell whose "post" never came is
+    dropped as soon as it is known to have ended: it was the last cell
+    IPython finished (``shell.last_execution_result``), or the frame of
+    ``run_cell_async`` that announced it is no longer on the stack of a later
+    cell. A cell that begins while one of ours runs is nested (``outer`` is
+    False): its enclosing cell counts for both. Main thread only.
+    """
+
+    def __init__(self, shell: object) -> None:
+        self.shell = shell
+        self._open: list[Cell] = []
+
+    def running(self) -> bool:
+        """True while an outer cell is open."""
+        return any(c.outer for c in self._open)
+
+    def payloads(self) -> list:
+        """The payloads of the cells open now, outermost first."""
+        return [c.payload for c in self._open if c.payload is not None]
+
+    def outer_payload(self) -> object:
+        for c in self._open:
+            if c.outer:
+                return c.payload
+        return None
+
+    def pre(self, info: object) -> tuple[Cell, list]:
+        """A cell begins: (its :class:`Cell`, payloads of cells found to have ended unseen)."""
+        # with no cell of ours open only the innermost frame is needed: the walk stops at
+        # it (that is every cell but nested ones)
+        frames = _running_cell_frames(first_only=not self._open)
+        current = frames[0] if frames else None
+        enclosing = set(frames[1:])
+        last = getattr(getattr(self.shell, "last_execution_result", None), "info", None)
+        keep, ended = [], []
+        for c in self._open:
+            gone = ((last is not None and c.info is last)
+                    or (current is not None and c.gone(enclosing)))
+            (ended if gone else keep).append(c)
+        if not any(c.outer for c in keep):
+            ended += keep       # nested cells of an outer cell that ended: nothing to keep
+            keep = []
+        cell = Cell(info, current, outer=not keep)
+        keep.append(cell)
+        self._open = keep
+        return cell, [c.payload for c in ended if c.payload is not None]
+
+    def post(self, result: object) -> tuple[object, list]:
+        """A cell ended: (payload of the cell it ends or None, payloads of cells ended with it)."""
+        info = getattr(result, "info", None)
+        index = None
+        if info is not None:
+            for i in range(len(self._open) - 1, -1, -1):
+                if self._open[i].info is info:
+                    index = i
+                    break
+        elif self._open:
+            # no result to pair with: the outermost of our cells whose frame is gone ended
+            live = set(_running_cell_frames())
+            for i, c in enumerate(self._open):
+                if c.gone(live):
+                    index = i
+                    break
+        if index is None:
+            return None, []     # a "post" without its "pre": nothing of ours ended
+        cell, rest = self._open[index], self._open[index + 1:]
+        del self._open[index:]
+        return cell.payload, [c.payload for c in rest if c.payload is not None]

@@ -30,9 +30,9 @@ from itertools import chain, compress, groupby, islice, repeat
 from operator import itemgetter
 from typing import Any
 
-from .scan_labels import LABELLED, LONG, LongPairs, long_pairs, size_of
-from .scan_types import TENSOR, classify, keyable
-from .scan_types import ATOMIC_IDS as _ATOMIC_IDS
+from .labels import LABELLED, LONG, LongPairs, long_pairs, size_of
+from .types import TENSOR, classify, keyable
+from .types import ATOMIC_IDS as _ATOMIC_IDS
 
 #: labels that go through what a user would not type first
 HIDDEN = frozenset({"closure", "default", "local", "graph", "ref", "lru"})
@@ -254,7 +254,7 @@ class PathFinder:
         s.expanded = {}
 
     def _leads_on(self, s: _Search, obj: Any, n: int) -> bool:
-        """Whether ``obj``, a container of ``n`` items (see :func:`.scan_labels.size_of`), leads to a
+        """Whether ``obj``, a container of ``n`` items (see :func:`.labels.size_of`), leads to a
         storage not met yet: asked at C speed of a long one (a list of a million records
         is not read at the speed of paths)."""
         if n < _PROBE:

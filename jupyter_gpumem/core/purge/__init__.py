@@ -6,27 +6,31 @@ removes the bindings by identity, clears the hidden holders that reach the
 same storages (output history, ``_``, the last result, the last traceback),
 collects garbage, releases each framework's caches and measures again.
 
-The parts: :mod:`.purge_result` (what a purge answers), :mod:`.purge_targets`
-(names to targets, shared with a cluster's purge), :mod:`.purge_plan`,
-:mod:`.purge_execute`, :mod:`.purge_holders` (who still holds what was meant to
-go) and :mod:`.purge_messages`.
+The parts: :mod:`.result` (what a purge answers), :mod:`.targets`
+(names to targets, shared with a cluster's purge), :mod:`.plan`,
+:mod:`.execution`, :mod:`.holders` (who still holds what was meant to
+go) and :mod:`.messages`.
 """
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from . import devices as _devices
-from . import scan as _scan
-from .purge_execute import changes, execute, read_usage, release_caches
-from .purge_holders import held_elsewhere, release_handles
-from .purge_messages import list_message, partial_message, skipped_messages, still_messages
-from .purge_plan import Budget, make_plan, still_held, tracked
-from .purge_result import (PURGE_SCHEMA, UNNAMED, Change, DeviceChange, PurgeError,
-                           PurgeResult, StillHeld)
+from .. import devices as _devices
+from .. import scan as _scan
+from .execution import changes, execute, read_usage, release_caches
+from .holders import held_elsewhere, release_handles
+from .messages import list_message, partial_message, skipped_messages, still_messages
+from .plan import Budget, make_plan, still_held, tracked
+from .result import PURGE_SCHEMA, UNNAMED, Change, DeviceChange, PurgeError, PurgeResult, StillHeld
+from .targets import Holdings, Target, hidden_to_clear, names_of, removed_names, resolve_targets
 
+#: the package's face: what a module outside ``core/purge`` may import (the cluster's purge
+#: shares the targets and the execution)
 __all__ = ["PURGE_SCHEMA", "UNNAMED", "Change", "DeviceChange", "PurgeError",
-           "PurgeResult", "StillHeld", "purge", "release_caches"]
+           "PurgeResult", "StillHeld", "purge", "release_caches",
+           "Holdings", "Target", "execute", "hidden_to_clear", "names_of", "removed_names",
+           "resolve_targets"]
 
 #: of the limit: what a real purge's plan may take (the scan after the deletions: the rest)
 _PLAN_SHARE = 0.75

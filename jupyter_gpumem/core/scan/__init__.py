@@ -7,11 +7,11 @@ It is bounded in time and depth, and a partial result says why.
 
 A scan has two passes:
 
-1. :mod:`jupyter_gpumem.core.scan_reach`: which storages each root reaches, breadth
+1. :mod:`jupyter_gpumem.core.scan.reach`: which storages each root reaches, breadth
    first, a chunk of objects at a time in C-level passes (``gc.get_referents``
    over the chunk, exact types filtered in ``map``/``filter``/``compress``);
    tensors, models and optimizers are taken in batches by their backend.
-2. :mod:`jupyter_gpumem.core.scan_paths`: the path a user would type, found only
+2. :mod:`jupyter_gpumem.core.scan.search`: the path a user would type, found only
    inside the roots that reach storages and only for what is shown (each
    holder's largest storage now, the others when their path is read).
 """
@@ -25,14 +25,21 @@ from itertools import islice
 from operator import itemgetter
 from typing import Any
 
-from ..backends import Backend, active_backends
-from .scan_paths import Nodes, PathFinder
+from ...backends import Backend, active_backends
+from .search import Nodes, PathFinder
 from .hidden import hidden_roots
 from .paths import attr_text
-from .roots import Root, format_key, stop_ids_for, user_roots
-from .scan_reach import Reacher
-from .scan_warm import Kept, WarmScan
+from .roots import Root, format_key, odd_keys, stop_ids_for, user_roots
+from .reach import Reacher
+from .warm import Kept, WarmScan
 from .steps import run_to_end
+from .types import (ATOMIC_IDS, CLASS, CONTAINER, DICT, DICT_SUB, LIB_DIRS, SEQ, SEQ_SUB, SET,
+                    SET_SUB, TENSOR, classify, is_a, type_name_of)
+
+# The face: a module outside core/scan imports what it needs of the scan from here (the
+# names above and below: Root, WarmScan, run_to_end, the kinds of objects, ...); the
+# scan's modules that are nouns of their own, hidden (IPython's hidden holders), paths
+# (the paths a user types) and native (the C core's loader), it may import whole.
 
 _DEFAULT_MAX_DEPTH = 4000   # levels of the walk (an attribute is one or two)
 _PATH_SHARE = 0.1           # of the time limit: what the paths get at least, after the walk
@@ -45,7 +52,7 @@ class Reach:
     """What one root reaches: storage key -> (storage, path node, description).
 
     A path node reads as ``parent, label = node`` (:func:`format_path`); it is found
-    when it is first read (see :mod:`jupyter_gpumem.core.scan_paths`)."""
+    when it is first read (see :mod:`jupyter_gpumem.core.scan.search`)."""
 
     storages: dict = field(default_factory=dict)
     objects: int = 0
@@ -63,7 +70,7 @@ class ScanResult:
     errors: int = 0
     #: the first objects refused, as ``(type name, root name)`` (``errors`` counts all)
     refused: list = field(default_factory=list)
-    #: per root, whether a warm scan reused its last walk (see :mod:`.scan_warm`)
+    #: per root, whether a warm scan reused its last walk (see :mod:`.warm`)
     kept: list = field(default_factory=list)
     #: the indices of the roots the time limit cut short or never reached
     cut: list = field(default_factory=list)
@@ -178,7 +185,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     lets other work run at each step; it must not let the user's code run and then go
     on (the namespace may have changed): it starts a new scan.
 
-    With ``warm`` (the shell's :class:`~jupyter_gpumem.core.scan_warm.WarmScan`), a root whose
+    With ``warm`` (the shell's :class:`~jupyter_gpumem.core.scan.warm.WarmScan`), a root whose
     fingerprint proves it unchanged since its last walk is not walked: its storages
     are the last walk's, and only its largest storage's path is kept (any other path
     node raises when read: a caller that reads them passes no ``warm``). With

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..units import JsonFields, Report, esc, fmt_bytes, json_field, round6
+from ...units import JsonFields, Report, esc, fmt_bytes, json_field, round6
 
 FIT_SCHEMA = "jupyter_gpumem.fit/1"
 #: memory the fit may leave behind unmentioned (bytes)

@@ -4,7 +4,7 @@ walk would read the same again.
 A full walk of a training notebook's names asks the framework about every tensor
 (thousands of an optimizer's state) and reads every module, after every cell,
 though most cells change none of them. The C core's :class:`Fingerprint`
-(``core/_fingerprint.h``) hashes what a root holds at C speed, reading no more
+(``core/_reach_parts/fingerprint.c``) hashes what a root holds at C speed, reading no more
 than version tags, lengths, addresses and each tensor's data pointer; where the
 hash is the one taken when the root was last walked, the walk's storages are
 reused, and the holder's largest path with them. The fingerprint also keeps what it
@@ -47,11 +47,10 @@ from operator import itemgetter
 from typing import Any
 
 from . import native
-from .scan_kinds import CLASS_SKIP_KEYS
-from .scan_types import (
-    ATOMIC_IDS, BUILTIN, CELL, CLASS, CONTAINER, EXCEPTION, FUNCTION, INSTANCE, LRU, METHOD, MODULE,
-    PARTIAL, SKIP, TENSOR, TRACEBACK, classify, is_library_module_name,
-)
+from .kinds import CLASS_SKIP_KEYS
+from .types import (ATOMIC_IDS, BUILTIN, CELL, CLASS, CONTAINER, EXCEPTION, FUNCTION, INSTANCE, LRU,
+                    METHOD, MODULE, PARTIAL, SKIP, TENSOR, TRACEBACK, classify,
+                    is_library_module_name)
 
 #: the environment switch that makes every scan a full one (the warm scan's test switch)
 FULL_ENV = "JUPYTER_GPUMEM_FULL_SCAN"
@@ -63,10 +62,10 @@ LIMIT = 4_000_000
 #: types judged at most before the record of them starts again
 _JUDGED_MAX = 10_000
 
-# what the fingerprint does with an object of each type (core/_fingerprint.h)
+# what the fingerprint does with an object of each type (core/_reach_parts/fp_kinds.c)
 (DOUBT, ATOM, DICT, ODICT, DDICT, SEQ, SET, ITER, PLAIN_TENSOR, REFERENTS,
  FUNCTION_PARTS, CELL_CONTENTS, CLASS_DICT, MODULE_NAME) = range(14)
-#: by the types' ids: no class of the user's is ever hashed (see scan_types.keyable_meta)
+#: by the types' ids: no class of the user's is ever hashed (see types.keyable_meta)
 _EXACT = {id(dict): DICT, id(OrderedDict): ODICT, id(defaultdict): DDICT, id(list): SEQ,
           id(tuple): SEQ, id(set): SET, id(frozenset): SET, id(deque): ITER}
 #: kinds the walk reads through their referents, as the fingerprint does

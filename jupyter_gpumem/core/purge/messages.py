@@ -2,8 +2,8 @@
 holds the memory, what a cut-short scan may have missed."""
 from __future__ import annotations
 
-from .purge_result import UNNAMED, StillHeld
-from .render import fmt_bytes
+from .result import UNNAMED, StillHeld
+from ..render import fmt_bytes
 
 #: more names than this holding the same bytes read as one line
 GROUP_AT = 3

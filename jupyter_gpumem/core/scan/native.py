@@ -2,7 +2,7 @@
 
 It is built at install where a compiler is found (``hatch_build.py``) and shipped in
 the platform wheel. Every use of it has a Python form with the same answers: the
-scan's walk (:mod:`.scan_reach`), the pass over a namespace (:mod:`.roots`) and the
+scan's walk (:mod:`.reach`), the pass over a namespace (:mod:`.roots`) and the
 /proc readers (:mod:`.devices`). :data:`CORE` is the loaded module, or None where it
 was not built, cannot be imported, or ``JUPYTER_GPUMEM_PURE_SCAN=1`` is set: then
 every one of those takes its Python form (the test suite runs once each way).
@@ -22,7 +22,7 @@ CORE: ModuleType | None = None
 ABSENT = ""
 if os.environ.get(PURE_ENV, "").strip() in ("", "0"):
     try:
-        from . import _reach as CORE
+        from .. import _reach as CORE
     except ImportError as exc:
         CORE = None
         ABSENT = ("the scan's C core is not built here (no C compiler at install, or the "

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import native
 from .paths import name_text
-from .scan_types import ATOMIC, MODULE_DICT, is_a, is_library_module_name
+from .types import ATOMIC, MODULE_DICT, is_a, is_library_module_name
 
 #: IPython's own bookkeeping in ``user_ns``: not the user's names
 _HIDDEN_NAME = re.compile(r"^(_|__|___|_\d+|_i|_ii|_iii|_i\d+|_ih|_oh|_dh|In|Out|_exit_code)$")

@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from .fit_result import FitResult, Trial
-from ..units import fmt_bytes
+from .result import FitResult, Trial
+from ...units import fmt_bytes
 
 #: a peak off the line by more than this share (and MIN_OFF bytes) makes the fit non-linear
 OFF_SHARE = 0.05

@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from ..backends import nvml
-from ..units import JsonFields, Report, fmt_bytes, html_table, json_field, text_table
-from ..units import shorten as _shorten
-from .render import code_html
+from ...backends import nvml
+from ...units import JsonFields, Report, fmt_bytes, html_table, json_field, text_table
+from ...units import shorten as _shorten
+from ..render import code_html
 
 #: device files a process with a GPU context holds open; a listed pid of this user that
 #: holds none of them is not the process NVML means (another PID namespace's pid).

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..units import fmt_bytes
+from ...units import fmt_bytes
 
 #: the least growth per run that counts (bytes)
 MIN_GROWTH = 1 << 20

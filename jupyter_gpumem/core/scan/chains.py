@@ -13,7 +13,7 @@ from __future__ import annotations
 import builtins
 import sys
 from typing import Any, Callable, Iterator
-from ..backends.base import is_a
+from ...backends.base import is_a
 
 _CONTEXT = BaseException.__dict__["__context__"]
 _CAUSE = BaseException.__dict__["__cause__"]

@@ -4,16 +4,16 @@
 A :class:`Holdings` says what a root or another object holds and how to word a name
 that holds nothing; :func:`resolve_targets` checks every name against it before
 anything is deleted; :func:`hidden_to_clear` and :func:`removed_names` pick IPython's
-hidden holders that go with the targets; :mod:`.purge_execute` removes them all.
+hidden holders that go with the targets; :mod:`.execution` removes them all.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import paths as _paths
-from .roots import Root
-from ..backends.base import is_a
+from ..scan import paths as _paths
+from ..scan import Root
+from ...backends.base import is_a
 
 
 @dataclass
