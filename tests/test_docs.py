@@ -158,3 +158,17 @@ def test_the_path_check_sees_a_moved_module():
     c_source = "/* the table (table.h), the old header (_fingerprint.h), CPython's pycore_dict.h */"
     (comment,) = C_COMMENT.findall(c_source)
     assert stale_paths(comment, c_comment=True) == ["_fingerprint.h"]
+
+
+#: a docstring's pointer into the docs: ``docs/ARCHITECTURE.md#the-warm-scan``
+DOC_ANCHOR = re.compile(r"\bdocs/(\w+\.md)#([\w\-]+)")
+
+
+def test_every_docstring_pointer_into_the_docs_names_a_heading():
+    broken = [f"{where}: {file}#{frag}" for where, text in _texts() if not where.endswith(".md")
+              for file, frag in DOC_ANCHOR.findall(text)
+              if not (ROOT / "docs" / file).exists() or frag not in _anchors(ROOT / "docs" / file)]
+    assert not broken, "\n".join(sorted(broken))
+    planted = "The story: docs/ARCHITECTURE.md#the-warm-scan, docs/ARCHITECTURE.md#no-such-part."
+    assert [frag for _, frag in DOC_ANCHOR.findall(planted)
+            if frag not in _anchors(ROOT / "docs" / "ARCHITECTURE.md")] == ["no-such-part"]
