@@ -6,8 +6,8 @@ peak (:mod:`.sampling`) and the names it created, grew, shrank or deleted
 (:mod:`.holders`); on an error, out-of-memory included, the report still comes and
 names the biggest holders with their purge command. Its face: :class:`Watch`,
 :func:`watch`, :func:`purge_names`, and, from :mod:`.state`, :func:`history_for` and
-:func:`series_for`. The pieces and the JSON of one record:
-docs/ARCHITECTURE.md#a-watch-and-its-record.
+:func:`series_for`. The pieces: docs/ARCHITECTURE.md#a-watch-and-its-record; the JSON
+of one record: docs/PROTOCOL.md#watchresult-schema-jupyter_gpumemwatch1.
 """
 from __future__ import annotations
 
