@@ -1,27 +1,13 @@
-"""The namespace is touched on the main thread only: :class:`MainThreadQueue`.
+"""The namespace is touched on the main thread only: :class:`MainThreadQueue` (rule 8).
 
-A request that reads or changes the user's namespace (a purge, a scan) may come in on any
-thread: a comm message that JupyterLab sends over a kernel subshell is handled on that
-subshell's thread, an ipywidgets click likewise, and the main thread may be running a cell
-meanwhile. Such a request is handed to :meth:`MainThreadQueue.submit`, the one place that
-decides when and where it runs:
-
-- called on the main thread while no cell runs: at once;
-- called while a cell runs (any thread): queued (``Ticket.queued`` is True, so the caller
-  can say "queued: runs when the cell ends"), and run on the main thread as that cell ends,
-  before its reply goes and before the next cell can begin, unless cancelled
-  (:meth:`Ticket.cancel`);
-- called from another thread while the kernel is idle: handed to the main thread's event
-  loop (the kernel's ``io_loop``, whose ``add_callback`` may be called from any thread) and
-  run there at once; should a cell have begun meanwhile, it waits for that cell's end.
-
-Without an event loop (a terminal IPython, a script) a request from another thread waits
-for the next cell's end, or for the main thread's next :meth:`MainThreadQueue.submit`.
-
-The queue hears of the outer cells through its session (it is a
-:class:`~jupyter_gpumem.dispatch.CellFollower`: :meth:`cell_began`, :meth:`cell_ended`,
-:meth:`cell_lost`), so nested cells and IPython's unpaired events are sorted out there,
-once. Nothing here imports IPython or ipykernel.
+A request that reads or changes the user's namespace may come in on any thread (a comm
+message over a kernel subshell, a widget's click); :meth:`MainThreadQueue.submit` is the
+one place that decides when and where it runs: at once on the main thread while no cell
+runs, else queued (``Ticket.queued``, cancellable) and run on the main thread as the cell
+ends, or handed to the kernel's event loop from another thread while it is idle. The
+queue hears of the outer cells through its session (a
+:class:`~jupyter_gpumem.dispatch.CellFollower`). Nothing here imports IPython or
+ipykernel. The cases: docs/ARCHITECTURE.md#the-main-threads-queue.
 """
 from __future__ import annotations
 

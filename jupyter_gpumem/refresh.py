@@ -1,22 +1,12 @@
 """The snapshot after each cell, for the live views: the session's refresh engine.
 
-The live views (the panel, the sidebar's comm channels) do not scan on their own.
-Each registers with the session of its shell (:meth:`Refresher.add_view`); after a
-cell the :class:`Refresher` builds one snapshot per device the views show and hands
-it to every view of that device (views whose selections cover the same devices,
-``auto`` and ``cpu`` on a machine without accelerators, share one scan). In a kernel
-this happens after the cell's reply has gone, on the kernel's event loop, in steps
-(:func:`jupyter_gpumem.core.snapshot.build_many_steps`): between steps the loop runs
-whatever came in, and when a new cell ran meanwhile the refresh is dropped, since the
-next cell's end brings a new one. Without an event loop (a terminal IPython, a
-script) it happens at once, at the cell's end. The snapshot honours the user's
-settings (``scan_time_limit``; each view's device, ``default_device`` for the
-sidebar), and gains the Dask cluster's part where one is in use
-(:class:`~jupyter_gpumem.cluster.live.LiveCluster`).
-
-The session owns its refresher (``session.refresher``) and tells it of each outer
-cell's end (:meth:`Refresher.cell_ended`); nothing here imports a widget, a framework
-or Dask.
+The live views register with their session (:meth:`Refresher.add_view`) and never scan;
+after a cell the :class:`Refresher` builds one snapshot per set of devices the views show
+and hands it to each of them: in a kernel after the cell's reply, on the event loop, in
+steps (:func:`jupyter_gpumem.core.snapshot.build_many_steps`), dropped when a new cell
+ran meanwhile; without a loop at once. The session owns it (``session.refresher``) and
+tells it of each outer cell's end; nothing here imports a widget, a framework or Dask.
+The story: docs/ARCHITECTURE.md#the-refresh-after-each-cell.
 """
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
 """One :class:`Session` per shell: the one owner of what the extension keeps for it.
 
-A session owns, and closes (:meth:`Session.close` is the only teardown,
-:func:`open_session` the only place a session is made):
-
-- the user's settings (:attr:`Session.settings`);
-- the one pairing of IPython's cell events (:attr:`Session.dispatch`, a
-  :class:`~jupyter_gpumem.dispatch.CellDispatch`): its followers
-  (:meth:`Session.follow_cells`) and its hooks (:meth:`Session.hook_cells`) hear each
-  cell through it, and it keeps the record of the cells (:attr:`Session.cells`);
-- the snapshot after each cell for the live views (:attr:`Session.refresher`, a
-  :class:`~jupyter_gpumem.refresh.Refresher`, with the Dask cluster's live part,
-  :class:`~jupyter_gpumem.cluster.live.LiveCluster`);
-- the shell's one sampling thread (:attr:`Session.sampler`, a
-  :class:`~jupyter_gpumem.core.sampler.SharedSampler`): the watch, the panel and the
-  sidebar's channels subscribe to it, each at its own interval, and the thread runs
-  only while one of them is subscribed;
-- what reads or changes the namespace at a view's request (:attr:`Session.handoff`,
-  jupyter_gpumem/handoff.py): on the main thread, between cells, whatever thread asked;
-- the count of purges of the shell's names (every purge goes through :func:`purge`);
-- the upper layers' objects (``watch``, ``panel``, ``comm_hub``, ``rescue``,
-  ``reruns``) and what they gave :meth:`Session.on_close`.
-
-Nothing here imports a widget, a framework or Dask; it holds no user object beyond
-the last snapshot's JSON (bytes, names and paths).
+It owns and closes (:meth:`Session.close` the only teardown, :func:`open_session` the
+only place a session is made) the settings, the cell dispatch (:mod:`.dispatch`), the
+refresher (:mod:`.refresh`) with the cluster's live part, the sampling thread, the
+handoff (:mod:`.handoff`), the count of purges (every purge goes through :func:`purge`)
+and the upper layers' objects. Ownership only: a new job is a module beside it. Nothing
+here imports a widget, a framework or Dask; it holds no user object beyond the last
+snapshot's JSON. What each part is: docs/ARCHITECTURE.md#one-owner-per-shell.
 """
 from __future__ import annotations
 

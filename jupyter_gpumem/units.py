@@ -1,6 +1,10 @@
-"""What people read: bytes in units, the kit of every report (aligned text tables, HTML
-tables, escaping, shortening), results as text, HTML or JSON. Imports nothing of the
-package."""
+"""The report kit, the bottom layer: what people read, drawn the same everywhere. More than
+units (the name stays): bytes in units (:func:`fmt_bytes`), aligned text and HTML tables
+(:func:`text_table`, :func:`html_table`), escaping and shortening (:func:`esc`,
+:func:`shorten`, :func:`one_line`), a result as text and HTML (:class:`Report`) and as JSON
+from its dataclass fields (:class:`JsonFields`, :func:`json_field`), and the one way a
+failure off the main path is said (:func:`complain`). Imports nothing of the package.
+See docs/ARCHITECTURE.md#the-modules-layer-by-layer."""
 from __future__ import annotations
 
 import html

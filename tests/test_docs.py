@@ -1,12 +1,16 @@
 """The docs hold: every relative link of the README and of docs/ resolves (the file, and
-the heading an anchor names), and every dotted reference to the package in a docstring
+the heading an anchor names), every dotted reference to the package in a docstring
 or a doc (``jupyter_gpumem.core.scan``, :mod:`.hidden`, ``jupyter_gpumem/views/comm.py``)
-names something that exists."""
+names something that exists, and so does every path of ours written relative to the
+repository, the package or core/ (``core/scan/warm.py``, ``_reach_parts/plan.c``) in a
+doc, a docstring or a comment of the package's .py, .c and .h files (a C comment's bare
+``plan.c`` too)."""
 from __future__ import annotations
 
 import ast
 import importlib
 import re
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -99,3 +103,72 @@ def test_every_dotted_reference_to_the_package_resolves():
             if not (ROOT / ref).exists() and not any(ROOT.glob(ref + "*")):
                 broken.append(f"{where}: {ref}")
     assert not broken, "\n".join(sorted(broken))
+
+
+#: a path in prose: ``core/scan/warm.py``, ``core/_reach_parts/plan.c``, ``src/model.ts``
+PATHLIKE = re.compile(r"(?<![\w/.\-])((?:[A-Za-z_][\w.\-]*/)+[A-Za-z_][\w\-]*\.(?:py|c|h|ts|md))\b")
+#: a file a C comment names bare: ``plan.c``, ``walk.h``
+C_FILE = re.compile(r"(?<![\w/.\-])([A-Za-z_]\w*\.[ch])\b")
+C_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+#: where a path of ours may start: the repository, the package, core/, the sidebar's sources
+BASES = (ROOT, PACKAGE, PACKAGE / "core", ROOT / "labextension")
+C_FOLDERS = (PACKAGE / "core", PACKAGE / "core" / "_reach_parts",
+             Path(sysconfig.get_paths()["include"]), Path(sysconfig.get_paths()["include"]) / "internal")
+
+
+def stale_paths(text: str, bases=BASES, c_comment: bool = False) -> list[str]:
+    """The paths of ours that ``text`` names and that exist nowhere. A path is ours where
+    its first folder is one of ``bases``' folders (``torch/nn/linear.py`` is not)."""
+    stale = []
+    for ref in sorted(set(PATHLIKE.findall(text))):
+        first = ref.split("/", 1)[0]
+        if any((b / first).is_dir() for b in bases) and not any((b / ref).exists() for b in bases):
+            stale.append(ref)
+    if c_comment:
+        stale += [name for name in sorted(set(C_FILE.findall(text)))
+                  if not any((f / name).exists() for f in C_FOLDERS)]
+    return stale
+
+
+def _comments():
+    """Every comment of the package's .c, .h and .py files, with where it is."""
+    for path in sorted([*PACKAGE.rglob("*.c"), *PACKAGE.rglob("*.h")]):
+        source = path.read_text()
+        for m in C_COMMENT.finditer(source):
+            yield f"{path.relative_to(ROOT)}:{source.count(chr(10), 0, m.start()) + 1}", m.group(0), True
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if "#" in line:
+                yield f"{path.relative_to(ROOT)}:{n}", line[line.index("#"):], False
+
+
+def test_every_path_of_ours_in_docs_docstrings_and_comments_exists():
+    broken = [f"{where}: {ref}" for where, text in _texts() for ref in stale_paths(text)]
+    broken += [f"{where}: {ref}" for where, text, in_c in _comments()
+               for ref in stale_paths(text, c_comment=in_c)]
+    assert not broken, "\n".join(sorted(broken))
+
+
+def test_the_path_check_sees_a_moved_module():
+    doc = ("The warm scan (`core/scan/warm.py`, was `core/scan_warm.py`) and the plan "
+           "(`core/_reach_parts/plan.c`, `_reach_parts/gone.c`); `watch/footer.py`; "
+           "`torch/nn/modules/linear.py` is not ours; `src/model.ts`, `src/nowhere.ts`.")
+    assert stale_paths(doc) == ["_reach_parts/gone.c", "core/scan_warm.py", "src/nowhere.ts",
+                                "watch/footer.py"]
+    c_source = "/* the table (table.h), the old header (_fingerprint.h), CPython's pycore_dict.h */"
+    (comment,) = C_COMMENT.findall(c_source)
+    assert stale_paths(comment, c_comment=True) == ["_fingerprint.h"]
+
+
+#: a docstring's pointer into the docs: ``docs/ARCHITECTURE.md#the-warm-scan``
+DOC_ANCHOR = re.compile(r"\bdocs/(\w+\.md)#([\w\-]+)")
+
+
+def test_every_docstring_pointer_into_the_docs_names_a_heading():
+    broken = [f"{where}: {file}#{frag}" for where, text in _texts() if not where.endswith(".md")
+              for file, frag in DOC_ANCHOR.findall(text)
+              if not (ROOT / "docs" / file).exists() or frag not in _anchors(ROOT / "docs" / file)]
+    assert not broken, "\n".join(sorted(broken))
+    planted = "The story: docs/ARCHITECTURE.md#the-warm-scan, docs/ARCHITECTURE.md#no-such-part."
+    assert [frag for _, frag in DOC_ANCHOR.findall(planted)
+            if frag not in _anchors(ROOT / "docs" / "ARCHITECTURE.md")] == ["no-such-part"]

@@ -1,7 +1,7 @@
 """The JSON of the result objects has the keys docs/PROTOCOL.md lists, in its order.
 
 The key lists are read from the protocol's ``jsonc`` examples (and, for a watch
-record, from the key list in :mod:`jupyter_gpumem.watch.scope`); the objects are made by
+record, from its key list there); the objects are made by
 the real code paths on a real shell with CPU torch tensors, except the cluster's and the
 framework counters' (a Dask cluster or a GPU is not needed to check their JSON), which
 are made from their classes. Also: :class:`jupyter_gpumem.units.JsonFields`, the helper
@@ -187,13 +187,11 @@ def test_internal():
 
 
 def _watch_keys() -> set[str]:
-    """The keys the watch record's docstring lists (``allocated_before/after/delta`` is
+    """The keys the protocol's watch record lists (``allocated_before/after/delta`` is
     three of them)."""
-    from jupyter_gpumem.watch import scope
-
-    text = scope.__doc__.split("JSON of one record", 1)[1]
+    text = PROTOCOL.read_text().split("JSON of one record", 1)[1].split("\n#", 1)[0]
     out = set()
-    for token in re.findall(r"``([a-z_/]+)``", text):
+    for token in re.findall(r"`([a-z_/]+)`", text):
         first, *others = token.split("/")
         stem = first.rsplit("_", 1)[0] + "_" if others and "_" in first else ""
         out |= {first} | {stem + o for o in others}

@@ -1,21 +1,10 @@
 """The CUDA context's own device memory, as the driver lets a process read it.
 
-Only what the driver reports without changing anything is read: whether this
-process has a (primary) context on a device, that context's limits (stack size
-per thread, device ``malloc`` heap, ``printf`` FIFO) and the device's number of
-multiprocessors and resident threads. The driver library is used only if a
-framework has loaded it already (``dlopen`` with ``RTLD_NOLOAD``), and a device
-is asked about only while its primary context is active: nothing here loads
-CUDA, creates a context or initialises the driver.
-
-A context reserves local memory for the stack of every thread the GPU can run
-at once (stack limit x resident threads per multiprocessor x multiprocessors;
-on an H200, raising the limit from 1 KiB to 2 KiB cost the 264 MiB this says).
-The device heap and the printf FIFO are taken only once a kernel uses them
-(limits of 512 MiB cost nothing before), so they are not counted. None of it
-comes back before the process ends. What is left of the process's device memory outside the
-frameworks' pools (kernel images, library handles such as cuBLAS's and
-cuDNN's, the driver's own structures) is not broken down by the driver.
+Only what the driver reports without changing anything is read (a primary context on a
+device, its limits, the device's multiprocessors and resident threads); the driver library
+is used only if a framework loaded it already (``RTLD_NOLOAD``): nothing here loads CUDA,
+creates a context or initialises the driver. The context's stack reservation is counted;
+what is and is not: docs/ARCHITECTURE.md#the-cuda-context.
 """
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
 """Device and per-process memory readings through NVML (nvidia-ml-py).
 
-NVML is initialised lazily on first use and shut down at exit. Where it is
-missing (no driver, no GPU, no package) every reading is ``None`` and
-:func:`status` says why, once; nothing raises.
-
-What cannot change while the process lives is read once: the device count,
-each device's handle, UUID and name, and so the UUID -> index map that
-``CUDA_VISIBLE_DEVICES`` and the frameworks' UUIDs are matched against. A
-reading asks only what changes: memory info and the list of compute
-processes, once per device inside one :func:`reading` (``read_devices``
-opens one, so every caller within a read shares the figures). The list of
-graphics processes is asked only for a device whose compute list does not
-show the process, at most once every :data:`GRAPHICS_EVERY` seconds, and
-never again where the device does not support it.
-
-When the driver goes away (GPU lost, driver unloaded or reloaded) the
-readings are ``None``, :func:`status` says so, and a later call tries again,
-at most once every :data:`RETRY_EVERY` seconds: NVML is started afresh and
-the handles are read again.
+Initialised lazily, shut down at exit; where NVML is missing every reading is ``None``
+and :func:`status` says why, once; nothing raises. What cannot change is read once
+(count, handles, UUIDs); a reading asks only what changes, once per device inside one
+:func:`reading`. A lost driver is tried again at most every :data:`RETRY_EVERY` seconds.
+What is read when: docs/ARCHITECTURE.md#nvml-readings.
 """
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """``%gpumem tame``: make JAX and TensorFlow allocate on demand.
 
-Both frameworks read their allocator settings from the environment when they
-set up their GPUs (JAX: when it creates its GPU client, on the first array or
-``jax.devices()``; TensorFlow: when its eager context starts, on the first
-op), not when they are imported. So the documented settings take effect if
-they are in ``os.environ`` before that moment:
-
-- JAX: ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (no 75% pool up front);
-  with ``--give-back`` also ``XLA_PYTHON_CLIENT_ALLOCATOR=platform`` (every
-  free goes back to the device; slower).
-- TensorFlow: ``TF_FORCE_GPU_ALLOW_GROWTH=true`` (grow the pool as needed
-  instead of taking the whole card).
-
-A framework that has already set up its GPUs keeps what it took: the magic
-says so, and the only cure is a restart with the setting applied first
-(``c.GpuMemMagics.tame = True`` applies it at every start).
+Both read their allocator settings from the environment when they set up their GPUs, not
+when imported, so the settings (JAX: ``XLA_PYTHON_CLIENT_PREALLOCATE=false``, with
+``--give-back`` ``XLA_PYTHON_CLIENT_ALLOCATOR=platform``; TensorFlow:
+``TF_FORCE_GPU_ALLOW_GROWTH=true``) take effect if in ``os.environ`` before that. A
+framework that has set up its GPUs keeps what it took: the magic says so. When each
+framework reads them: docs/ARCHITECTURE.md#tame.
 """
 from __future__ import annotations
 

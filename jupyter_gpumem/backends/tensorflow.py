@@ -1,20 +1,10 @@
 """TensorFlow backend (eager tensors, ``tf.Variable``) and the Keras 3 backend.
 
-Storage keys. An ``EagerTensor`` has no public data pointer, so the key comes
-from a DLPack capsule: ``tf.experimental.dlpack.to_dlpack`` shares the
-tensor's buffer without copying (it only takes a reference, dropped again
-when the unconsumed capsule dies), and the ``DLTensor`` inside gives the
-buffer's address and the device that really holds it. Keys are then
-``(device, pointer)`` as for every other framework, so ``tf.identity``,
-a variable and the tensor it was made from, and a tensor shared with torch
-or JAX through DLPack are counted once. DLPack is asked only for the dtypes
-TensorFlow can export (a string tensor makes TensorFlow abort the process
-with a failed CHECK instead of raising), and only on CPU and GPU devices;
-anything else is keyed by object identity, which can only over-count.
-
-TensorFlow is looked at only after the user imported it, and its runtime is
-asked for figures only once its eager context exists: asking earlier would
-start it, and on a GPU that takes the whole card.
+A tensor's key is ``(device, pointer)`` as for every framework, read from a DLPack capsule
+(no copy), only for the dtypes and devices TensorFlow can export; anything else is keyed
+by identity, which can only over-count. TensorFlow is looked at only after the user
+imported it, and asked for figures only once its eager context exists (asking earlier
+would start it, and take the whole card). Why: docs/ARCHITECTURE.md#tensorflows-keys.
 """
 from __future__ import annotations
 

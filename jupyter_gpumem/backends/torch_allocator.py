@@ -1,22 +1,9 @@
 """PyTorch's CUDA caching allocator, read from ``torch.cuda.memory_snapshot()``.
 
-Pure logic over the snapshot's plain lists and dicts (no torch import), so the
-same code classifies a live allocator and a recorded one:
-
-* every segment (one ``cudaMalloc``, or one expandable range) with its pool
-  (``segment_pool_id``: ``(0, 0)`` is the default pool; a CUDA graph's private
-  pool is ``(N, 0)``, a ``torch.cuda.MemPool`` ``(0, N)``) and its blocks
-  (address, size, requested size, state);
-* cuBLAS/cuBLASLt workspaces: torch allocates each from this allocator, one per
-  cuBLAS handle and stream, and offers no reader of them. Here they are the
-  active blocks that no notebook name's storage lies in and whose size is the
-  configured workspace size (``CUBLAS_WORKSPACE_CONFIG``, ``CUBLASLT_WORKSPACE_SIZE``,
-  else torch's default for the GPU's architecture);
-* the cached free blocks: whole free segments, which ``empty_cache()`` gives
-  back, and free space inside segments still in use, which it cannot;
-* what a purge gives back to the device: the segments that are wholly free once
-  the purged storages and the workspaces are freed (for expandable segments,
-  the whole pages inside the free ranges).
+Pure logic over the snapshot's plain lists and dicts (no torch import), so the same code
+classifies a live allocator and a recorded one: segments and their pools, cuBLAS/cuBLASLt
+workspaces, the cached free blocks, and what a purge gives back to the device. What each
+is and how it is told apart: docs/ARCHITECTURE.md#the-cuda-caching-allocator.
 """
 from __future__ import annotations
 

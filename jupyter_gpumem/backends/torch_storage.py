@@ -1,22 +1,12 @@
-"""Where the torch backend's bytes come from: a tensor's storages, read each time or
-kept only while the storage is proven the same. Part of the torch backend
-(:mod:`.pytorch`); never imports torch.
+"""Where the torch backend's bytes come from: a tensor's storages (rule 5 of
+docs/ARCHITECTURE.md#never-harm-the-notebook-by-construction), decided in
+:class:`StorageReader`. Part of the torch backend (:mod:`.pytorch`); never imports torch.
 
-The rule, in one place (:class:`StorageReader`): a tensor's bytes are its storages'
-``nbytes()``. What was read for a plain tensor is kept (so the scans after each cell
-ask no tensor again) under a **stamp** of its storage: a weak reference to the storage
-object itself (torch keeps one Python object per live storage), its bytes and its data
-pointer. A kept answer is used only where the tensor's storage is that object, with
-those bytes at that address; a data pointer alone proves nothing (``set_()`` onto a
-larger storage that starts at the same address keeps it). The C core checks the same
-stamp the same way (``_reach.take_batch``, the warm scan's fingerprint), given
-:meth:`StorageReader.stamp_getters`.
-
-Every layout is counted by its storages: dense (float8 and quantized too, with a
-per-channel quantizer's scales and zero points), sparse COO (indices, values), CSR and
-BSR (row and column indices, values), CSC and BSC, nested (its buffer and its sizes,
-strides and offsets); a jagged nested tensor by the tensors it keeps as attributes;
-meta holds none.
+A tensor's bytes are its storages' ``nbytes()``; a kept answer stands only while its
+**stamp** holds (the same storage object, with the same bytes at the same address); the
+C core checks the same stamp (:meth:`StorageReader.stamp_getters`). Every layout is
+counted by its storages; meta holds none. The stamp and the layouts:
+docs/ARCHITECTURE.md#bytes-from-the-storage.
 """
 from __future__ import annotations
 

@@ -1,24 +1,13 @@
 """PyTorch's side of ``%gpumem trace`` (:mod:`jupyter_gpumem.core.trace`): the feed of
 its CUDA allocator's history and the recorder of its host storages.
 
-* **CUDA**: ``torch.cuda.memory._record_memory_history(enabled="all",
-  context="alloc", stacks="python" or "all", max_entries=N)``, read back with
-  ``torch.cuda.memory._snapshot()`` (segments and blocks with the frames of their
-  allocation, and the history of allocator events per device): the format trace reads.
-  With CUDA not initialised yet, ``torch.cuda._lazy_call`` starts the recording inside
-  torch's own lazy init, before the first allocation (:meth:`CudaFeed.on_init`).
-* **Host (CPU tensors)**: torch has no allocator history for the CPU, so a
-  ``torch.overrides.TorchFunctionMode`` on the shell's thread notes, for each
-  storage that a torch function or method returns for the first time, the cell
-  frames of the Python stack that called it. It keys them by storage pointer with a
-  weak reference to the storage itself (the C++ ``StorageImpl``: a storage kept by a
-  view outlives its tensor, and a pointer reused by a new storage is told apart).
-  Only while trace is on; storages torch allocates without returning them to Python
-  (autograd's gradients, saved tensors) are not seen.
-
-Both are made by :class:`~.pytorch.TorchBackend` (``trace_feed``, ``host_recorder``)
-and read torch from ``sys.modules``: nothing here imports torch before the user does
-(the mode's class is made once torch is there).
+CUDA: torch's ``_record_memory_history``, read back with ``_snapshot()``; started inside
+torch's lazy init where CUDA is not initialised yet (:meth:`CudaFeed.on_init`). Host: a
+``TorchFunctionMode`` on the shell's thread notes the cell frames of each storage a torch
+call returns for the first time (keyed by pointer, with a weak reference to the storage).
+Both are made by :class:`~.pytorch.TorchBackend` and read torch from ``sys.modules``:
+nothing here imports torch before the user does. The details:
+docs/ARCHITECTURE.md#the-allocation-trace.
 """
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """Notebook cells: IPython's cell events paired, which cell a code file is, and when each
 cell ran.
 
-* :class:`CellNames` maps a frame's code file to the cell's execution count through
-  IPython's compiler (``shell.compile._filename_map``: ``<ipython-input-8-…>`` in
-  IPython, ``/tmp/ipykernel_*/….py`` in ipykernel) and reads its source from
-  ``linecache`` (IPython puts each cell's source there). The line a cell magic is
-  rewritten to (``get_ipython().run_cell_magic('gpuwatch', '', '…')``) is not the
-  user's: frames on it are passed over, so the body's own line (numbered inside the
-  body) names the site.
-* :class:`CellSpans` is the record of the outer cells' spans, ``[start, end]`` in
-  unix seconds with the cell's execution count (``span.count``): the shell's session
-  keeps one (``Session.cells``, which the panel's timeline reads too) and trace reads
-  it to map a block to the cell during which it was allocated, from the allocator
-  history's own timestamps.
-* :class:`CellEvents` pairs IPython's ``pre_run_cell`` with its ``post_run_cell``
-  (:func:`hook_cells` registers a pair of callbacks, :func:`unhook_cells` takes them off).
+:class:`CellNames` maps a frame's code file to the cell's execution count and source;
+:class:`CellSpans` is the record of the outer cells' spans (the session's
+``Session.cells``, read by the panel's timeline and by trace); :class:`CellEvents` pairs
+IPython's ``pre_run_cell`` with its ``post_run_cell`` (:func:`hook_cells`,
+:func:`unhook_cells`). How: docs/ARCHITECTURE.md#notebook-cells.
 """
 from __future__ import annotations
 

@@ -1,19 +1,13 @@
 """Background sampling of device counters (tqdm's monitor thread is the model).
 
-A :class:`SharedSampler` is one daemon thread that calls the functions of its
-subscribers (:class:`Subscription`), each at its own interval, pausable; the
-shell's :class:`~jupyter_gpumem.session.Session` owns one, so a shell has one
-sampling thread however many views and watches read the counters. The thread
-starts with the first subscription and ends, joined, with the last. It stops
-at once (it waits on an Event). Subscribers due at the same moment are called
-in one tick, where :meth:`SharedSampler.read` makes one device reading per
-selection for all of them. Sampling threads read device counters only: they
-never touch the user's namespace, print or display, and they never end with a
-traceback: a subscriber's failure ends that subscriber only (kept in
-:attr:`Subscription.failure` and handed to its ``on_failure``), the others go on.
-
-:func:`check_interval` is the one check of a sampling interval that every
-option and setting taking one goes through.
+A :class:`SharedSampler` is one daemon thread that calls its subscribers
+(:class:`Subscription`), each at its own interval, pausable; the session owns one per
+shell. It starts with the first subscription and ends, joined, with the last; subscribers
+due at one tick share one reading per selection (:meth:`SharedSampler.read`). Sampling
+threads read device counters only: they never touch the user's namespace, print or
+display, and a subscriber's failure ends that subscriber only
+(:attr:`Subscription.failure`, its ``on_failure``). :func:`check_interval` is the one
+check of a sampling interval. See docs/ARCHITECTURE.md#one-owner-per-shell.
 """
 from __future__ import annotations
 

@@ -1,24 +1,10 @@
 """``GET api/gpumem/metrics``: the kernels endpoint's figures in Prometheus' text format.
 
-Written with ``prometheus_client`` from one answer of :func:`.readings.build` (so the
-figures are the kernels endpoint's, from the same pass when both are asked within a
-second), through a registry of its own per scrape: nothing is kept between scrapes but
-the server's :class:`.readings.Readings`. The series (all gauges but the counter):
-
-``jupyter_gpumem_device_total_bytes``, ``..._device_used_bytes``  per device (NVML)
-``jupyter_gpumem_device_kernels_bytes``  this server's kernels and their children, per device
-``jupyter_gpumem_kernel_gpu_bytes``  per kernel and device: ``kernel_id``, ``path``,
-    ``kernel_name``, ``user``, ``device``
-``jupyter_gpumem_kernel_host_rss_bytes``  per kernel: the resident memory of the kernel
-    and its descendants (also without a GPU)
-``jupyter_gpumem_kernels``  the server's kernels
-``jupyter_gpumem_orphan_processes``, ``..._orphan_bytes``  per device and user
-``jupyter_gpumem_other_processes``, ``..._other_bytes``  the other processes on the
-    GPUs (neither this server's kernels nor orphans), per device, user and relation
-``jupyter_gpumem_hidden_processes``  NVML entries without a pid named here, per device
-``jupyter_gpumem_gpu``  1 where NVML answers with a device, else 0
-``jupyter_gpumem_reading_seconds``  what the readings' last pass took
-``jupyter_gpumem_readings_total``  the passes made since the server started
+Written with ``prometheus_client`` from one answer of :func:`.readings.build` (the same
+pass as the kernels endpoint's within a second), through a registry of its own per
+scrape: nothing is kept between scrapes but the server's :class:`.readings.Readings`.
+Every series is named ``jupyter_gpumem_*``; their list and labels:
+docs/ARCHITECTURE.md#the-servers-metrics.
 """
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
 """Comm target ``jupyter_gpumem``: the kernel side of the JupyterLab sidebar.
 
-The sidebar opens a comm on this target (see docs/PROTOCOL.md). The kernel
-answers ``hello``, then sends ``devices`` about once a second from the shell's
-sampling thread (the hub subscribes to its session's
-:class:`~jupyter_gpumem.core.sampler.SharedSampler` while a channel is open),
-which reads device counters only and never touches the user's namespace, and
-a ``snapshot`` after each cell (the shell's
-:class:`~jupyter_gpumem.session.Session` builds it on the main thread, after
-the cell's reply, with the user's settings, and every open view shows the same
-one). Requests from the sidebar are checked field by field before anything
-runs; a malformed one gets an ``error`` reply and changes nothing. No text
-from the frontend is ever executed.
-
-A request may arrive on any thread (JupyterLab sends comm messages over a kernel
-subshell, handled on that subshell's thread, while the main thread runs a cell). It is
-checked, and what needs no namespace (``hello``, ``cancel``) answered, on that thread;
-what reads or changes the namespace (``refresh``, ``set_device``, ``purge``,
-``purge_orphans``) goes through the session's
-:class:`~jupyter_gpumem.handoff.MainThreadQueue`: it runs on the main thread between
-cells, and while a cell runs the reply is at once ``queued`` (cancellable with
-``cancel``), the usual replies following when the cell ends. After each message it sends,
-a channel keeps the comm's route on the subshell the frontend uses (views/routes.py:
-ipykernel 7.4 would route the next request to the thread that sent the kernel's last
-message, the busy main thread's).
+It answers ``hello``, sends ``devices`` from the session's sampling thread (device
+counters only) and a ``snapshot`` after each cell (the session's). Requests are checked
+field by field before anything runs; a malformed one gets an ``error`` reply and changes
+nothing; no text from the frontend is executed. What reads or changes the namespace goes
+through the session's :class:`~jupyter_gpumem.handoff.MainThreadQueue` (rule 8), and
+:mod:`.routes` keeps the comm's route on the frontend's subshell. The messages:
+docs/PROTOCOL.md; the threads: docs/ARCHITECTURE.md#the-live-panel-and-the-sidebars-comm.
 """
 from __future__ import annotations
 

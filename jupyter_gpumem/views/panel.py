@@ -1,29 +1,12 @@
 """``%gpumem panel``: a live panel of standard ipywidgets in the output area.
 
-Device bars and a timeline move about once a second from the shell's
-sampling thread (the panel subscribes to its session's
-:class:`~jupyter_gpumem.core.sampler.SharedSampler`), which only reads device
-counters and sets widget values. The holders table is rebuilt on the main
-thread after each cell, from the snapshot its session builds once the cell's
-reply has gone, the only place the user's namespace is read; the timeline's
-cell marks are the session's record of the cells, so the panel itself adds
-nothing to a cell's run. Everything shown is drawn from the JSON of
-docs/PROTOCOL.md, the schema the sidebar and ``-o`` use too. One panel per
-shell: showing it again shows the running one. ipywidgets is imported only
-when a panel is made; without it the command prints the text report.
-
-The holders are shown a page at a time (views/panel_table.py: a filter, Previous/Next,
-check-all; the checks kept by name), so thousands of holders cost a page of widgets. A click
-may come in on any thread (a kernel subshell's): what reads or changes the namespace (the
-refresh, the purge's dry run, the purge) goes through the session's ``handoff`` and runs on
-the main thread between cells; while a cell runs the panel says it is queued and offers to
-cancel it, and the holders shown are marked "from before the running cell".
-
-Under the device bars, the Orphans section lists this user's orphans on the GPUs
-from the same snapshot (its ``processes``, what ``%gpumem --processes`` lists), so
-it reads nothing while a cell runs; its button ends the ones a kernel left after
-a confirmation that names each of them, with the code of ``%gpumem purge
---orphans`` (:mod:`jupyter_gpumem.core.processes.orphans`), and shows every step.
+Device bars and a timeline move from the session's sampling thread (device counters
+only); the holders table (:mod:`.panel_table`, a page at a time) is rebuilt on the main
+thread from the session's snapshot after each cell; the Orphans section
+(:mod:`.panel_orphans`) reads the same snapshot. What reads or changes the namespace goes
+through the session's ``handoff``. Everything shown is drawn from the JSON of
+docs/PROTOCOL.md. One panel per shell; ipywidgets is imported only when a panel is
+made. The story: docs/ARCHITECTURE.md#the-live-panel-and-the-sidebars-comm.
 """
 from __future__ import annotations
 

@@ -1,22 +1,11 @@
 """Which names a cell created, grew, shrank or deleted: holders tracked between cells.
 
-A full scan of a large namespace costs tens to hundreds of milliseconds, too
-much to pay after every cell. The :class:`HolderTracker` keeps, for every
-root (user name or hidden holder), the storages it reached when last
-scanned, and per cell rescans only what can have changed:
-
-- roots that are new, rebound to another object, or whose cheap signature
-  changed (a container's length, a tensor's storage, gradient or graph);
-- every root (a full scan) when the framework's allocator moved by more
-  than the rescanned roots explain (``ACC_TOLERANCE``), or on the host when
-  the resident set grew by more than they explain (``CPU_TOLERANCE``), or
-  when a full scan costs less than the caller's budget (a share of the
-  cell's wall time), or when asked (after an error).
-
-So a change inside a container whose length stays the same (``d[k] = t2``)
-is seen on an accelerator through its allocator, and on the host only
-when it is large or a full scan is affordable. The tracker keeps no
-reference to user objects: only names, ids, storage keys and bytes.
+The :class:`HolderTracker` keeps, for every root, the storages it reached when last
+scanned, and per cell rescans only the roots that are new, rebound or whose cheap
+signature changed; every root when the allocator (``ACC_TOLERANCE``) or the resident set
+(``CPU_TOLERANCE``) moved by more than those explain, when a full scan fits the budget, or
+when asked. It keeps no reference to user objects: only names, ids, storage keys and
+bytes. Why and what it misses: docs/ARCHITECTURE.md#the-holders-between-cells.
 """
 from __future__ import annotations
 

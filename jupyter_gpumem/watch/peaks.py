@@ -1,40 +1,11 @@
 """Exact peaks for nested watch scopes, read from counters that keep one high-water mark.
 
-An allocator keeps one peak per device, and the only way to start measuring
-is to reset it to the current value. With several scopes open at once
-(``%gpumem watch on`` around a ``%%gpuwatch`` cell around a
-``with jupyter_gpumem.watch()`` block) and user code that resets peaks too,
-a naive reset would clobber every outer measurement. The :class:`PeakLedger`
-keeps it right:
-
-- entering a scope folds the counter's peak into every open scope (and
-  into the *user view*, below), then resets the counter;
-- leaving a scope folds the counter's peak into every scope still open;
-- a reset by the user (``torch.cuda.reset_peak_memory_stats()``,
-  ``torch.accelerator.reset_peak_memory_stats()``,
-  ``tracemalloc.reset_peak()``) goes through a wrapper that folds first;
-- the *user view*: what the user's own reading functions
-  (``torch.cuda.max_memory_allocated``, ``memory_stats``,
-  ``tracemalloc.get_traced_memory``, ``resource.getrusage().ru_maxrss``)
-  return is lifted to the value they would have shown had no scope reset
-  the counter, until the user resets it. So no reading anyone makes is
-  lowered by a scope.
-
-A reset that bypasses the wrappers (``torch._C._cuda_resetPeakMemoryStats``
-called directly, or a reset function imported before the first scope
-opened) is detected when the counter's peak is found lower than last seen:
-open scopes then note that their peak covers only the time since, and the
-user view drops what it kept. Patches are installed while a scope is open,
-the user view keeps something the real counter lost, or the ``watch on``
-footer holds them (it opens a scope every cell), and removed after.
-
-Counters: each framework's (a backend's ``peak_counters``, with the
-wrappers of its own reset and read functions, ``peak_patches``: torch's CUDA
-caching allocator, per device, every ``.peak`` field of ``memory_stats``, in
-:mod:`jupyter_gpumem.backends.torch_peaks`), ``rss`` (this process's peak resident
-set, ``VmHWM``, reset through ``/proc/self/clear_refs``; Linux) and
-``tracemalloc`` (the Python heap, NumPy arrays included, only while the user
-has tracing on). Torch tensors on the CPU are not in tracemalloc.
+The :class:`PeakLedger` folds each counter's peak into every open scope before any reset
+(a scope's or the user's, through wrappers), and lifts what the user's own reading
+functions return to what they would have shown had no scope reset the counter: no
+reading anyone makes is lowered by a scope. Counters: each framework's (a backend's
+``peak_counters`` and ``peak_patches``), ``rss`` and ``tracemalloc``. How resets are
+folded, detected and patched: docs/ARCHITECTURE.md#exact-peaks.
 """
 from __future__ import annotations
 

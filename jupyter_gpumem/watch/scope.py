@@ -1,45 +1,13 @@
 """``%%gpuwatch``, ``%gpumem watch|history|plot`` and ``jupyter_gpumem.watch()``.
 
-What a cell (or a block of a script) did to memory, per device: wall time,
-change in allocated and reserved bytes, the exact peak inside it from the
-framework allocator's counters, the process's peak from a sampling thread
-(NVML on accelerators, the resident set on the host; labelled as sampled),
-and the names it created, grew, shrank or deleted. When the code raises,
-out-of-memory included, the report still comes and names the biggest
-holders with the ``%gpumem purge ...`` command that frees them.
-
-Its face: :class:`Watch`, :func:`watch`, :func:`purge_names`, and, from
-:mod:`.state`, :func:`history_for` and :func:`series_for` (a shell's records and
-timeline, which the panel reads). The pieces, each a module of its own:
-
-- :mod:`.state`: :class:`~.state.WatchState`, what the watches of one shell keep (its
-  session owns it), and a script watch's own;
-- :mod:`.sampling`: the process's peak from a sampling thread (:class:`~.sampling.SamplerHub`);
-- :mod:`.peaks`: exact peaks that stay right when scopes nest and
-  when user code resets the counters; nobody's reading is lowered;
-- :mod:`.holders`: per-root storages kept up to date cheaply, so the
-  per-cell footer does not rescan the whole namespace;
-- :mod:`.frames`: the caller's frame, the running shell, the cell's number;
-- :mod:`.result`: :class:`~.result.WatchResult` with text, HTML and JSON;
-  :mod:`.export`: CSV/JSON and TensorBoard export.
-
-JSON of one record (``WatchResult.to_json()``, ``"schema":
-"jupyter_gpumem.watch/1"``): ``label``, ``source`` (``"%%gpuwatch"``,
-``"watch on"``, ``"watch()"``), ``execution_count``, ``start``/``end`` (unix
-s), ``wall`` (s), ``interval`` (s), ``devices`` (per device: ``id``, ``kind``,
-``total``, ``allocated_before/after/delta`` and ``allocated_measure``,
-``reserved_before/after/delta``, ``peak_allocated``, ``peak_reserved`` and
-``peak_measure`` (exact, null where no allocator counter), ``peak_rss``
-(cpu: the process's exact peak resident set), ``peak_traced`` (cpu, with
-tracemalloc on) and ``traced_before`` (the traced bytes at the start),
-``process_before/after``, ``process_peak_sampled``, ``process_measure``
-(``"NVML"`` or ``"RSS"``), ``samples``, ``used_all_after``, ``share_after``,
-``notes``), ``changes`` (``name``,
-``change`` created|grew|shrank|deleted, ``before``, ``after``, ``delta``,
-``devices``, ``hidden``, ``shared``, ``type``, ``purge``), ``holders_mode``
-(none|incremental|full), ``partial``, ``error`` (``type``, ``message``,
-``oom``) or null, ``holders`` (biggest, on error or warning), ``purge_command``,
-``warning``, ``auto_purge``, ``messages``, ``overhead`` (s).
+What a cell (or a block of a script) did to memory, per device: wall time, the change
+in allocated and reserved bytes, the exact peak (:mod:`.peaks`), the sampled process
+peak (:mod:`.sampling`) and the names it created, grew, shrank or deleted
+(:mod:`.holders`); on an error, out-of-memory included, the report still comes and
+names the biggest holders with their purge command. Its face: :class:`Watch`,
+:func:`watch`, :func:`purge_names`, and, from :mod:`.state`, :func:`history_for` and
+:func:`series_for`. The pieces: docs/ARCHITECTURE.md#a-watch-and-its-record; the JSON
+of one record: docs/PROTOCOL.md#watchresult-schema-jupyter_gpumemwatch1.
 """
 from __future__ import annotations
 

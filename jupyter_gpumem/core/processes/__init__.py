@@ -1,41 +1,12 @@
 """Every other process that holds a GPU, named, and what it is to this kernel.
 
-NVML lists the processes with a context on each device (compute and graphics,
-:func:`..backends.nvml.processes`); psutil tells who each one is: its user,
-command line, age and parent. From the parent chain and the environment a
-Jupyter kernel gives its processes (``JPY_PARENT_PID``: the server that started
-the kernel; ``JPY_SESSION_NAME``: the notebook's path), each process gets one
-relation:
-
-``child``         a descendant of this process (a DataLoader worker, a multiprocessing
-                  child, a subprocess)
-``kernel``        a kernel of the same Jupyter server (its notebook path)
-``kernel_child``  a descendant of such a kernel
-``orphan``        its parent is gone (it was handed to init, to a subreaper such as
-                  systemd or tini, or to no parent visible here) and the kernel that
-                  started it is provably gone (:func:`judge`): the left-over of a
-                  restarted or crashed kernel
-``ancestor``      this process's parent chain (the Jupyter server itself)
-``other_user``    another user's process
-``own``           this user's, none of the above (a script in a terminal, say)
-
-A listed pid that this machine's ``/proc`` does not show, NVML entries without a
-pid, and this user's processes that hold no GPU device file here are counted as
-*hidden*: NVML sees the machine's PID namespace, the container another one, so
-those pids do not name the processes they would name here.
-
-Only this user's orphans that a Jupyter kernel started, and whose kernel is proven
-gone, are ``purgeable``: :mod:`.orphans` ends them, after :func:`judge` said so again.
-
-Ending a process takes a proof (:func:`judge`, the one place it is decided). The
-extension puts the kernel's pid and start time into the kernel's environment when it
-loads (:data:`KERNEL_MARK`, :func:`mark_kernel`): every process the kernel starts
-afterwards inherits it, however it was detached (``tmux new -d``, a double fork,
-``setsid``). A process whose recorded kernel (that pid with that start time) is alive is
-never an orphan: it is listed as detached by that kernel. ``JPY_PARENT_PID`` names the
-server, not the kernel, so it proves nothing alone: a process started before the
-extension loaded (no mark) is an orphan only where no kernel of its server and notebook
-that started before it is alive.
+NVML lists the processes on each device; psutil, the parent chain and the environment a
+Jupyter kernel gives its processes tell each one's relation (``child``, ``kernel``,
+``kernel_child``, ``orphan``, ``ancestor``, ``other_user``, ``own``) or count it as
+hidden. Ending a process takes a proof (:func:`judge`, the one place it is decided: the
+kernel's mark, :data:`KERNEL_MARK`, set by :func:`mark_kernel`); in doubt a process is
+listed, never ended. :mod:`.orphans` ends the ``purgeable`` ones. The relations and the
+proof: docs/ARCHITECTURE.md#the-other-processes.
 """
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """Memory that creeps up on reruns: the rule that flags a cell, free of IPython.
 
-Each run of a cell (known across reruns by a key: the frontend's cell id, else its
-source) gives two cheap figures, the device's level before and after it (framework
-allocated bytes on an accelerator; on the host, the bytes the C allocator has handed
-out, :func:`host_allocated`, else the resident set). A run *grew* when it
-left at least :data:`MIN_GROWTH` more than it found and the level after it is that much
-above the level after the cell's previous run (so a value rebound to one of the same
-size, growth the next run gives back, and what another cell freed in between never
-count). A cell whose last :attr:`RerunTracker.increases` runs each grew is flagged
-(by default on its third run), once per streak. A purge of the shell's names between two
-runs starts the cell's record over: the bytes were given back.
-
-Only runs that grew pay for an attribution (``attribute()``: the bytes each holder
-keeps, by the same scan as ``%gpumem``); a flag names what grew between the first and
-the last of those. On the host the attribution confirms the growth: where the tracked
-tensors did not grow (other memory of the process did), no flag.
+Each run of a cell (keyed across reruns) gives its device level before and after; a run
+*grew* when it left at least :data:`MIN_GROWTH` more than it found and more than the
+cell's previous run left. A cell whose last :attr:`RerunTracker.increases` runs each grew
+is flagged, once per streak; a purge between two runs starts its record over. Only runs
+that grew pay for an attribution. The rule in full:
+docs/ARCHITECTURE.md#reruns-that-creep.
 """
 from __future__ import annotations
 

@@ -1,19 +1,13 @@
 """Walk from the user's names and IPython's hidden holders to tensor storages.
 
-The walk starts at named roots, never at ``gc.get_objects()``, so its cost
-follows what the user holds, not the size of the heap. It reads objects only
-through C-level slots: no property, ``__getattr__`` or other user code runs.
-It is bounded in time and depth, and a partial result says why.
-
-A scan has two passes:
-
-1. :mod:`jupyter_gpumem.core.scan.reach`: which storages each root reaches, breadth
-   first, a chunk of objects at a time in C-level passes (``gc.get_referents``
-   over the chunk, exact types filtered in ``map``/``filter``/``compress``);
-   tensors, models and optimizers are taken in batches by their backend.
-2. :mod:`jupyter_gpumem.core.scan.search`: the path a user would type, found only
-   inside the roots that reach storages and only for what is shown (each
-   holder's largest storage now, the others when their path is read).
+The walk starts at named roots, never at ``gc.get_objects()``, so its cost follows what
+the user holds (rule 6: :func:`iter_scan` reads each name once at most, within the time
+limit, and a partial result says why). It reads objects only through C-level slots: no
+property, ``__getattr__`` or other user code runs. Two passes:
+:mod:`jupyter_gpumem.core.scan.reach` (which storages each root reaches, reused by
+:mod:`.warm` while proven unchanged) and :mod:`jupyter_gpumem.core.scan.search` (the path
+a user would type, only for what is shown). This module is the scan's face. The flow:
+docs/ARCHITECTURE.md#the-scan-in-core.
 """
 from __future__ import annotations
 

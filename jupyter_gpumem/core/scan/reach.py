@@ -1,24 +1,12 @@
 """The first pass of a scan: which storages each root reaches, in C-level passes.
 
-The walk is breadth first and takes a level of objects a chunk at a time: one
-``gc.get_referents(*chunk)`` call reads what the chunk's dicts, lists, tuples,
-sets and plain instances hold (their C ``tp_traverse``, so no user code runs),
-``filter(gc.is_tracked, ...)`` drops the atoms, and ``sys.getrefcount`` tells
-which of the rest only their parent holds: those cannot be met again, so only
-objects held more than once are remembered by id. Objects that need more care
-(tensors, models, optimizers, modules, classes, functions, frames, numpy and
-pandas objects) are taken out of the chunk by exact type and read one by one
-through C-level slots, as before.
-
-Where the package's C core is built (``core/_reach.c``, :data:`NATIVE`), the
-plain objects of each chunk go to it instead of ``gc.get_referents``: it walks
-everything plain they hold at C speed, in runs of a few milliseconds (the walk
-can yield and the deadline holds between two), and hands back, once each, the
-objects that need the care above. Both walks find the same storages
-(tests/test_native_scan.py).
-
-No path is kept here: paths are found afterwards, inside the roots that reach
-storages (:mod:`jupyter_gpumem.core.scan.search`).
+A breadth-first walk, a level a chunk at a time through ``gc.get_referents`` (no user
+code runs); objects that need care (tensors, models, modules, frames ...) are taken out by
+exact type and read through C-level slots. Where the C core is built (:data:`NATIVE`,
+``core/_reach_parts/walk.c``) it walks the plain objects at C speed instead; both walks
+find the same storages (tests/test_native_scan.py). No path is kept here
+(:mod:`jupyter_gpumem.core.scan.search`). The story:
+docs/ARCHITECTURE.md#the-walk-and-the-path-search.
 """
 from __future__ import annotations
 

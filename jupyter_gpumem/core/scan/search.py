@@ -1,25 +1,11 @@
 """The second pass of a scan: the path a user would type to each storage shown.
 
-Paths are looked for only inside the roots that reach storages, and only when
-they are asked for: each holder's largest storage during the scan, every other
-one (the rows of ``%gpumem NAME``, a purge's checks) when its path is read.
-
-The path to a storage is the first one met in this order:
-
-1. paths through attributes, items and a module's or optimizer's registered
-   children only, before any path that also goes through a closure, a default
-   argument, a frame's locals, an autograd graph or a reference only the
-   garbage collector sees (each of those counts once);
-2. then the shortest, in the accessors it shows (``.param_groups[0]['params'][3]``
-   is four, an attribute or an item one);
-3. then the first in registration order: a dict's insertion order, a list's
-   index, a module's parameters, buffers and submodules as registered
-   (``model.0`` before ``model.11``).
-
-It is a best-first search from the root over labelled edges, keyed by
-``(hidden steps, steps)``; within a key, entries keep the order they were met
-in. A level's entries are all looked at before any of them is expanded, so a
-storage held next to a long list is found without reading the list.
+Paths are looked for only inside the roots that reach storages, and only when asked for.
+The path to a storage is the first met in this order: through attributes, items and
+registered children before any hidden step (a closure, a frame, an autograd graph ...);
+then the shortest; then the first in registration order. A best-first search over
+labelled edges (:mod:`.labels`), keyed by ``(hidden steps, steps)``. The order's rules
+and why: docs/ARCHITECTURE.md#the-walk-and-the-path-search.
 """
 from __future__ import annotations
 

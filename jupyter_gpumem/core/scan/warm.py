@@ -1,39 +1,13 @@
 """The warm scan: a root's last walk is reused while its fingerprint proves that the
 walk would read the same again.
 
-A full walk of a training notebook's names asks the framework about every tensor
-(thousands of an optimizer's state) and reads every module, after every cell,
-though most cells change none of them. The C core's :class:`Fingerprint`
-(``core/_reach_parts/fingerprint.c``) hashes what a root holds at C speed, reading no more
-than version tags, lengths, addresses and each tensor's data pointer; where the
-hash is the one taken when the root was last walked, the walk's storages are
-reused, and the holder's largest path with them. The fingerprint also keeps what it
-read as a plan of checks, in the order it read them; the next scan runs the plan
-(``Fingerprint.check``), which reads far less than the hash (what an unchanged dict
-holds needs no reading, atoms there not even their type), and hashes the root again
-only where a check fails. Plain data is kept from its first walk where it is small
-(up to :data:`SMALL_PLAIN` objects walked in :data:`SMALL_WALK`: its fingerprint costs
-a microsecond, a few per cent of what walking a name costs), from a later walk up to
-:data:`PLAIN_LIMIT` objects, and is walked without a fingerprint for a while after each
-change when it changes again and again. Warm scans cost no more than cold ones, taken
-together: what they spend on the fingerprints of larger plain data comes from a bank
-(``WarmScan.bank``) of what reuse saved (the last walks' cost of the roots reused) and
-a quarter of each scan's walking time (:data:`HASH_SHARE`), never more than is in it.
-Anything the fingerprint cannot
-prove (an autograd graph, a frame, a numpy array, a tensor the backend has no
-record of, a walk that was cut short or refused an object) means the root is
-walked again. So the report is the one a full scan gives, byte for byte
-(tests/test_warm_scan.py); only the time differs.
-
-A :class:`WarmScan` belongs to one shell (the :class:`~jupyter_gpumem.session.Session`
-owns it). It holds no user object: only names, hashes, plans (addresses, with weak
-references to the classes they compare), storage records (keys and sizes) and the
-backend's own records and code objects the hash names by address, kept so that no
-later object can take their address. Its fingerprint is kept from scan to scan, with
-the backend's record of each tensor it proved; it lets go of every tensor, gradient
-and class it read when each scan ends. Without the C core, or with
-``JUPYTER_GPUMEM_FULL_SCAN=1``, or asked for a full scan (``%gpumem --full``), every
-root is walked; a full scan still records what it walked for the next one.
+The fingerprint and its plan of checks are the C core's (``core/_reach_parts/fingerprint.c``,
+``plan.c``); what they cannot prove is walked again, so the report is the one a full scan
+gives, byte for byte (tests/test_warm_scan.py); only the time differs. Warm scans cost no
+more than cold ones taken together (rule 6: the bank, :data:`HASH_SHARE`). A
+:class:`WarmScan` belongs to one session and holds no user object. Without the C core,
+with ``JUPYTER_GPUMEM_FULL_SCAN=1`` or ``%gpumem --full``, every root is walked. The
+story: docs/ARCHITECTURE.md#the-warm-scan.
 """
 from __future__ import annotations
 

@@ -1,57 +1,13 @@
 """``%gpumem trace on|off``: where each block of memory was allocated, by notebook cell.
 
-Two depths. At **cell** depth (``%gpumem trace on``) the framework's allocation history
-is recorded without stacks, and each block is mapped to the cell during which it was
-allocated, from the history's own timestamps and the record of cell spans (the
-session's ``cells``): a storage reads ``cell [12]``; a block allocated while no cell
-ran (a thread, a callback) says so. At **line** depth (``%gpumem trace on --lines``)
-allocations are recorded with their Python stacks too, and each frame is mapped to the
-notebook cell that ran it: ``cell [12] line 3: out = model(x)``.
-
-The framework's side comes from its backend (:class:`~jupyter_gpumem.backends.Backend`):
-trace follows the first backend, in report order, whose ``trace_feed()`` gives a feed
-(today PyTorch's: :mod:`jupyter_gpumem.backends.torch_trace`). This module speaks only
-of feeds, recorders, cells, frames and sites:
-
-* **a feed** (the device allocator's history): what :class:`Tracer` asks of it is
-  ``state()`` (``absent``: the framework is not imported; ``unavailable``: no device;
-  ``lazy``: not initialised yet; ``ready``), ``on_init(fn)`` (run ``fn`` inside the
-  framework's lazy init, before its first allocation; returns how to take it back),
-  ``enable(stacks=, context=, max_entries=, clear=)`` (``context=None`` at cell depth:
-  the history with its times, no stack), ``disable()``, ``snapshot()``
-  (segments and blocks with the frames of their allocation, and the history of
-  allocator events per device, in the format of ``torch.cuda.memory._snapshot()``),
-  ``devices()``, ``key()`` (what changes whenever any device's blocks do),
-  ``allocations()`` (a running count) and ``measure(enable)`` (a :class:`Cost`).
-  Recording starts only where the framework is imported and its device initialised:
-  with it not imported yet, an import hook waits for it; with the device not
-  initialised yet, ``on_init`` starts the recording before the first allocation. No
-  framework is imported and no CUDA context is created here.
-* **a host recorder** (``Backend.host_recorder``, for frameworks with no allocator
-  history on the CPU): ``push()``/``pop()`` on the shell's thread, ``record(ptr)`` and
-  ``live()`` (records with ``nbytes``, ``time`` and the frames ``inner``, ``cin``, ``cout``;
-  ``frames = False`` at cell depth: the time alone),
-  ``by_cell`` (cell -> (filename, line) -> bytes), ``events``, ``sweep()``, ``clear()``,
-  ``measure()``. Storages it does not see (torch's autograd gradients) have no site.
-
-Frames are mapped to cells through IPython's compiler: ``shell.compile._filename_map``
-(``<ipython-input-8-…>`` in IPython, ``/tmp/ipykernel_*/….py`` in ipykernel) and
-``linecache`` for the source lines (IPython puts each cell's source there).
-
-Allocations that no Python frame asks for (autograd's backward runs on a C++
-thread per device; cuBLAS's workspace of that thread) carry no frame: they are given
-the cell line that allocated last before them in the same cell (for a backward, the
-``loss.backward()`` line, whose ``ones_like`` starts it), and say so. Blocks allocated
-before trace was on say "allocated before trace was on".
-
-The package: :mod:`.cells` (cell names, the record of cell spans), :mod:`.sites` (what
-the queries return, frames -> sites), :mod:`.index` (a snapshot, indexed), :mod:`.hook`
-(the import hook), :mod:`.tracer` (on/off, cells, status), :mod:`.queries` (the sites of
-blocks), :mod:`.save` (the visualizer's file).
-
-The queries (:func:`site_of`, :func:`sites_of`, :func:`unattributed_sites`,
-:func:`cell_lines`, :func:`save`) read one snapshot of the allocator, kept until its
-counters move. No IPython import at module level: the shell is passed in.
+At cell depth each block is mapped to the cell during which it was allocated; at line
+depth (``--lines``) to the cell's line that allocated it. The framework's side is a
+feed (and, on the host, a recorder) given by its backend's ``trace_feed()`` /
+``host_recorder()``; this package speaks only of feeds, recorders, cells, frames and
+sites: :mod:`.sites`, :mod:`.index`, :mod:`.hook`, :mod:`.tracer`, :mod:`.queries`,
+:mod:`.save`. No framework is imported and no CUDA context is made here; no IPython
+import at module level. The story (the feed's contract, frames to cells, allocations
+with no frame): docs/ARCHITECTURE.md#the-allocation-trace.
 """
 from __future__ import annotations
 
