@@ -21,7 +21,7 @@ from ..settings import fmt_share
 from ..units import complain
 from ..watch.frames import current_count
 from ..watch.peaks import LEDGER
-from ..watch.result import WatchResult
+from ..watch.result import HOLDERS_NAMED, WatchResult
 from ..watch.scope import Watch
 from ..watch.state import WatchState
 
@@ -365,7 +365,7 @@ class _Footer:
         worst = max(full, key=lambda d: d.share_after)
         used = worst.used_all_after if worst.used_all_after is not None else worst.reserved_after
         names = ", ".join(f"{h.name} {fmt_bytes(h.nbytes)}" + (" (hidden)" if h.hidden else "")
-                          for h in r.holders[:5]) or "no name holds memory there"
+                          for h in r.holders[:HOLDERS_NAMED]) or "no name holds memory there"
         r.warning = (f"warning: {worst.id} is {worst.share_after:.0%} full ({fmt_bytes(used)} of "
                      f"{fmt_bytes(worst.total)}) after this cell, above {fmt_share(share)}; "
                      f"purge candidates: {names}"
