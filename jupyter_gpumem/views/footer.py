@@ -29,6 +29,16 @@ from ..watch.state import WatchState
 _OWN_LINE = re.compile(r"\s*(?:[A-Za-z_]\w*\s*=\s*)?%gpumem(?:\s|$)")
 
 
+_WATCHED_CELL = re.compile(r"\s*%%gpuwatch(?:\s|$)")
+
+
+def reports_itself(cell: Any) -> bool:
+    """Whether ``cell`` (its raw text) is a ``%%gpuwatch`` cell: its own report is the
+    cell's one report, so the footer adds no line of its own (a warning or an automatic
+    purge aside, which only the footer makes); the footer still records the cell."""
+    return type(cell) is str and bool(_WATCHED_CELL.match(cell))
+
+
 def is_own_command(cell: Any) -> bool:
     """Whether ``cell`` (its raw text) only runs the product's own ``%gpumem`` commands
     (comments and blank lines aside): such a cell reports for itself, so it gets no footer
@@ -177,9 +187,11 @@ class _OpenLine:
 class _FooterCell:
     """What the footer keeps for one outermost cell: its watch and its output's last line."""
 
-    def __init__(self, watch: Watch | None, line: _OpenLine | None) -> None:
+    def __init__(self, watch: Watch | None, line: _OpenLine | None,
+                 quiet: bool = False) -> None:
         self.watch = watch
         self.line = line
+        self.quiet = quiet          # a %%gpuwatch cell: it reports for itself
 
     def abandon(self) -> None:
         line, self.line = self.line, None
@@ -318,7 +330,7 @@ class _Footer:
         except Exception as exc:  # noqa: BLE001 - never in the user's way
             complain("watch footer failed", exc)
         self._pre_cost = time.perf_counter() - t
-        return _FooterCell(w, line)
+        return _FooterCell(w, line, reports_itself(getattr(info, "raw_cell", None)))
 
     def cell_ended(self, payload: _FooterCell, result=None) -> None:
         line, payload.line = payload.line, None
@@ -340,11 +352,12 @@ class _Footer:
                 if count is not None:
                     r.label = f"In [{count}]"
                 self._thresholds(w, r)
-                text = ("\n" if newline else "") + r.footer()
+                text = r.footer(summary=not payload.quiet)
                 lines = traced_lines(count)
                 if lines:
-                    text += "\n" + lines
-                self._emit(text + "\n", wrote)
+                    text += ("\n" if text else "") + lines
+                if text:
+                    self._emit(("\n" if newline else "") + text + "\n", wrote)
                 if w.end is not None and r.auto_purge is None:
                     self._armed = (time.perf_counter(), self.session.purges, w.end)
         except Exception as exc:  # noqa: BLE001

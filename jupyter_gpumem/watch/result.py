@@ -190,8 +190,13 @@ class WatchResult(JsonFields):
         return next((c for c in self.changes if c.name == name), None)
 
     # -- text ------------------------------------------------------------------------------
-    def footer(self) -> str:
-        """The one-line ``watch on`` footer (a second line when the cell raised)."""
+    def footer(self, summary: bool = True) -> str:
+        """The one-line ``watch on`` footer (a second line when the cell raised);
+        ``summary=False``: only its warning and automatic purge (a cell that reported
+        itself, ``%%gpuwatch``, has said the rest)."""
+        if not summary:
+            return "\n".join(([self.warning] if self.warning else []) +
+                             ([auto_purge_line(self.auto_purge)] if self.auto_purge else []))
         parts = []
         multi = len(self.devices) > 1
         for d in self.devices:

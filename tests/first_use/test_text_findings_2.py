@@ -71,3 +71,21 @@ def test_processes_say_none_only_where_a_list_was_read():
     assert mixed.startswith("none") and "cannot know on cuda:1" in mixed, mixed
     alone = processes.ProcessReport([unknown]).__repr__().splitlines()[1]
     assert alone.startswith("cannot know"), alone
+
+
+# -- watch on and %%gpuwatch together: one report per cell -----------------------------------
+def test_a_gpuwatch_cell_under_watch_on_is_reported_once(ip, capsys):
+    run(ip, "import torch")
+    run(ip, "%gpumem watch on --device cpu")
+    try:
+        lines = _out(capsys, ip, "%%gpuwatch --device cpu\na = torch.ones(1 << 20)")
+        plain = _out(capsys, ip, "b = torch.ones(1 << 20)")
+        run(ip, "%gpumem watch on --device cpu --warn-at 0.1%")
+        warned = _out(capsys, ip, "%%gpuwatch --device cpu\nc = torch.ones(1 << 20)")
+    finally:
+        run(ip, "%gpumem watch off")
+    assert sum("new: a 4.0 MiB" in x for x in lines) == 1, lines
+    assert sum(x.startswith("%%gpuwatch · In [") for x in lines) == 1, lines
+    assert sum("new: b 4.0 MiB" in x for x in plain) == 1, plain    # a plain cell keeps its footer
+    assert sum("new: c 4.0 MiB" in x for x in warned) == 1, warned
+    assert sum(x.startswith("warning: cpu is") for x in warned) == 1, warned   # the warning stays
