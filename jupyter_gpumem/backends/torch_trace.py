@@ -294,21 +294,34 @@ class HostRecorder:
         fmap = self.cells.filename_map()
         magic_line = self.cells.magic_line
         stop = self._stop_code
-        inner = cin = cout = None
+        inner = cin = cout = body = None
         depth = 0
         while f is not None and depth < 256:
             code = f.f_code
             if code is stop:
                 break
             fn = code.co_filename
-            if (fn in fmap or fn.startswith("<ipython-input-")) and not magic_line(fn, f.f_lineno):
+            in_cell = fn in fmap or fn.startswith("<ipython-input-")
+            fr = None
+            if in_cell and not magic_line(fn, f.f_lineno):
                 # (a cell magic's rewritten line is not the user's: its body's line is)
                 fr = (fn, f.f_lineno, code.co_name)
+            elif in_cell and body is not None:
+                fr = self.cells.joined(body, fn, f.f_lineno)   # %%time's body: the cell's
+                if fr is not None and inner == body:
+                    inner = fr
+            if in_cell:
+                body = None
+            if fr is not None:
                 if cin is None:
                     cin = fr
                 cout = fr
                 if inner is None:
                     inner = fr
+            elif body is None and cin is None and self.cells.is_body(fn):
+                body = (fn, f.f_lineno, code.co_name)
+                if inner is None:
+                    inner = body
             elif inner is None and fn != _HERE and not fn.endswith(("torch/overrides.py",
                                                                      "torch/utils/_device.py")):
                 inner = (fn, f.f_lineno, code.co_name)

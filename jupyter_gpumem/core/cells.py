@@ -9,6 +9,7 @@ IPython's ``pre_run_cell`` with its ``post_run_cell`` (:func:`hook_cells`,
 """
 from __future__ import annotations
 
+import ast
 import linecache
 import re
 import sys
@@ -24,6 +25,37 @@ INPUT_RE = re.compile(r"^<ipython-input-(\d+)-[0-9a-fA-F]+>$")
 IN_RE = re.compile(r"^In\s*\[(\d+)\]$")
 #: how IPython rewrites a cell that starts with a cell magic
 MAGIC_CALL = "get_ipython().run_cell_magic("
+#: how IPython rewrites a line with a line magic or a shell escape (``%time x = f()``,
+#: ``files = !ls``): the call, and the form the user typed for each method
+_ESCAPE_CALL = re.compile(r"get_ipython\(\)\.(run_line_magic|system|getoutput)\((.*)\)\s*$")
+_ESCAPES = {"run_line_magic": "%", "system": "!", "getoutput": "!"}
+#: the files IPython compiles a timing magic's code into (``%%time``, ``%%timeit``,
+#: ``%time``): their frames belong to the cell whose magic line called them
+MAGIC_BODIES = frozenset({"<timed exec>", "<timed eval>", "<magic-timeit>"})
+#: the name :meth:`CellNames.magic_body` gives a timing cell's body (its lines cached)
+BODY_RE = re.compile(r"^<In \[(\d+)\] %%[\w.]+>$")
+
+
+def typed_line(line: str) -> str:
+    """The line as the user typed it: IPython's rewriting of a line magic or a shell
+    escape (``get_ipython().run_line_magic('time', 'x = f()')``) back to ``%time x = f()``;
+    any other line as it is."""
+    m = _ESCAPE_CALL.search(line)
+    if m is None:
+        return line
+    try:
+        args = ast.literal_eval(f"({m.group(2)},)")
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return line
+    if not all(type(a) is str for a in args) or not args:
+        return line
+    if m.group(1) == "run_line_magic":
+        if len(args) != 2:
+            return line
+        typed = f"%{args[0]} {args[1]}".rstrip()
+    else:
+        typed = _ESCAPES[m.group(1)] + args[0]
+    return line[:m.start()] + typed
 
 
 def short_path(filename: str) -> str:
@@ -60,7 +92,7 @@ class CellNames:
             return self._fallback[filename]
         except KeyError:
             pass
-        m = INPUT_RE.match(filename) or IN_RE.match(filename)
+        m = INPUT_RE.match(filename) or IN_RE.match(filename) or BODY_RE.match(filename)
         out = int(m.group(1)) if m else None
         if len(self._fallback) > 100_000:
             self._fallback.clear()
@@ -73,19 +105,57 @@ class CellNames:
         key = (filename, line)
         hit = self._magic.get(key)
         if hit is None:
-            hit = self._magic[key] = self.source(filename, line).startswith(MAGIC_CALL)
+            hit = self._magic[key] = _cached_line(filename, line).startswith(MAGIC_CALL)
             if len(self._magic) > 100_000:
                 self._magic.clear()
         return hit
 
+    def magic_body(self, filename: str, line: Any) -> str | None:
+        """The name of the body of the timing cell magic (``%%time``, ``%%timeit``) that
+        line ``line`` of a cell's file calls, its lines cached as the cell's own (numbered
+        inside the body, as a ``%%gpuwatch`` body is): a frame in ``<timed exec>`` then
+        names that cell. ``None`` when the line is no cell magic's call."""
+        n = self.number(filename)
+        text = _cached_line(filename, line)
+        if n is None or not text.startswith(MAGIC_CALL):
+            return None
+        try:
+            args = ast.literal_eval(f"({text[len(MAGIC_CALL):].rstrip()[:-1]},)")
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return None
+        if len(args) != 3 or not all(type(a) is str for a in args):
+            return None
+        name = f"<In [{n}] %%{args[0]}>"
+        if name not in linecache.cache:
+            linecache.cache[name] = (len(args[2]), None,
+                                     [ln + "\n" for ln in args[2].splitlines()], name)
+        return name
+
+    @staticmethod
+    def is_body(filename: Any) -> bool:
+        """Whether ``filename`` is a timing magic's code (``<timed exec>``)."""
+        return filename in MAGIC_BODIES
+
+    def joined(self, body: tuple, filename: str, line: Any) -> tuple | None:
+        """The frame ``body`` (``(filename, line, name)`` in ``<timed exec>``) as a frame of
+        the cell whose cell-magic line (``filename``, ``line``) called it, else ``None``.
+        The one rule both walks of a stack (the host's and the allocator history's) follow."""
+        name = self.magic_body(filename, line)
+        return None if name is None else (name, body[1], body[2])
+
     @staticmethod
     def source(filename: str | None, line: int | None) -> str:
-        if not filename or not line:
-            return ""
-        try:
-            return linecache.getline(filename, int(line)).strip()
-        except Exception:  # noqa: BLE001 - a source we cannot read is left out
-            return ""
+        """Line ``line`` of ``filename`` as the user typed it (:func:`typed_line`)."""
+        return typed_line(_cached_line(filename, line))
+
+
+def _cached_line(filename: str | None, line: Any) -> str:
+    if not filename or not line:
+        return ""
+    try:
+        return linecache.getline(filename, int(line)).strip()
+    except Exception:  # noqa: BLE001 - a source we cannot read is left out
+        return ""
 
 
 def ipython_offset() -> int:

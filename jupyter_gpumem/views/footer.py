@@ -21,12 +21,22 @@ from ..settings import fmt_share
 from ..units import complain
 from ..watch.frames import current_count
 from ..watch.peaks import LEDGER
-from ..watch.result import WatchResult
+from ..watch.result import HOLDERS_NAMED, WatchResult
 from ..watch.scope import Watch
 from ..watch.state import WatchState
 
 #: a line that runs one of the product's own commands: ``%gpumem ...``, ``r = %gpumem -o``
 _OWN_LINE = re.compile(r"\s*(?:[A-Za-z_]\w*\s*=\s*)?%gpumem(?:\s|$)")
+
+
+_WATCHED_CELL = re.compile(r"\s*%%gpuwatch(?:\s|$)")
+
+
+def reports_itself(cell: Any) -> bool:
+    """Whether ``cell`` (its raw text) is a ``%%gpuwatch`` cell: its own report is the
+    cell's one report, so the footer adds no line of its own (a warning or an automatic
+    purge aside, which only the footer makes); the footer still records the cell."""
+    return type(cell) is str and bool(_WATCHED_CELL.match(cell))
 
 
 def is_own_command(cell: Any) -> bool:
@@ -177,9 +187,11 @@ class _OpenLine:
 class _FooterCell:
     """What the footer keeps for one outermost cell: its watch and its output's last line."""
 
-    def __init__(self, watch: Watch | None, line: _OpenLine | None) -> None:
+    def __init__(self, watch: Watch | None, line: _OpenLine | None,
+                 quiet: bool = False) -> None:
         self.watch = watch
         self.line = line
+        self.quiet = quiet          # a %%gpuwatch cell: it reports for itself
 
     def abandon(self) -> None:
         line, self.line = self.line, None
@@ -318,7 +330,7 @@ class _Footer:
         except Exception as exc:  # noqa: BLE001 - never in the user's way
             complain("watch footer failed", exc)
         self._pre_cost = time.perf_counter() - t
-        return _FooterCell(w, line)
+        return _FooterCell(w, line, reports_itself(getattr(info, "raw_cell", None)))
 
     def cell_ended(self, payload: _FooterCell, result=None) -> None:
         line, payload.line = payload.line, None
@@ -340,11 +352,12 @@ class _Footer:
                 if count is not None:
                     r.label = f"In [{count}]"
                 self._thresholds(w, r)
-                text = ("\n" if newline else "") + r.footer()
+                text = r.footer(summary=not payload.quiet)
                 lines = traced_lines(count)
                 if lines:
-                    text += "\n" + lines
-                self._emit(text + "\n", wrote)
+                    text += ("\n" if text else "") + lines
+                if text:
+                    self._emit(("\n" if newline else "") + text + "\n", wrote)
                 if w.end is not None and r.auto_purge is None:
                     self._armed = (time.perf_counter(), self.session.purges, w.end)
         except Exception as exc:  # noqa: BLE001
@@ -365,7 +378,7 @@ class _Footer:
         worst = max(full, key=lambda d: d.share_after)
         used = worst.used_all_after if worst.used_all_after is not None else worst.reserved_after
         names = ", ".join(f"{h.name} {fmt_bytes(h.nbytes)}" + (" (hidden)" if h.hidden else "")
-                          for h in r.holders[:5]) or "no name holds memory there"
+                          for h in r.holders[:HOLDERS_NAMED]) or "no name holds memory there"
         r.warning = (f"warning: {worst.id} is {worst.share_after:.0%} full ({fmt_bytes(used)} of "
                      f"{fmt_bytes(worst.total)}) after this cell, above {fmt_share(share)}; "
                      f"purge candidates: {names}"

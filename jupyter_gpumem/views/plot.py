@@ -2,9 +2,10 @@
 
 The x axis is time inside watched cells: idle time between cells is left
 out, so a session of short cells separated by hours stays readable. Lines
-come from the sampler's series (sampled); each cell adds one peak marker
-per device (the exact allocator peak where there is one, else the exact
-peak RSS on the host, else the sampled peak) and its before/after values.
+come from the sampler's series (sampled); each cell adds its peak markers
+per device and its before/after values. The whole process (RSS, NVML) and the
+tensors (the allocator's counts, the tracked host tensors) are two panels with
+scales of their own, each legend entry naming its measure and how it was taken.
 Uses ``matplotlib.figure.Figure`` directly: no pyplot state, any backend.
 """
 from __future__ import annotations
@@ -28,13 +29,6 @@ def _unit(largest: float) -> tuple[int, str]:
         if largest >= size:
             return size, name
     return 1, "B"
-
-
-def _peak_of(d) -> int | None:
-    for value in (d.peak_allocated, d.peak_rss, d.process_peak_sampled, d.allocated_after):
-        if value is not None:
-            return value
-    return None
 
 
 def layout(records) -> list[float]:
@@ -76,26 +70,51 @@ def label_rows(offsets: list[float], texts: list[str], span: float, width: float
     return rows
 
 
+def _process_peak(d) -> tuple[int | None, str]:
+    """The process's own peak in the cell, and what it is (the whole process: not tensors)."""
+    if d.peak_rss is not None:
+        return d.peak_rss, "RSS of the process (exact high-water)"
+    if d.process_peak_sampled is not None:
+        return d.process_peak_sampled, "memory of the process (NVML, sampled)"
+    return None, ""
+
+
+def _sampled_label(dev: str, field: str) -> tuple[str, str]:
+    """(line style, legend label) of a sampled series: what the measure is, said."""
+    if field == "used_process":
+        what = "RSS of the process" if dev == "cpu" else "memory of the process (NVML)"
+        return ":", f"{dev} {what} (sampled)"
+    what = "tracked tensors" if dev == "cpu" else field
+    return ("-" if field == "allocated" else "--"), f"{dev} {what} (sampled)"
+
+
 def figure(records, points, devices=None, title: str | None = None):
     """A Figure of ``records`` (WatchResult list) and series ``points``; a
-    :class:`~jupyter_gpumem.units.MissingPackage` where matplotlib is not installed."""
+    :class:`~jupyter_gpumem.units.MissingPackage` where matplotlib is not installed.
+
+    Two measures never share an axis: the whole process (RSS on the host, NVML's figure
+    on a GPU) is one panel, the tensors (the allocator's counts, the tracked tensors on
+    the host) another, each with its own scale; every legend entry says which measure
+    it is. The cells' labels sit above the panels, where no marker is."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
         raise MissingPackage("plotting", "matplotlib", "plot") from None
 
-    fig = Figure(figsize=(9, 3.8), layout="constrained")
-    ax = fig.add_subplot()
     offsets = layout(records)
     ids = []
     for r in records:
         for d in r.devices:
             if d.id not in ids and (devices is None or d.id in devices):
                 ids.append(d.id)
-    values: list[float] = []
-    lines: dict[tuple, tuple[list, list]] = {}
-    steps: dict[str, tuple[list, list]] = {}
-    peaks: dict[str, tuple[list, list]] = {}
+    # panel -> label -> (style, xs, ys); "process": the whole process, "tensors": tensors
+    series: dict[str, dict[str, list]] = {"process": {}, "tensors": {}}
+
+    def add(panel: str, label: str, style: str, x: float, y: float) -> None:
+        entry = series[panel].setdefault(label, [style, [], []])
+        entry[1].append(x)
+        entry[2].append(y)
+
     pi = 0
     points = sorted(points, key=lambda p: p[0])
     for r, x0 in zip(records, offsets):
@@ -109,58 +128,64 @@ def figure(records, points, devices=None, title: str | None = None):
                 for field in ("allocated", "reserved", "used_process"):
                     v = fields.get(field)
                     if v is not None:
-                        xs, ys = lines.setdefault((dev, field), ([], []))
-                        xs.append(x0 + t - r.start)
-                        ys.append(v)
+                        style, label = _sampled_label(dev, field)
+                        add("process" if field == "used_process" else "tensors", label, style,
+                            x0 + t - r.start, v)
             j += 1
         for dev in ids:
             d = r.device(dev)
             if d is None:
                 continue
             if d.allocated_before is not None and d.allocated_after is not None:
-                xs, ys = steps.setdefault(dev, ([], []))
-                xs += [x0, x0 + r.wall]
-                ys += [d.allocated_before, d.allocated_after]
-            peak = _peak_of(d)
+                what = "tracked tensors" if dev == "cpu" else "allocated"
+                label = f"{dev} {what} at cell start/end"
+                add("tensors", label, "o", x0, d.allocated_before)
+                add("tensors", label, "o", x0 + r.wall, d.allocated_after)
+            if d.peak_allocated is not None:
+                add("tensors", f"{dev} allocated (allocator, exact), {PEAK_LABEL}", "v",
+                    x0 + r.wall / 2, d.peak_allocated)
+            peak, what = _process_peak(d)
             if peak is not None:
-                xs, ys = peaks.setdefault(dev, ([], []))
-                xs.append(x0 + r.wall / 2)
-                ys.append(peak)
-    for series in (lines, steps, peaks):
-        for _, ys in series.values():
-            values += ys
-    scale, unit = _unit(max(values) if values else 1)
-    styles = {"allocated": ("-", "allocated (sampled)"), "reserved": ("--", "reserved (sampled)"),
-              "used_process": (":", "process (sampled)")}
-    for (dev, field), (xs, ys) in lines.items():
-        style, label = styles[field]
-        if dev == "cpu" and field == "used_process":
-            label = "RSS (sampled)"
-        ax.plot(xs, [y / scale for y in ys], style, lw=1, label=f"{dev} {label}")
-    for dev, (xs, ys) in steps.items():
-        what = "tensors" if dev == "cpu" else "allocated"
-        ax.plot(xs, [y / scale for y in ys], "o", ms=3, label=f"{dev} {what} at cell start/end")
-    for dev, (xs, ys) in peaks.items():
-        ax.plot(xs, [y / scale for y in ys], "v", ms=7, linestyle="none",
-                label=f"{dev} {PEAK_LABEL}")
-    texts = [r.label.replace("In ", "") for r in records]
+                add("process", f"{dev} {what}, {PEAK_LABEL}", "v", x0 + r.wall / 2, peak)
+    panels = [p for p in ("process", "tensors") if series[p]] or ["tensors"]
+    fig = Figure(figsize=(9, 2.2 + 2.1 * len(panels)), layout="constrained")
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    kinds = {d == "cpu" for d in ids}
+    tensor_words = ("tracked tensors" if kinds == {True} else "allocator" if kinds == {False}
+                    else "allocator · tracked tensors")
     span = (offsets[-1] + records[-1].wall) if records else 1.0
+    for ax, panel in zip(axes, panels):
+        values = [y for _, _, ys in series[panel].values() for y in ys]
+        scale, unit = _unit(max(values) if values else 1)
+        for label, (style, xs, ys) in series[panel].items():
+            if style == "v":
+                ax.plot(xs, [y / scale for y in ys], "v", ms=7, linestyle="none", label=label)
+            elif style == "o":
+                ax.plot(xs, [y / scale for y in ys], "o", ms=3, linestyle="none", label=label)
+            else:
+                ax.plot(xs, [y / scale for y in ys], style, lw=1, label=label)
+        for r, x0 in zip(records, offsets):
+            ax.axvline(x0, color="0.6", lw=0.8)
+            ax.axvspan(x0, x0 + r.wall, color="0.92", zorder=0)
+        if records:
+            ax.axvline(span, color="0.6", lw=0.8)
+            ax.set_xlim(0, span or 1.0)
+        ax.set_ylim(0, (max(values) / scale if values else 1) * 1.12 or 1)  # room for the markers
+        words = "whole process" if panel == "process" else tensor_words
+        ax.set_ylabel(f"{words} ({unit})", fontsize=8)
+        if ax.lines:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    top = axes[0]
+    texts = [r.label.replace("In ", "") for r in records]
     rows = label_rows(offsets, texts, span or 1.0, _axes_points(fig))
-    for r, x0, text, row in zip(records, offsets, texts, rows):
-        ax.axvline(x0, color="0.6", lw=0.8)
-        ax.axvspan(x0, x0 + r.wall, color="0.92", zorder=0)
-        if row is not None:
-            ax.annotate(text, (x0, 1), xycoords=("data", "axes fraction"),
-                        xytext=(2, -10 - _ROW_POINTS * row), textcoords="offset points",
-                        fontsize=_LABEL_SIZE, color="0.35")
-    if records:
-        ax.axvline(offsets[-1] + records[-1].wall, color="0.6", lw=0.8)
-        ax.set_xlim(0, span or 1.0)
-    ax.set_xlabel("seconds inside watched cells (idle time between cells left out)")
-    ax.set_ylabel(f"memory ({unit})")
-    ax.set_title(title or f"memory over {len(records)} watched cell(s)")
-    if ax.lines:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    for x0, text, row in zip(offsets, texts, rows):
+        if row is not None:     # above the panels: never under a marker
+            top.annotate(text, (x0, 1), xycoords=("data", "axes fraction"),
+                         xytext=(2, 3 + _ROW_POINTS * row), textcoords="offset points",
+                         fontsize=_LABEL_SIZE, color="0.35", va="bottom",
+                         annotation_clip=False)
+    axes[-1].set_xlabel("seconds inside watched cells (idle time between cells left out)")
+    fig.suptitle(title or f"memory over {len(records)} watched cell(s)", fontsize=10)
     return fig
 
 

@@ -17,6 +17,9 @@ from ..units import JsonFields, esc, fmt_bytes, html_table, json_field, round6, 
 WATCH_SCHEMA = "jupyter_gpumem.watch/1"
 _KIND_WORDS = {"created": "new", "grew": "grew", "shrank": "shrank", "deleted": "deleted"}
 _FOOTER_NAMES = 3
+#: the holders every short message shows (the footer's, the summary's, ``--warn-at``'s),
+#: and so the most a suggested purge command names: a command names only what is shown
+HOLDERS_NAMED = 5
 
 
 def signed(n: int | None) -> str:
@@ -163,12 +166,15 @@ class WatchResult(JsonFields):
 
     @property
     def purge_command(self) -> str | None:
-        """The command that frees the holders named on error or warning."""
-        if not self.purge_names:
+        """The command that frees the holders named on error or warning: only those the
+        messages show (the first :data:`HOLDERS_NAMED` holders), never one left unshown."""
+        shown = {h.purge for h in self.holders[:HOLDERS_NAMED] if h.purge}
+        names = [n for n in self.purge_names if n in shown]
+        if not names:
             return None
         if self.context == "ipython":
-            return "%gpumem purge " + " ".join(shlex.quote(n) for n in self.purge_names)
-        return f"jupyter_gpumem.purge({self.purge_names!r}, namespace=globals())"
+            return "%gpumem purge " + " ".join(shlex.quote(n) for n in names)
+        return f"jupyter_gpumem.purge({names!r}, namespace=globals())"
 
     @property
     def hidden_purge_command(self) -> str | None:
@@ -184,8 +190,13 @@ class WatchResult(JsonFields):
         return next((c for c in self.changes if c.name == name), None)
 
     # -- text ------------------------------------------------------------------------------
-    def footer(self) -> str:
-        """The one-line ``watch on`` footer (a second line when the cell raised)."""
+    def footer(self, summary: bool = True) -> str:
+        """The one-line ``watch on`` footer (a second line when the cell raised);
+        ``summary=False``: only its warning and automatic purge (a cell that reported
+        itself, ``%%gpuwatch``, has said the rest)."""
+        if not summary:
+            return "\n".join(([self.warning] if self.warning else []) +
+                             ([auto_purge_line(self.auto_purge)] if self.auto_purge else []))
         parts = []
         multi = len(self.devices) > 1
         for d in self.devices:
@@ -262,7 +273,7 @@ def changes_short(changes: list[HolderChange]) -> str:
     return " · ".join(parts)
 
 
-def holders_short(r: WatchResult, n: int = 5) -> str:
+def holders_short(r: WatchResult, n: int = HOLDERS_NAMED) -> str:
     shown = ", ".join(f"{h.name} {fmt_bytes(h.nbytes)}" for h in r.holders[:n])
     more = f" +{len(r.holders) - n} more" if len(r.holders) > n else ""
     text = f"biggest holders: {shown}{more}"

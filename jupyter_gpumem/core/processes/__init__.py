@@ -558,6 +558,19 @@ def notes(dps: list[DeviceProcesses]) -> list[str]:
     return [f"{dp.device}: {dp.note}" for dp in dps if dp.note]
 
 
+def empty_line(dps: list[DeviceProcesses]) -> str:
+    """What an empty table says: "none" only where a process list was read; where NVML
+    gave none (a note says why), the product cannot know, and says so."""
+    unknown = [dp.device for dp in dps if dp.note]
+    if not dps:
+        return "cannot know: NVML lists no device (see the note)"
+    if len(unknown) == len(dps):
+        return "cannot know: NVML gives no process list (see the note)"
+    if unknown:
+        return f"none (cannot know on {', '.join(unknown)}: NVML gives no process list there)"
+    return "none"
+
+
 @dataclass(repr=False)
 class ProcessReport(JsonFields, Report):
     """``%gpumem --processes``: every other process on each device. Its JSON:
@@ -574,14 +587,15 @@ class ProcessReport(JsonFields, Report):
     def _text(self) -> str:
         lines = [f"processes on the GPUs other than this one (pid {self.pid}):"]
         table = rows(self.devices)
-        lines += text_table(HEADERS, table, {1, 2}) if table else ["none"]
+        lines += text_table(HEADERS, table, {1, 2}) if table else [empty_line(self.devices)]
         lines += [f"note: {m}" for m in notes(self.devices) + self.messages]
         return "\n".join(lines)
 
     def _html(self) -> str:
         table = rows(self.devices)
         parts = ["<div class='jupyter-gpumem'>",
-                 html_table(HEADERS, table, {1, 2}) if table else "<div>no other process</div>"]
+                 html_table(HEADERS, table, {1, 2}) if table
+                 else f"<div>{code_html(empty_line(self.devices))}</div>"]
         parts += [f"<div><em>note: {code_html(m)}</em></div>"
                   for m in notes(self.devices) + self.messages]
         return "".join(parts) + "</div>"

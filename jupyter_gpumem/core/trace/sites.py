@@ -214,9 +214,20 @@ class Resolver:
     def pick(self, frames) -> tuple:
         """Python frames only: with ``stacks="all"`` torch adds C++ frames, and an
         allocation with C++ frames alone (autograd's thread) has no Python frame."""
-        inner = cin = cout = None
+        inner = cin = cout = body = None
+        cells = self.cells
         for f in frames or ():
             c = self.cell_of(f)
+            fr = frame_tuple(f) if c is None else None
+            if fr is not None and cin is None and body is None and cells.is_body(fr[0]):
+                body = fr                       # %%time's body: the cell that called it
+            elif fr is not None and body is not None and cells.number(fr[0]) is not None:
+                j = cells.joined(body, fr[0], fr[1])
+                if j is not None:
+                    c = (cells.number(j[0]), *j)
+                    if inner == body:
+                        inner = j
+                body = None
             if inner is None and (c is not None or is_python(f)):
                 inner = frame_tuple(f)
             if c is not None:
