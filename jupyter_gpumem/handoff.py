@@ -185,8 +185,11 @@ class MainThreadQueue:
         self.drain()
 
     def cell_lost(self, kept: Any) -> None:
+        """A cell whose end never came (IPython's unpaired events): what waited for it
+        runs now, unless another cell runs (never left waiting for an end that is gone)."""
         with self._lock:
             self._cells.discard(kept)
+        self.drain()
 
     def close(self) -> None:
         """Cancel what waits; later submits are cancelled at once."""

@@ -105,3 +105,20 @@ def test_closing_the_session_cancels_what_waits(ip):
         assert late.state == CANCELLED
     finally:
         run(ip, "%load_ext jupyter_gpumem")
+
+
+def test_a_request_waiting_for_a_cell_whose_end_never_came_runs_once_that_is_known(ip):
+    """IPython fires "pre" without "post" for a cell run by awaiting ``run_cell_async``:
+    a request queued behind it runs as soon as its end is known (the next cell's "pre"),
+    before that cell's own code, not after the next cell that happens to end."""
+    import asyncio
+
+    queue = session_of(ip).handoff
+    asyncio.run(ip.run_cell_async("unseen = 1", transformed_cell="unseen = 1\n"))  # no "post"
+    assert queue.cell_running
+    order = ip.user_ns["order"] = []
+    ticket = _from_thread(lambda: queue.submit(lambda: order.append("request"), what="probe"))
+    assert ticket.queued and ticket.state == "pending"
+    run(ip, "order.append('next cell')")
+    assert order == ["request", "next cell"], order
+    assert ticket.thread is threading.main_thread() and not queue.pending()
