@@ -2,7 +2,7 @@
 
 A "read" is one ``devices.read_devices("cuda")``: what the samplers of
 ``%%gpuwatch``, the panel and the sidebar do every 50 ms to 1 s. NVML is the
-counting fake ``pynvml`` of ``tests/test_nvml_calls.py`` (alike H200s, this
+counting fake ``pynvml`` of ``tests/backends/test_nvml.py`` (alike H200s, this
 process on every other one), so this runs anywhere; the same count on the
 real library is ``tests/gpu/test_nvml_gpu.py``. Three cases: no framework
 imported (devices found by NVML only), torch (its devices carry UUIDs) and

@@ -1,6 +1,6 @@
 """The out-of-memory rescue through its button in a real browser: a real host
 out-of-memory error in a kernel that JupyterLab runs (an address-space limit calibrated
-to the kernel's size, as in tests/test_rescue.py), the offer under the traceback, a click
+to the kernel's size, as in tests/core/rescue/test_oom.py), the offer under the traceback, a click
 on "Rescue and rerun" in Chromium, and the rerun's success shown under the button; once
 with the memory held in the failing traceback's frame, once held by the exception the
 failing one was raised while handling (a chained exception)."""

@@ -1,5 +1,5 @@
 """Every process on the GPU named, and the orphans of a restarted kernel purged, on a
-real GPU with a real Jupyter server (tests/jupyter_harness.py) and real NVML.
+real GPU with a real Jupyter server (tests/helpers/jupyter_harness.py) and real NVML.
 
 Two kernels of one server hold 1 GiB and 2 GiB of CUDA tensors; a third kernel starts
 two ``torch.multiprocessing`` children (spawn; each holds a CUDA tensor, 256 and 512

@@ -1,5 +1,5 @@
 """``jupyter gpumem`` and ``GET api/gpumem/metrics`` on a real GPU, with a real Jupyter
-server (tests/jupyter_harness.py) and real NVML.
+server (tests/helpers/jupyter_harness.py) and real NVML.
 
 Two kernels hold 1 GiB and 2 GiB of CUDA tensors; a third starts a
 ``torch.multiprocessing`` child (spawn; it holds 256 MiB and leaves the kernel's process

@@ -15,7 +15,7 @@ plain objects of each chunk go to it instead of ``gc.get_referents``: it walks
 everything plain they hold at C speed, in runs of a few milliseconds (the walk
 can yield and the deadline holds between two), and hands back, once each, the
 objects that need the care above. Both walks find the same storages
-(tests/test_native_scan.py).
+(tests/core/scan/test_native.py).
 
 No path is kept here: paths are found afterwards, inside the roots that reach
 storages (:mod:`jupyter_gpumem.core.scan.search`).

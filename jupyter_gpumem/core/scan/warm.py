@@ -23,7 +23,7 @@ Anything the fingerprint cannot
 prove (an autograd graph, a frame, a numpy array, a tensor the backend has no
 record of, a walk that was cut short or refused an object) means the root is
 walked again. So the report is the one a full scan gives, byte for byte
-(tests/test_warm_scan.py); only the time differs.
+(tests/core/scan/test_warm.py); only the time differs.
 
 A :class:`WarmScan` belongs to one shell (the :class:`~jupyter_gpumem.session.Session`
 owns it). It holds no user object: only names, hashes, plans (addresses, with weak
