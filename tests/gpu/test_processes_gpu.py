@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed")
 pytest.importorskip("jupyter_server", reason="jupyter_server is not installed (wheels.sh)")
 pytest.importorskip("ipykernel", reason="ipykernel is not installed (wheels.sh)")
-pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
+pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device (torch.cuda.is_available() is False)")
@@ -32,20 +32,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 MiB, GiB = 1 << 20, 1 << 30
 SLACK = 2 * MiB
 
-WORKER = '''
-import os, sys, time
-def hold(nbytes, ready):
-    os.setsid()                  # out of the kernel's process group
-    import torch
-    x = torch.ones(nbytes, dtype=torch.uint8, device="cuda")
-    torch.cuda.synchronize()
-    open(ready, "w").write(str(os.getpid()))
-    time.sleep(600)
-'''
-
-HOLD = ("import os, torch\n"
-        "x = torch.ones({n}, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize()\n"
-        "print(os.getpid())")
+from real_nvml import HOLD, WORKER, nvml_figures, nvml_index, wait_listed  # noqa: E402
 
 SPAWN = ('import sys, os, time\n'
          'sys.path.insert(0, {folder!r})\n'
@@ -61,20 +48,7 @@ SPAWN = ('import sys, os, time\n'
          'print(os.getpid(), *[p.pid for p in procs])')
 
 
-def nvml_figures() -> tuple[int, dict[int, int]]:
-    """Device 0's used bytes and NVML's bytes per pid (compute list), read here."""
-    pynvml.nvmlInit()
-    h = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index())
-    used = int(pynvml.nvmlDeviceGetMemoryInfo(h).used)
-    procs = {p.pid: int(p.usedGpuMemory or 0)
-             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
-    return used, procs
 
-
-def _nvml_index() -> int:
-    import os
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-    return int(visible) if visible.isdigit() else 0
 
 
 def alive(pid: int) -> bool:
@@ -83,16 +57,6 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def wait_listed(pids, present=True, timeout=30.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        _, procs = nvml_figures()
-        if all((p in procs) == present for p in pids):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"NVML still {'lacks' if present else 'lists'} some of {pids}")
 
 
 def test_restarted_kernels_orphans_named_and_purged(tmp_path):
@@ -134,7 +98,7 @@ def test_restarted_kernels_orphans_named_and_purged(tmp_path):
                      "r = %gpumem --processes -o\nprint(r)\nprint(json.dumps(r.to_json()))")
         text, data = out.rsplit("\n", 2)[0], json.loads(out.strip().splitlines()[-1])
         print("the restarted kernel's report:\n" + text)
-        dev = next(d for d in data["devices"] if d["nvml_index"] == _nvml_index())
+        dev = next(d for d in data["devices"] if d["nvml_index"] == nvml_index())
         named = {p["pid"]: p for p in dev["processes"]}
         want = {pid_a: ("kernel", "a.ipynb"), pid_b: ("kernel", "work/b.ipynb")}
         want.update({p: ("orphan", "c.ipynb") for p in children})

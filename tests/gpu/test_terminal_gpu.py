@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed")
 pytest.importorskip("jupyter_server", reason="jupyter_server is not installed (wheels.sh)")
 pytest.importorskip("ipykernel", reason="ipykernel is not installed (wheels.sh)")
-pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
+pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
 parser = pytest.importorskip("prometheus_client.parser",
                              reason="prometheus_client is not installed (wheels.sh)")
 
@@ -34,20 +34,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 MiB, GiB = 1 << 20, 1 << 30
 SLACK = 2 * MiB
 
-WORKER = '''
-import os, sys, time
-def hold(nbytes, ready):
-    os.setsid()                  # out of the kernel's process group
-    import torch
-    x = torch.ones(nbytes, dtype=torch.uint8, device="cuda")
-    torch.cuda.synchronize()
-    open(ready, "w").write(str(os.getpid()))
-    time.sleep(600)
-'''
-
-HOLD = ("import os, torch\n"
-        "x = torch.ones({n}, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize()\n"
-        "print(os.getpid())")
+from real_nvml import HOLD, WORKER, nvml_figures, nvml_index, wait_listed  # noqa: E402
 
 SPAWN = ('import sys, os, time\n'
          'sys.path.insert(0, {folder!r})\n'
@@ -62,29 +49,7 @@ SPAWN = ('import sys, os, time\n'
          'print(os.getpid(), p.pid)')
 
 
-def _nvml_index() -> int:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-    return int(visible) if visible.isdigit() else 0
 
-
-def nvml_figures() -> tuple[int, dict[int, int]]:
-    """Device 0's used bytes and NVML's bytes per pid (compute list), read here."""
-    pynvml.nvmlInit()
-    h = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index())
-    used = int(pynvml.nvmlDeviceGetMemoryInfo(h).used)
-    procs = {p.pid: int(p.usedGpuMemory or 0)
-             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
-    return used, procs
-
-
-def wait_listed(pids, present=True, timeout=30.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        _, procs = nvml_figures()
-        if all((p in procs) == present for p in pids):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"NVML still {'lacks' if present else 'lists'} some of {pids}")
 
 
 def cli(server, *args: str, timeout: float = 120):
@@ -142,7 +107,7 @@ def test_terminal_metrics_and_nvml_agree_to_the_mib(tmp_path):
         print(f"\nNVML: used {used / MiB:.1f} MiB; a {procs[pid_a] / MiB:.1f} MiB, "
               f"b {procs[pid_b] / MiB:.1f} MiB, orphan {procs[child] / MiB:.1f} MiB")
         print(text)
-        dev = next(d["device"] for d in listing["devices"] if d["nvml_index"] == _nvml_index())
+        dev = next(d["device"] for d in listing["devices"] if d["nvml_index"] == nvml_index())
         by_path = {k["path"]: k for k in listing["kernels"]}
         gauge = {s["path"]: v for s, v in got["jupyter_gpumem_kernel_gpu_bytes"]
                  if s["device"] == dev}
