@@ -241,3 +241,14 @@ def same_report(warm, full) -> None:
     assert repr(warm) == repr(full)
     assert warm._repr_html_() == full._repr_html_()
     assert warm.to_json() == full.to_json()
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A real ``jupyter server`` with NVML faked (tests/helpers/jupyter_harness.py),
+    stopped after the test."""
+    from jupyter_harness import Server
+
+    s = Server(tmp_path, fake_nvml=True)
+    yield s
+    s.stop()

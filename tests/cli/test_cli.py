@@ -50,13 +50,6 @@ def cli(env: dict, *args: str, stdin: str = "", timeout: float = 60):
                           input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture
-def server(tmp_path):
-    s = Server(tmp_path, fake_nvml=True)
-    yield s
-    s.stop()
-
-
 HOLD = "import os; dev = open({dev!r}, 'rb'); print(os.getpid())"
 HOLD_AND_CHILD = ("import os, subprocess, sys\n"
                   "dev = open({dev!r}, 'rb')\n"

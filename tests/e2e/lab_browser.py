@@ -34,6 +34,18 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 TOKEN = "gpumem-e2e-token"
+
+
+def notebook(*sources: str) -> dict:
+    """A notebook (nbformat 4.5, the Python 3 kernel) of one code cell per source."""
+    return {
+        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                   "source": s} for s in sources],
+        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)",
+                                    "language": "python", "name": "python3"},
+                     "language_info": {"name": "python"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }
 SIDEBAR_TAB = '.lm-TabBar-tab[data-id="jupyter-gpumem-sidebar"]'
 SIDEBAR = "#jupyter-gpumem-sidebar"
 

@@ -16,26 +16,16 @@ import re
 from lab_browser import (  # noqa: F401 - page: a fixture
     SIDEBAR, SIDEBAR_TAB, TOKEN, needs_chromium, page, screenshot_on_failure,
 )
+from lab_browser import notebook
 from lab_browser import run_cell as _run_cell
 from lab_browser import serve as _serve
 
 import pytest
 
-NOTEBOOK = {
-    "cells": [
-        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-         "source": "%load_ext jupyter_gpumem\nimport torch\ntorch.ones(1024, 1024)"},
-        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-         "source": "1 in Out, 'torch' in dir()"},
-    ],
-    "metadata": {
-        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
-                       "name": "python3"},
-        "language_info": {"name": "python"},
-    },
-    "nbformat": 4,
-    "nbformat_minor": 5,
-}
+NOTEBOOK = notebook(
+    "%load_ext jupyter_gpumem\nimport torch\ntorch.ones(1024, 1024)",
+    "1 in Out, 'torch' in dir()",
+)
 
 
 @pytest.fixture

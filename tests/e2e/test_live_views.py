@@ -28,29 +28,19 @@ import pytest
 from lab_browser import (  # noqa: F401 - page: a fixture
     ARTIFACTS, SIDEBAR, SIDEBAR_TAB, TOKEN, needs_chromium, page, screenshot_on_failure,
 )
+from lab_browser import notebook
 from lab_browser import run_cell
 from lab_browser import serve as _serve
 
 LONG = os.environ.get("GPUMEM_E2E_LONG") == "1"
 
 
-def _nb(*sources: str) -> dict:
-    return {
-        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-                   "source": s} for s in sources],
-        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)",
-                                    "language": "python", "name": "python3"},
-                     "language_info": {"name": "python"}},
-        "nbformat": 4, "nbformat_minor": 5,
-    }
-
-
-TRAIN = _nb(
+TRAIN = notebook(
     "%load_ext jupyter_gpumem\nimport torch, time\nx = torch.ones(256, 1024)",
     "keep = []\nfor i in range(10):\n    keep.append(torch.ones(2048, 1024))\n    time.sleep(1)",
 )
-OTHER = _nb("%load_ext jupyter_gpumem\nimport torch\ny = torch.ones(128, 1024)")
-MANY = _nb(
+OTHER = notebook("%load_ext jupyter_gpumem\nimport torch\ny = torch.ones(128, 1024)")
+MANY = notebook(
     "%load_ext jupyter_gpumem\nimport torch\n"
     "for i in range(2000):\n    globals()[f't{i}'] = torch.ones(64)\n"
     "Out.update({i: torch.ones(32) for i in range(1, 301)})",

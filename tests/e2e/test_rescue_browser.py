@@ -13,30 +13,20 @@ import pytest
 from lab_browser import (  # noqa: F401 - page: a fixture
     needs_chromium, page, run_cell, screenshot_on_failure, serve,
 )
+from lab_browser import notebook
 from oom_cells import CHAINED, HELD, IN_FRAME, LIMIT, MiB, SETUP, SHOWN
 
 
-def _code(source: str) -> dict:
-    return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-            "source": source}
-
-
 def _notebook(failing: str) -> dict:
-    return {
-        "cells": [
-            _code("%load_ext jupyter_gpumem\n%config GpuMemMagics.default_device = 'cpu'\n"
-                  + SETUP),
-            _code(SHOWN),
-            _code(LIMIT),
-            _code(failing),
-            _code("print('done' in globals() or 'big' in globals(), other.numel() == "
-                  + str(8 * MiB) + ")"),
-        ],
-        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)",
-                                    "language": "python", "name": "python3"},
-                     "language_info": {"name": "python"}},
-        "nbformat": 4, "nbformat_minor": 5,
-    }
+    return notebook(
+        "%load_ext jupyter_gpumem\n%config GpuMemMagics.default_device = 'cpu'\n"
+        + SETUP,
+        SHOWN,
+        LIMIT,
+        failing,
+        "print('done' in globals() or 'big' in globals(), other.numel() == "
+        + str(8 * MiB) + ")",
+    )
 
 
 FAILED = ".jp-NotebookPanel .jp-Notebook .jp-Cell[data-windowed-list-index='3']"

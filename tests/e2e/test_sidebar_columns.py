@@ -16,6 +16,7 @@ import pytest
 from lab_browser import (  # noqa: F401 - page: a fixture
     ARTIFACTS, SIDEBAR, SIDEBAR_TAB, TOKEN, needs_chromium, page, screenshot_on_failure,
 )
+from lab_browser import notebook
 from lab_browser import run_cell as _run_cell
 from lab_browser import serve as _serve
 
@@ -29,17 +30,7 @@ kib = torch.empty({1023 * KiB + 900}, dtype=torch.uint8)
 held = torch.empty({1023 * MiB + 900 * KiB}, dtype=torch.uint8)
 also = [held]"""
 
-NOTEBOOK = {
-    "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-               "source": SOURCE}],
-    "metadata": {
-        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
-                       "name": "python3"},
-        "language_info": {"name": "python"},
-    },
-    "nbformat": 4,
-    "nbformat_minor": 5,
-}
+NOTEBOOK = notebook(SOURCE)
 
 # Every byte cell of the holders table whose text does not fit, with its width.
 CUT_BYTES = r"""

@@ -11,6 +11,7 @@ pytest.importorskip("ipywidgets")
 
 from jupyter_gpumem.views import panel as panel_mod  # noqa: E402
 from jupyter_gpumem.views import panel_render  # noqa: E402
+from panel_driving import open_panel  # noqa: E402
 
 MiB = 1 << 20
 
@@ -26,13 +27,6 @@ def shell(ip):
     run(ip, "import torch")
     yield ip
     panel_mod.close(ip)
-
-
-def open_panel(sh, device: str = "cpu") -> panel_mod.Panel:
-    run(sh, f"%gpumem panel --device {device}")
-    panel = panel_mod.current(sh)
-    assert panel is not None
-    return panel
 
 
 # -- 15. an old purge's result goes once it is no longer the latest --------------------
@@ -91,7 +85,7 @@ def test_title_rule_is_the_sidebars(kinds, title):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with no GPU")
 @pytest.mark.parametrize("device", ["auto", "cpu"])
 def test_the_panel_without_a_gpu_is_titled_host_memory(shell, device):
-    panel = open_panel(shell, device)
+    panel = open_panel(shell, f"--device {device}")
     panel._tick()
     assert panel.title.value.startswith("<b>Host memory</b>"), panel.title.value
 

@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 pytest.importorskip("jupyter_server", reason="jupyter_server is not installed (wheels.sh)")
 pytest.importorskip("ipykernel", reason="ipykernel is not installed (wheels.sh)")
 pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
-parser = pytest.importorskip("prometheus_client.parser",
+pytest.importorskip("prometheus_client.parser",
                              reason="prometheus_client is not installed (wheels.sh)")
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -62,24 +62,9 @@ def cli(server, *args: str, timeout: float = 120):
     return done.stdout
 
 
-def metrics(server) -> dict[str, list]:
-    import urllib.request
-
-    from jupyter_harness import TOKEN
-    req = urllib.request.Request(server.base + "api/gpumem/metrics")
-    req.add_header("Authorization", f"token {TOKEN}")
-    with urllib.request.urlopen(req, timeout=60) as r:
-        text = r.read().decode()
-    out: dict[str, list] = {}
-    for family in parser.text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, []).append((s.labels, s.value))
-    return out
-
-
 def test_terminal_metrics_and_nvml_agree_to_the_mib(tmp_path):
     import psutil
-    from jupyter_harness import Server, run
+    from jupyter_harness import Server, run, samples, scrape
 
     (tmp_path / "gpumem_worker.py").write_text(WORKER)
     server = Server(tmp_path, fake_nvml=False)
@@ -103,7 +88,7 @@ def test_terminal_metrics_and_nvml_agree_to_the_mib(tmp_path):
         used, procs = nvml_figures()
         listing = json.loads(cli(server, "--json"))
         text = cli(server)
-        got = metrics(server)
+        got = samples(scrape(server)[1])
         print(f"\nNVML: used {used / MiB:.1f} MiB; a {procs[pid_a] / MiB:.1f} MiB, "
               f"b {procs[pid_b] / MiB:.1f} MiB, orphan {procs[child] / MiB:.1f} MiB")
         print(text)

@@ -133,8 +133,9 @@ def ready(client: BlockingKernelClient, timeout: float = 60) -> None:
             return
 
 
-def run(client: BlockingKernelClient, code: str) -> str:
-    """Run ``code`` in the kernel; its stdout (an error fails the test)."""
+def run(client: BlockingKernelClient, code: str, timeout: float = 120) -> str:
+    """Run ``code`` in the kernel (``timeout`` seconds at most); its stdout (an error fails
+    the test)."""
     out, errors = [], []
 
     def hook(msg):
@@ -142,8 +143,26 @@ def run(client: BlockingKernelClient, code: str) -> str:
             out.append(msg["content"]["text"])
         elif msg["msg_type"] == "error":
             errors.append("\n".join(msg["content"]["traceback"]))
-    reply = client.execute_interactive(code, output_hook=hook, timeout=120)
+    reply = client.execute_interactive(code, output_hook=hook, timeout=timeout)
     assert reply["content"]["status"] == "ok" and not errors, errors
     return "".join(out)
 
 
+def scrape(server: Server, token: str | None = TOKEN, scheme: str = "token") -> tuple[str, str]:
+    """``GET api/gpumem/metrics`` of ``server``: its content type and text."""
+    req = urllib.request.Request(server.base + "api/gpumem/metrics")
+    if token:
+        req.add_header("Authorization", f"{scheme} {token}")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return r.headers["Content-Type"], r.read().decode()
+
+
+def samples(text: str) -> dict[str, list]:
+    """Every sample of a Prometheus text by its name: ``(labels, value)``."""
+    from prometheus_client import parser
+
+    out: dict[str, list] = {}
+    for family in parser.text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out

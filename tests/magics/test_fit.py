@@ -20,6 +20,7 @@ from jupyter_gpumem.core.fit import Grid, search
 from jupyter_gpumem.core.fit.result import Trial, accumulation
 
 from conftest import run
+from jupyter_harness import run as run_in_kernel
 
 STEP = "loss = model(torch.randn(bs, 32)).square().mean()\nloss.backward()\n"
 
@@ -212,16 +213,8 @@ def kernel():
 
 
 def _run(kc, code: str) -> str:
-    out, errors = [], []
-
-    def hook(msg):
-        if msg["msg_type"] == "stream":
-            out.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            errors.append("\n".join(msg["content"]["traceback"]))
-    reply = kc.execute_interactive(code, output_hook=hook, timeout=600)
-    assert reply["content"]["status"] == "ok" and not errors, errors
-    return "".join(out)
+    """A cell of the fit's kernel: ten minutes at most (an exhaustive search runs in one)."""
+    return run_in_kernel(kc, code, timeout=600)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and VmHWM: Linux")

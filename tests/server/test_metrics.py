@@ -14,37 +14,13 @@ import pytest
 import gpu_holders as gh
 
 pytest.importorskip("jupyter_server")
-parser = pytest.importorskip("prometheus_client.parser")
+pytest.importorskip("prometheus_client.parser")
 
-from jupyter_harness import TOKEN, Server, run  # noqa: E402
+from jupyter_harness import Server, run, samples, scrape  # noqa: E402
 
 from jupyter_gpumem.server.readings import CACHE_SECONDS  # noqa: E402
 
 MiB, GiB = gh.MiB, gh.GiB
-
-
-@pytest.fixture
-def server(tmp_path):
-    s = Server(tmp_path, fake_nvml=True)
-    yield s
-    s.stop()
-
-
-def scrape(server, token: str | None = TOKEN, scheme: str = "token") -> tuple[str, dict]:
-    req = urllib.request.Request(server.base + "api/gpumem/metrics")
-    if token:
-        req.add_header("Authorization", f"{scheme} {token}")
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return r.headers["Content-Type"], r.read().decode()
-
-
-def samples(text: str) -> dict[str, list]:
-    """Every sample by its name: ``(labels, value)``."""
-    out: dict[str, list] = {}
-    for family in parser.text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, []).append((s.labels, s.value))
-    return out
 
 
 def test_metrics_are_the_kernels_endpoints_figures(server):

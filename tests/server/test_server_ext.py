@@ -31,13 +31,6 @@ from jupyter_gpumem.server.readings import CACHE_SECONDS  # noqa: E402
 MiB, GiB = gh.MiB, gh.GiB
 
 
-@pytest.fixture
-def server(tmp_path):
-    s = Server(tmp_path, fake_nvml=True)
-    yield s
-    s.stop()
-
-
 from gpu_holders import HOLD_AND_CHILD, ORPHANED  # noqa: E402,F401 - a kernel's cells
 
 

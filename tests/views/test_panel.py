@@ -24,6 +24,7 @@ from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 from jupyter_gpumem.views import panel as panel_mod  # noqa: E402
 from jupyter_gpumem.views import panel_render  # noqa: E402
 from jupyter_gpumem.session import session_of  # noqa: E402
+from panel_driving import open_panel, shown_rows  # noqa: E402
 
 MiB = 1 << 20
 
@@ -62,21 +63,9 @@ def run(sh, code: str):
     return result
 
 
-def open_panel(sh, options: str = "") -> panel_mod.Panel:
-    run(sh, f"%gpumem panel --device cpu {options}")
-    panel = panel_mod.current(sh)
-    assert panel is not None
-    return panel
-
-
 def holder_names(panel) -> list[str]:
     return [h["name"] for h in panel.snapshot["holders"]]
 
-
-def shown_rows(panel) -> list[str]:
-    """Checkbox labels of the rows the table shows now."""
-    children = panel.table.children[2:]
-    return [children[i].description for i in range(0, len(children), 2)]
 
 
 class RecordingComm:
@@ -332,7 +321,7 @@ def test_bars_move_while_a_cell_runs_and_holders_wait_for_its_end(shell, recorde
         return real(*args, **kwargs)
 
     monkeypatch.setattr(scan, "collect_roots", spy)
-    panel = open_panel(shell, "--interval 0.1")
+    panel = open_panel(shell, "--device cpu --interval 0.1")
     refreshes = panel.refreshes
     start = time.time()
     run(shell, "big = torch.ones(64 * 2**20 // 4)\ntime.sleep(0.6)\ndel big\ntime.sleep(0.4)")
@@ -408,7 +397,7 @@ def test_a_device_thread_that_stops_says_so_in_the_panel(shell, monkeypatch):
     seen = []
     monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_type))
     monkeypatch.setattr(panel_mod.Panel, "_tick", tick)
-    panel = open_panel(shell, "--interval 0.05")
+    panel = open_panel(shell, "--device cpu --interval 0.05")
     panel.sampler.join(2)
     assert not panel.sampler.is_alive() and seen == []     # no traceback in the cell's output
     assert "device readings stopped: Fatal: no device" in panel.status.value

@@ -22,6 +22,7 @@ from jupyter_gpumem.backends import nvml  # noqa: E402
 from jupyter_gpumem.core.processes import orphans as core_orphans  # noqa: E402
 from jupyter_gpumem.views import panel as panel_mod  # noqa: E402
 from jupyter_gpumem.views import panel_orphans  # noqa: E402
+from panel_driving import open_panel  # noqa: E402
 
 MiB = gh.MiB
 KERNEL_ENV = {"JPY_PARENT_PID": "999999", "JPY_SESSION_NAME": "old.ipynb"}
@@ -68,16 +69,9 @@ def machine(fake_nvml):
     return path, dev, started, {"left": left, "stray": stray, "child": child.pid}
 
 
-def open_panel(sh, options: str = "") -> panel_mod.Panel:
-    run(sh, f"%gpumem panel {options}".strip())
-    panel = panel_mod.current(sh)
-    assert panel is not None
-    return panel
-
-
 def test_the_orphans_are_listed_and_cancel_ends_nothing(shell, machine):
     path, dev, started, pids = machine
-    panel = open_panel(shell)
+    panel = open_panel(shell, "")
     listed = panel.orphan_section.rows()
     assert [(o["pid"], o["purgeable"]) for o in listed] == [(pids["left"], True),
                                                            (pids["stray"], False)]
@@ -119,7 +113,7 @@ def test_the_orphans_are_listed_and_cancel_ends_nothing(shell, machine):
 
 def test_confirm_ends_the_kernels_orphan_and_shows_each_step(shell, machine):
     path, dev, started, pids = machine
-    panel = open_panel(shell)
+    panel = open_panel(shell, "")
     shown = []
     panel.orphan_section.result.observe(lambda change: shown.append(change["new"]), "value")
     panel.orphan_section.button.click()
@@ -159,7 +153,7 @@ def fmt(mib: int) -> str:
 def test_only_what_the_confirmation_named_is_ended(shell, machine):
     """An orphan that turns up between the question and the answer is left alone."""
     path, dev, started, pids = machine
-    panel = open_panel(shell)
+    panel = open_panel(shell, "")
     panel.orphan_section.button.click()
     late = gh.orphan(dev, env=KERNEL_ENV)
     started.append(late)
@@ -183,7 +177,7 @@ def test_a_non_orphan_is_never_offered_nor_ended(shell, fake_nvml):
     started += [child.pid, grand_parent.pid, grandchild]
     gh.write_nvml(path, [(child.pid, 300 * MiB), (grandchild, 200 * MiB),
                          (os.getpid(), 500 * MiB)])
-    panel = open_panel(shell)
+    panel = open_panel(shell, "")
     assert panel.orphan_section.rows() == []
     assert "no orphan of this user holds GPU memory" in panel.orphan_section.list.value
     assert panel.orphan_section.button.layout.display == "none"     # no orphan: no button
@@ -196,7 +190,7 @@ def test_a_non_orphan_is_never_offered_nor_ended(shell, fake_nvml):
 def test_without_nvml_the_panel_says_so_and_nothing_breaks(shell, fake_nvml, monkeypatch):
     monkeypatch.delenv("FAKE_NVML")            # the fake's "NVML Shared Library Not Found"
     monkeypatch.setattr(nvml, "_state", nvml._fresh_state())
-    panel = open_panel(shell)
+    panel = open_panel(shell, "")
     assert panel.orphan_section.rows() == []
     line = panel.orphan_section.list.value
     assert "GPU figures need NVML (the NVIDIA driver); none here" in line
@@ -221,7 +215,7 @@ def test_no_orphans_section_for_the_host(shell, machine):
 
 def test_a_failure_is_one_line_in_the_panel_and_ends_nothing(shell, machine, monkeypatch):
     path, dev, started, pids = machine
-    panel = open_panel(shell)
+    panel = open_panel(shell, "")
     panel.orphan_section.button.click()
 
     def broken(**_kw):

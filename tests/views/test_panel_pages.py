@@ -17,6 +17,7 @@ from conftest import run  # noqa: E402
 from jupyter_gpumem.views import panel as panel_mod  # noqa: E402
 from jupyter_gpumem.views import panel_render  # noqa: E402
 from jupyter_gpumem.views.panel_table import PAGE, display_key  # noqa: E402
+from panel_driving import open_panel, shown_rows  # noqa: E402
 
 
 @pytest.fixture
@@ -24,18 +25,6 @@ def shell(ip):
     run(ip, "import torch, time")
     yield ip
     panel_mod.close(ip)
-
-
-def open_panel(sh, options: str = "") -> panel_mod.Panel:
-    run(sh, f"%gpumem panel --device cpu {options}")
-    panel = panel_mod.current(sh)
-    assert panel is not None
-    return panel
-
-
-def shown(panel) -> list[str]:
-    children = panel.table.children[2:]
-    return [children[i].description for i in range(0, len(children), 2)]
 
 
 def _in_thread(fn):
@@ -52,7 +41,7 @@ def test_many_holders_show_a_page_at_a_time_and_out_in_numeric_order(shell):
     panel = open_panel(shell)
     names = [h["name"] for h in panel.snapshot["holders"]]
     assert len(names) >= 130
-    assert len(shown(panel)) == PAGE, "one page of rows, not a widget per holder"
+    assert len(shown_rows(panel)) == PAGE, "one page of rows, not a widget per holder"
     table = panel.holders_table
     assert table.pages() == -(-len(table.shown) // PAGE)
     # same size: numbers in names read as numbers (n2 before n10 before n100)
@@ -63,11 +52,11 @@ def test_many_holders_show_a_page_at_a_time_and_out_in_numeric_order(shell):
     assert panel.holders_table.prev.disabled and not panel.holders_table.next.disabled
     panel.holders_table.next.click()
     assert table.page == 1
-    assert shown(panel)[0] == (table.shown[PAGE].get("label") or table.shown[PAGE]["name"])
+    assert shown_rows(panel)[0] == (table.shown[PAGE].get("label") or table.shown[PAGE]["name"])
     # the filter: a part of a name; the page starts over
     panel.holders_table.filter.value = "n12"
     assert table.page == 0
-    assert set(shown(panel)) == {"n12"} | {f"n{i}" for i in range(120, 130)}
+    assert set(shown_rows(panel)) == {"n12"} | {f"n{i}" for i in range(120, 130)}
     assert "11 of" in panel.holders_table.where.value
 
 
@@ -149,7 +138,7 @@ def test_a_click_from_another_thread_runs_on_the_main_thread(shell, monkeypatch)
 
 
 def test_holders_are_marked_from_before_the_running_cell(shell):
-    panel = open_panel(shell, "--interval 0.05")
+    panel = open_panel(shell, "--device cpu --interval 0.05")
     assert "from before the running cell" not in panel.holders_title.value
     shell.user_ns["_panel"] = panel
     run(shell, "t0 = time.time()\n"

@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 import gpu_holders as gh
+from jupyter_harness import run
 from jupyter_gpumem.core.processes import orphans
 from jupyter_gpumem.core import processes
 
@@ -46,19 +47,6 @@ def alive(pid: int) -> bool:
         return False
 
 
-def _execute(kc, code: str) -> str:
-    out: list[str] = []
-
-    def hook(msg):
-        if msg["msg_type"] == "stream":
-            out.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            out.append("\n".join(msg["content"]["traceback"]))
-    reply = kc.execute_interactive(code, output_hook=hook, timeout=60)
-    assert reply["content"]["status"] == "ok", "".join(out)
-    return "".join(out)
-
-
 def _wait(cond, seconds: float = 15.0) -> bool:
     deadline = time.time() + seconds
     while time.time() < deadline:
@@ -87,12 +75,12 @@ def _start(load_extension: bool):
 
     km, kc = start_new_kernel(kernel_name="python3")
     if load_extension:
-        _execute(kc, "%load_ext jupyter_gpumem")
-    return km, kc, int(_execute(kc, "import os; print(os.getpid())"))
+        run(kc, "%load_ext jupyter_gpumem", timeout=60)
+    return km, kc, int(run(kc, "import os; print(os.getpid())", timeout=60))
 
 
 def _detach(kc, dev, started) -> tuple[int, int, int]:
-    kpid, a, b = map(int, _execute(kc, DETACH.format(dev=dev)).split())
+    kpid, a, b = map(int, run(kc, DETACH.format(dev=dev), timeout=60).split())
     assert a and b
     started += [a, b]
     assert _wait(lambda: psutil.Process(a).ppid() in (0, 1))      # handed to init
@@ -128,7 +116,7 @@ def test_a_job_a_live_kernel_detached_is_never_ended(fake_nvml, kernel_env):
             assert got[pid].path == "train.ipynb"
         assert not processes.is_orphan(a) and not processes.is_orphan(b)
         # the kernel's own report says so too
-        text = _execute(kc, "r = %gpumem --processes -o\nprint(r)")
+        text = run(kc, "r = %gpumem --processes -o\nprint(r)", timeout=60)
         assert "detached by this kernel, which is alive" in text, text
         dry = orphans.purge_orphans(dry_run=True)
         assert dry.targets == []
