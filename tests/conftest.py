@@ -54,6 +54,16 @@ def run(shell, code: str, *, expect_error: bool = False):
     return result
 
 
+def run_watched(shell, code: str):
+    """``code`` as a cell under the ``watch on`` footer (``--device cpu``), which is turned
+    off after it, whatever happened; the cell's result."""
+    shell.run_line_magic("gpumem", "watch on --device cpu")
+    try:
+        return run(shell, code)
+    finally:
+        shell.run_line_magic("gpumem", "watch off")
+
+
 def report(ip, names: str = ""):
     """``%gpumem`` of the host (``--device cpu``), as the snapshot object."""
     return ip.run_line_magic("gpumem", f"{names} --device cpu -o")
@@ -252,3 +262,14 @@ def server(tmp_path):
     s = Server(tmp_path, fake_nvml=True)
     yield s
     s.stop()
+
+
+def ipython_with_profile(tmp_path, config: str, code: str) -> subprocess.CompletedProcess:
+    """``python -m IPython -c CODE`` in a fresh process whose profile's ipython_config.py
+    is ``config`` (the profile in ``tmp_path``); its completed process (text)."""
+    profile = tmp_path / "profile_default"
+    profile.mkdir()
+    (profile / "ipython_config.py").write_text(config)
+    return subprocess.run(
+        [sys.executable, "-m", "IPython", "--no-banner", "--profile-dir", str(profile), "-c", code],
+        capture_output=True, text=True, timeout=120)

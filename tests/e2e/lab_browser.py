@@ -157,6 +157,25 @@ def serve(tmp_path: Path, app: str, notebooks: dict[str, dict], user_settings: d
             proc.wait(10)
 
 
+def open_notebook(page, base: str, name: str) -> None:
+    """Open the notebook ``name`` of the server at ``base`` in JupyterLab; return once its
+    cells are shown and its kernel is idle."""
+    page.goto(f"{base}/lab/tree/{name}?token={TOKEN}")
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
+    page.wait_for_selector(
+        '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90000)
+
+
+def accept_dialog(page, *expected: str, timeout: float = 30000) -> None:
+    """Wait for JupyterLab's dialog, check that it says each of ``expected``, accept it."""
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for(timeout=timeout)
+    text = dialog.inner_text()
+    for words in expected:
+        assert words in text, text
+    dialog.locator("button.jp-mod-accept").click()
+
+
 @pytest.fixture
 def page(tmp_path):
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")

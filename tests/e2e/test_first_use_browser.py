@@ -12,10 +12,11 @@ import re
 import time
 
 from lab_browser import (  # noqa: F401 - page: a fixture
-    ARTIFACTS, SIDEBAR, SIDEBAR_TAB, TOKEN, needs_chromium, page, run_cell,
+    ARTIFACTS, SIDEBAR, SIDEBAR_TAB, needs_chromium, page, run_cell,
     screenshot_on_failure, serve,
 )
 from lab_browser import notebook
+from lab_browser import open_notebook
 
 
 NOTEBOOK = notebook(
@@ -82,10 +83,7 @@ def test_panel_and_sidebar_together_a_purge_from_each(tmp_path, page):
 
 
 def _scenario(lab, page) -> None:
-    page.goto(f"{lab['base']}/lab/tree/first.ipynb?token={TOKEN}")
-    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
-    page.wait_for_selector(
-        '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90000)
+    open_notebook(page, lab['base'], "first.ipynb")
     run_cell(page, 0)
     run_cell(page, 1)
     page.wait_for_function(

@@ -14,6 +14,7 @@ from lab_browser import (  # noqa: F401 - page: a fixture
     needs_chromium, page, run_cell, screenshot_on_failure, serve,
 )
 from lab_browser import notebook
+from lab_browser import open_notebook
 from oom_cells import CHAINED, HELD, IN_FRAME, LIMIT, MiB, SETUP, SHOWN
 
 
@@ -41,10 +42,7 @@ def test_the_rescue_button_frees_the_holders_and_reruns_the_cell(tmp_path, page,
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")     # the kernel inherits it from the server
     lab = contextlib.contextmanager(serve)(tmp_path, "jupyterlab", {"oom.ipynb": _notebook(failing)})
     with lab as served, screenshot_on_failure(page, f"rescue-{holder[:8]}-failure.png"):
-        page.goto(f"{served['base']}/lab/tree/oom.ipynb?token=gpumem-e2e-token")
-        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
-        page.wait_for_selector(
-            '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90000)
+        open_notebook(page, served['base'], "oom.ipynb")
         for index in range(3):
             run_cell(page, index)
         offer = run_cell(page, 3)

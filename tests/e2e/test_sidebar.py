@@ -48,6 +48,8 @@ from lab_browser import (  # noqa: F401 - page: a fixture
     ARTIFACTS, ROOT, SIDEBAR, SIDEBAR_TAB, TOKEN, needs_chromium, page,
 )
 from lab_browser import notebook
+from lab_browser import open_notebook
+from lab_browser import accept_dialog
 from lab_browser import run_cell as _run_cell
 from lab_browser import screenshot_on_failure
 from lab_browser import serve as _serve
@@ -171,11 +173,7 @@ id => {
 def _scenario(lab, page) -> None:
     timings = {}
     start = time.monotonic()
-    page.goto(f"{lab['base']}/lab/tree/demo.ipynb?token={TOKEN}")
-    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
-    page.wait_for_selector(
-        '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90000
-    )
+    open_notebook(page, lab['base'], "demo.ipynb")
     timings["lab open, kernel idle"] = time.monotonic() - start
 
     assert _run_cell(page, 0).strip() == ""
@@ -286,11 +284,7 @@ def _scenario(lab, page) -> None:
 
     t = time.monotonic()
     purge.click()
-    dialog = page.locator(".jp-Dialog")
-    dialog.wait_for(timeout=10000)
-    assert "big" in dialog.inner_text()
-    assert "4.0 MiB" in dialog.inner_text()
-    dialog.locator("button.jp-mod-accept").click()
+    accept_dialog(page, "big", "4.0 MiB", timeout=10000)
     result = sidebar.locator(".jp-GpuMem-purgeResult")
     result.wait_for(timeout=30000)
     assert "Removed: big" in result.inner_text()
@@ -399,12 +393,7 @@ def test_replay_of_a_recorded_stream_for_the_readme_picture(tmp_path, page):
     name = "replay-of-a-small-training-run-with-a-long-notebook-name.ipynb"
     with serve(tmp_path / "server", "jupyterlab", {name: nb}) as server:
         try:
-            page.goto(f"{server['base']}/lab/tree/{name}?token={TOKEN}")
-            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
-            page.wait_for_selector(
-                '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]',
-                timeout=90000,
-            )
+            open_notebook(page, server['base'], f"{name}")
             page.click(SIDEBAR_TAB)
             sidebar = page.locator(SIDEBAR)
             sidebar.locator("button.jp-GpuMem-load").wait_for(timeout=30000)

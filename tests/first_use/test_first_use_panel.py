@@ -11,7 +11,7 @@ pytest.importorskip("ipywidgets")
 
 from jupyter_gpumem.views import panel as panel_mod  # noqa: E402
 from jupyter_gpumem.views import panel_render  # noqa: E402
-from panel_driving import open_panel  # noqa: E402
+from panel_driving import open_panel, purge_checked  # noqa: E402
 
 MiB = 1 << 20
 
@@ -33,9 +33,7 @@ def shell(ip):
 def test_a_purge_result_says_when_and_goes_after_a_later_purge(shell):
     run(shell, "a = torch.ones(4 * 2**18)\nb = torch.ones(2**18)")
     panel = open_panel(shell)
-    panel.checkbox("a").value = True
-    panel.purge_button.click()
-    panel.confirm_button.click()
+    purge_checked(panel, "a")
     assert "freed 4.0 MiB on cpu" in panel.result.value
     assert re.search(r"purge at \d\d:\d\d:\d\d: removed", panel.result.value), panel.result.value
     assert re.search(r"purged a at \d\d:\d\d:\d\d", panel.status.value), panel.status.value

@@ -19,36 +19,23 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
+from real_nvml import (
+    SLACK, SPAWN_HEAD, WORKER, MiB, gpu_server_mark, nvml_figures, nvml_index,
+    two_kernels_holding, wait_listed,
+)
 
-torch = pytest.importorskip("torch", reason="torch is not installed")
-pytest.importorskip("jupyter_server", reason="jupyter_server is not installed (wheels.sh)")
-pytest.importorskip("ipykernel", reason="ipykernel is not installed (wheels.sh)")
-pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
+pytestmark = gpu_server_mark()
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="no CUDA device (torch.cuda.is_available() is False)")
-
-MiB, GiB = 1 << 20, 1 << 30
-SLACK = 2 * MiB
-
-from real_nvml import HOLD, WORKER, nvml_figures, nvml_index, wait_listed  # noqa: E402
-
-SPAWN = ('import sys, os, time\n'
-         'sys.path.insert(0, {folder!r})\n'
-         'import torch.multiprocessing as mp, gpumem_worker\n'
-         'ctx = mp.get_context("spawn")\n'
-         'procs = [ctx.Process(target=gpumem_worker.hold, args=(n, f"{folder}/ready{{i}}"))\n'
-         '         for i, n in enumerate(({a}, {b}))]\n'
-         'for p in procs: p.start()\n'
-         'deadline = time.time() + 120\n'
-         'while not all(os.path.exists(f"{folder}/ready{{i}}") for i in range(2)):\n'
-         '    assert time.time() < deadline, "the children did not allocate"\n'
-         '    time.sleep(0.1)\n'
-         'print(os.getpid(), *[p.pid for p in procs])')
-
-
-
+SPAWN = SPAWN_HEAD + (
+    'ctx = mp.get_context("spawn")\n'
+    'procs = [ctx.Process(target=gpumem_worker.hold, args=(n, f"{folder}/ready{{i}}"))\n'
+    '         for i, n in enumerate(({a}, {b}))]\n'
+    'for p in procs: p.start()\n'
+    'deadline = time.time() + 120\n'
+    'while not all(os.path.exists(f"{folder}/ready{{i}}") for i in range(2)):\n'
+    '    assert time.time() < deadline, "the children did not allocate"\n'
+    '    time.sleep(0.1)\n'
+    'print(os.getpid(), *[p.pid for p in procs])')
 
 
 def alive(pid: int) -> bool:
@@ -68,11 +55,7 @@ def test_restarted_kernels_orphans_named_and_purged(tmp_path):
     before_all, _ = nvml_figures()
     server = Server(tmp_path, fake_nvml=False)
     try:
-        kid_a, a = server.session("a.ipynb")
-        kid_b, b = server.session("work/b.ipynb")
-        kid_c, c = server.session("c.ipynb")
-        pid_a = int(run(a, HOLD.format(n=GiB)))
-        pid_b = int(run(b, HOLD.format(n=2 * GiB)))
+        ((kid_a, a), (kid_b, b), (kid_c, c)), (pid_a, pid_b) = two_kernels_holding(server)
         wait_listed([pid_a, pid_b])
         time.sleep(1)
         used_live, procs = nvml_figures()

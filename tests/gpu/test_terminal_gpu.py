@@ -21,35 +21,23 @@ import time
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed")
-pytest.importorskip("jupyter_server", reason="jupyter_server is not installed (wheels.sh)")
-pytest.importorskip("ipykernel", reason="ipykernel is not installed (wheels.sh)")
-pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
-pytest.importorskip("prometheus_client.parser",
-                             reason="prometheus_client is not installed (wheels.sh)")
+from real_nvml import (
+    SLACK, SPAWN_HEAD, WORKER, MiB, gpu_server_mark, nvml_figures, nvml_index,
+    two_kernels_holding, wait_listed,
+)
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="no CUDA device (torch.cuda.is_available() is False)")
+pytestmark = gpu_server_mark()
+pytest.importorskip("prometheus_client.parser", reason="prometheus_client is not installed (wheels.sh)")
 
-MiB, GiB = 1 << 20, 1 << 30
-SLACK = 2 * MiB
-
-from real_nvml import HOLD, WORKER, nvml_figures, nvml_index, wait_listed  # noqa: E402
-
-SPAWN = ('import sys, os, time\n'
-         'sys.path.insert(0, {folder!r})\n'
-         'import torch.multiprocessing as mp, gpumem_worker\n'
-         'p = mp.get_context("spawn").Process(target=gpumem_worker.hold,\n'
-         '                                    args=({n}, f"{folder}/ready"))\n'
-         'p.start()\n'
-         'deadline = time.time() + 120\n'
-         'while not os.path.exists(f"{folder}/ready"):\n'
-         '    assert time.time() < deadline, "the child did not allocate"\n'
-         '    time.sleep(0.1)\n'
-         'print(os.getpid(), p.pid)')
-
-
-
+SPAWN = SPAWN_HEAD + (
+    'p = mp.get_context("spawn").Process(target=gpumem_worker.hold,\n'
+    '                                    args=({n}, f"{folder}/ready"))\n'
+    'p.start()\n'
+    'deadline = time.time() + 120\n'
+    'while not os.path.exists(f"{folder}/ready"):\n'
+    '    assert time.time() < deadline, "the child did not allocate"\n'
+    '    time.sleep(0.1)\n'
+    'print(os.getpid(), p.pid)')
 
 
 def cli(server, *args: str, timeout: float = 120):
@@ -70,11 +58,7 @@ def test_terminal_metrics_and_nvml_agree_to_the_mib(tmp_path):
     server = Server(tmp_path, fake_nvml=False)
     child = None
     try:
-        kid_a, a = server.session("a.ipynb")
-        kid_b, b = server.session("work/b.ipynb")
-        kid_c, c = server.session("c.ipynb")
-        pid_a = int(run(a, HOLD.format(n=GiB)))
-        pid_b = int(run(b, HOLD.format(n=2 * GiB)))
+        ((kid_a, a), (kid_b, b), (kid_c, c)), (pid_a, pid_b) = two_kernels_holding(server)
         pid_c, child = map(int, run(c, SPAWN.format(folder=str(tmp_path), n=256 * MiB)).split())
         wait_listed([pid_a, pid_b, child])
         server.request("POST", f"api/kernels/{kid_c}/restart", {})

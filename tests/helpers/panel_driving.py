@@ -18,3 +18,11 @@ def shown_rows(panel) -> list[str]:
     """Checkbox labels of the rows the table shows now."""
     children = panel.table.children[2:]
     return [children[i].description for i in range(0, len(children), 2)]
+
+
+def purge_checked(panel, *names: str) -> None:
+    """Tick ``names`` in the panel's table, click Purge, then the question's confirm."""
+    for name in names:
+        panel.checkbox(name).value = True
+    panel.purge_button.click()
+    panel.confirm_button.click()

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import run  # noqa: E402
+from conftest import run, run_watched  # noqa: E402
 import hostile_child as hc  # noqa: E402
 
 N = 1 << 16
@@ -29,11 +29,7 @@ def everything_answers(ip):
     assert snap.holder("named").unique == 4 * N
     dry = ip.run_line_magic("gpumem", "purge named --dry-run --device cpu -o")
     assert "named" in dry.removed
-    ip.run_line_magic("gpumem", "watch on --device cpu")
-    try:
-        assert run(ip, "z = 1").success
-    finally:
-        ip.run_line_magic("gpumem", "watch off")
+    assert run_watched(ip, "z = 1").success
     ip.run_cell_magic("gpuwatch", "--device cpu -o watched", "w = torch.ones(8)")
     assert ip.user_ns["watched"].to_json()
     return snap

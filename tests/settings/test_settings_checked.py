@@ -9,7 +9,7 @@ import pytest
 
 import jupyter_gpumem
 from jupyter_gpumem.core.devices import accelerators
-from conftest import run
+from conftest import ipython_with_profile, run
 
 torch = pytest.importorskip("torch")
 no_gpu = pytest.mark.skipif(bool(accelerators()), reason="this machine has an accelerator")
@@ -59,19 +59,11 @@ def test_default_device_that_is_not_here_is_refused_when_set(settings, capfd):
 def test_default_device_that_is_not_here_is_refused_at_load(tmp_path):
     """``c.GpuMemMagics.default_device = 'cuda:0'`` in a profile: one line, and the
     extension keeps ``auto``; the other settings load."""
-    import subprocess
-    import sys
-
-    profile = tmp_path / "profile_default"
-    profile.mkdir()
-    (profile / "ipython_config.py").write_text(
-        "c.InteractiveShellApp.extensions = ['jupyter_gpumem']\n"
-        "c.GpuMemMagics.default_device = 'cuda:0'\nc.GpuMemMagics.scan_time_limit = 7\n")
-    out = subprocess.run(
-        [sys.executable, "-m", "IPython", "--no-banner", "--profile-dir", str(profile), "-c",
-         "m = get_ipython().find_magic('gpumem').__self__; "
-         "print('SETTINGS', m.default_device, m.scan_time_limit)"],
-        capture_output=True, text=True, timeout=120)
+    out = ipython_with_profile(
+        tmp_path, "c.InteractiveShellApp.extensions = ['jupyter_gpumem']\n"
+        "c.GpuMemMagics.default_device = 'cuda:0'\nc.GpuMemMagics.scan_time_limit = 7\n",
+        "m = get_ipython().find_magic('gpumem').__self__; "
+        "print('SETTINGS', m.default_device, m.scan_time_limit)")
     assert "SETTINGS auto 7.0" in out.stdout, out.stdout + out.stderr
     assert "no device cuda:0 here" in out.stderr, out.stderr
 

@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 
 torch = pytest.importorskip("torch")
 
-from conftest import holder, run  # noqa: E402
+from conftest import holder, run, run_watched  # noqa: E402
 
 MiB = 1 << 20
 
@@ -99,11 +99,7 @@ def test_a_graph_under_user_hooks_runs_none_of_them(ip):
         assert got.unique >= ns["x"].nbytes + 256 * 512 * 4
     ip.run_line_magic("gpumem", "purge loss --dry-run --device cpu")
     ip.run_line_magic("gpumem", "loss --device cpu")
-    ip.run_line_magic("gpumem", "watch on --device cpu")
-    try:
-        run(ip, "y = 1")
-    finally:
-        ip.run_line_magic("gpumem", "watch off")
+    run_watched(ip, "y = 1")
     assert ns["unpacked"] == [0] and ns["packed"][0] == packs
     run(ip, "loss.backward()")
     assert ns["unpacked"][0] > 0   # the hooks were there to run
@@ -183,11 +179,7 @@ def test_a_stand_in_under_a_frameworks_name_is_never_read(ip, name, tmp_path):
                 pass
             with pytest.raises(UsageError):   # it holds no tensor: nothing to purge
                 ip.run_line_magic("gpumem", "purge mod --dry-run --device cpu")
-            ip.run_line_magic("gpumem", "watch on --device cpu")
-            try:
-                run(ip, "y = 1")
-            finally:
-                ip.run_line_magic("gpumem", "watch off")
+            run_watched(ip, "y = 1")
             ip.run_line_magic("gpumem", "purge --device cpu")
         finally:
             if was is None:

@@ -6,21 +6,18 @@ ipywidgets' DummyComm): it keeps every message the kernel would send.
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
-import uuid
 
 import pytest
 
 torch = pytest.importorskip("torch")
 comm_pkg = pytest.importorskip("comm")
-from comm.base_comm import BaseComm  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
 from jupyter_gpumem.views import comm as gpucomm  # noqa: E402
-from recording_comm import close_sidebar, open_sidebar, send  # noqa: E402,F401
+from recording_comm import open_sidebar, send  # noqa: E402
 
 MiB = 1 << 20
 

@@ -17,7 +17,7 @@ from conftest import run  # noqa: E402
 from jupyter_gpumem.views import panel as panel_mod  # noqa: E402
 from jupyter_gpumem.views import panel_render  # noqa: E402
 from jupyter_gpumem.views.panel_table import PAGE, display_key  # noqa: E402
-from panel_driving import open_panel, shown_rows  # noqa: E402
+from panel_driving import open_panel, purge_checked, shown_rows  # noqa: E402
 
 
 @pytest.fixture
@@ -154,9 +154,7 @@ def test_holders_are_marked_from_before_the_running_cell(shell):
 def test_a_purge_result_goes_once_memory_changed(shell):
     run(shell, "a = torch.ones(2**18)\nb = torch.ones(2**18)")
     panel = open_panel(shell)
-    panel.checkbox("a").value = True
-    panel.purge_button.click()
-    panel.confirm_button.click()
+    purge_checked(panel, "a")
     assert "freed" in panel.result.value
     run(shell, "c = 1")                     # nothing changed: the result stays
     assert "freed" in panel.result.value

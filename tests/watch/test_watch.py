@@ -10,7 +10,6 @@ import csv
 import gc
 import json
 import sys
-import threading
 import time
 import tracemalloc
 

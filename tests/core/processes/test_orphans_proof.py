@@ -79,8 +79,11 @@ def _start(load_extension: bool):
     return km, kc, int(run(kc, "import os; print(os.getpid())", timeout=60))
 
 
-def _detach(kc, dev, started) -> tuple[int, int, int]:
-    kpid, a, b = map(int, run(kc, DETACH.format(dev=dev), timeout=60).split())
+def _detach(kc, fake_nvml) -> tuple[int, int]:
+    """The two jobs the kernel ``kc`` detaches (:data:`DETACH`), each holding the device
+    file and listed by NVML (700 and 300 MiB): their pids."""
+    path, dev, started = fake_nvml
+    _, a, b = map(int, run(kc, DETACH.format(dev=dev), timeout=60).split())
     assert a and b
     started += [a, b]
     assert _wait(lambda: psutil.Process(a).ppid() in (0, 1))      # handed to init
@@ -88,7 +91,8 @@ def _detach(kc, dev, started) -> tuple[int, int, int]:
     started.append(sh)
     assert _wait(lambda: psutil.Process(sh).ppid() in (0, 1))     # the sh too
     assert psutil.Process(sh).name() == "sh"
-    return kpid, a, b
+    gh.write_nvml(path, [(a, 700 * MiB), (b, 300 * MiB)])
+    return a, b
 
 
 def _kill(km, kc, kpid) -> None:
@@ -103,11 +107,9 @@ def _relations(ctx=None) -> dict:
 
 
 def test_a_job_a_live_kernel_detached_is_never_ended(fake_nvml, kernel_env):
-    path, dev, started = fake_nvml
     km, kc, kpid = _start(load_extension=True)
     try:
-        _, a, b = _detach(kc, dev, started)
-        gh.write_nvml(path, [(a, 700 * MiB), (b, 300 * MiB)])
+        a, b = _detach(kc, fake_nvml)
         got = _relations()
         for pid in (a, b):
             assert got[pid].relation == "kernel_child" and not got[pid].purgeable
@@ -142,11 +144,9 @@ def test_without_the_mark_the_start_time_against_the_live_kernels_decides(fake_n
     """A job detached before the extension was loaded carries no mark: while a kernel of
     its notebook that started before it is alive, it is left alone; once none is, it is an
     orphan that may be ended."""
-    path, dev, started = fake_nvml
     km, kc, kpid = _start(load_extension=False)
     try:
-        _, a, b = _detach(kc, dev, started)
-        gh.write_nvml(path, [(a, 700 * MiB), (b, 300 * MiB)])
+        a, b = _detach(kc, fake_nvml)
         got = _relations()
         assert (got[a].relation, got[a].purgeable) == ("own", False)
         assert got[a].label == (f"parent gone; a kernel of train.ipynb (pid {kpid}), which "

@@ -4,12 +4,10 @@ user's other ones), and NVML's per-process lists faked (no GPU here:
 tests/fake_nvml/pynvml.py, listing the real pids)."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
 import psutil
-import pytest
 
 import gpu_holders as gh
 from conftest import run
@@ -183,16 +181,23 @@ def _adopted(dev, started, name: str) -> int:
     return left
 
 
-def test_an_orphan_a_known_subreaper_adopted_is_known_by_its_kernel_gone(fake_nvml):
-    """Adopted by a subreaper known by its name (tini, here), a process a kernel of a gone
-    server started is an orphan all the same."""
+def _read_adopted(fake_nvml, reaper: str):
+    """A process :func:`_adopted` by ``reaper`` holding the device, as a kernel that is not
+    the reaper's ancestor reads it: its pid and the one process NVML lists."""
     path, dev, started = fake_nvml
-    left = _adopted(dev, started, "tini")
+    left = _adopted(dev, started, reaper)
     gh.write_nvml(path, [(left, gh.GiB)])
     kernel = gh.hold(dev)                 # the kernel asking: not the subreaper's ancestor
     started.append(kernel.pid)
     [dp] = processes.read([("cuda:0", 0)], processes.context(me=kernel.pid, server_pid=4242))
     [p] = dp.processes
+    return left, p
+
+
+def test_an_orphan_a_known_subreaper_adopted_is_known_by_its_kernel_gone(fake_nvml):
+    """Adopted by a subreaper known by its name (tini, here), a process a kernel of a gone
+    server started is an orphan all the same."""
+    left, p = _read_adopted(fake_nvml, "tini")
     assert (p.relation, p.purgeable, p.path) == ("orphan", True, "old.ipynb")
     assert processes.is_orphan(left)
 
@@ -200,12 +205,6 @@ def test_an_orphan_a_known_subreaper_adopted_is_known_by_its_kernel_gone(fake_nv
 def test_a_process_under_a_live_parent_of_unknown_name_is_no_orphan(fake_nvml):
     """A live parent that is no known reaper (a Python process here, which may have
     detached it or adopted it): in doubt, listed as what it is and never ended."""
-    path, dev, started = fake_nvml
-    left = _adopted(dev, started, "")
-    gh.write_nvml(path, [(left, gh.GiB)])
-    kernel = gh.hold(dev)                 # the kernel asking: not the subreaper's ancestor
-    started.append(kernel.pid)
-    [dp] = processes.read([("cuda:0", 0)], processes.context(me=kernel.pid, server_pid=4242))
-    [p] = dp.processes
+    left, p = _read_adopted(fake_nvml, "")
     assert (p.relation, p.purgeable) == ("own", False), p.label
     assert not processes.is_orphan(left)
