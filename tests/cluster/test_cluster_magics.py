@@ -34,7 +34,7 @@ import jupyter_gpumem  # noqa: E402
 from conftest import run  # noqa: E402
 from jupyter_gpumem import cluster as jc  # noqa: E402
 from conftest import stored  # noqa: E402 - and conftest's cluster, client, workers
-from recording_comm import open_sidebar, send  # noqa: E402 - the recording comm of test_comm.py
+from recording_comm import open_sidebar, send  # noqa: E402 - the recording comm (tests/helpers)
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20

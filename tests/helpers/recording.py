@@ -1,6 +1,6 @@
 """Container subclasses whose protocol methods record that they ran, for the tests that
-check no method of the user's runs while the scan reads an object (test_hostile_walk.py,
-hostile_child.py)."""
+check no method of the user's runs while the scan reads an object (tests/hostile/test_hostile_walk.py,
+tests/helpers/hostile_child.py)."""
 from __future__ import annotations
 
 

@@ -1,5 +1,5 @@
 """A wrapper tensor subclass, made as torch's own subclasses are, for the walk's tests
-on the host (test_hostile_walk.py) and on a GPU (gpu/test_walk_gpu.py)."""
+on the host (tests/hostile/test_hostile_walk.py) and on a GPU (tests/gpu/test_walk_gpu.py)."""
 from __future__ import annotations
 
 

@@ -4,7 +4,7 @@ after a confirmation, with the code of ``%gpumem purge --orphans``.
 
 A real IPython shell and the real panel widget; real processes (an orphan is a child
 whose parent exited, so it was handed to init or a subreaper); only NVML's per-process
-lists are faked (tests/helpers/fake_nvml, as in test_orphans.py). Every check of what was
+lists are faked (tests/helpers/fake_nvml, as in tests/core/processes/test_orphans.py). Every check of what was
 ended is made on the processes themselves.
 """
 from __future__ import annotations
