@@ -1,9 +1,9 @@
 """The cost of a Prometheus scrape of ``GET api/gpumem/metrics`` on a real server with 20
 kernels (target: at most 50 ms), side by side with the server's own cheapest API call.
 
-A real ``jupyter server`` (tests/jupyter_harness.py: 127.0.0.1, a token) with N real
+A real ``jupyter server`` (tests/helpers/jupyter_harness.py: 127.0.0.1, a token) with N real
 kernels, each holding the stand-in device file and listed in the fake NVML's
-per-process list (tests/fake_nvml: one H200) with 1 GiB, plus an orphan and another
+per-process list (tests/helpers/fake_nvml: one H200) with 1 GiB, plus an orphan and another
 user's process: what a scrape reads (NVML's list, psutil for each process, each
 kernel's descendants and resident memory) is real but for NVML itself. Timed over HTTP
 from this process, medians of ``--scrapes``:
@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 import psutil  # noqa: E402
 

@@ -2,8 +2,8 @@
 
 A "read" is one ``devices.read_devices("cuda")``: what the samplers of
 ``%%gpuwatch``, the panel and the sidebar do every 50 ms to 1 s. NVML is the
-counting fake ``pynvml`` of ``tests/test_nvml_calls.py`` (alike H200s, this
-process on every other one), so this runs anywhere; the same count on the
+counting fake ``pynvml`` of ``tests/helpers/counting_nvml.py`` (alike H200s, this
+process on every other one; tests/backends/test_nvml.py counts on it too), so this runs anywhere; the same count on the
 real library is ``tests/gpu/test_nvml_gpu.py``. Three cases: no framework
 imported (devices found by NVML only), torch (its devices carry UUIDs) and
 torch with CuPy (whose backend asks where this process has a context).
@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 GPUS = (1, 2, 4, 8)
 # Calls per read (after the first) of the code before caching (nvml.py of e371099, which
@@ -51,7 +51,7 @@ class Clock:
 def measure(n: int, scenario: str, reads: int) -> dict:
     import pytest
 
-    import test_nvml_calls as fakes
+    import counting_nvml as fakes
     from jupyter_gpumem.core import devices
     from jupyter_gpumem.backends import nvml
 

@@ -9,7 +9,7 @@ machine for the README's picture)::
 It starts an in-process IPython shell, loads the extension there
 (``%load_ext jupyter_gpumem``, as a user would), and opens a comm on the
 product's comm target ``jupyter_gpumem`` the way the sidebar does (only the
-transport is a recording comm, as in tests/test_comm.py): the kernel side
+transport is a recording comm, as in tests/views/test_comm.py): the kernel side
 answers ``hello``, then sends ``devices`` about once a second and a
 ``snapshot`` after each cell. It runs a few cells that train a small model
 on the device and leave some holders behind (the model, its optimizer, a

@@ -33,9 +33,8 @@ for pass in $passes; do
     pure)
       echo "== tests without the C core (JUPYTER_GPUMEM_PURE_SCAN=1)"
       JUPYTER_GPUMEM_PURE_SCAN=1 python -m pytest -q -p no:cacheprovider "${spread[@]}" \
-        --durations=15 --ignore=tests/e2e --ignore=tests/test_labextension.py \
-        --ignore=tests/test_labextension_lint.py --ignore=tests/test_notebooks.py \
-        --ignore=tests/test_panel_kernel.py --ignore=tests/generated "$@" || status=$?
+        --durations=15 --ignore=tests/e2e --ignore=tests/labextension --ignore=tests/test_notebooks.py \
+        --ignore=tests/views/test_panel_kernel.py --ignore=tests/generated "$@" || status=$?
       JUPYTER_GPUMEM_PURE_SCAN=1 python -m pytest -q -p no:cacheprovider tests/generated \
         || status=$? ;;
     *) echo "unknown pass: $pass (native, pure)" >&2; exit 2 ;;

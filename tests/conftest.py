@@ -10,9 +10,15 @@ import os
 import queue
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
+
+#: the shared helpers (tests/helpers) import as top-level modules from every test folder
+HELPERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers")
+if HELPERS not in sys.path:
+    sys.path.insert(0, HELPERS)
 
 
 def _clear_last_error():
@@ -46,6 +52,16 @@ def run(shell, code: str, *, expect_error: bool = False):
     elif not result.success:
         raise AssertionError(f"cell failed: {code!r}: {result.error_before_exec or result.error_in_exec!r}")
     return result
+
+
+def run_watched(shell, code: str):
+    """``code`` as a cell under the ``watch on`` footer (``--device cpu``), which is turned
+    off after it, whatever happened; the cell's result."""
+    shell.run_line_magic("gpumem", "watch on --device cpu")
+    try:
+        return run(shell, code)
+    finally:
+        shell.run_line_magic("gpumem", "watch off")
 
 
 def report(ip, names: str = ""):
@@ -191,3 +207,69 @@ def child_result(code: str, *args: str, drop_env: tuple = (), set_env: dict | No
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert (any_exit or proc.returncode == 0) and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch, tmp_path):
+    """The file-driven fake NVML in place of pynvml; the stand-in device file's prefix
+    counted as a GPU device file. Yields (nvml file, device file)."""
+    import importlib.util
+
+    import gpu_holders as gh
+    from jupyter_gpumem.backends import nvml
+    from jupyter_gpumem.core import processes
+
+    spec = importlib.util.spec_from_file_location("pynvml", gh.FAKE_NVML_DIR + "/pynvml.py")
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(nvml, "_state", nvml._fresh_state())
+    path = tmp_path / "nvml.json"
+    monkeypatch.setenv("FAKE_NVML", str(path))
+    dev = gh.device_file(tmp_path)
+    monkeypatch.setattr(processes, "GPU_DEVICE_FILES", processes.GPU_DEVICE_FILES + (dev,))
+    gh.write_nvml(path, [])
+    started: list = []
+    yield path, dev, started
+    for pid in started:
+        gh.end(pid)
+    nvml._state = nvml._fresh_state()
+
+
+def sampling_threads() -> list[str]:
+    """Names of the sampling threads alive: a session's, or a script watch's own."""
+    return [t.name for t in threading.enumerate()
+            if t.name in ("jupyter_gpumem-sampler", "jupyter_gpumem-watch") and t.is_alive()]
+
+
+def same_report(warm, full) -> None:
+    """The two snapshots are the same report: the scan's part byte for byte."""
+    assert [d.attributed for d in warm.devices] == [d.attributed for d in full.devices]
+    # the devices' readings are taken anew by each call: the same ones for both
+    full.devices, full.unattributed, full.processes = warm.devices, warm.unattributed, warm.processes
+    full.time, full.scan_seconds = warm.time, warm.scan_seconds
+    assert repr(warm) == repr(full)
+    assert warm._repr_html_() == full._repr_html_()
+    assert warm.to_json() == full.to_json()
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A real ``jupyter server`` with NVML faked (tests/helpers/jupyter_harness.py),
+    stopped after the test."""
+    from jupyter_harness import Server
+
+    s = Server(tmp_path, fake_nvml=True)
+    yield s
+    s.stop()
+
+
+def ipython_with_profile(tmp_path, config: str, code: str) -> subprocess.CompletedProcess:
+    """``python -m IPython -c CODE`` in a fresh process whose profile's ipython_config.py
+    is ``config`` (the profile in ``tmp_path``); its completed process (text)."""
+    profile = tmp_path / "profile_default"
+    profile.mkdir()
+    (profile / "ipython_config.py").write_text(config)
+    return subprocess.run(
+        [sys.executable, "-m", "IPython", "--no-banner", "--profile-dir", str(profile), "-c", code],
+        capture_output=True, text=True, timeout=120)

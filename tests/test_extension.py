@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from conftest import run
+from conftest import ipython_with_profile, run
 
 FRAMEWORKS = ("torch", "tensorflow", "jax", "cupy")
 
@@ -67,15 +67,10 @@ def test_unload_removes_every_magic_hook_thread_and_comm_target():
 
 
 def test_autoload_through_ipython_config(tmp_path):
-    profile = tmp_path / "profile_default"
-    profile.mkdir()
-    (profile / "ipython_config.py").write_text(
-        "c.InteractiveShellApp.extensions = ['jupyter_gpumem']\n"
-        "c.GpuMemMagics.default_device = 'cpu'\n")
-    out = subprocess.run(
-        [sys.executable, "-m", "IPython", "--no-banner", "--profile-dir", str(profile), "-c",
-         "m = get_ipython().find_magic('gpumem').__self__; print('DEVICE', m.default_device)"],
-        capture_output=True, text=True, timeout=120)
+    out = ipython_with_profile(
+        tmp_path, "c.InteractiveShellApp.extensions = ['jupyter_gpumem']\n"
+        "c.GpuMemMagics.default_device = 'cpu'\n",
+        "m = get_ipython().find_magic('gpumem').__self__; print('DEVICE', m.default_device)")
     assert "DEVICE cpu" in out.stdout, out.stdout + out.stderr
 
 

@@ -759,3 +759,52 @@ def test_the_noun_checks_see_what_they_look_for(tmp_path):
                    f"{NAME}.cluster.bad:7 -> {NAME}.core.scan.roots",
                    f"{NAME}.core.purge.inner:3 -> {NAME}.core.scan.types",
                    "tests.test_x:2 -> jupyter_gpumem.core.purge.plan"], got
+
+
+# -- the tests mirror core/ ------------------------------------------------------------------
+def unmirrored_core_tests(tests: Path = ROOT / "tests" / "core",
+                          core: Path = PACKAGE / "core") -> list[str]:
+    """Files under tests/core that name no part of core/: each folder there must be a
+    package of core/ at the same place, each file ``test_<name>[_<more>].py`` where
+    ``<name>`` is a module or package of that folder's package (or the package itself),
+    and nothing else lives there (helpers go to tests/helpers)."""
+    found = []
+    for path in sorted(tests.rglob("*")):
+        if "__pycache__" in path.parts or path.is_dir():
+            continue
+        where = path.parent.relative_to(tests)
+        package = core / where
+        if not (package / "__init__.py").is_file() or path.suffix != ".py" \
+                or not path.stem.startswith("test_"):
+            found.append(str(path.relative_to(tests)))
+            continue
+        owners = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+        owners |= {d.name for d in package.iterdir() if (d / "__init__.py").is_file()}
+        if where.parts:
+            owners.add(package.name)
+        name = path.stem[len("test_"):]
+        if not any(name == o or name.startswith(o + "_") for o in owners):
+            found.append(str(path.relative_to(tests)))
+    return found
+
+
+def test_the_tests_of_core_mirror_core():
+    assert unmirrored_core_tests() == []
+
+
+def test_the_mirror_check_finds_a_test_that_names_no_part_of_core(tmp_path):
+    """The check itself, on a planted tree: a folder that is no package of core/, a file
+    named after no module, a helper among the tests; the right names pass."""
+    core, tests = tmp_path / "core", tmp_path / "tests"
+    for folder in ("", "purge"):
+        (core / folder).mkdir(exist_ok=True)
+        (core / folder / "__init__.py").write_text("")
+    (core / "purge" / "plan.py").write_text("")
+    (core / "files.py").write_text("")
+    for name in ("purge/test_plan.py", "purge/test_plan_edges.py", "purge/test_purge.py",
+                 "test_files.py", "test_purge_all.py",
+                 "purge/test_planner.py", "purge/helpers.py", "scan/test_kinds.py", "test_cells.py"):
+        (tests / name).parent.mkdir(parents=True, exist_ok=True)
+        (tests / name).write_text("")
+    assert unmirrored_core_tests(tests, core) == [
+        "purge/helpers.py", "purge/test_planner.py", "scan/test_kinds.py", "test_cells.py"]

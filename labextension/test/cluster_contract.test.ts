@@ -1,6 +1,6 @@
 /**
  * Snapshots with a cluster part made by the real kernel side (a real Dask
- * LocalCluster; tests/test_cluster_magics.py writes them to the file named in
+ * LocalCluster; tests/cluster/test_cluster_magics.py writes them to the file named in
  * GPUMEM_CLUSTER_MESSAGES): every one passes the sidebar's checks, and the
  * sidebar shows the workers' bars and the names that hold keys.
  */

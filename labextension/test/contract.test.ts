@@ -1,6 +1,6 @@
 /**
  * Messages made by the real kernel side (jupyter_gpumem/comm.py), written by
- * tests/test_labextension.py to the file named in GPUMEM_KERNEL_MESSAGES:
+ * tests/labextension/test_labextension.py to the file named in GPUMEM_KERNEL_MESSAGES:
  * every one must pass the sidebar's checks and render.
  */
 import { readFileSync } from 'fs';

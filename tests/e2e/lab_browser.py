@@ -34,6 +34,18 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 TOKEN = "gpumem-e2e-token"
+
+
+def notebook(*sources: str) -> dict:
+    """A notebook (nbformat 4.5, the Python 3 kernel) of one code cell per source."""
+    return {
+        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                   "source": s} for s in sources],
+        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)",
+                                    "language": "python", "name": "python3"},
+                     "language_info": {"name": "python"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }
 SIDEBAR_TAB = '.lm-TabBar-tab[data-id="jupyter-gpumem-sidebar"]'
 SIDEBAR = "#jupyter-gpumem-sidebar"
 
@@ -143,6 +155,25 @@ def serve(tmp_path: Path, app: str, notebooks: dict[str, dict], user_settings: d
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+def open_notebook(page, base: str, name: str) -> None:
+    """Open the notebook ``name`` of the server at ``base`` in JupyterLab; return once its
+    cells are shown and its kernel is idle."""
+    page.goto(f"{base}/lab/tree/{name}?token={TOKEN}")
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
+    page.wait_for_selector(
+        '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90000)
+
+
+def accept_dialog(page, *expected: str, timeout: float = 30000) -> None:
+    """Wait for JupyterLab's dialog, check that it says each of ``expected``, accept it."""
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for(timeout=timeout)
+    text = dialog.inner_text()
+    for words in expected:
+        assert words in text, text
+    dialog.locator("button.jp-mod-accept").click()
 
 
 @pytest.fixture

@@ -12,31 +12,22 @@ import re
 import time
 
 from lab_browser import (  # noqa: F401 - page: a fixture
-    ARTIFACTS, SIDEBAR, SIDEBAR_TAB, TOKEN, needs_chromium, page, run_cell,
+    ARTIFACTS, SIDEBAR, SIDEBAR_TAB, needs_chromium, page, run_cell,
     screenshot_on_failure, serve,
 )
+from lab_browser import notebook
+from lab_browser import open_notebook
 
 
-def _code(source: str) -> dict:
-    return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-            "source": source}
-
-
-NOTEBOOK = {
-    "cells": [
-        _code("%load_ext jupyter_gpumem\nimport torch\n"
-              "a = torch.ones(16 << 20, dtype=torch.uint8)\n"
-              "b = torch.ones(6 << 20, dtype=torch.uint8)\n"
-              "c = torch.ones(2 << 20, dtype=torch.uint8)"),
-        _code("%gpumem panel"),
-        _code("d = 1"),
-        _code("'a' in dir(), 'b' in dir(), 'c' in dir()"),
-    ],
-    "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
-                                "name": "python3"},
-                 "language_info": {"name": "python"}},
-    "nbformat": 4, "nbformat_minor": 5,
-}
+NOTEBOOK = notebook(
+    "%load_ext jupyter_gpumem\nimport torch\n"
+    "a = torch.ones(16 << 20, dtype=torch.uint8)\n"
+    "b = torch.ones(6 << 20, dtype=torch.uint8)\n"
+    "c = torch.ones(2 << 20, dtype=torch.uint8)",
+    "%gpumem panel",
+    "d = 1",
+    "'a' in dir(), 'b' in dir(), 'c' in dir()",
+)
 
 #: the output of the notebook's second cell (the panel), for querySelector and Playwright
 PANEL = ".jp-NotebookPanel .jp-Notebook .jp-Cell[data-windowed-list-index='1'] .jp-OutputArea-output"
@@ -92,10 +83,7 @@ def test_panel_and_sidebar_together_a_purge_from_each(tmp_path, page):
 
 
 def _scenario(lab, page) -> None:
-    page.goto(f"{lab['base']}/lab/tree/first.ipynb?token={TOKEN}")
-    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
-    page.wait_for_selector(
-        '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90000)
+    open_notebook(page, lab['base'], "first.ipynb")
     run_cell(page, 0)
     run_cell(page, 1)
     page.wait_for_function(

@@ -14,28 +14,20 @@ from __future__ import annotations
 import re
 
 from lab_browser import (  # noqa: F401 - page: a fixture
-    SIDEBAR, SIDEBAR_TAB, TOKEN, needs_chromium, page, screenshot_on_failure,
+    SIDEBAR, SIDEBAR_TAB, needs_chromium, page, screenshot_on_failure,
 )
+from lab_browser import notebook
+from lab_browser import open_notebook
+from lab_browser import accept_dialog
 from lab_browser import run_cell as _run_cell
 from lab_browser import serve as _serve
 
 import pytest
 
-NOTEBOOK = {
-    "cells": [
-        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-         "source": "%load_ext jupyter_gpumem\nimport torch\ntorch.ones(1024, 1024)"},
-        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-         "source": "1 in Out, 'torch' in dir()"},
-    ],
-    "metadata": {
-        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
-                       "name": "python3"},
-        "language_info": {"name": "python"},
-    },
-    "nbformat": 4,
-    "nbformat_minor": 5,
-}
+NOTEBOOK = notebook(
+    "%load_ext jupyter_gpumem\nimport torch\ntorch.ones(1024, 1024)",
+    "1 in Out, 'torch' in dir()",
+)
 
 
 @pytest.fixture
@@ -46,11 +38,7 @@ def lab(tmp_path):
 @needs_chromium
 def test_purge_hidden_from_the_kernels_section(lab, page):
     with screenshot_on_failure(page, "kernels-purge-hidden-failure.png"):
-        page.goto(f"{lab['base']}/lab/tree/hidden.ipynb?token={TOKEN}")
-        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
-        page.wait_for_selector(
-            '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90000
-        )
+        open_notebook(page, lab['base'], "hidden.ipynb")
         assert "tensor" in _run_cell(page, 0)
         page.click(SIDEBAR_TAB)
         sidebar = page.locator(SIDEBAR)
@@ -61,11 +49,7 @@ def test_purge_hidden_from_the_kernels_section(lab, page):
         sidebar.locator(".jp-GpuMem-kernelsRefresh").click()
         row.wait_for(timeout=30000)
         row.locator(".jp-GpuMem-srvKernelPurge").click()
-        dialog = page.locator(".jp-Dialog")
-        dialog.wait_for(timeout=30000)
-        assert "Purge the hidden holders?" in dialog.inner_text()
-        assert "Out[1]" in dialog.inner_text()
-        dialog.locator("button.jp-mod-accept").click()
+        accept_dialog(page, "Purge the hidden holders?", "Out[1]")
         status = sidebar.locator(".jp-GpuMem-kernelsStatus")
         page.wait_for_function(
             "() => /^Purged /.test(document.querySelector("

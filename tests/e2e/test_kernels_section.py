@@ -19,7 +19,7 @@ import pytest
 
 import gpu_holders as gh
 from jupyter_harness import ready, run
-from test_server_ext import HOLD_AND_CHILD, ORPHANED
+from gpu_holders import HOLD_AND_CHILD, ORPHANED
 from test_sidebar import ARTIFACTS, SIDEBAR, SIDEBAR_TAB, TOKEN, _serve, needs_chromium, page  # noqa: F401
 
 from jupyter_client import BlockingKernelClient

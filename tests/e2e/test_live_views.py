@@ -26,31 +26,22 @@ import time
 import pytest
 
 from lab_browser import (  # noqa: F401 - page: a fixture
-    ARTIFACTS, SIDEBAR, SIDEBAR_TAB, TOKEN, needs_chromium, page, screenshot_on_failure,
+    ARTIFACTS, SIDEBAR, SIDEBAR_TAB, needs_chromium, page, screenshot_on_failure,
 )
+from lab_browser import notebook
+from lab_browser import open_notebook
 from lab_browser import run_cell
 from lab_browser import serve as _serve
 
 LONG = os.environ.get("GPUMEM_E2E_LONG") == "1"
 
 
-def _nb(*sources: str) -> dict:
-    return {
-        "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-                   "source": s} for s in sources],
-        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)",
-                                    "language": "python", "name": "python3"},
-                     "language_info": {"name": "python"}},
-        "nbformat": 4, "nbformat_minor": 5,
-    }
-
-
-TRAIN = _nb(
+TRAIN = notebook(
     "%load_ext jupyter_gpumem\nimport torch, time\nx = torch.ones(256, 1024)",
     "keep = []\nfor i in range(10):\n    keep.append(torch.ones(2048, 1024))\n    time.sleep(1)",
 )
-OTHER = _nb("%load_ext jupyter_gpumem\nimport torch\ny = torch.ones(128, 1024)")
-MANY = _nb(
+OTHER = notebook("%load_ext jupyter_gpumem\nimport torch\ny = torch.ones(128, 1024)")
+MANY = notebook(
     "%load_ext jupyter_gpumem\nimport torch\n"
     "for i in range(2000):\n    globals()[f't{i}'] = torch.ones(64)\n"
     "Out.update({i: torch.ones(32) for i in range(1, 301)})",
@@ -126,10 +117,7 @@ def lab(tmp_path):
 @needs_chromium
 def test_a_busy_kernel_stays_live_across_tab_switches_and_keeps_its_history(lab, page):
     with screenshot_on_failure(page, "live-failure.png"):
-        page.goto(f"{lab['base']}/lab/tree/train.ipynb?token={TOKEN}")
-        page.wait_for_selector(
-            '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]',
-            timeout=90000)
+        open_notebook(page, lab['base'], "train.ipynb")
         run_cell(page, 0)
         page.click(SIDEBAR_TAB)
         _shown(page, "train.ipynb")
@@ -214,10 +202,7 @@ def _switch(page, name: str, rows: int):
 @pytest.mark.skipif(not LONG, reason="a long scenario: set GPUMEM_E2E_LONG=1")
 def test_2300_holders_switch_refresh_filter_select_all_and_one_purge(lab, page):
     with screenshot_on_failure(page, "scale-failure.png"):
-        page.goto(f"{lab['base']}/lab/tree/many.ipynb?token={TOKEN}")
-        page.wait_for_selector(
-            '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]',
-            timeout=90000)
+        open_notebook(page, lab['base'], "many.ipynb")
         _accept_kernel_dialog(page)
         run_cell(page, 0)
         assert "300 2000" in run_cell(page, 1)
@@ -349,10 +334,7 @@ def test_dark_theme_contrast_and_screenshots(lab, page, tmp_path):
     themes.mkdir(parents=True, exist_ok=True)
     with screenshot_on_failure(page, "dark-failure.png"):
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        page.goto(f"{lab['base']}/lab/tree/other.ipynb?token={TOKEN}")
-        page.wait_for_selector(
-            '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]',
-            timeout=90000)
+        open_notebook(page, lab['base'], "other.ipynb")
         run_cell(page, 0)
         page.click(SIDEBAR_TAB)
         _shown(page, "other.ipynb")

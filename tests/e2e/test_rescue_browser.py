@@ -1,6 +1,6 @@
 """The out-of-memory rescue through its button in a real browser: a real host
 out-of-memory error in a kernel that JupyterLab runs (an address-space limit calibrated
-to the kernel's size, as in tests/test_rescue.py), the offer under the traceback, a click
+to the kernel's size, as in tests/core/rescue/test_oom.py), the offer under the traceback, a click
 on "Rescue and rerun" in Chromium, and the rerun's success shown under the button; once
 with the memory held in the failing traceback's frame, once held by the exception the
 failing one was raised while handling (a chained exception)."""
@@ -13,30 +13,21 @@ import pytest
 from lab_browser import (  # noqa: F401 - page: a fixture
     needs_chromium, page, run_cell, screenshot_on_failure, serve,
 )
+from lab_browser import notebook
+from lab_browser import open_notebook
 from oom_cells import CHAINED, HELD, IN_FRAME, LIMIT, MiB, SETUP, SHOWN
 
 
-def _code(source: str) -> dict:
-    return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-            "source": source}
-
-
 def _notebook(failing: str) -> dict:
-    return {
-        "cells": [
-            _code("%load_ext jupyter_gpumem\n%config GpuMemMagics.default_device = 'cpu'\n"
-                  + SETUP),
-            _code(SHOWN),
-            _code(LIMIT),
-            _code(failing),
-            _code("print('done' in globals() or 'big' in globals(), other.numel() == "
-                  + str(8 * MiB) + ")"),
-        ],
-        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)",
-                                    "language": "python", "name": "python3"},
-                     "language_info": {"name": "python"}},
-        "nbformat": 4, "nbformat_minor": 5,
-    }
+    return notebook(
+        "%load_ext jupyter_gpumem\n%config GpuMemMagics.default_device = 'cpu'\n"
+        + SETUP,
+        SHOWN,
+        LIMIT,
+        failing,
+        "print('done' in globals() or 'big' in globals(), other.numel() == "
+        + str(8 * MiB) + ")",
+    )
 
 
 FAILED = ".jp-NotebookPanel .jp-Notebook .jp-Cell[data-windowed-list-index='3']"
@@ -51,10 +42,7 @@ def test_the_rescue_button_frees_the_holders_and_reruns_the_cell(tmp_path, page,
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")     # the kernel inherits it from the server
     lab = contextlib.contextmanager(serve)(tmp_path, "jupyterlab", {"oom.ipynb": _notebook(failing)})
     with lab as served, screenshot_on_failure(page, f"rescue-{holder[:8]}-failure.png"):
-        page.goto(f"{served['base']}/lab/tree/oom.ipynb?token=gpumem-e2e-token")
-        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
-        page.wait_for_selector(
-            '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90000)
+        open_notebook(page, served['base'], "oom.ipynb")
         for index in range(3):
             run_cell(page, index)
         offer = run_cell(page, 3)

@@ -47,31 +47,21 @@ import pytest
 from lab_browser import (  # noqa: F401 - page: a fixture
     ARTIFACTS, ROOT, SIDEBAR, SIDEBAR_TAB, TOKEN, needs_chromium, page,
 )
+from lab_browser import notebook
+from lab_browser import open_notebook
+from lab_browser import accept_dialog
 from lab_browser import run_cell as _run_cell
 from lab_browser import screenshot_on_failure
 from lab_browser import serve as _serve
 
 SCREENSHOT = ARTIFACTS / "sidebar.png"
 
-NOTEBOOK = {
-    "cells": [
-        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-         "source": "import torch\nbig = torch.ones(1024, 1024)"},
-        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-         "source": "'big' in dir(), 'small' in dir()"},
-        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-         "source": "small = torch.zeros(256, 1024)"},
-        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-         "source": "small2 = torch.zeros(512, 1024)\nsmall2[:2]"},
-    ],
-    "metadata": {
-        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
-                       "name": "python3"},
-        "language_info": {"name": "python"},
-    },
-    "nbformat": 4,
-    "nbformat_minor": 5,
-}
+NOTEBOOK = notebook(
+    "import torch\nbig = torch.ones(1024, 1024)",
+    "'big' in dir(), 'small' in dir()",
+    "small = torch.zeros(256, 1024)",
+    "small2 = torch.zeros(512, 1024)\nsmall2[:2]",
+)
 
 
 @pytest.fixture
@@ -183,11 +173,7 @@ id => {
 def _scenario(lab, page) -> None:
     timings = {}
     start = time.monotonic()
-    page.goto(f"{lab['base']}/lab/tree/demo.ipynb?token={TOKEN}")
-    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
-    page.wait_for_selector(
-        '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90000
-    )
+    open_notebook(page, lab['base'], "demo.ipynb")
     timings["lab open, kernel idle"] = time.monotonic() - start
 
     assert _run_cell(page, 0).strip() == ""
@@ -298,11 +284,7 @@ def _scenario(lab, page) -> None:
 
     t = time.monotonic()
     purge.click()
-    dialog = page.locator(".jp-Dialog")
-    dialog.wait_for(timeout=10000)
-    assert "big" in dialog.inner_text()
-    assert "4.0 MiB" in dialog.inner_text()
-    dialog.locator("button.jp-mod-accept").click()
+    accept_dialog(page, "big", "4.0 MiB", timeout=10000)
     result = sidebar.locator(".jp-GpuMem-purgeResult")
     result.wait_for(timeout=30000)
     assert "Removed: big" in result.inner_text()
@@ -331,13 +313,6 @@ def _scenario(lab, page) -> None:
     print("e2e timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
 
 
-def _notebook(*sources: str) -> dict:
-    nb = json.loads(json.dumps(NOTEBOOK))
-    nb["cells"] = [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-                    "source": src} for src in sources]
-    return nb
-
-
 def _notebook7() -> bool:
     try:
         import notebook
@@ -350,7 +325,7 @@ def _notebook7() -> bool:
 @pytest.mark.skipif(not _notebook7(), reason="Jupyter Notebook 7 (pip package notebook) is not installed")
 def test_sidebar_in_notebook7_right_panel(tmp_path, page):
     """Notebook 7 has no lab shell: the sidebar sits in its right panel and follows the notebook."""
-    nb = _notebook("%load_ext jupyter_gpumem\nimport torch\nbig = torch.ones(1024, 1024)")
+    nb = notebook("%load_ext jupyter_gpumem\nimport torch\nbig = torch.ones(1024, 1024)")
     serve = contextlib.contextmanager(_serve)
     with serve(tmp_path / "server", "notebook", {"demo.ipynb": nb},
                user_settings={"defaultDevice": "cpu", "refreshInterval": 5}) as server:
@@ -412,18 +387,13 @@ def test_replay_of_a_recorded_stream_for_the_readme_picture(tmp_path, page):
     stream_path, caption = _stream_for_replay(tmp_path)
     stream = json.loads(stream_path.read_text())
     last = [m["data"]["snapshot"] for m in stream["messages"] if m["data"]["type"] == "snapshot"][-1]
-    nb = _notebook(f"import runpy\nrunpy.run_path({str(REPLAY_KERNEL)!r})['start']({str(stream_path)!r})")
+    nb = notebook(f"import runpy\nrunpy.run_path({str(REPLAY_KERNEL)!r})['start']({str(stream_path)!r})")
     serve = contextlib.contextmanager(_serve)
     # a long name: the kernel line is cut with an ellipsis, its title has it all
     name = "replay-of-a-small-training-run-with-a-long-notebook-name.ipynb"
     with serve(tmp_path / "server", "jupyterlab", {name: nb}) as server:
         try:
-            page.goto(f"{server['base']}/lab/tree/{name}?token={TOKEN}")
-            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
-            page.wait_for_selector(
-                '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]',
-                timeout=90000,
-            )
+            open_notebook(page, server['base'], f"{name}")
             page.click(SIDEBAR_TAB)
             sidebar = page.locator(SIDEBAR)
             sidebar.locator("button.jp-GpuMem-load").wait_for(timeout=30000)

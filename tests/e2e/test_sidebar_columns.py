@@ -14,8 +14,10 @@ from __future__ import annotations
 import pytest
 
 from lab_browser import (  # noqa: F401 - page: a fixture
-    ARTIFACTS, SIDEBAR, SIDEBAR_TAB, TOKEN, needs_chromium, page, screenshot_on_failure,
+    ARTIFACTS, SIDEBAR, SIDEBAR_TAB, needs_chromium, page, screenshot_on_failure,
 )
+from lab_browser import notebook
+from lab_browser import open_notebook
 from lab_browser import run_cell as _run_cell
 from lab_browser import serve as _serve
 
@@ -29,17 +31,7 @@ kib = torch.empty({1023 * KiB + 900}, dtype=torch.uint8)
 held = torch.empty({1023 * MiB + 900 * KiB}, dtype=torch.uint8)
 also = [held]"""
 
-NOTEBOOK = {
-    "cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-               "source": SOURCE}],
-    "metadata": {
-        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
-                       "name": "python3"},
-        "language_info": {"name": "python"},
-    },
-    "nbformat": 4,
-    "nbformat_minor": 5,
-}
+NOTEBOOK = notebook(SOURCE)
 
 # Every byte cell of the holders table whose text does not fit, with its width.
 CUT_BYTES = r"""
@@ -90,11 +82,7 @@ def _texts(page) -> list[str]:
 @needs_chromium
 def test_byte_figures_are_never_cut_at_any_sidebar_width(lab, page):
     with screenshot_on_failure(page, "sidebar-columns-failure.png"):
-        page.goto(f"{lab['base']}/lab/tree/columns.ipynb?token={TOKEN}")
-        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
-        page.wait_for_selector(
-            '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90000
-        )
+        open_notebook(page, lab['base'], "columns.ipynb")
         assert _run_cell(page, 0).strip() == ""
         page.click(SIDEBAR_TAB)
         sidebar = page.locator(SIDEBAR)

@@ -12,29 +12,20 @@ import pytest
 from lab_browser import (  # noqa: F401 - page: a fixture
     SIDEBAR, SIDEBAR_TAB, TOKEN, needs_chromium, page, run_cell, screenshot_on_failure, serve,
 )
+from lab_browser import notebook
+from lab_browser import open_notebook
 
 #: how long a purge may take to answer, from the click on the dialog's button
 BOUND_MS = 30000
 
 
-def _code(source: str) -> dict:
-    return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-            "source": source}
-
-
-NOTEBOOK = {
-    "cells": [
-        _code("%load_ext jupyter_gpumem\nimport torch\n"
-              "a = torch.ones(4 << 20, dtype=torch.uint8)\n"
-              "b = torch.ones(2 << 20, dtype=torch.uint8)\n"
-              "c = torch.ones(1 << 20, dtype=torch.uint8)"),
-        _code("'a' in dir(), 'b' in dir(), 'c' in dir()"),
-    ],
-    "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
-                                "name": "python3"},
-                 "language_info": {"name": "python"}},
-    "nbformat": 4, "nbformat_minor": 5,
-}
+NOTEBOOK = notebook(
+    "%load_ext jupyter_gpumem\nimport torch\n"
+    "a = torch.ones(4 << 20, dtype=torch.uint8)\n"
+    "b = torch.ones(2 << 20, dtype=torch.uint8)\n"
+    "c = torch.ones(1 << 20, dtype=torch.uint8)",
+    "'a' in dir(), 'b' in dir(), 'c' in dir()",
+)
 
 
 def _row(sidebar, name: str):
@@ -62,10 +53,7 @@ def test_a_purge_from_lab_and_from_notebook7_on_one_kernel(tmp_path, page):
         tmp_path, "jupyterlab", {"two.ipynb": NOTEBOOK}, user_settings={"defaultDevice": "cpu"})
     with lab_server as served, screenshot_on_failure(page, "two-frontends-failure.png"):
         lab = page
-        lab.goto(f"{served['base']}/lab/tree/two.ipynb?token={TOKEN}")
-        lab.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
-        lab.wait_for_selector(
-            '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90000)
+        open_notebook(lab, served['base'], "two.ipynb")
         run_cell(lab, 0)
         lab.click(SIDEBAR_TAB)
         _row(lab.locator(SIDEBAR), "a").wait_for(timeout=60000)

@@ -1,5 +1,5 @@
 """Every process on the GPU named, and the orphans of a restarted kernel purged, on a
-real GPU with a real Jupyter server (tests/jupyter_harness.py) and real NVML.
+real GPU with a real Jupyter server (tests/helpers/jupyter_harness.py) and real NVML.
 
 Two kernels of one server hold 1 GiB and 2 GiB of CUDA tensors; a third kernel starts
 two ``torch.multiprocessing`` children (spawn; each holds a CUDA tensor, 256 and 512
@@ -19,62 +19,23 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
+from real_nvml import (
+    SLACK, SPAWN_HEAD, WORKER, MiB, gpu_server_mark, nvml_figures, nvml_index,
+    two_kernels_holding, wait_listed,
+)
 
-torch = pytest.importorskip("torch", reason="torch is not installed")
-pytest.importorskip("jupyter_server", reason="jupyter_server is not installed (wheels.sh)")
-pytest.importorskip("ipykernel", reason="ipykernel is not installed (wheels.sh)")
-pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
+pytestmark = gpu_server_mark()
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="no CUDA device (torch.cuda.is_available() is False)")
-
-MiB, GiB = 1 << 20, 1 << 30
-SLACK = 2 * MiB
-
-WORKER = '''
-import os, sys, time
-def hold(nbytes, ready):
-    os.setsid()                  # out of the kernel's process group
-    import torch
-    x = torch.ones(nbytes, dtype=torch.uint8, device="cuda")
-    torch.cuda.synchronize()
-    open(ready, "w").write(str(os.getpid()))
-    time.sleep(600)
-'''
-
-HOLD = ("import os, torch\n"
-        "x = torch.ones({n}, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize()\n"
-        "print(os.getpid())")
-
-SPAWN = ('import sys, os, time\n'
-         'sys.path.insert(0, {folder!r})\n'
-         'import torch.multiprocessing as mp, gpumem_worker\n'
-         'ctx = mp.get_context("spawn")\n'
-         'procs = [ctx.Process(target=gpumem_worker.hold, args=(n, f"{folder}/ready{{i}}"))\n'
-         '         for i, n in enumerate(({a}, {b}))]\n'
-         'for p in procs: p.start()\n'
-         'deadline = time.time() + 120\n'
-         'while not all(os.path.exists(f"{folder}/ready{{i}}") for i in range(2)):\n'
-         '    assert time.time() < deadline, "the children did not allocate"\n'
-         '    time.sleep(0.1)\n'
-         'print(os.getpid(), *[p.pid for p in procs])')
-
-
-def nvml_figures() -> tuple[int, dict[int, int]]:
-    """Device 0's used bytes and NVML's bytes per pid (compute list), read here."""
-    pynvml.nvmlInit()
-    h = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index())
-    used = int(pynvml.nvmlDeviceGetMemoryInfo(h).used)
-    procs = {p.pid: int(p.usedGpuMemory or 0)
-             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
-    return used, procs
-
-
-def _nvml_index() -> int:
-    import os
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-    return int(visible) if visible.isdigit() else 0
+SPAWN = SPAWN_HEAD + (
+    'ctx = mp.get_context("spawn")\n'
+    'procs = [ctx.Process(target=gpumem_worker.hold, args=(n, f"{folder}/ready{{i}}"))\n'
+    '         for i, n in enumerate(({a}, {b}))]\n'
+    'for p in procs: p.start()\n'
+    'deadline = time.time() + 120\n'
+    'while not all(os.path.exists(f"{folder}/ready{{i}}") for i in range(2)):\n'
+    '    assert time.time() < deadline, "the children did not allocate"\n'
+    '    time.sleep(0.1)\n'
+    'print(os.getpid(), *[p.pid for p in procs])')
 
 
 def alive(pid: int) -> bool:
@@ -83,16 +44,6 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def wait_listed(pids, present=True, timeout=30.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        _, procs = nvml_figures()
-        if all((p in procs) == present for p in pids):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"NVML still {'lacks' if present else 'lists'} some of {pids}")
 
 
 def test_restarted_kernels_orphans_named_and_purged(tmp_path):
@@ -104,11 +55,7 @@ def test_restarted_kernels_orphans_named_and_purged(tmp_path):
     before_all, _ = nvml_figures()
     server = Server(tmp_path, fake_nvml=False)
     try:
-        kid_a, a = server.session("a.ipynb")
-        kid_b, b = server.session("work/b.ipynb")
-        kid_c, c = server.session("c.ipynb")
-        pid_a = int(run(a, HOLD.format(n=GiB)))
-        pid_b = int(run(b, HOLD.format(n=2 * GiB)))
+        ((kid_a, a), (kid_b, b), (kid_c, c)), (pid_a, pid_b) = two_kernels_holding(server)
         wait_listed([pid_a, pid_b])
         time.sleep(1)
         used_live, procs = nvml_figures()
@@ -134,7 +81,7 @@ def test_restarted_kernels_orphans_named_and_purged(tmp_path):
                      "r = %gpumem --processes -o\nprint(r)\nprint(json.dumps(r.to_json()))")
         text, data = out.rsplit("\n", 2)[0], json.loads(out.strip().splitlines()[-1])
         print("the restarted kernel's report:\n" + text)
-        dev = next(d for d in data["devices"] if d["nvml_index"] == _nvml_index())
+        dev = next(d for d in data["devices"] if d["nvml_index"] == nvml_index())
         named = {p["pid"]: p for p in dev["processes"]}
         want = {pid_a: ("kernel", "a.ipynb"), pid_b: ("kernel", "work/b.ipynb")}
         want.update({p: ("orphan", "c.ipynb") for p in children})

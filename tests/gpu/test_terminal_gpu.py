@@ -1,5 +1,5 @@
 """``jupyter gpumem`` and ``GET api/gpumem/metrics`` on a real GPU, with a real Jupyter
-server (tests/jupyter_harness.py) and real NVML.
+server (tests/helpers/jupyter_harness.py) and real NVML.
 
 Two kernels hold 1 GiB and 2 GiB of CUDA tensors; a third starts a
 ``torch.multiprocessing`` child (spawn; it holds 256 MiB and leaves the kernel's process
@@ -21,70 +21,23 @@ import time
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed")
-pytest.importorskip("jupyter_server", reason="jupyter_server is not installed (wheels.sh)")
-pytest.importorskip("ipykernel", reason="ipykernel is not installed (wheels.sh)")
-pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
-parser = pytest.importorskip("prometheus_client.parser",
-                             reason="prometheus_client is not installed (wheels.sh)")
+from real_nvml import (
+    SLACK, SPAWN_HEAD, WORKER, MiB, gpu_server_mark, nvml_figures, nvml_index,
+    two_kernels_holding, wait_listed,
+)
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="no CUDA device (torch.cuda.is_available() is False)")
+pytestmark = gpu_server_mark()
+pytest.importorskip("prometheus_client.parser", reason="prometheus_client is not installed (wheels.sh)")
 
-MiB, GiB = 1 << 20, 1 << 30
-SLACK = 2 * MiB
-
-WORKER = '''
-import os, sys, time
-def hold(nbytes, ready):
-    os.setsid()                  # out of the kernel's process group
-    import torch
-    x = torch.ones(nbytes, dtype=torch.uint8, device="cuda")
-    torch.cuda.synchronize()
-    open(ready, "w").write(str(os.getpid()))
-    time.sleep(600)
-'''
-
-HOLD = ("import os, torch\n"
-        "x = torch.ones({n}, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize()\n"
-        "print(os.getpid())")
-
-SPAWN = ('import sys, os, time\n'
-         'sys.path.insert(0, {folder!r})\n'
-         'import torch.multiprocessing as mp, gpumem_worker\n'
-         'p = mp.get_context("spawn").Process(target=gpumem_worker.hold,\n'
-         '                                    args=({n}, f"{folder}/ready"))\n'
-         'p.start()\n'
-         'deadline = time.time() + 120\n'
-         'while not os.path.exists(f"{folder}/ready"):\n'
-         '    assert time.time() < deadline, "the child did not allocate"\n'
-         '    time.sleep(0.1)\n'
-         'print(os.getpid(), p.pid)')
-
-
-def _nvml_index() -> int:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-    return int(visible) if visible.isdigit() else 0
-
-
-def nvml_figures() -> tuple[int, dict[int, int]]:
-    """Device 0's used bytes and NVML's bytes per pid (compute list), read here."""
-    pynvml.nvmlInit()
-    h = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index())
-    used = int(pynvml.nvmlDeviceGetMemoryInfo(h).used)
-    procs = {p.pid: int(p.usedGpuMemory or 0)
-             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
-    return used, procs
-
-
-def wait_listed(pids, present=True, timeout=30.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        _, procs = nvml_figures()
-        if all((p in procs) == present for p in pids):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"NVML still {'lacks' if present else 'lists'} some of {pids}")
+SPAWN = SPAWN_HEAD + (
+    'p = mp.get_context("spawn").Process(target=gpumem_worker.hold,\n'
+    '                                    args=({n}, f"{folder}/ready"))\n'
+    'p.start()\n'
+    'deadline = time.time() + 120\n'
+    'while not os.path.exists(f"{folder}/ready"):\n'
+    '    assert time.time() < deadline, "the child did not allocate"\n'
+    '    time.sleep(0.1)\n'
+    'print(os.getpid(), p.pid)')
 
 
 def cli(server, *args: str, timeout: float = 120):
@@ -97,34 +50,15 @@ def cli(server, *args: str, timeout: float = 120):
     return done.stdout
 
 
-def metrics(server) -> dict[str, list]:
-    import urllib.request
-
-    from jupyter_harness import TOKEN
-    req = urllib.request.Request(server.base + "api/gpumem/metrics")
-    req.add_header("Authorization", f"token {TOKEN}")
-    with urllib.request.urlopen(req, timeout=60) as r:
-        text = r.read().decode()
-    out: dict[str, list] = {}
-    for family in parser.text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, []).append((s.labels, s.value))
-    return out
-
-
 def test_terminal_metrics_and_nvml_agree_to_the_mib(tmp_path):
     import psutil
-    from jupyter_harness import Server, run
+    from jupyter_harness import Server, run, samples, scrape
 
     (tmp_path / "gpumem_worker.py").write_text(WORKER)
     server = Server(tmp_path, fake_nvml=False)
     child = None
     try:
-        kid_a, a = server.session("a.ipynb")
-        kid_b, b = server.session("work/b.ipynb")
-        kid_c, c = server.session("c.ipynb")
-        pid_a = int(run(a, HOLD.format(n=GiB)))
-        pid_b = int(run(b, HOLD.format(n=2 * GiB)))
+        ((kid_a, a), (kid_b, b), (kid_c, c)), (pid_a, pid_b) = two_kernels_holding(server)
         pid_c, child = map(int, run(c, SPAWN.format(folder=str(tmp_path), n=256 * MiB)).split())
         wait_listed([pid_a, pid_b, child])
         server.request("POST", f"api/kernels/{kid_c}/restart", {})
@@ -138,11 +72,11 @@ def test_terminal_metrics_and_nvml_agree_to_the_mib(tmp_path):
         used, procs = nvml_figures()
         listing = json.loads(cli(server, "--json"))
         text = cli(server)
-        got = metrics(server)
+        got = samples(scrape(server)[1])
         print(f"\nNVML: used {used / MiB:.1f} MiB; a {procs[pid_a] / MiB:.1f} MiB, "
               f"b {procs[pid_b] / MiB:.1f} MiB, orphan {procs[child] / MiB:.1f} MiB")
         print(text)
-        dev = next(d["device"] for d in listing["devices"] if d["nvml_index"] == _nvml_index())
+        dev = next(d["device"] for d in listing["devices"] if d["nvml_index"] == nvml_index())
         by_path = {k["path"]: k for k in listing["kernels"]}
         gauge = {s["path"]: v for s, v in got["jupyter_gpumem_kernel_gpu_bytes"]
                  if s["device"] == dev}

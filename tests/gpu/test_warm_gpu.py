@@ -18,7 +18,7 @@ torch = cuda_torch()
 from conftest import run  # noqa: E402
 from gpu_floor import (  # noqa: E402,F401
     assert_at_most_floor, empty_caches_after_each_test, floor, process_bytes)
-from test_warm_scan import _same  # noqa: E402
+from conftest import same_report  # noqa: E402
 from jupyter_gpumem.core.scan import warm as scan_warm  # noqa: E402
 from jupyter_gpumem.session import session_of  # noqa: E402
 
@@ -65,7 +65,7 @@ def test_warm_reports_are_the_full_ones_and_pin_nothing(ip):
         warm, warm_ms = _timed(ip, "--device cuda:0 -o")
         reused = state.reused
         full, full_ms = _timed(ip, "--device cuda:0 --full -o")
-        _same(warm, full)
+        same_report(warm, full)
         print(f"{what}: warm {warm_ms:.1f} ms (names reused {reused}), full {full_ms:.1f} ms")
     if scan_warm.WarmScan.available():
         times = [_timed(ip, "--device cuda:0 -o")[1] for _ in range(9)]

@@ -4,7 +4,7 @@ A breadth-first walk, a level a chunk at a time through ``gc.get_referents`` (no
 code runs); objects that need care (tensors, models, modules, frames ...) are taken out by
 exact type and read through C-level slots. Where the C core is built (:data:`NATIVE`,
 ``core/_reach_parts/walk.c``) it walks the plain objects at C speed instead; both walks
-find the same storages (tests/test_native_scan.py). No path is kept here
+find the same storages (tests/core/scan/test_native.py). No path is kept here
 (:mod:`jupyter_gpumem.core.scan.search`). The story:
 docs/ARCHITECTURE.md#the-walk-and-the-path-search.
 """

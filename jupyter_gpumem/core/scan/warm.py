@@ -3,7 +3,7 @@ walk would read the same again.
 
 The fingerprint and its plan of checks are the C core's (``core/_reach_parts/fingerprint.c``,
 ``plan.c``); what they cannot prove is walked again, so the report is the one a full scan
-gives, byte for byte (tests/test_warm_scan.py); only the time differs. Warm scans cost no
+gives, byte for byte (tests/core/scan/test_warm.py); only the time differs. Warm scans cost no
 more than cold ones taken together (rule 6: the bank, :data:`HASH_SHARE`). A
 :class:`WarmScan` belongs to one session and holds no user object. Without the C core,
 with ``JUPYTER_GPUMEM_FULL_SCAN=1`` or ``%gpumem --full``, every root is walked. The
