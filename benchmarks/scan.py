@@ -294,7 +294,9 @@ def _training_scenario(shell, gpumem, args) -> bool:
 def _scan_one(shell, name: str, device: str) -> None:
     """One name walked alone, as a full scan walks it (the replaced name's own cost)."""
     from jupyter_gpumem.core import scan as _scan
-    from jupyter_gpumem.core.scan.roots import Root
+    Root = getattr(_scan, "Root", None)
+    if Root is None:        # a checkout from before core/scan/ (--against)
+        from jupyter_gpumem.core.roots import Root
 
     _scan.scan([Root(name, shell.user_ns[name])], devices=None, shell=shell)
 

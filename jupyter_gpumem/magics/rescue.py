@@ -9,7 +9,6 @@ async cell.
 """
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -22,6 +21,7 @@ from ..watch.reruns import RerunWatch
 from ..watch.rescue import Offer, RescueError, Rescues, rescue, rescue_async
 from . import watch as _watch
 from .args import parser, split_line, usage_errors
+from .watched_cell import input_transformer, loop_running
 
 MODULE = __name__
 
@@ -39,7 +39,7 @@ def magic_rescue(magics: Any, argv: list[str]) -> Any:
     args = _parser().parse_args(argv)
     session = session_of(magics.shell)
     offer = _offer(session)
-    if offer.awaits and _loop_running():
+    if offer.awaits and loop_running():
         raise UsageError("%gpumem rescue: the failed cell awaits; run `%gpumem rescue` as a "
                          "cell of its own, so it is awaited")
     result = usage_errors(lambda: rescue(session, args.names), (RescueError, _purge.PurgeError))
@@ -72,34 +72,21 @@ def _finish(result: Any, output: bool) -> Any:
     return result if output else None
 
 
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
 def rescue_cells_transform(shell: Any):
     """An input transformer: ``%gpumem rescue ...`` alone in a cell, while the pending
     rescue's cell awaits, becomes one awaited call of :func:`run_async`."""
-    def gpumem_rescue_cells(lines: list[str]) -> list[str]:
-        try:
-            text = "".join(lines).strip()
-            if not text.startswith("%gpumem rescue") or "\n" in text:
-                return lines
-            session = session_of(shell)
-            offer = session.rescue.offer if session is not None and session.rescue else None
-            if offer is None or not offer.awaits:
-                return lines
-            return [f"await __import__('sys').modules[{MODULE!r}].run_async(get_ipython(), "
-                    f"{text[1:]!r})\n"]
-        except Exception:  # noqa: BLE001 - IPython's own path then reports what is wrong
-            return lines
+    def rewrite(lines: list[str]) -> list[str] | None:
+        text = "".join(lines).strip()
+        if not text.startswith("%gpumem rescue") or "\n" in text:
+            return None
+        session = session_of(shell)
+        offer = session.rescue.offer if session is not None and session.rescue else None
+        if offer is None or not offer.awaits:
+            return None
+        return [f"await __import__('sys').modules[{MODULE!r}].run_async(get_ipython(), "
+                f"{text[1:]!r})\n"]
 
-    gpumem_rescue_cells.__jupyter_gpumem__ = True
-    gpumem_rescue_cells.has_side_effects = True
-    return gpumem_rescue_cells
+    return input_transformer("gpumem_rescue_cells", rewrite)
 
 
 def _in_kernel(shell: Any) -> bool:

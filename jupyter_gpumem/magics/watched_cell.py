@@ -142,7 +142,7 @@ class WatchedCell:
         __tracebackhide__ = True  # noqa: F841
         if not self.awaits:
             return self.run()
-        if _loop_running():
+        if loop_running():
             raise UsageError("%%gpuwatch: this cell awaits, and an event loop already runs here; "
                              "run it as a cell of its own (IPython's autoawait runs it then)")
         return self.shell.loop_runner(self.run_async())
@@ -155,12 +155,33 @@ class WatchedCell:
         return self.run()
 
 
-def _loop_running() -> bool:
+def loop_running() -> bool:
+    """Whether an event loop runs on this thread now (a cell that awaits cannot be run
+    to its end from inside it)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return False
     return True
+
+
+def input_transformer(name: str, rewrite: Callable[[list], "list | None"]) -> Callable:
+    """An IPython input transformer (``input_transformers_cleanup``) named ``name``:
+    ``rewrite(lines)`` gives the cell's new lines, or None to leave them. It never raises
+    (IPython's own path then reports what is wrong), is marked as the package's, and has
+    side effects, so the terminal's ``check_complete`` leaves it out (a cell magic there
+    ends with a blank line, which a one-line rewrite would hide)."""
+    def transform(lines: list) -> list:
+        try:
+            new = rewrite(lines)
+        except Exception:  # noqa: BLE001 - IPython's own path then reports what is wrong
+            return lines
+        return lines if new is None else new
+
+    transform.__name__ = transform.__qualname__ = name
+    transform.__jupyter_gpumem__ = True
+    transform.has_side_effects = True
+    return transform
 
 
 def _needs_await(shell, cell: str) -> bool:
@@ -180,24 +201,17 @@ def async_cells_transform(shell):
     await: the cell becomes one awaited call, so IPython (and ipykernel, inside its own
     event loop) sees a cell with top-level ``await`` and runs it as it runs any such cell.
     Other cells pass unchanged; this never raises."""
-    def gpuwatch_async_cells(lines: list[str]) -> list[str]:
-        try:
-            if not lines or not lines[0].startswith("%%gpuwatch"):
-                return lines
-            name, _, line = lines[0][2:].rstrip().partition(" ")
-            body = "".join(lines[1:])
-            if name != "gpuwatch" or not _needs_await(shell, body):
-                return lines
-            return ["await get_ipython().magics_manager.registry['GpuMemMagics']"
-                    f".gpuwatch_async({line!r}, {body!r})\n"]
-        except Exception:  # noqa: BLE001 - IPython's own path then reports what is wrong
-            return lines
+    def rewrite(lines: list[str]) -> list[str] | None:
+        if not lines or not lines[0].startswith("%%gpuwatch"):
+            return None
+        name, _, line = lines[0][2:].rstrip().partition(" ")
+        body = "".join(lines[1:])
+        if name != "gpuwatch" or not _needs_await(shell, body):
+            return None
+        return ["await get_ipython().magics_manager.registry['GpuMemMagics']"
+                f".gpuwatch_async({line!r}, {body!r})\n"]
 
-    gpuwatch_async_cells.__jupyter_gpumem__ = True
-    # check_complete (the terminal's "is the cell finished?") leaves it out: a cell magic
-    # there ends with a blank line, which this one-line rewrite would hide
-    gpuwatch_async_cells.has_side_effects = True
-    return gpuwatch_async_cells
+    return input_transformer("gpuwatch_async_cells", rewrite)
 
 
 def _ends_with_semicolon(cell: str) -> bool:

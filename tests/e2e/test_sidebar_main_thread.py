@@ -8,7 +8,8 @@ import contextlib
 import time
 
 from lab_browser import (  # noqa: F401 - page: a fixture
-    SIDEBAR, SIDEBAR_TAB, TOKEN, needs_chromium, page, run_cell, screenshot_on_failure, serve,
+    SIDEBAR, SIDEBAR_TAB, needs_chromium, notebook, open_notebook, page, run_cell,
+    screenshot_on_failure, serve,
 )
 
 RECORD = """%load_ext jupyter_gpumem
@@ -25,19 +26,8 @@ _comm._Channel.run = _recorded
 """
 
 
-def _code(source: str) -> dict:
-    return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-            "source": source}
-
-
-NOTEBOOK = {
-    "cells": [_code(RECORD), _code("import time\ntime.sleep(8)"),
-              _code("print(sorted(set(ran)), 'a' in dir(), 'b' in dir())")],
-    "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
-                                "name": "python3"},
-                 "language_info": {"name": "python"}},
-    "nbformat": 4, "nbformat_minor": 5,
-}
+NOTEBOOK = notebook(RECORD, "import time\ntime.sleep(8)",
+                    "print(sorted(set(ran)), 'a' in dir(), 'b' in dir())")
 
 
 def _purge(page, name: str) -> None:
@@ -52,10 +42,7 @@ def test_the_sidebars_scan_and_purges_run_on_the_kernels_main_thread(tmp_path, p
     lab = contextlib.contextmanager(serve)(tmp_path, "jupyterlab", {"thread.ipynb": NOTEBOOK},
                                            user_settings={"defaultDevice": "cpu"})
     with lab as served, screenshot_on_failure(page, "main-thread-failure.png"):
-        page.goto(f"{served['base']}/lab/tree/thread.ipynb?token={TOKEN}")
-        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90000)
-        page.wait_for_selector(
-            '.jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90000)
+        open_notebook(page, served['base'], "thread.ipynb")
         run_cell(page, 0)
         page.click(SIDEBAR_TAB)
         sidebar = page.locator(SIDEBAR)
