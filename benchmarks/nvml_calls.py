@@ -1,6 +1,6 @@
 """NVML calls and time per device read, for 1, 2, 4 and 8 GPUs (a fake NVML).
 
-A "read" is one ``devices.read_devices("cuda")``: what the samplers of
+A "read" is one ``devices.read_devices_now("cuda")``: what the samplers of
 ``%%gpuwatch``, the panel and the sidebar do every 50 ms to 1 s. NVML is the
 counting fake ``pynvml`` of ``tests/helpers/counting_nvml.py`` (alike H200s, this
 process on every other one; tests/backends/test_nvml.py counts on it too), so this runs anywhere; the same count on the
@@ -59,18 +59,18 @@ def measure(n: int, scenario: str, reads: int) -> dict:
         clock = Clock()
         mp.setattr(nvml, "_clock", clock)
         fake = fakes.install(mp, n, scenario)
-        first = fakes.counted(fake, lambda: devices.read_devices("cuda"))[0]
+        first = fakes.counted(fake, lambda: devices.read_devices_now("cuda"))[0]
         clock.now += 0.05
-        later = fakes.counted(fake, lambda: devices.read_devices("cuda"))[0]
+        later = fakes.counted(fake, lambda: devices.read_devices_now("cuda"))[0]
         per_second = []
         for _ in range(int(round(1 / 0.05))):
             clock.now += 0.05
-            per_second.append(fakes.counted(fake, lambda: devices.read_devices("cuda"))[0])
+            per_second.append(fakes.counted(fake, lambda: devices.read_devices_now("cuda"))[0])
         times = []
         for _ in range(reads):
             clock.now += 0.05
             t0 = time.perf_counter()
-            devices.read_devices("cuda")
+            devices.read_devices_now("cuda")
             times.append(time.perf_counter() - t0)
         return {"first": first, "later": later, "mean": statistics.mean(per_second),
                 "us": statistics.median(times) * 1e6}
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 above 2 calls per GPU")
     args = ap.parse_args(argv)
     failed = False
-    print("NVML calls per device read (a counting fake pynvml; a read = read_devices('cuda'))")
+    print("NVML calls per device read (a counting fake pynvml; a read = read_devices_now('cuda'))")
     print(f"{'case':<14}{'GPUs':>5}{'first':>7}{'later':>7}{'per GPU':>9}"
           f"{'mean/1s@50ms':>14}{'before':>8}{'us/read':>9}")
     for scenario, before in BEFORE.items():

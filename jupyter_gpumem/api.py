@@ -11,7 +11,7 @@ from . import cluster as _cluster
 from . import session as _session
 from .core.purge import PurgeError, PurgeResult
 from .core.snapshot import Snapshot, build
-from .settings import check_device, check_time_limit
+from .settings import check_time_limit, select_device
 from .watch.scope import Watch, watch
 
 __version__ = "0.1.0"
@@ -19,12 +19,13 @@ __version__ = "0.1.0"
 __all__ = ["snapshot", "purge", "watch", "PurgeError", "PurgeResult", "Snapshot", "Watch"]
 
 
-def _checked(device: str, time_limit: float, cluster: Any) -> tuple[str, float]:
+def _checked(device: str, time_limit: float, cluster: Any) -> tuple[Any, float]:
     """The arguments checked where they enter, as the magics check theirs: a device this
-    process has (a cluster's workers have their own: only its form is checked there) and
-    a finite, positive time limit; one ValueError otherwise."""
+    process has, as its selection, made here once (a cluster's workers have their own:
+    its text goes on, its form checked there) and a finite, positive time limit; one
+    ValueError otherwise."""
     if cluster is None or cluster is False:
-        device = check_device(device)
+        device = select_device(device)
     return device, check_time_limit(time_limit)
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Protocol
 
 from .cluster.live import LiveCluster, Offload, add_cluster, drive_now
 from .core.scan import WarmScan
+from .core import devices as _devices
 from .core.snapshot import build, build_many_steps
 from .units import complain
 
@@ -72,7 +73,8 @@ class Refresher:
     def snapshot_json(self, device: str, names: list[str] | None = None) -> dict:
         """A fresh snapshot now (main thread), with the session's time limit (and the
         cluster part when a Dask client is connected)."""
-        data = build(shell=self.shell, device=device, names=names,
+        data = build(shell=self.shell, device=_devices.select(device, present=False),
+                     names=names,
                      time_limit=self.time_limit(), warm=self.warm).to_json()
         data["cell_running"] = self.running()
         if not names:
@@ -178,7 +180,7 @@ class Refresher:
         try:
             # views of selections that cover the same devices share one scan; one that
             # fails leaves the others' snapshots standing
-            steps = build_many_steps(shell=self.shell, devices=devices,
+            steps = build_many_steps(shell=self.shell, devices=_selections(devices, failed),
                                      time_limit=self.time_limit(), errors=failed, warm=self.warm)
             while True:
                 try:
@@ -242,3 +244,16 @@ def _running_loop_and_task(shell: Any) -> tuple[Any, Any]:
     except RuntimeError:
         task = None
     return loop, task
+
+
+def _selections(texts: list[str], failed: dict) -> list[_devices.DeviceSelection]:
+    """The views' device texts as selections, the accelerators listed once for all; a
+    text that names no selection gets its error in ``failed``."""
+    accs = _devices.accelerators()
+    out = []
+    for text in texts:
+        try:
+            out.append(_devices.select(text, present=False, accs=accs))
+        except Exception as exc:  # noqa: BLE001 - that view's failure alone
+            failed[text] = exc
+    return out

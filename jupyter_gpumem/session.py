@@ -17,7 +17,7 @@ from .core.scan import WarmScan
 from .core import sampler as _sampler
 from .core import cells as _cells
 from .core import purge as _purge
-from .core.devices import read_devices
+from .core import devices as _devices
 from .core import trace as _trace
 from . import cluster as _cluster
 from .dispatch import CellFollower, CellDispatch, guarded
@@ -48,7 +48,7 @@ class Session:
         self.reruns: Any = None
         #: the shell's one sampling thread: the watch, the panel and the comm hub subscribe
         #: to it (``sampler.subscribe``); it starts with the first and ends with the last
-        self.sampler = _sampler.SharedSampler(read=read_devices, name=SAMPLER_NAME)
+        self.sampler = _sampler.SharedSampler(read=_devices.read_devices_now, name=SAMPLER_NAME)
         self._closers: list[Callable[[], Any]] = []
         #: the allocation trace this shell's ``%gpumem trace on`` started (a
         #: :class:`~jupyter_gpumem.core.trace.Tracer`), stopped when the session closes
@@ -211,11 +211,15 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, cluster
     (a ``PurgeError``: nothing was deleted)."""
     session = session_of(shell) if shell is not None else _session_of_namespace(namespace)
     dry_run = bool(options.get("dry_run", False))
+    device = options.get("device", "auto")
     try:
         if cluster is not None and cluster is not False:
+            if type(device) is _devices.DeviceSelection:   # the workers' devices: their own
+                options["device"] = device.device
             result = _cluster.purge(names, client=None if cluster is True else cluster,
                                     namespace=namespace, shell=shell, **options)
         else:
+            options["device"] = selection(device)
             result = _purge.purge(names, shell=shell, namespace=namespace, **options)
     except (_purge.PurgeError, _cluster.ClusterError):
         raise               # refused before anything was deleted
@@ -226,6 +230,14 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, cluster
     if session is not None and not dry_run:
         session.purged()
     return result
+
+
+def selection(device: _devices.DeviceSelection | str) -> _devices.DeviceSelection:
+    """The selection of a view's device text (checked where it entered: the comm's
+    ``set_device``, the panel's and the watch's magics), listed now; one made at the
+    edge (the magics, the script API) passes as it is."""
+    return device if type(device) is _devices.DeviceSelection else \
+        _devices.select(device, present=False)
 
 
 #: the one per-shell registry: id(shell) -> its session

@@ -16,7 +16,7 @@ from typing import Any
 from traitlets import Bool, Float, TraitError, Unicode, Union, observe, validate
 from traitlets.config import Configurable
 
-from .core.devices import check_present
+from .core import devices as _devices
 from .core.sampler import check_interval
 
 
@@ -57,14 +57,21 @@ def check_time_limit(value: Any, what: str = "time_limit") -> float:
     return seconds
 
 
-def check_device(value: Any, what: str = "device") -> str:
-    """A device selection this process has (``cuda:0`` only where there is one), parsed;
-    one-line ValueError otherwise: the check of every device that enters (settings, the
-    script API), as ``--device`` is checked by the magics."""
+def select_device(value: Any, what: str = "device") -> _devices.DeviceSelection:
+    """A device selection this process has (``cuda:0`` only where there is one), made
+    once (:func:`~jupyter_gpumem.core.devices.select`); one-line ValueError otherwise:
+    the check of every device that enters (settings, the script API), as ``--device``
+    is checked by the magics."""
     try:
-        return check_present(value)
+        return _devices.select(value)
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from None
+
+
+def check_device(value: Any, what: str = "device") -> str:
+    """:func:`select_device`'s selection, parsed (``auto``, ``cpu``, ``cuda:0``, ...):
+    what a setting keeps."""
+    return select_device(value, what).device
 
 
 def _checked(trait: str, check, keep_parsed: bool) -> Any:

@@ -284,7 +284,7 @@ def worker_report(dask_worker: Any = None, device: str = "auto",
                                     "sizeof": getattr(ts, "nbytes", None) or 0, "shared": []}
         out["reasons"].append(note)
         out["partial"] = True
-    devices = _devices.read_devices(device)
+    devices = _devices.read_devices_now(device)
     for du in devices:
         du.attributed = out["tracked"].get(du.id, 0)
     out.update(

@@ -147,33 +147,83 @@ def _order(acc: AcceleratorInfo):
 
 
 def selected_ids(device: str, accs: list[AcceleratorInfo] | None = None) -> list[str]:
-    """Device ids a selection covers (``auto``: accelerators, else ``cpu``)."""
-    device = parse_device(device)
-    if device == "cpu":
-        return ["cpu"]      # no accelerator needs listing
-    ids = [a.id for a in (accelerators() if accs is None else accs)]
-    if device == "auto":
-        return ids or ["cpu"]
-    if device == "all":
-        return ids + ["cpu"]
-    if device in ("cuda", "mps"):
-        return [i for i in ids if i.startswith(device + ":")]
-    return [device]
+    """Device ids a selection's text covers (``auto``: accelerators, else ``cpu``); where
+    a :class:`DeviceSelection` is at hand, its ``ids`` are these."""
+    return list(select(device, present=False, accs=accs, host_lists=False).ids)
 
 
 def check_present(device: str, accs: list[AcceleratorInfo] | None = None) -> str:
     """``device`` (parsed) if this process has it; a ValueError in one line if a named
     accelerator (``cuda:3``, or ``cuda`` on a machine without one) is not here."""
-    device = parse_device(device)
-    if device in ("auto", "all", "cpu"):
-        return device
-    accs = accelerators() if accs is None else accs
-    if selected_ids(device, accs) and (device in ("cuda", "mps")
-                                       or device in {a.id for a in accs}):
-        return device
-    seen = ", ".join(a.id for a in accs)
-    raise ValueError(f"no device {device} here: this process sees "
-                     + (seen if seen else "no accelerator (--device cpu tracks host tensors)"))
+    return select(device, accs=accs, host_lists=False).device
+
+
+@dataclass(frozen=True)
+class DeviceSelection:
+    """Which devices count, made once where the user's text enters (:func:`select`): the
+    text as given, the selection it names (``auto``, ``all``, ``cpu``, ``cuda``, ``mps``,
+    ``cuda:N``), the device ids it covers and the accelerators seen when it was made.
+    The layers below take only this (a ``str`` there is a TypeError): none parses again."""
+
+    text: str
+    device: str
+    ids: tuple[str, ...]
+    accelerators: tuple[AcceleratorInfo, ...] = field(default=(), compare=False)
+
+    def __str__(self) -> str:
+        return self.device
+
+    @staticmethod
+    def of(selection: "DeviceSelection") -> "DeviceSelection":
+        """``selection`` itself; anything else (a ``str``) is a TypeError: text is parsed
+        at the edge (:func:`select`), never below it."""
+        if type(selection) is not DeviceSelection:
+            raise TypeError(f"a DeviceSelection is needed here, not {type(selection).__name__}"
+                            " (make one with jupyter_gpumem.core.devices.select)")
+        return selection
+
+
+def select(text: str, *, present: bool = True, accs: list[AcceleratorInfo] | None = None,
+           host_lists: bool = True) -> DeviceSelection:
+    """The one parse of a device selection: ``text`` validated (:func:`parse_device`), the
+    accelerators listed once (``accs``, where the caller listed them already) and the ids
+    it covers. With ``present``, a named accelerator this process does not have
+    (``cuda:3``, or ``cuda`` on a machine without one) is a ValueError in one line (a
+    cluster's workers have devices of their own: ``present=False``). ``host_lists``
+    false: a ``cpu`` selection lists no accelerator (a reading of the host alone, as the
+    footer's after every cell, needs none; a snapshot says whether there is one)."""
+    if type(text) is DeviceSelection:
+        text = text.text
+    device = parse_device(text)
+    if device == "cpu" and not host_lists:
+        accs = ()
+    return _selection(text, device, present, accs)
+
+
+def _selection(text: str, device: str, present: bool, accs) -> DeviceSelection:
+    """:func:`select` of ``text`` once parsed (``device``)."""
+    found = tuple(accelerators() if accs is None else accs)
+    ids = _ids(device, found)
+    if present and device not in ("auto", "all", "cpu") and not (
+            ids and (device in ("cuda", "mps") or device in {a.id for a in found})):
+        seen = ", ".join(a.id for a in found)
+        raise ValueError(f"no device {device} here: this process sees "
+                         + (seen if seen else "no accelerator (--device cpu tracks host tensors)"))
+    return DeviceSelection(text if type(text) is str else str(text), device, ids, found)
+
+
+def _ids(device: str, accs) -> tuple[str, ...]:
+    """Device ids a parsed selection covers among ``accs``."""
+    if device == "cpu":
+        return ("cpu",)      # no accelerator needs listing
+    ids = tuple(a.id for a in accs)
+    if device == "auto":
+        return ids or ("cpu",)
+    if device == "all":
+        return ids + ("cpu",)
+    if device in ("cuda", "mps"):
+        return tuple(i for i in ids if i.startswith(device + ":"))
+    return (device,)
 
 
 def _nvml_index(acc: AcceleratorInfo) -> tuple[int | None, bool]:
@@ -313,7 +363,7 @@ def _cpu_usage() -> DeviceUsage:
                        used_process=rss, free=avail)
 
 
-def read_devices(device: str = "auto", *, detail: bool = False) -> list[DeviceUsage]:
+def read_devices(selection: DeviceSelection, *, detail: bool = False) -> list[DeviceUsage]:
     """Figures for every device the selection covers.
 
     ``detail`` adds what costs more or touches the frameworks' arrays (largest
@@ -323,17 +373,27 @@ def read_devices(device: str = "auto", *, detail: bool = False) -> list[DeviceUs
     One NVML reading: each device's memory info and process list are asked once,
     however many parts (the device lines, the backends) want them.
     """
-    if device == "cpu":
-        return _read_devices(device, detail)     # no NVML to ask (the footer's, every cell)
+    selection = DeviceSelection.of(selection)
+    if selection.device == "cpu":
+        return _read_devices(selection, detail)     # no NVML to ask (the footer's, every cell)
     with nvml.reading():
-        return _read_devices(device, detail)
+        return _read_devices(selection, detail)
 
 
-def _read_devices(device: str, detail: bool) -> list[DeviceUsage]:
-    device = parse_device(device)
-    accs = [] if device == "cpu" else accelerators()
-    by_id = {a.id: a for a in accs}
-    ids = selected_ids(device, accs)
+def read_devices_now(text: str = "auto", *, detail: bool = False) -> list[DeviceUsage]:
+    """:func:`read_devices` of a selection's text, selected anew (the accelerators listed
+    now): for the samplers and views that keep a selection's text and read it again and
+    again, while frameworks may open devices between readings."""
+    device = parse_device(text)
+    if device == "cpu":      # no accelerator to list, no NVML to ask (the footer's, every cell)
+        return read_devices(_selection(text, device, False, ()), detail=detail)
+    with nvml.reading():     # the listing's questions to NVML and the reading's: one batch
+        return read_devices(_selection(text, device, False, None), detail=detail)
+
+
+def _read_devices(selection: DeviceSelection, detail: bool) -> list[DeviceUsage]:
+    by_id = {a.id: a for a in selection.accelerators}
+    ids = list(selection.ids)
     backends = active_backends()
     usages: dict[str, list[FrameworkUsage]] = {i: [] for i in ids}
     for backend in backends:

@@ -391,10 +391,11 @@ def _hint(root: Root, backends, nbytes: int) -> str | None:
     return None
 
 
-def build(*, shell: Any = None, namespace: dict | None = None, device: str = "auto",
-          names: list[str] | None = None, time_limit: float = 3.0, warm: Any = None,
-          full: bool = False) -> Snapshot:
-    """Scan names and hidden holders and read the devices: one Snapshot."""
+def build(*, shell: Any = None, namespace: dict | None = None,
+          device: _devices.DeviceSelection, names: list[str] | None = None,
+          time_limit: float = 3.0, warm: Any = None, full: bool = False) -> Snapshot:
+    """Scan names and hidden holders and read the devices of ``device`` (a
+    :class:`~jupyter_gpumem.core.devices.DeviceSelection`): one Snapshot."""
     # the scan's many short-lived objects are all gone when _build returns, so the
     # collector, paused meanwhile, finds nothing to do when it resumes
     with _scan.paused_gc():
@@ -403,49 +404,43 @@ def build(*, shell: Any = None, namespace: dict | None = None, device: str = "au
                                       full=full, interleaved=False))
 
 
-def build_steps(*, shell: Any = None, namespace: dict | None = None, device: str = "auto",
-                names: list[str] | None = None, time_limit: float = 3.0, warm: Any = None,
-                full: bool = False, interleaved: bool = True):
+def build_steps(*, shell: Any = None, namespace: dict | None = None,
+                device: _devices.DeviceSelection, names: list[str] | None = None,
+                time_limit: float = 3.0, warm: Any = None, full: bool = False,
+                interleaved: bool = True):
     """:func:`build` in steps (see :func:`jupyter_gpumem.core.scan.iter_scan`): a generator
     that yields while it scans and returns the Snapshot."""
+    device = _devices.DeviceSelection.of(device)
     built = yield from build_many_steps(shell=shell, namespace=namespace, devices=[device],
                                         names=names, time_limit=time_limit, warm=warm,
                                         full=full, interleaved=interleaved)
-    return built[device]
+    return built[device.text]
 
 
 def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
-                     devices: list[str], names: list[str] | None = None,
+                     devices: list[_devices.DeviceSelection], names: list[str] | None = None,
                      time_limit: float = 3.0, errors: dict | None = None, warm: Any = None,
                      full: bool = False, interleaved: bool = True):
     """:func:`build_steps` for several device selections (the views of one shell): a
-    generator that returns selection -> Snapshot, in the order given. Selections that
-    cover the same devices (``auto`` and ``cpu`` where no accelerator is seen, ``cuda``
-    and ``auto`` on a machine of GPUs) share one reading and one scan; each still gets
-    its own snapshot, under its own name. With ``errors`` (a dict), a selection whose
-    snapshot fails gets its exception there and the others go on; without, it raises.
+    generator that returns each selection's text -> Snapshot, in the order given.
+    Selections that cover the same devices (``auto`` and ``cpu`` where no accelerator is
+    seen, ``cuda`` and ``auto`` on a machine of GPUs) share one reading and one scan;
+    each still gets its own snapshot, under its own text. With ``errors`` (a dict), a
+    selection whose snapshot fails gets its exception there (by its text) and the
+    others go on; without, it raises.
 
     ``warm``: the shell's :class:`~jupyter_gpumem.core.scan.warm.WarmScan` (roots proved
     unchanged are not walked again; not with ``names``, whose rows read every path);
     ``full``: walk every root all the same (and keep what it reached for the next);
     ``interleaved``: the caller may run other code between steps (see iter_scan)."""
-    accs = _devices.accelerators()
-    groups: dict[tuple[str, ...], list[tuple[str, str]]] = {}   # ids -> (as given, parsed)
+    groups: dict[tuple[str, ...], list[_devices.DeviceSelection]] = {}
+    for selection in dict.fromkeys(map(_devices.DeviceSelection.of, devices)):
+        groups.setdefault(selection.ids, []).append(selection)
     out: dict[str, Snapshot] = {}
-    for text in dict.fromkeys(devices):
-        try:
-            device = _devices.parse_device(text)
-            ids = tuple(_devices.selected_ids(device, accs))
-        except Exception as exc:  # noqa: BLE001 - that selection's failure alone
-            if errors is None:
-                raise
-            errors[text] = exc
-            continue
-        groups.setdefault(ids, []).append((text, device))
     for ids, selections in groups.items():
         try:
             started = time.perf_counter()   # the limit is the group's, reading included
-            usages = _devices.read_devices(selections[0][1], detail=True)
+            usages = _devices.read_devices(selections[0], detail=True)
             roots = _scan.collect_roots(namespace, shell)
             extra: list[Root] = []
             if names:
@@ -461,15 +456,16 @@ def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
                                                 warm=None if names else warm, reuse=not full,
                                                 interleaved=interleaved, started=started)
             result = fold_own_aliases(result)
-            for text, device in selections:
-                out[text] = _assemble(device, list(ids), accs, usages, result, names, extra,
-                                      shell, namespace, warm)
+            for selection in selections:
+                out[selection.text] = _assemble(
+                    selection.device, list(ids), list(selection.accelerators), usages, result,
+                    names, extra, shell, namespace, warm)
         except Exception as exc:  # noqa: BLE001 - that group's failure alone
             if errors is None:
                 raise
-            for text, _ in selections:
-                errors[text] = exc
-    return {text: out[text] for text in dict.fromkeys(devices) if text in out}
+            for selection in selections:
+                errors[selection.text] = exc
+    return {s.text: out[s.text] for s in dict.fromkeys(devices) if s.text in out}
 
 
 def _hints_again(holders: list[Holder], result: _scan.ScanResult) -> None:

@@ -101,10 +101,20 @@ class GpuMemMagics(Magics, GpuMemSettings):
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 
+    def selection(self, value: str | None, present: bool = True) -> _devices.DeviceSelection:
+        """The device selection of ``--device`` (or the configured default), made once
+        here (:func:`~jupyter_gpumem.core.devices.select`); one this process does not
+        have (``cuda:0`` without a GPU) is refused unless ``present`` is false (a
+        cluster's workers have devices of their own)."""
+        value = value if value is not None else self.default_device
+        try:
+            return _devices.select(value, present=present)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
     def device(self, value: str | None, present: bool = True) -> str:
-        """Validated device selection (``--device`` or the configured default); one this
-        process does not have (``cuda:0`` without a GPU) is refused unless ``present`` is
-        false (a cluster's workers have devices of their own)."""
+        """The text of a validated device selection (:meth:`selection`), for the
+        commands that keep it (the watch, the panel, trace, fit)."""
         value = value if value is not None else self.default_device
         try:
             return _devices.check_present(value) if present else _devices.parse_device(value)
@@ -135,16 +145,16 @@ class GpuMemMagics(Magics, GpuMemSettings):
             return SUBCOMMANDS[argv[0]](self, argv[1:])
         return self._report(argv)
 
-    def _parse(self, parser: Any, argv: list[str]) -> tuple[Any, str]:
+    def _parse(self, parser: Any, argv: list[str]) -> tuple[Any, _devices.DeviceSelection]:
         args = parser.parse_args(argv)
-        return args, self.device(args.device, present=not getattr(args, "cluster", False))
+        return args, self.selection(args.device, present=not getattr(args, "cluster", False))
 
     def _report(self, argv: list[str]) -> Any:
         args, device = self._parse(_report_parser(), argv)
         if args.processes:
             return _processes.report(self, args, device)
         if args.cluster:
-            return self._cluster_report(args, device)
+            return self._cluster_report(args, device.device)
         session = _session.session_of(self.shell)
         snap = usage_errors(lambda: _snapshot.build(
             shell=self.shell, device=device, names=args.names or None,
@@ -164,7 +174,7 @@ class GpuMemMagics(Magics, GpuMemSettings):
         if args.grace is not None:
             raise UsageError("--grace goes with --orphans")
         if args.cluster:
-            return self._cluster_purge(args, device)
+            return self._cluster_purge(args, device.device)
         result = usage_errors(lambda: _session.purge(
             args.names, shell=self.shell, all=args.all, dry_run=args.dry_run, device=device,
             time_limit=self.scan_time_limit), _purge.PurgeError)

@@ -61,7 +61,8 @@ def magic_panel(magics: Any, argv: list[str]) -> None:
 
 def _text_report(magics: Any, device: str, reason: str) -> None:
     session = session_of(magics.shell)
-    snap = _snapshot.build(shell=magics.shell, device=device, time_limit=magics.scan_time_limit,
+    snap = _snapshot.build(shell=magics.shell, device=magics.selection(device),
+                           time_limit=magics.scan_time_limit,
                            warm=session.warm if session else None)
     print(repr(snap))
     print()

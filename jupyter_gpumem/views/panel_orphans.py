@@ -242,7 +242,7 @@ class OrphanSection:
         ``--device``: every NVML device for ``auto``, ``all`` and ``cuda``)."""
         if self.panel.device in ("auto", "all", "cuda"):
             return None
-        return [d for d in _devices.read_devices(self.panel.device) if d.kind != "cpu"]
+        return [d for d in _devices.read_devices_now(self.panel.device) if d.kind != "cpu"]
 
     def _on_end(self, _button: Any = None) -> None:
         """Ask first: a dry run of ``purge --orphans`` names what would get SIGTERM now."""

@@ -58,7 +58,8 @@ class CellLevels:
 
 def attribution(session: Any, device: str) -> tuple[dict, int | None]:
     """What each holder keeps now (the same scan as ``%gpumem``), and the tracked bytes."""
-    snap = _snapshot.build(shell=session.shell, device=device, time_limit=session.time_limit,
+    snap = _snapshot.build(shell=session.shell, device=_devices.select(device, present=False),
+                           time_limit=session.time_limit,
                            warm=session.warm)
     holders = {h.name: Holding(h.label if h.hidden else h.name, h.purge or (
         None if h.hidden else h.name), h.hidden, h.total) for h in snap.holders}

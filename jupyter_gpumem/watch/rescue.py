@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..core.rescue import oom as _oom
+from ..core import devices as _devices
 from ..core import snapshot as _snapshot
 from ..core.rescue.oom import OomInfo
 from ..units import complain, fmt_bytes
@@ -123,7 +124,8 @@ def make_offer(session: Any, error: BaseException, source: str, cell_id: str | N
     device = info.device if info is not None and info.device != "auto" else \
         session.default_device
     offer = Offer(source, cell_id, key, count, device, info)
-    snap = _snapshot.build(shell=session.shell, device=device, time_limit=session.time_limit,
+    snap = _snapshot.build(shell=session.shell, device=_devices.select(device, present=False),
+                           time_limit=session.time_limit,
                            warm=session.warm)
     offer.hidden = [(h.label, h.total) for h in snap.holders if h.hidden and h.total]
     users = sorted((h for h in snap.holders if not h.hidden and h.total), key=lambda h: -h.total)

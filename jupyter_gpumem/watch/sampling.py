@@ -20,7 +20,7 @@ from .peaks import LEDGER
 #: the sampling thread of watches outside a shell's session (a script's ``watch()``,
 #: a shell without the extension): per process, since such a watch has no session to
 #: own one; its thread runs only while one of them is open
-PROCESS_SAMPLER = _sampler.SharedSampler(read=_devices.read_devices, name="jupyter_gpumem-watch")
+PROCESS_SAMPLER = _sampler.SharedSampler(read=_devices.read_devices_now, name="jupyter_gpumem-watch")
 
 
 def ordered(ids) -> list[str]:
@@ -34,7 +34,7 @@ def read_devices(ids: list[str], read: Any = None) -> dict[str, _devices.DeviceU
     selection = "cpu" if list(ids) == ["cpu"] else "all"
     wanted = set(ids)
     usages = (read(selection) if read is not None
-              else _devices.read_devices(selection, detail=False))
+              else _devices.read_devices_now(selection, detail=False))
     return {d.id: d for d in usages if d.id in wanted}
 
 

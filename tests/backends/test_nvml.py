@@ -3,7 +3,7 @@
 NVML cannot exist on this machine, so a fake ``pynvml`` module (the same
 function names, record attributes and error codes as nvidia-ml-py) is put in
 ``sys.modules`` and counts every call; the real ``nvml.py``/``devices.py``
-logic runs on it. A "read" is one ``devices.read_devices("cuda")``: what the
+logic runs on it. A "read" is one ``devices.read_devices_now("cuda")``: what the
 sampling threads of ``%%gpuwatch``, the panel and the sidebar do every 50 ms
 to 1 s.
 
@@ -38,7 +38,7 @@ def clock(monkeypatch):
 
 
 def read(device: str = "cuda"):
-    return devices.read_devices(device)
+    return devices.read_devices_now(device)
 
 
 # -- the counts ---------------------------------------------------------------------------
@@ -97,7 +97,7 @@ def test_one_read_asks_each_device_once_whatever_asks(monkeypatch, clock):
                 for i in range(4):
                     nvml.read_device(i), nvml.process_used(i), nvml.process_used(i, pid=1)
                 with nvml.reading():                      # a nested one shares the figures
-                    devices.read_devices("cuda")
+                    devices.read_devices_now("cuda")
 
     total, calls, _ = counted(fake, many_callers)
     assert calls == {"nvmlDeviceGetMemoryInfo": 4, "nvmlDeviceGetComputeRunningProcesses": 4}

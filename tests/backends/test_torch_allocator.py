@@ -25,7 +25,7 @@ from jupyter_gpumem.backends import (AcceleratorInfo, Backend, FrameworkUsage, I
                                      StorageInfo)
 from jupyter_gpumem.backends import cuda_context as _cuda_context
 from jupyter_gpumem.backends import torch_allocator as alloc
-from jupyter_gpumem.core.devices import DeviceUsage
+from jupyter_gpumem.core.devices import DeviceUsage, select
 
 _snapshot = importlib.import_module("jupyter_gpumem.core.snapshot")   # the package's name is a function
 MiB = 1 << 20
@@ -538,7 +538,7 @@ def fake_gpu(torch_feed, monkeypatch):
 
 
 def test_snapshot_lists_internals_under_the_names(fake_gpu):
-    snap = _snapshot.build(namespace=fake_gpu["ns"], device="cuda:0")
+    snap = _snapshot.build(namespace=fake_gpu["ns"], device=select("cuda:0"))
     assert {h.name for h in snap.holders} == {"opt", "model"}
     listed = by_label(snap.internals_of("cuda:0"))
     assert listed["cuBLAS workspaces"].nbytes == 64 * MiB
@@ -558,7 +558,7 @@ def test_snapshot_lists_internals_under_the_names(fake_gpu):
 
 
 def test_the_rest_is_itemised_and_says_what_no_purge_returns(fake_gpu):
-    snap = _snapshot.build(namespace=fake_gpu["ns"], device="cuda:0")
+    snap = _snapshot.build(namespace=fake_gpu["ns"], device=select("cuda:0"))
     parts = by_label(snap.internals_of("cuda:0", ("outside",)))
     assert parts["CUDA context: thread stacks"].nbytes == 264 * MiB
     remainder = parts["kernel images, library handles and the driver's own"]
@@ -573,7 +573,7 @@ def test_the_rest_is_itemised_and_says_what_no_purge_returns(fake_gpu):
 def test_json_schema_and_panel(fake_gpu):
     from jupyter_gpumem.views import panel_render
 
-    snap = _snapshot.build(namespace=fake_gpu["ns"], device="cuda:0")
+    snap = _snapshot.build(namespace=fake_gpu["ns"], device=select("cuda:0"))
     data = json.loads(json.dumps(snap.to_json()))
     assert data["internals"], data
     for item in data["internals"]:
@@ -588,7 +588,7 @@ def test_json_schema_and_panel(fake_gpu):
 def test_unattributed_is_what_is_left(fake_gpu):
     ns = dict(fake_gpu["ns"])
     ns["opt"] = ns["opt"][:-1]   # one tensor only C++ holds now
-    snap = _snapshot.build(namespace=ns, device="cuda:0")
+    snap = _snapshot.build(namespace=ns, device=select("cuda:0"))
     assert snap.unattributed["cuda:0"] == fake_gpu["ns"]["opt"][-1].nbytes
     assert "unattributed (allocated, reached by no name)" in repr(snap)
 
@@ -596,7 +596,7 @@ def test_unattributed_is_what_is_left(fake_gpu):
 def test_a_failing_backend_costs_one_line(fake_gpu, monkeypatch):
     backend = _backends.REGISTRY.backends[0]
     monkeypatch.setattr(backend, "internals", lambda ids, keys: 1 / 0)
-    snap = _snapshot.build(namespace=fake_gpu["ns"], device="cuda:0")
+    snap = _snapshot.build(namespace=fake_gpu["ns"], device=select("cuda:0"))
     assert any("torch: its internals could not be read" in m for m in snap.messages)
     assert snap.holders
 
@@ -649,17 +649,17 @@ def test_dry_run_includes_the_internals_purge_frees(fake_gpu):
     ns = fake_gpu["ns"]
     # a bare purge: no name goes, the workspaces and the cache do (the case: the
     # dry run said 1.3 MiB of the 66 MiB the purge freed)
-    dry = jupyter_gpumem.purge(namespace=ns, dry_run=True, device="cuda:0")
+    dry = jupyter_gpumem.purge(namespace=ns, dry_run=True, device=select("cuda:0"))
     lt_segment = 2 * MiB   # the cuBLASLt workspace's segment is free once it is cleared
     assert dry.predicted == {"cuda:0": 38 * MiB + 64 * MiB + lt_segment}
     note = next(m for m in dry.messages if m.startswith("cuda:0: the purge also gives back"))
     assert "cuBLAS workspaces 64.0 MiB" in note and "allocator cache: free segments 38.0 MiB" in note
     # every name goes: every segment is given back
-    dry = jupyter_gpumem.purge(namespace=ns, all=True, dry_run=True, device="cuda:0")
+    dry = jupyter_gpumem.purge(namespace=ns, all=True, dry_run=True, device=select("cuda:0"))
     assert dry.predicted == {"cuda:0": fake_gpu["reserved"]}
     assert set(ns) == {"model", "opt"}, "a dry run changes nothing"
     # one name goes: only the segments it alone fills come back, with the internals
-    dry = jupyter_gpumem.purge(["model"], namespace=ns, dry_run=True, device="cuda:0")
+    dry = jupyter_gpumem.purge(["model"], namespace=ns, dry_run=True, device=select("cuda:0"))
     assert dry.predicted["cuda:0"] == 38 * MiB + 64 * MiB + lt_segment + _whole_segments(
         fake_gpu, [t.ptr for t in ns["model"]])
 

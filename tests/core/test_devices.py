@@ -115,14 +115,14 @@ def test_the_mapping_follows_the_environment_once_the_devices_are_known(fake, mo
             monkeypatch.setenv("CUDA_VISIBLE_DEVICES", env)
         assert nvml.visible_indices() == expected, env
         assert [a.id for a in devices.accelerators()] == [f"cuda:{i}" for i in range(len(expected))]
-        assert [d.nvml_index for d in devices.read_devices("cuda")] == expected, env
+        assert [d.nvml_index for d in devices.read_devices_now("cuda")] == expected, env
 
 
 def test_accelerators_are_numbered_within_cuda_visible_devices(fake, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
     accs = devices.accelerators()
     assert [a.id for a in accs] == ["cuda:0", "cuda:1"]
-    first, second = devices.read_devices("cuda")
+    first, second = devices.read_devices_now("cuda")
     assert (first.id, first.nvml_index, first.uuid) == ("cuda:0", 1, UUIDS[1])
     assert (second.id, second.nvml_index, second.uuid) == ("cuda:1", 2, UUIDS[2])
     assert first.used_process == GiB and first.other_processes == 2 * GiB

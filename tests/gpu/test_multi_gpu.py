@@ -49,7 +49,7 @@ def test_cuda_visible_devices_reads_the_right_physical_gpu():
         from jupyter_gpumem.core import devices
         x = torch.ones(1 << 28, device='cuda')            # 1 GiB on cuda:0 = physical 1
         torch.cuda.synchronize()
-        du = devices.read_devices('cuda')[0]
+        du = devices.read_devices_now('cuda')[0]
         print('RESULT ' + json.dumps({
             'id': du.id, 'nvml_index': du.nvml_index, 'uuid': du.uuid,
             'used_process': du.used_process,

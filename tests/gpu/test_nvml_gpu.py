@@ -153,9 +153,9 @@ def test_readings_equal_uncached_reads(counting):
     cuda_ready()
     x = torch.ones(GiB // 4, device="cuda:0")
     torch.cuda.synchronize()
-    devices.read_devices("cuda")                        # the first read keeps the handles
+    devices.read_devices_now("cuda")                        # the first read keeps the handles
     for _ in range(3):
-        usages, ref = stable(lambda: devices.read_devices("cuda"))
+        usages, ref = stable(lambda: devices.read_devices_now("cuda"))
         by_uuid = {r["uuid"]: i for i, r in ref.items()}
         assert [d.id for d in usages] == [f"cuda:{i}" for i in range(torch.cuda.device_count())]
         for ordinal, du in enumerate(usages):
@@ -178,14 +178,14 @@ def test_readings_equal_uncached_reads(counting):
 def test_a_later_read_sees_an_allocation_and_its_release(counting):
     cuda_ready()
     torch.cuda.empty_cache()
-    base, _ = stable(lambda: devices.read_devices("cuda:0")[0].used_process)
+    base, _ = stable(lambda: devices.read_devices_now("cuda:0")[0].used_process)
     x = torch.ones(GiB // 4, device="cuda:0")
     torch.cuda.synchronize()
-    held, ref = stable(lambda: devices.read_devices("cuda:0")[0])
+    held, ref = stable(lambda: devices.read_devices_now("cuda:0")[0])
     assert held.used_process - base >= GiB and ours(held) == nvml_part(ref[held.nvml_index])
     del x
     torch.cuda.empty_cache()
-    after, _ = stable(lambda: devices.read_devices("cuda:0")[0].used_process)
+    after, _ = stable(lambda: devices.read_devices_now("cuda:0")[0].used_process)
     figures("a read after each change", before_MiB=base // MiB,
             with_1GiB_MiB=held.used_process // MiB, after_MiB=after // MiB)
     assert abs(after - base) <= 16 * MiB
@@ -195,7 +195,7 @@ def test_a_read_costs_two_calls_per_gpu(counting, monkeypatch):
     cuda_ready()
     physical = pynvml.nvmlDeviceGetCount()
     visible = torch.cuda.device_count()
-    devices.read_devices("cuda")
+    devices.read_devices_now("cuda")
     first = counting.since(collections.Counter())
     assert first["nvmlInit"] == 1 and first["nvmlDeviceGetCount"] == 1, first
     for once in ("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetUUID", "nvmlDeviceGetName"):
@@ -209,14 +209,14 @@ def test_a_read_costs_two_calls_per_gpu(counting, monkeypatch):
     for _ in range(50):
         before = collections.Counter(counting.calls)
         t0 = time.perf_counter()
-        devices.read_devices("cuda")
+        devices.read_devices_now("cuda")
         times.append(time.perf_counter() - t0)
         calls = counting.since(before)
         assert calls == {"nvmlDeviceGetMemoryInfo": visible,
                          "nvmlDeviceGetComputeRunningProcesses": visible}, calls
     monkeypatch.setattr(nvml, "GRAPHICS_EVERY", 0.0)
     before = collections.Counter(counting.calls)
-    devices.read_devices("cuda")
+    devices.read_devices_now("cuda")
     with_graphics = counting.since(before)
     assert sum(with_graphics.values()) <= 3 * visible, with_graphics
 
@@ -255,7 +255,7 @@ CHILD = textwrap.dedent("""
 
     def read():
         before = collections.Counter(wrapper.calls)
-        du = devices.read_devices("cuda")
+        du = devices.read_devices_now("cuda")
         return du, sum((wrapper.calls - before).values())
 
     out = {}

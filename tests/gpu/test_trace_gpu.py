@@ -148,9 +148,9 @@ CHILD = textwrap.dedent("""
     state = sh.user_ns["opt"].state[first]["exp_avg"]
     out["adam_state_site"] = trace.site_of(("cuda:0", state.untyped_storage().data_ptr())).text
     # the product's own snapshot: its unattributed figure, its sites, its internals
-    from jupyter_gpumem.core import snapshot as snapmod
+    from jupyter_gpumem.core import devices, snapshot as snapmod
     t = time.perf_counter()
-    snap = snapmod.build(shell=sh, device="cuda:0", time_limit=30)
+    snap = snapmod.build(shell=sh, device=devices.select("cuda:0"), time_limit=30)
     out["build_s"] = time.perf_counter() - t
     out["figure"] = snap.unattributed.get("cuda:0")
     rows = snap.unattributed_sites.get("cuda:0", [])

@@ -309,7 +309,7 @@ def test_a_holder_that_a_low_recursion_limit_cuts_is_named():
     import inspect
     import sys
 
-    from jupyter_gpumem.core import snapshot as _snapshot
+    from jupyter_gpumem.core import devices as _devices, snapshot as _snapshot
 
     class Node:
         pass
@@ -328,7 +328,7 @@ def test_a_holder_that_a_low_recursion_limit_cuts_is_named():
         except RecursionError:
             continue
         try:
-            snap = _snapshot.build(namespace=ns, device="cpu")
+            snap = _snapshot.build(namespace=ns, device=_devices.select("cpu"))
         except RecursionError:
             continue
         finally:

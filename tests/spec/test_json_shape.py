@@ -79,9 +79,9 @@ def test_purge_result_dry_and_real(tensors):
 
 def test_device_readings_of_the_sidebar(tensors):
     from jupyter_gpumem.backends import FrameworkUsage
-    from jupyter_gpumem.core.devices import read_devices
+    from jupyter_gpumem.core.devices import read_devices_now
 
-    (cpu,) = read_devices("cpu")
+    (cpu,) = read_devices_now("cpu")
     cpu.frameworks = [FrameworkUsage("torch", 1, 2, 3, None, None, 4, 5)]
     data = cpu.to_json()
     check("DeviceUsage", data)
@@ -121,11 +121,11 @@ def test_cluster_objects():
     from jupyter_gpumem.cluster.result import (ClusterHolder, ClusterPurgeResult,
                                                ClusterSnapshot, UnclaimedKey, WorkerKey,
                                                WorkerReport)
-    from jupyter_gpumem.core.devices import read_devices
+    from jupyter_gpumem.core.devices import read_devices_now
 
     w = "tcp://127.0.0.1:40125"
     key = WorkerKey(("x", 0), {"cpu": 8}, 8, "Tensor", ["torch"], [1])
-    report = WorkerReport(w, "0", "vm", 42, read_devices("cpu"), {("x", 0): key},
+    report = WorkerReport(w, "0", "vm", 42, read_devices_now("cpu"), {("x", 0): key},
                           {1: (8, "cpu")}, {"cpu": 8}, {("y", 1): 4})
     holder = ClusterHolder("x", "Future", 1, 1, {w: {"cpu": 8}}, unique=8, purge="x",
                            largest_key="('x', 0)", largest_path="x")

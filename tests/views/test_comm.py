@@ -331,10 +331,10 @@ def test_the_sidebar_and_a_panel_on_selections_alike_share_one_scan_after_a_cell
         send(c, {"type": "set_device", "device": "cuda"})
         real_read = _devices.read_devices
 
-        def read(device="auto", **kwargs):
-            if device == "cuda":
+        def read(selection, **kwargs):
+            if selection.device == "cuda":
                 raise OSError("the driver went away")
-            return real_read(device, **kwargs)
+            return real_read(selection, **kwargs)
 
         monkeypatch.setattr(_devices, "read_devices", read)
         c.clear()

@@ -74,9 +74,9 @@ def release_caches() -> list[str]:
     return notes
 
 
-def read_usage(device: str) -> dict[str, _devices.DeviceUsage]:
+def read_usage(selection: _devices.DeviceSelection) -> dict[str, _devices.DeviceUsage]:
     """Each selected device's reading, by id."""
-    return {d.id: d for d in _devices.read_devices(device)}
+    return {d.id: d for d in _devices.read_devices(selection)}
 
 
 def changes(before, after, tracked_before, tracked_after) -> list[DeviceChange]:

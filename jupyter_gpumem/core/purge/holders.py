@@ -164,10 +164,12 @@ def _library_holders(keys: set, ids, shell, namespace, time_limit: float):
     return found, notes
 
 
-def held_elsewhere(handles: dict, infos: dict, scan3, shell, namespace, ids, time_limit):
+def held_elsewhere(handles: dict, infos: dict, scan3, context: Any):
     """What of the memory a purge meant to free is still alive though no notebook name
     reaches it: StillHeld entries (a module's global, or unnamed), bytes per device
-    to count as not freed, and notes."""
+    to count as not freed, and notes. ``context``: the purge's
+    :class:`~.plan.PurgeContext` (its search of modules' globals gets what is left of
+    the budget)."""
     alive = _alive(handles, infos)
     for reach in scan3.reach:
         for k in alive.keys() & reach.storages.keys():
@@ -177,7 +179,8 @@ def held_elsewhere(handles: dict, infos: dict, scan3, shell, namespace, ids, tim
     kept: dict[str, int] = {}
     for info in alive.values():
         kept[info.device] = kept.get(info.device, 0) + info.nbytes
-    found, notes = _library_holders(set(alive), ids, shell, namespace, time_limit)
+    found, notes = _library_holders(set(alive), context.ids, context.shell,
+                                    context.namespace, context.budget.limit())
     groups: dict[str, list] = {}
     for key, (by, path) in found.items():
         groups.setdefault(by, []).append((alive.pop(key), path))

@@ -34,10 +34,9 @@ class _Holdings(Holdings):
     """What the notebook's roots hold: the storages the plan's first scan found (storage
     key -> path node), and for another object a scan of its own."""
 
-    def __init__(self, roots: list[Root], scan1, ids: set[str], shell: Any,
-                 namespace: dict | None, budget: Budget, backends) -> None:
-        self.roots, self.scan1, self.ids = roots, scan1, ids
-        self.shell, self.namespace, self.budget, self.backends = shell, namespace, budget, backends
+    def __init__(self, roots: list[Root], scan1, context: PurgeContext, backends) -> None:
+        self.roots, self.scan1, self.context, self.ids = roots, scan1, context, context.ids
+        self.shell, self.backends = context.shell, backends
         self.reach_of = {id(r): reach for r, reach in zip(roots, scan1.reach)}
         self._paths: dict[int, dict] = {}
 
@@ -48,9 +47,7 @@ class _Holdings(Holdings):
         return found
 
     def of_object(self, text: str, obj: Any) -> tuple[dict, str]:
-        extra = _scan.scan([Root(text, obj)], devices=self.ids, shell=self.shell,
-                           namespace=self.namespace, time_limit=self.budget.limit(),
-                           backends=self.backends)
+        extra = self.context.scan([Root(text, obj)], backends=self.backends)
         return _paths_of(extra.reach[0]), _devices.holds_nothing(text, self.ids) + cut_short(extra)
 
     def nothing(self, text: str) -> str:
@@ -264,13 +261,12 @@ class Plan:
     #: of the targets' storages: the scan after the deletions reuses their walk
     unchanged: dict = field(default_factory=dict)
 
-    def scan_after(self, shell: Any, namespace: dict | None, ids: set[str],
-                   time_limit: float) -> "_scan.ScanResult":
+    def scan_after(self, context: PurgeContext) -> "_scan.ScanResult":
         """The scan of the notebook once the targets are gone: a root still bound to the
         object the plan walked, that reached none of the targets' storages then, reaches
         what it did (the purge only took references away, and ran no code of the
         user's); only the others are walked again."""
-        roots = _scan.collect_roots(namespace, shell)
+        roots = _scan.collect_roots(context.namespace, context.shell)
         reach: list = [None] * len(roots)
         again: list[int] = []
         for i, root in enumerate(roots):
@@ -280,8 +276,7 @@ class Plan:
             else:
                 again.append(i)
         self.unchanged = {}
-        walked = _scan.scan([roots[i] for i in again], devices=ids, shell=shell,
-                            namespace=namespace, time_limit=time_limit)
+        walked = context.scan([roots[i] for i in again])
         for i, got in zip(again, walked.reach):
             reach[i] = got
         walked.roots, walked.reach = roots, reach
@@ -322,30 +317,53 @@ class Budget:
         self.excluded += seconds
 
 
-def make_plan(names: list[str], shell: Any, namespace: dict | None, all_names: bool,
-              dry_run: bool, device: str, ids: set[str], budget: Budget) -> Plan:
+@dataclass(frozen=True)
+class PurgeContext:
+    """What every scan and step of one purge needs: where the names live (``shell``,
+    ``namespace``), which devices count (``selection``, made where the command entered)
+    and the time the scans share (``budget``)."""
+
+    shell: Any
+    namespace: dict | None
+    selection: _devices.DeviceSelection
+    budget: Budget
+
+    def __post_init__(self) -> None:
+        _devices.DeviceSelection.of(self.selection)
+
+    @property
+    def ids(self) -> set[str]:
+        """The ids of the devices that count."""
+        return set(self.selection.ids)
+
+    def scan(self, roots: list[Root], **options: Any) -> "_scan.ScanResult":
+        """A scan of ``roots`` on these devices, within what is left of the budget."""
+        return _scan.scan(roots, devices=self.ids, shell=self.shell,
+                          namespace=self.namespace, time_limit=self.budget.limit(), **options)
+
+
+def make_plan(names: list[str], context: PurgeContext, all_names: bool,
+              dry_run: bool) -> Plan:
     """Check every name and work out what goes, what is freed and what still holds it."""
     refs: dict = {}   # storage key -> a tensor using it (not for a dry run)
     try:
-        return _plan_with(refs, names, shell, namespace, all_names, dry_run, device, ids,
-                          budget)
+        return _plan_with(refs, names, context, all_names, dry_run)
     finally:
         refs.clear()   # the tensors noted: no reference to them may outlive the plan
 
 
-def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
-               all_names: bool, dry_run: bool, device: str, ids: set[str],
-               budget: Budget) -> Plan:
+def _plan_with(refs: dict, names: list[str], context: PurgeContext, all_names: bool,
+               dry_run: bool) -> Plan:
+    shell, namespace, ids = context.shell, context.namespace, context.ids
     backends = None if dry_run else [Recorder(b, refs) for b in active_backends()]
     roots = _scan.collect_roots(namespace, shell)
-    scan1 = _scan.scan(roots, devices=ids, shell=shell, namespace=namespace,
-                       time_limit=budget.limit(), backends=backends)
+    scan1 = context.scan(roots, backends=backends)
     reach_of = {id(r): reach for r, reach in zip(roots, scan1.reach)}
     kept: list = []
     if all_names:   # what --all takes and what it keeps: see everything.py
         names, kept = _everything.split(roots, reach_of, active_backends())
     names = list(dict.fromkeys(names))   # a name given twice is purged once
-    holdings = _Holdings(roots, scan1, ids, shell, namespace, budget, backends)
+    holdings = _Holdings(roots, scan1, context, backends)
     targets, skipped, errors = resolve_targets(names, roots, holdings, shell=shell,
                                                namespace=namespace, all_names=all_names)
     PurgeError.check(errors)
@@ -366,8 +384,7 @@ def _plan_with(refs: dict, names: list[str], shell: Any, namespace: dict | None,
     first_cut = {id(roots[i]) for i in scan1.cut}
     stay_roots = [r for r in stay_roots if id(r) not in reach_of
                   or not target_keys.isdisjoint(reach_of[id(r)].storages)]
-    scan2 = _scan.scan(stay_roots, devices=ids, shell=shell, namespace=namespace,
-                       time_limit=budget.limit(), extra_stop=cut)
+    scan2 = context.scan(stay_roots, extra_stop=cut)
     user_held = set().union(*(reach.storages.keys() for reach in scan2.reach)) if scan2.reach else set()
     own = target_paths.keys() - user_held
     # a plan the time limit cut proves only what it found: the targets, and the hidden

@@ -136,7 +136,7 @@ def expandable_segments_on(environ: Any = None) -> bool:
 def host_free() -> tuple[int | None, str]:
     """What the host can still give this process: the machine's available memory, or
     less where an address-space limit (``ulimit -v``, ``RLIMIT_AS``) is nearer."""
-    usage = _devices.read_devices("cpu")[0]
+    usage = _devices.read_devices_now("cpu")[0]
     free, why = usage.free, "available on the host"
     try:
         soft = resource.getrlimit(resource.RLIMIT_AS)[0] if resource is not None else -1
@@ -223,8 +223,7 @@ def read_oom(exc: BaseException) -> OomInfo | None:
         if info.device == "cpu":
             info.free, info.free_what = host_free()
         else:
-            usages = _devices.read_devices(info.device if info.device != "auto" else "auto",
-                                           detail=True)
+            usages = _devices.read_devices_now(info.device, detail=True)
             usage = next((u for u in usages if u.id != "cpu"), usages[0] if usages else None)
             if usage is not None:
                 if info.device == "auto":

@@ -180,6 +180,7 @@ def test_the_views_refresh_in_steps_with_the_same_report(ip):
     loop, where other code may run between two: a root walked across a step is kept
     only with the fingerprint taken before its walk, so it is reused from the scan after
     next; every refresh's JSON is the full scan's."""
+    from jupyter_gpumem.core.devices import select
     from jupyter_gpumem.core.snapshot import build_many_steps
     from jupyter_gpumem.cluster.live import drive_now
 
@@ -187,7 +188,7 @@ def test_the_views_refresh_in_steps_with_the_same_report(ip):
     state = session_of(ip).warm
 
     def refresh() -> dict:
-        return drive_now(build_many_steps(shell=ip, devices=["cpu"], warm=state))["cpu"]
+        return drive_now(build_many_steps(shell=ip, devices=[select("cpu")], warm=state))["cpu"]
 
     for step in range(3):
         warm = refresh()
