@@ -17,7 +17,7 @@ import pytest
 from conftest import run
 from jupyter_gpumem.units import JsonFields, json_field
 
-from protocol_keys import DOCUMENTED, UNLISTED, check  # noqa: E402
+from protocol_keys import DOCUMENTED, PROTOCOL, UNLISTED, check  # noqa: E402
 
 
 def test_the_protocol_lists_every_object_it_shows():
