@@ -212,6 +212,11 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, cluster
     session = session_of(shell) if shell is not None else _session_of_namespace(namespace)
     dry_run = bool(options.get("dry_run", False))
     device = options.get("device", "auto")
+    if cluster is None or cluster is False:
+        try:            # a bad text is refused before anything is deleted, as a PurgeError
+            options["device"] = selection(device)
+        except ValueError as exc:
+            raise _purge.PurgeError(str(exc)) from None
     try:
         if cluster is not None and cluster is not False:
             if type(device) is _devices.DeviceSelection:   # the workers' devices: their own
@@ -219,7 +224,6 @@ def purge(names=(), *, shell: Any = None, namespace: dict | None = None, cluster
             result = _cluster.purge(names, client=None if cluster is True else cluster,
                                     namespace=namespace, shell=shell, **options)
         else:
-            options["device"] = selection(device)
             result = _purge.purge(names, shell=shell, namespace=namespace, **options)
     except (_purge.PurgeError, _cluster.ClusterError):
         raise               # refused before anything was deleted

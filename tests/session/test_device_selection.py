@@ -119,3 +119,18 @@ def test_without_a_gpu_the_errors_are_as_before(ip):
         ip.run_line_magic("gpumem", "--device cuda:0 -o")
     with pytest.raises(ValueError, match="^device: no device cuda:0 here"):
         jupyter_gpumem.snapshot({}, device="cuda:0")
+
+
+def test_a_bad_device_text_at_the_purge_funnel_is_refused_and_counts_no_purge(ip):
+    """The views' device text reaches the session's purge as text: a bad one is a
+    PurgeError (nothing deleted), and the session hears of no purge."""
+    from jupyter_gpumem.core.purge import PurgeError
+    from jupyter_gpumem.session import session_of
+
+    ip.run_line_magic("load_ext", "jupyter_gpumem")
+    ip.user_ns["keep"] = 1
+    session = session_of(ip)
+    before = session.purges
+    with pytest.raises(PurgeError):
+        session.purge(["keep"], device="no-such-device")
+    assert session.purges == before and ip.user_ns["keep"] == 1
