@@ -194,6 +194,16 @@ def page(tmp_path):
             context.close()
 
 
+def take_kernel_dialog(page) -> None:
+    """JupyterLab at times asks for the kernel of a notebook that names one (its session
+    starts late on a loaded machine), and the question covers the page: take the kernel
+    it offers. Any other dialog is left alone."""
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count() and "kernel" in dialog.first.inner_text().lower():
+        dialog.first.locator("button.jp-mod-accept").click()
+        dialog.first.wait_for(state="detached", timeout=10000)
+
+
 def run_cell(page, index: int) -> str:
     """Run the notebook's cell ``index`` and return its output text.
 
@@ -207,9 +217,10 @@ def run_cell(page, index: int) -> str:
         '.jp-NotebookPanel-toolbar [data-command="notebook:run-cell-and-select-next"]'
     )
     for attempt in range(3):
-        prompt.click()  # selects the cell (command mode)
-        run.click()
+        take_kernel_dialog(page)
         try:
+            prompt.click(timeout=10000)  # selects the cell (command mode)
+            run.click(timeout=10000)
             page.wait_for_function(
                 "el => /\\[(\\*|\\d+)\\]/.test(el.textContent)",
                 arg=prompt.element_handle(), timeout=10000,
