@@ -198,10 +198,13 @@ def take_kernel_dialog(page) -> None:
     """JupyterLab at times asks for the kernel of a notebook that names one (its session
     starts late on a loaded machine), and the question covers the page: take the kernel
     it offers. Any other dialog is left alone."""
-    dialog = page.locator(".jp-Dialog")
-    if dialog.count() and "kernel" in dialog.first.inner_text().lower():
-        dialog.first.locator("button.jp-mod-accept").click()
-        dialog.first.wait_for(state="detached", timeout=10000)
+    dialog = page.locator(".jp-Dialog").first
+    try:
+        if dialog.count() and "kernel" in dialog.inner_text(timeout=2000).lower():
+            dialog.locator("button.jp-mod-accept").click(timeout=5000)
+            dialog.wait_for(state="detached", timeout=10000)
+    except Exception:  # noqa: BLE001 - gone meanwhile: the click that follows tells
+        return
 
 
 def run_cell(page, index: int) -> str:
