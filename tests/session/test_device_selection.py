@@ -4,31 +4,18 @@ of the accelerators per command, counted on the real functions; a ``str`` below 
 edge is a TypeError. ``cuda:0`` is NVML's device here (tests/fake_nvml: no GPU)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
-import gpu_holders as gh
 from conftest import run
 import jupyter_gpumem
-from jupyter_gpumem.backends import nvml
 from jupyter_gpumem.core import devices, purge as core_purge, snapshot
 
 
 @pytest.fixture
-def one_gpu(monkeypatch, tmp_path):
-    """NVML (the file-driven fake in place of pynvml) sees one GPU: ``cuda:0``."""
-    spec = importlib.util.spec_from_file_location("pynvml", gh.FAKE_NVML_DIR + "/pynvml.py")
-    fake = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fake)
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    monkeypatch.setattr(nvml, "_state", nvml._fresh_state())
-    path = tmp_path / "nvml.json"
-    monkeypatch.setenv("FAKE_NVML", str(path))
-    gh.write_nvml(path, [])
+def one_gpu(fake_nvml):
+    """NVML (the file-driven fake of the shared ``fake_nvml`` fixture) sees one GPU:
+    ``cuda:0``."""
     yield
-    nvml._state = nvml._fresh_state()
 
 
 @pytest.fixture
