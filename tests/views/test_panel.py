@@ -121,7 +121,8 @@ def test_panel_shows_bars_timeline_and_holders_from_the_snapshot_schema(shell):
         assert f"data-segment='{key}'" in bars
     assert "title='tracked tensors: 5.0 MiB'" in bars  # x (4 MiB) + y (1 MiB)
     deadline = time.time() + 5
-    while len(panel.series) == 0 and time.time() < deadline:
+    # the sampling thread appends a reading, then draws it: wait for the drawing
+    while "<svg" not in panel.timeline.value and time.time() < deadline:
         time.sleep(0.05)
     assert len(panel.series) >= 1
     assert "<svg" in panel.timeline.value and "data-line='used_process'" in panel.timeline.value
