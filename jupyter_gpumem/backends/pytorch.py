@@ -13,7 +13,8 @@ from typing import Any, Iterator
 from . import torch_allocator as _alloc
 from . import torch_peaks as _peaks
 from . import torch_trace as _trace
-from .torch_graph import GraphLedger, SavedReader, attributes, graph_children
+from .torch_graph import (GraphLedger, SavedReader, any_own_attributes, attributes,
+                          graph_children, own_attributes)
 from .torch_storage import StorageReader
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo,
                    PeakCounter, PeakLedgerView, framework_module, instance_dict, oom_by_name)
@@ -126,10 +127,11 @@ class TorchBackend(Backend):
             return self._saved_attrs.read(self.ledger, obj, ("graph", "SavedTensor", "data"))
         if not issubclass(tp, torch.Tensor):
             return iter(())
+        own = own_attributes(obj) if tp in self._plain else attributes(obj)
         fn, grad = self.graph_and_grad(obj)
         if fn is None:
-            return iter(() if grad is None else ((_GRAD, grad),))
-        return graph_children(self.ledger, self._saved_attrs, fn, {})
+            return iter(own if grad is None else own + ((_GRAD, grad),))
+        return iter(list(own) + list(graph_children(self.ledger, self._saved_attrs, fn, {})))
 
     def graph_and_grad(self, obj: Any) -> tuple:
         """A tensor's ``grad_fn`` and ``grad``, read without a subclass's code."""
@@ -156,8 +158,8 @@ class TorchBackend(Backend):
         return frozenset(self._plain)
 
     def take_many(self, values: list) -> tuple[list, tuple, list] | None:
-        if any(map(is_not, map(_GRAD_FN, values), repeat(None))):
-            return None   # an autograd graph: the long way
+        if any(map(is_not, map(_GRAD_FN, values), repeat(None))) or any_own_attributes(values):
+            return None   # an autograd graph, or attributes of a tensor's own: the long way
         recs = list(map(self._known.get, map(id, values)))
         if not all(recs) or not all(map(self.reader.holds, values, map(_SECOND, recs))):
             infos = list(map(self.storages, values))   # first met, or changed: read again
@@ -182,7 +184,7 @@ class TorchBackend(Backend):
     def tensor_edges(self, obj: Any, seen: dict):
         tp = type(obj)
         if tp in self._plain:
-            own: tuple = ()
+            own: tuple = own_attributes(obj)
         elif issubclass(tp, self.torch.Tensor):
             # a subclass's attributes (a wrapper subclass keeps its tensor in one), read
             # through the C-level slot of its __dict__: none of its code runs

@@ -8,6 +8,7 @@ saved-tensor hooks the graph was built under, and checkpoint's unpack hook repla
 the forward."""
 from __future__ import annotations
 
+import gc
 import time
 import weakref
 from collections import deque
@@ -21,6 +22,23 @@ def attributes(obj: Any) -> tuple:
     """``(("attr", name), value)`` of an object's instance dict, read through its C-level
     ``__dict__`` slot (no property or ``__getattribute__`` of the user's runs)."""
     return tuple((("attr", k), v) for k, v in dict.items(instance_dict(obj)) if type(k) is str)
+
+
+def own_attributes(tensor: Any) -> tuple:
+    """A plain tensor's attributes of its own (``t.extra = x``, ``param.main_grad``), as
+    :func:`attributes`; ``()`` at once for the usual tensor with none, told by its type's
+    traverse (``gc.get_referents``: no code runs, no dict is made). The C core tells the
+    same in its batches and fingerprint (core/_reach_parts/batch.c batch_has_attrs)."""
+    for ref in gc.get_referents(tensor):
+        if type(ref) is dict and ref:
+            return attributes(tensor)
+    return ()
+
+
+def any_own_attributes(tensors: list) -> bool:
+    """Whether one of ``tensors`` has attributes of its own (see :func:`own_attributes`),
+    in one pass over their referents."""
+    return any(type(ref) is dict and ref for ref in gc.get_referents(*tensors))
 
 
 class _Mark:

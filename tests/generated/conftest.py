@@ -53,7 +53,7 @@ LOG = os.environ.get("GPUMEM_GENERATED_LOG")
 #: how many recipes are also run in a fresh process (slow: one interpreter each)
 COLD_EXAMPLES = {"ci": 3, "long": 60}.get(PROFILE, 3)
 
-KNOWN_OPEN = frozenset({"set_", "numpy", "tattr"})
+KNOWN_OPEN: frozenset = frozenset()
 _ASKED = os.environ.get("GPUMEM_GENERATED_FEATURES", "")
 #: the features the generated runs draw from (``all``, or those of KNOWN_OPEN named,
 #: comma-separated, on top of the rest)

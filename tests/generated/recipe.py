@@ -17,8 +17,10 @@ Expressions, as tuples (``KEY`` an atom's key, ``N`` its number of floats)::
     ("name", NAME)               the object NAME binds (shared)
     ("viewof", NAME)             a view of the tensor NAME binds (its storage, shared)
     ("tattr", DENSE, EXPR)       the tensor DENSE (a dense form above) with EXPR as its attribute
-    ("numpy", NAME)              a tensor on a numpy view of NAME's tensor: a storage of its
-                                 own at the same address, which keeps NAME's alive
+    ("numpy", NAME[, START])     a tensor on a numpy view of NAME's tensor from START (0
+                                 unless given): a storage of its own inside NAME's bytes
+                                 (at the same address where START is 0), which keeps
+                                 NAME's alive
     (KIND, [EXPR, ...])          KIND: list tuple set deque traplist
     (KIND, [(KEY, EXPR), ...])   KIND: dict odict ddict trapdict trap
     ("slots", EXPR, EXPR)        a __slots__ instance
@@ -85,7 +87,8 @@ def source(expr) -> str:
     if kind == "tattr":
         return f"gen.with_attr({source(expr[1])}, {source(expr[2])})"
     if kind == "numpy":
-        return f"torch.from_numpy({expr[1]}.numpy()[:2])"
+        start = expr[2] if len(expr) > 2 else 0
+        return f"torch.from_numpy({expr[1]}.numpy()[{start}:{start + 2}])"
     if kind in SEQUENCES:
         items = ", ".join(source(e) for e in expr[1])
         return {"list": f"[{items}]", "tuple": f"({items}{',' if len(expr[1]) == 1 else ''})",

@@ -38,8 +38,11 @@ def _leaf(draw, model: Model, keys: _Keys, allowed: frozenset, hashable: bool = 
     kind = draw(st.sampled_from(kinds))
     if kind == "name":
         return ("name", draw(st.sampled_from(sorted(model.names))))
-    if kind in ("viewof", "numpy"):
+    if kind == "viewof":
         return (kind, draw(st.sampled_from(sorted(model.dense_names()))))
+    if kind == "numpy":   # at the tensor's address, or one element in
+        return (kind, draw(st.sampled_from(sorted(model.dense_names()))),
+                draw(st.sampled_from((0, 1))))
     if kind == "tattr":
         return ("tattr", (draw(st.sampled_from(DENSE)), keys(), draw(st.sampled_from(SIZES))),
                 _leaf(draw, model, keys, allowed, hashable=True))

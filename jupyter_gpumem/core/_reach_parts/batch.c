@@ -37,6 +37,34 @@ batch_stamp_holds(PyObject *getters, PyObject *t, PyObject *stamp)
     return same;
 }
 
+/* ==== a tensor's own attributes ==================================================== */
+
+/* traverse's callback: a non-empty dict met stops the traversal (*arg set). */
+static int
+batch_attrs_visit(PyObject *o, void *arg)
+{
+    if (PyDict_CheckExact(o) && PyDict_GET_SIZE(o) != 0) {
+        *(int *)arg = 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* batch_has_attrs(t): whether tensor t has attributes of its own (``t.extra = x``,
+ * ``param.main_grad``: a non-empty instance dict), met through its type's traverse as
+ * gc.get_referents meets it (no code runs, nothing is made). Such a tensor is taken the
+ * long way (its attributes are edges of the walk: the backend's tensor_edges), and the
+ * fingerprint doubts it (walked each time). */
+static int
+batch_has_attrs(PyObject *t)
+{
+    int found = 0;
+    traverseproc traverse = Py_TYPE(t)->tp_traverse;
+    if (traverse != NULL && PyObject_IS_GC(t))
+        traverse(t, batch_attrs_visit, &found);
+    return found;
+}
+
 /* ==== take_batch, step by step ======================================================
  * take_batch(values, memo, known, get_fn, stamp_of, get_held, storages, label, found,
  *            devices, node_type, node_head) -> list | None
@@ -46,7 +74,8 @@ batch_stamp_holds(PyObject *getters, PyObject *t, PyObject *stamp)
  * `values` is a list; `memo` maps id(value) -> (storages, label, held) for the values
  * taken before in this scan. For each value not in `memo`: get_fn(value) is asked
  * first, for all of them (any answer other than None, an autograd graph, returns None
- * before anything is written: the caller takes those the long way); then its storages
+ * before anything is written: the caller takes those the long way; so does a tensor
+ * with attributes of its own, batch_has_attrs); then its storages
  * are `known[id(value)][2]` where the stamp `known[id(value)][1]` holds
  * (batch_stamp_holds, stamp_of: its getters; the backend's own record, kept while the
  * tensor lives), else storages(value); what it holds is get_held(value) (its gradient),
@@ -106,7 +135,7 @@ batch_look_up(const batch_args *a, PyObject **vals, PyObject **ids, PyObject **e
             return -1;
         int graph = fn != Py_None;
         Py_DECREF(fn);
-        if (graph)
+        if (graph || batch_has_attrs(vals[i]))
             return 0;
     }
     return 1;

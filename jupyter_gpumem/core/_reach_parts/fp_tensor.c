@@ -164,6 +164,8 @@ fp_tensor_read(Fingerprint *f, PyObject *t, PyObject **infos_out, PyObject **hel
         *held_out = Py_NewRef(seen->held);
         return 1;
     }
+    if (batch_has_attrs(t))
+        return 0;   /* attributes of its own: what they hold is walked each time */
     PyObject *key;
     if (f->taken != NULL && PyDict_GET_SIZE(f->taken) != 0) {
         /* taken by this scan's walk (no other code ran since): what it read then, the

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import devices as _devices
@@ -385,6 +385,8 @@ def _plan_with(refs: dict, names: list[str], context: PurgeContext, all_names: b
     stay_roots = [r for r in stay_roots if id(r) not in reach_of
                   or not target_keys.isdisjoint(reach_of[id(r)].storages)]
     scan2 = context.scan(stay_roots, extra_stop=cut)
+    # (a storage that borrows a purged one's bytes is keyed by that allocation, as in scan1)
+    scan2 = replace(scan2, reach=_scan.one_allocation(scan2.reach, also=scan1.reach))
     user_held = set().union(*(reach.storages.keys() for reach in scan2.reach)) if scan2.reach else set()
     own = target_paths.keys() - user_held
     # a plan the time limit cut proves only what it found: the targets, and the hidden

@@ -15,7 +15,7 @@ import gc
 import time
 import weakref
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import compress, islice
 from operator import itemgetter
 from typing import Any
 
@@ -249,11 +249,22 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     cut: list[int] = []
     notes: list[str] = []
     steps = _Steps()
+    # the small roots that reach nothing (most of a long notebook's names), proven in a few
+    # runs of the C walker rather than walked one by one; nothing of them is kept for the
+    # warm scan: the proof costs less than a fingerprint's
+    small = [i for i, root in enumerate(roots) if _small(root.obj)] if not describe else []
+    empty = set(compress(small, reacher.reach_nothing([roots[i].obj for i in small],
+                                                      deadline)))
     try:
         for i, root in enumerate(roots):
+            if i in empty:
+                walked.append(({}, 1, {}))
+                continue
             if time.perf_counter() >= deadline:   # the rest is not looked at: said below
-                walked += [({}, 0, {})] * (len(roots) - i)
-                cut += range(i, len(roots))
+                for j in range(i, len(roots)):
+                    walked.append(({}, 1 if j in empty else 0, {}))
+                    if j not in empty:
+                        cut.append(j)
                 break
             if id(root.obj) in reacher.stop:
                 walked.append(({}, 0, {}))
@@ -333,13 +344,76 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         steps.end()
         if warm_pass is not None:
             warm_pass.close()
-    result = ScanResult(roots, reach, reacher.partial, reacher.reasons,
+    result = ScanResult(roots, one_allocation(reach), reacher.partial, reacher.reasons,
                         time.perf_counter() - start, reacher.errors,
                         reacher.refusals.kept, kept, out_of_time, notes)
     finder.result = weakref.ref(result)
     if finder.exhausted:   # a path read for what is kept took the last of the time
         finder.say_partial()
     return result
+
+
+def one_allocation(reach: list[Reach], also: list[Reach] = ()) -> list[Reach]:
+    """Rule: one allocation, one key. Two storage objects can share memory: a tensor made
+    from another's numpy view (``torch.from_numpy(a.numpy()[:2])``) or through DLPack
+    borrows the other's bytes, and keeps them alive. Live allocations never overlap, so a
+    storage whose bytes begin at or lie inside another's on the same device is that
+    allocation: its key becomes the allocation's, with the allocation's bytes (the largest
+    storage at the lowest address). Applied here, once per scan, to every root's
+    storages, warm or walked: each name is then blamed for what it keeps alive, and a
+    purge predicts what it frees (tests/core/scan/test_scan_one_allocation.py). ``also``: the
+    reach of another scan of the same moment whose allocations count too (a purge's scan
+    of what stays, which may meet only the borrowing storage, keyed as the first scan
+    keyed it)."""
+    infos: dict = {}
+    for r in (*reach, *also):
+        for key, value in r.storages.items():
+            have = infos.get(key)
+            if have is None or have[1] < value[0][1]:
+                infos[key] = value[0]
+    by_device: dict = {}
+    for key, info in infos.items():
+        if len(key) == 2 and type(key[1]) is int:
+            by_device.setdefault(key[0], []).append((key[1], -info[1], key))
+    owner_of: dict = {}
+    for items in by_device.values():
+        if len(items) < 2:
+            continue
+        items.sort()
+        owner, end = None, -1
+        for ptr, minus, key in items:
+            if owner is not None and ptr + -minus <= end:
+                owner_of[key] = owner
+            elif ptr >= end:
+                owner, end = key, ptr + -minus
+    changed = {k for r in reach for k, v in r.storages.items()
+               if k in owner_of or v[0][1] != infos[k][1]}
+    if not changed:
+        return reach
+    out = []
+    for r in reach:
+        if changed.isdisjoint(r.storages):
+            out.append(r)
+            continue
+        storages: dict = {}
+        for key, (info, node, text) in r.storages.items():
+            key = owner_of.get(key, key)
+            if key not in storages:
+                storages[key] = (infos[key], node, text)
+        out.append(Reach(storages, r.objects))
+    return out
+
+
+#: a root whose object is a dict, list, tuple or set of at most this many items, or of
+#: another type (an instance), is first tried with the others in Reacher.reach_nothing
+SMALL_ROOT = 256
+
+
+def _small(obj: Any) -> bool:
+    tp = type(obj)   # (compared by identity: no metaclass's __eq__ runs)
+    if tp is dict or tp is list or tp is tuple or tp is set or tp is frozenset:
+        return len(obj) <= SMALL_ROOT
+    return True
 
 
 #: the roots a partial result names (the rest are counted)

@@ -74,6 +74,10 @@ _BASE = _refcount_base()
 #: answers). It needs exact reference counts; JUPYTER_GPUMEM_PURE_SCAN=1 turns it off
 #: (and every other use of the C core: see :mod:`.native`).
 NATIVE = _native.Walker if _native is not None and _BASE is not None else None
+#: roots proven to reach nothing in one run of the C walker (Reacher.reach_nothing): a part
+#: that hands something back is tried again (its new types classified) this many times,
+#: then by halves down to this many roots
+EMPTY_TRIES, EMPTY_PART = 3, 16
 NATIVE_SLICE = 0.004   # seconds of one C run: the walk can yield (or stop) between two
 #: the C core's loop over many plain tensors (see Backend.batch_spec), or None: the
 #: backend's take_many and the C-level passes of :meth:`Reacher._take_batch`
@@ -292,6 +296,93 @@ class Reacher(TensorTaking):
             self._found = {}
             self._node = no_nodes   # it refers to the path finder, which refers back here
         return found, count
+
+    # -- many small roots at once ------------------------------------------------------------
+    def reach_nothing(self, objs: list, until: float) -> list[bool]:
+        """For each of ``objs`` (roots), whether it reaches no storage, proven without a
+        walk of its own; False for a root not proven (the caller walks it as usual), all
+        False without the C core.
+
+        Many small roots (a long notebook's lists, dicts, records and instances) are
+        walked together in one run of the C walker, which enters everything plain it
+        meets and hands back the rest; a run that ends before ``until`` with no level cut,
+        where each object handed back leads nowhere (:meth:`_leads_nowhere`), proves it
+        for all of them. A run that met types not classified yet is tried again once they
+        are; one that cut a level or handed back something that leads somewhere (a
+        tensor, a model) goes on by halves, down to :data:`EMPTY_PART`."""
+        out = [False] * len(objs)
+        native = self.native
+        if native is None or not objs:
+            return out
+        fine = list(map(keyable, objs))   # (a class whose metaclass hashes: walked alone)
+        types_ = set(map(type, compress(objs, fine)))
+        if not types_ <= self._learned:
+            self.learn(types_)
+        by_referents, stop = self._by_referents, self.stop
+        part = [i for i, o in enumerate(objs)
+                if fine[i] and type(o) in by_referents and id(o) not in stop]
+        if self.untracked_is_empty:   # a dict or tuple of atoms only (see walk_steps)
+            for i in part:
+                o = objs[i]
+                if not is_tracked(o) and (type(o) is dict or type(o) is tuple):
+                    out[i] = True
+        parts = [[i for i in part if is_tracked(objs[i])]]
+        nowhere: dict[int, bool] = {}   # id -> whether that object leads nowhere
+        self.deadline = until
+        while parts:
+            part = parts.pop()
+            if not part or time.perf_counter() >= until:
+                continue
+            for _ in range(EMPTY_TRIES):
+                native.push([objs[i] for i in part], 0)
+                try:
+                    got, done = native.run(until)
+                    deep = native.deep
+                finally:
+                    native.clear()
+                got, odd = split_keyable(got)
+                kinds = set(map(type, got))
+                if not kinds <= self._learned:
+                    self.learn(kinds)
+                # an object met before its type was classified: the next run walks it
+                again = not kinds.isdisjoint(by_referents)
+                if deep or odd or not all(self._leads_nowhere(o, nowhere) for o in got
+                                          if type(o) not in by_referents):
+                    if len(part) > EMPTY_PART:   # something to take: by halves
+                        half = len(part) // 2
+                        parts += [part[:half], part[half:]]
+                    break
+                if done and not again:
+                    for i in part:
+                        out[i] = True
+                    break
+                if not got:
+                    break   # out of time: the caller walks them
+        return out
+
+    def _leads_nowhere(self, obj: Any, known: dict) -> bool:
+        """Whether ``obj``, handed back by the C walker in :meth:`reach_nothing`, leads
+        the walk to no storage: a stopped object or one whose kind has no handler (a
+        descriptor, a scalar: what :meth:`_admit` and :meth:`_one_by_one` pass over), or
+        one of another kind (a class, a function) whose own walk, once per object, finds
+        nothing, refuses nothing and is not cut. A tensor never. (``known``: the answers
+        so far, by id.)"""
+        tp = type(obj)
+        if tp in self.tensor_backend:
+            return False
+        if id(obj) in self.stop or HANDLERS.get(self.kinds.get(tp)) is None:
+            return True
+        answer = known.get(id(obj))
+        if answer is None:
+            before = (self.errors, len(self.reasons))
+            self.current_root, self.out_of_time = None, False
+            try:
+                found, _ = self.walk(obj)
+            except Exception:  # noqa: BLE001 - not proven: the roots are walked one by one
+                found = None
+            answer = known[id(obj)] = (found == {} and not self.out_of_time
+                                       and (self.errors, len(self.reasons)) == before)
+        return answer
 
     def leads_to(self, objs: list, wanted: set, graph: dict, deadline: float) -> bool | None:
         """Whether ``objs`` reach one of the storages ``wanted`` (None: the deadline came
