@@ -99,6 +99,7 @@ class WatchedCell:
                                label=f"In [{self.number}]", report=False,
                                time_limit=self._time_limit, source="%%gpuwatch",
                                state=self._state, record=self._record).start()
+            self._state.self_reporting = self.number
         except Exception as exc:  # noqa: BLE001 - run the cell unwatched rather than not at all
             complain("%%gpuwatch could not start; the cell runs unwatched", exc)
             self.watch = None

@@ -35,7 +35,8 @@ _WATCHED_CELL = re.compile(r"\s*%%gpuwatch(?:\s|$)")
 def reports_itself(cell: Any) -> bool:
     """Whether ``cell`` (its raw text) is a ``%%gpuwatch`` cell: its own report is the
     cell's one report, so the footer adds no line of its own (a warning or an automatic
-    purge aside, which only the footer makes); the footer still records the cell."""
+    purge aside, which only the footer makes) where the cell's watch started
+    (``WatchState.self_reporting``); the footer still records the cell."""
     return type(cell) is str and bool(_WATCHED_CELL.match(cell))
 
 
@@ -352,7 +353,10 @@ class _Footer:
                 if count is not None:
                     r.label = f"In [{count}]"
                 self._thresholds(w, r)
-                text = r.footer(summary=not payload.quiet)
+                # a %%gpuwatch cell whose own watch started reports for itself
+                quiet = payload.quiet and count is not None and \
+                    self.state.self_reporting == count
+                text = r.footer(summary=not quiet)
                 lines = traced_lines(count)
                 if lines:
                     text += ("\n" if text else "") + lines

@@ -52,6 +52,10 @@ class WatchState:
         #: the tracker's holders are as the last watch's end left them (no error since):
         #: a watch that starts right after may take them as they are (``Watch.start``)
         self.fresh = False
+        #: the cell whose ``%%gpuwatch`` watch started (its number): that cell reports for
+        #: itself, so the footer adds no summary of its own; a cell whose watch could not
+        #: start gets the footer's
+        self.self_reporting: int | None = None
 
     @property
     def settings(self) -> Any:

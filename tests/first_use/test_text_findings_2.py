@@ -91,6 +91,31 @@ def test_a_gpuwatch_cell_under_watch_on_is_reported_once(ip, capsys):
     assert sum(x.startswith("warning: cpu is") for x in warned) == 1, warned   # the warning stays
 
 
+def test_a_gpuwatch_cell_whose_watch_cannot_start_gets_the_footers_report(ip, capsys,
+                                                                        monkeypatch):
+    """The footer stays quiet only for a %%gpuwatch cell whose own watch started: one that
+    could not start (a fault injected into its start) runs unwatched, and the footer's
+    line is then the cell's one report."""
+    from jupyter_gpumem.magics import watched_cell
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no watch today")
+
+    run(ip, "import torch")
+    run(ip, "%gpumem watch on --device cpu")
+    try:
+        monkeypatch.setattr(watched_cell, "Watch", broken)
+        lines = _out(capsys, ip, "%%gpuwatch --device cpu\nd = torch.ones(1 << 20)")
+        monkeypatch.undo()
+        after = _out(capsys, ip, "%%gpuwatch --device cpu\ne = torch.ones(1 << 20)")
+    finally:
+        run(ip, "%gpumem watch off")
+    assert sum("new: d 4.0 MiB" in x for x in lines) == 1, lines
+    assert not any(x.startswith("%%gpuwatch · In [") for x in lines), lines
+    assert sum("new: e 4.0 MiB" in x for x in after) == 1, after   # its own report, once
+    assert sum(x.startswith("%%gpuwatch · In [") for x in after) == 1, after
+
+
 # -- trace names lines as typed, and a %%time cell's lines with its number -------------------
 def _sites(ip, capsys, names: str) -> dict[str, str]:
     capsys.readouterr()
