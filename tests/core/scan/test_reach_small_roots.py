@@ -55,13 +55,9 @@ small_1234 = {'t': torch.ones(32)}
 small_2500 = [torch.nn.Linear(2, 2)]
 small_2999 = (Fresh(),)
 small_2999[0].inner = {'x': torch.ones(16)}
-_c = deep_small = []
-for _i in range(6000):
-    _n = []
-    _c.append(_n)
-    _c = _n
-_c.append(torch.ones(11))
-del _c, _n, _v, _i, _k
+import functools
+deep_small = functools.reduce(lambda inner, _: [inner], range(6000), [torch.ones(11)])
+del _v, _i, _k
 """
 
 
