@@ -90,6 +90,9 @@ def _checked(trait: str, check, keep_parsed: bool) -> Any:
     return validate(trait)(_validate)
 
 
+#: the lines said of rejected settings in ipython_config.py, each once per process
+_SAID: set = set()
+
 class GpuMemSettings(Configurable):
     """What the user can set; the magics (``GpuMemMagics``) carry these traits.
 
@@ -141,8 +144,10 @@ class GpuMemSettings(Configurable):
                     warnings.simplefilter("ignore", UserWarning)
                     super()._load_config(cfg, section_names, {name: trait})
             except TraitError as exc:
-                print(f"jupyter_gpumem: {exc}; the setting keeps {getattr(self, name)!r}",
-                      file=sys.stderr)
+                line = f"jupyter_gpumem: {exc}; the setting keeps {getattr(self, name)!r}"
+                if line not in _SAID:   # once per process, not again at each %reload_ext
+                    _SAID.add(line)
+                    print(line, file=sys.stderr)
 
     # each value is checked where it enters, by the one check of its kind: a bad one is
     # refused with that check's one line (a TraitError), the setting unchanged

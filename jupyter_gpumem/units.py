@@ -88,11 +88,13 @@ def shorten(text: str, width: int = 60) -> str:
 
 class MissingPackage(ImportError):
     """An optional feature's package is not installed: its text names the package and the
-    extra that brings it (``%gpumem plot needs matplotlib: pip install 'jupyter-gpumem[plot]'``)."""
+    extra that brings it (``plotting needs matplotlib, which is not installed: pip install
+    matplotlib (the package's [plot] extra)``): the package is installed from its source,
+    so the command names the package itself."""
 
     def __init__(self, feature: str, package: str, extra: str) -> None:
         super().__init__(f"{feature} needs {package}, which is not installed: "
-                         f"pip install 'jupyter-gpumem[{extra}]'")
+                         f"pip install {package} (the package's [{extra}] extra)")
 
 
 def complain(what: str, exc: BaseException | None = None) -> None:

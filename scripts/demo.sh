@@ -14,7 +14,7 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 pip() { python -m pip -q --no-cache-dir "$@"; }
 pip install --upgrade pip
-pip install "torch==2.13.0"
+pip install "torch==2.13.0" numpy   # (numpy: torch warns at import without it)
 had_modules=0
 [ -d labextension/node_modules ] && had_modules=1
 yarn_tmp=""

@@ -149,3 +149,36 @@ def test_gpumem_name_shows_that_names_storages_not_the_holders_table(ip):
     text = repr(ip.run_line_magic("gpumem", "model --device cpu -o"))
     assert "model: 16.2 KiB in 2 storage(s)" in text and "model.weight" in text, text
     assert "only it" not in text and "other" not in text, text
+
+
+def test_a_rejected_setting_is_said_once_per_process_not_at_each_reload(tmp_path):
+    """A bad value in ipython_config.py costs one line at the first load, and the setting
+    keeps its default; %reload_ext and %load_ext again do not say it again."""
+    out = ipython_with_profile(
+        tmp_path, "c.InteractiveShellApp.extensions = ['jupyter_gpumem']\n"
+        "c.GpuMemMagics.scan_time_limit = -1\n",
+        "ip = get_ipython()\nip.run_line_magic('reload_ext', 'jupyter_gpumem')\n"
+        "ip.run_line_magic('unload_ext', 'jupyter_gpumem')\n"
+        "ip.run_line_magic('load_ext', 'jupyter_gpumem')\n"
+        "m = ip.find_magic('gpumem').__self__; print('LIMIT', m.scan_time_limit)")
+    said = out.stdout + out.stderr
+    assert said.count("GpuMemMagics.scan_time_limit") == 1, said
+    assert "the setting keeps 3.0" in said and "LIMIT 3.0" in out.stdout, said
+
+
+def test_each_commands_help_is_shown_and_nothing_runs(ip, capsys):
+    """``--help`` of a command prints its options (not "unrecognized arguments") and runs
+    nothing: the cell under ``%%gpuwatch --help`` does not run."""
+    for line in ("purge --help", "watch --help", "trace -h", "history --help", "plot --help"):
+        capsys.readouterr()
+        result = ip.run_cell(f"%gpumem {line}")
+        out = capsys.readouterr()
+        command = "%gpumem " + line.split()[0]
+        assert out.out.lstrip().startswith(f"{command} [-h]"), out.out[:200]
+        assert "docs/GUIDE.md" in out.out and "unrecognized" not in out.out + out.err
+        assert "the help is above; nothing ran" in str(result.error_in_exec)
+    ip.user_ns.pop("ran_it", None)
+    capsys.readouterr()
+    ip.run_cell("%%gpuwatch --help\nran_it = True")
+    out = capsys.readouterr()
+    assert out.out.lstrip().startswith("%%gpuwatch [-h]") and "ran_it" not in ip.user_ns

@@ -10,7 +10,7 @@ whatever holds those); keys that no name holds are listed with who does want the
 
 Dask is optional: nothing here imports ``distributed`` or ``dask``; they are used
 only once the user has imported ``distributed`` (``pip install
-jupyter-gpumem[dask]``). A slow scheduler or worker costs at most the time limit,
+distributed``, the package's ``[dask]`` extra). A slow scheduler or worker costs at most the time limit,
 and the answer says who did not answer.
 """
 from __future__ import annotations

@@ -2,6 +2,7 @@
 common options (``--device``, ``-o``)."""
 from __future__ import annotations
 
+import argparse
 import shlex
 from typing import Any, Callable
 
@@ -13,11 +14,28 @@ from ..units import complain
 DEVICE_HELP = "which devices count: auto (accelerators, else cpu), all, cpu, cuda:N"
 
 
+class _Help(argparse.Action):
+    """``-h``/``--help`` of a command: its help printed, the command not run (a one-line
+    UsageError says so, as IPython's magics stop on a bad line)."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show this help; nothing runs")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        text = parser.format_help()   # (IPython's form: "::" and one more % before prog)
+        text = text[2:].lstrip("\n") if text.startswith("::") else text
+        text = text.replace("%" + parser.prog, parser.prog, 1)
+        print(text.rstrip() + "\nEvery command and setting: docs/GUIDE.md")
+        raise UsageError(f"{parser.prog} {option_string}: the help is above; nothing ran")
+
+
 def parser(prog: str, description: str, *, device: bool = True,
            output: str | None = "return the result object") -> MagicArgumentParser:
     """A parser for ``prog`` with the common options: ``--device`` (unless ``device`` is
     false) and ``-o`` (store true; ``output`` is its help, ``None`` leaves it out)."""
     p = MagicArgumentParser(prog=prog, description=description, add_help=False)
+    p.add_argument("-h", "--help", action=_Help)
     if device:
         p.add_argument("--device", default=None, help=DEVICE_HELP)
     if output is not None:
@@ -85,8 +103,9 @@ def usage_errors(fn: Callable[[], Any], errors, prefix: str = "") -> Any:
     message = None
     try:
         return fn()
-    except errors as exc:
-        message = f"{prefix}{exc}"
+    except errors as exc:   # (a message that names the option already is not prefixed again)
+        text = str(exc)
+        message = text if prefix and text.startswith(prefix.rstrip(": ")) else f"{prefix}{text}"
     raise UsageError(message)
 
 

@@ -203,11 +203,14 @@ class GpuMemMagics(Magics, GpuMemSettings):
     def gpuwatch(self, line: str, cell: str) -> Any:
         """Run the cell and report what it did to memory, peaks included.
 
-        %%gpuwatch [-o NAME] [--interval S] [--plot] [--device ...]
+        %%gpuwatch [-o NAME] [--interval S] [--plot] [-v] [--device ...]
 
-        Not wrapped in ``report_errors``: the cell's own exception must reach
-        the user as usual; the watch reports its own failures in one line.
+        -o NAME: the report (a WatchResult) into NAME; --interval S: seconds between
+        samples; --plot: the cell's memory over time; -v: every holder, not the first
+        few. The cell's own exception reaches you as usual, the report under it.
+        Every command and setting: docs/GUIDE.md.
         """
+        # (not wrapped in report_errors: the watch reports its own failures in one line)
         __tracebackhide__ = True  # noqa: F841
         return _watch.cell_magic_gpuwatch(self, line, cell)
 
@@ -240,4 +243,4 @@ GpuMemMagics.gpumem.__doc__ = f"""Who holds accelerator memory, and purge it.
 
 {USAGE}
 
-`%gpumem help` prints the same; each command's options: the README."""
+`%gpumem help` prints the same; each command's options: docs/GUIDE.md."""

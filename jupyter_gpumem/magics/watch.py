@@ -140,7 +140,8 @@ def _finish(magics, w: Watch | None, args, number: int, error: BaseException | N
             magics.shell.user_ns[args.output] = result
         if args.plot:
             show_figure([result], state_for(magics.shell).series.points(result.start - 0.5),
-                        rich=_shows_images(magics.shell))
+                        rich=_shows_images(magics.shell),
+                        where="%gpumem plot --save FILE saves the session's plot where you choose")
     except MissingPackage as exc:   # the report stands; the plot's package is named
         complain(f"%%gpuwatch --plot: {exc}")
     except Exception as exc:  # noqa: BLE001

@@ -208,10 +208,11 @@ def save_figure(fig, path: str) -> str:
 
 
 def show_figure(records, points, devices=None, save: str | None = None,
-                rich: bool = True) -> Any:
+                rich: bool = True, where: str = "--save FILE to choose where") -> Any:
     """Build the figure, display it as PNG where the frontend shows images (``rich``)
     and save it; return the Figure. Where no display shows images (a terminal, a plain
-    shell) it is saved and its path printed instead."""
+    shell) it is saved and its path printed instead, with ``where``: how to choose the
+    file (the command's own option)."""
     if save:
         save = check_file(save)      # refused before anything is drawn or shown
     fig = figure(records, points, devices=devices)
@@ -219,8 +220,7 @@ def show_figure(records, points, devices=None, save: str | None = None,
         with tempfile.NamedTemporaryFile(prefix="gpumem-", suffix=".png", delete=False) as f:
             save = f.name
         save_figure(fig, save)
-        print(f"no display here shows the figure: saved it to {save} "
-              "(--save FILE to choose where)")
+        print(f"no display here shows the figure: saved it to {save} ({where})")
         return fig
     if save:
         save_figure(fig, save)
