@@ -95,7 +95,7 @@ _LABELS = {
     "closure": lambda label: f"→closure:{label[1]}",
     "default": lambda label: f"→default:{label[1]}",
     "local": lambda label: f"→{label[1]}(): {label[2]}",
-    "graph": lambda label: f".grad_fn→{label[1]}.{label[2]}",
+    "graph": lambda label: graph_text(label),
     "ref": lambda label: "→ref",
     "unknown": lambda label: "→…",
     "lru": lambda label: "→lru_cache",
@@ -104,6 +104,19 @@ _LABELS = {
     "opt_state": lambda label: f".state[...]{format_key(label[1])}",
     "opt_state_key": lambda label: ".state.keys()[...]",
 }
+
+
+def graph_text(label: tuple) -> str:
+    """Text of a step into an autograd graph, ``("graph", route, tail)`` (its form:
+    backends/torch_graph.py): ``.grad_fn.next_functions[0][0]._saved_mat1``."""
+    _, route, tail = label
+    at: list = []
+    while type(route) is tuple:   # (parent route, i), from the node back to the head
+        route, i = route
+        at.append(i)
+    head = "" if route is None else attr_text(route)
+    return head + "".join(f".next_functions[{i}][0]" for i in reversed(at)) + \
+        "".join(map(format_label, tail))
 
 
 def format_label(label: tuple) -> str:
