@@ -24,7 +24,10 @@ the steps inside the node, in the path labels' own kinds: ``(("attr", "_saved_ma
 saved tensor behind a saved-tensor hook is named by what is read of it: the pack hook's
 result ``._raw_saved_x.data`` and the unpack hook's state
 ``._raw_saved_x.unpack_hook→closure:frame``. The node's type is not in the path (it
-could not be typed back); the path reads as Python would, and the paths a user types
+could not be typed back). A route of more than 24 nodes (a recurrent net's, thousands
+deep) shows its first and last 8 around ``…(N steps)…`` (``core.scan.graph_text``):
+read, not typed back (two nodes read alike there only where both ends and the count
+agree). The path reads as Python would, and the paths a user types
 (``%gpumem 'loss.grad_fn.next_functions[0][0]._saved_mat1'``) are resolved through
 :meth:`.pytorch.TorchBackend.path_attr`, which reads the graph as this walk does: no
 saved tensor unpacked, no hook run."""

@@ -39,6 +39,10 @@ _NAME = re.compile(r"[^\W\d]\w*")
 _DIGITS = re.compile(r"\d+")
 _GLOBALS = "globals()"
 _READ = object()   # the "slot" of a step a backend read (Backend.path_attr): no binding
+#: where the report left steps out of a path too long to show (a deep autograd graph's):
+#: ``…(1,234 steps)…``
+ELIDED = "\u2026"
+_ELISION = re.compile(ELIDED + r"\([\d,]+ steps\)" + ELIDED)
 
 
 def is_plain_name(key: Any) -> bool:
@@ -276,6 +280,11 @@ def resolve(text: str, *, shell: Any = None, namespace: dict | None = None) -> B
         if type(text) is str and dict.__contains__(ns, text):
             raise PathError(f"{text!r} is a key that is no name: write it "
                             f"{name_text(text)}") from None
+        if type(text) is str and _ELISION.search(text):
+            holder = _NAME.match(text.strip())
+            raise PathError(f"{text}: the report left steps out of this path, too long to "
+                            f"show: it names one object but cannot be typed back (%gpumem "
+                            f"{holder.group() if holder else 'NAME'} lists it)") from None
         raise
     if not dict.__contains__(ns, name):
         raise PathError(f"name {name!r} is not defined")

@@ -123,3 +123,25 @@ def test_a_graph_under_saved_tensor_hooks_is_scanned_and_resolved_without_unpack
     with pytest.raises(UsageError, match="_raw_saved_"):
         ip.run_line_magic("gpumem", f"{plain!r} --device cpu -o")
     assert calls == [], f"the unpack hook ran {len(calls)} time(s)"
+
+
+def test_a_deep_graphs_paths_stay_short_and_say_which_cannot_be_typed(ip):
+    """A recurrent net's graph is thousands of nodes deep: a path that long shows its
+    ends around ``…(N steps)…`` (still one path per row) and, typed, says so."""
+    run(ip, "import torch\n"
+            "W = torch.randn(16, 16, requires_grad=True)\n"
+            "h = torch.zeros(4, 16)\n"
+            "for _ in range(200):\n"
+            "    h = torch.tanh(h @ W + 1.0)\n"
+            "loss = h.sum()\n")
+    got = rows(ip, "loss")
+    assert len(got) > 200, len(got)
+    assert max(map(len, got)) < 800, max(got, key=len)
+    deep = [p for p in got if "steps)\u2026" in p]
+    near = [p for p in got if p.startswith("loss.grad_fn.") and "\u2026" not in p]
+    assert deep and near, list(got)
+    with pytest.raises(UsageError, match="cannot be typed back") as err:
+        ip.run_line_magic("gpumem", f"{deep[0]!r} --device cpu -o")
+    assert "\n" not in str(err.value)
+    for path in near:
+        assert typed_back(ip, path) == got[path], path
