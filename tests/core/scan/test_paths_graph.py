@@ -145,3 +145,27 @@ def test_a_deep_graphs_paths_stay_short_and_say_which_cannot_be_typed(ip):
     assert "\n" not in str(err.value)
     for path in near:
         assert typed_back(ip, path) == got[path], path
+
+
+def test_graph_steps_of_the_users_own_classes_run_none_of_their_code(ip):
+    """A class of the user's that names its properties like the graph's links: the path
+    reads the tensor's own graph, never the property."""
+    run(ip, "import torch\n"
+            "called = []\n"
+            "class Sneaky(torch.Tensor):\n"
+            "    @property\n"
+            "    def grad_fn(self):\n"
+            "        called.append('grad_fn')\n"
+            "        return None\n"
+            "class Fake:\n"
+            "    @property\n"
+            "    def next_functions(self):\n"
+            "        called.append('next_functions')\n"
+            "        return ()\n"
+            "s = (torch.ones(256, requires_grad=True) * 2).as_subclass(Sneaky)\n"
+            "fake = Fake()\n")
+    node = torch._C.TensorBase.grad_fn.__get__(ip.user_ns["s"])
+    assert node is not None and paths.resolve("s.grad_fn", shell=ip).obj is node
+    with pytest.raises(paths.PathError, match="no attribute 'next_functions'"):
+        paths.resolve("fake.next_functions", shell=ip)
+    assert ip.user_ns["called"] == []
