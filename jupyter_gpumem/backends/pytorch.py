@@ -153,7 +153,7 @@ class TorchBackend(Backend):
                 raise LookupError(name)
             fn, _ = self.graph_and_grad(obj)
             if fn is None:
-                raise ValueError("holds no autograd graph (its grad_fn is None)")
+                raise ValueError("that tensor has no autograd graph (its grad_fn is None)")
             return fn
         if issubclass(tp, torch._C._autograd.SavedTensor):
             return saved_attr(self._saved_attrs, obj, name)

@@ -115,7 +115,7 @@ def graph_text(label: tuple) -> str:
     backends/torch_graph.py): ``.grad_fn.next_functions[0][0]._saved_mat1``. A route of
     more than :data:`GRAPH_STEPS_SHOWN` nodes (a recurrent net's, thousands deep) shows
     its first and last :data:`GRAPH_ENDS` around ``…(N steps)…``: a row's text stays
-    short, and such a path is read, not typed back (:func:`.paths.parse` says so)."""
+    short, and such a path is read, not typed back (:func:`.paths.resolve` says so)."""
     _, route, tail = label
     at: list = []
     while type(route) is tuple:   # (parent route, i), from the node back to the head

@@ -255,7 +255,9 @@ def _step(obj: Any, kind: str, key: Any, text: str) -> tuple[Any, Any, Any, Any]
             except LookupError:
                 continue
             except ValueError as exc:
-                raise PathError(f"{text}: .{key}: {exc}") from None
+                raise PathError(f"{text}: {exc}") from None
+            except (AttributeError, TypeError, RuntimeError) as exc:   # not readable now
+                raise PathError(f"{text}: .{key} not readable ({type(exc).__name__})") from None
         raise PathError(f"{text}: no attribute {key!r} (only stored attributes are looked up)")
     if issubclass(tp, dict):
         if dict.__contains__(obj, key):
