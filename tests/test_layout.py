@@ -401,6 +401,7 @@ PER_PROCESS = {
     "units._PLANS": "JSON field plans per dataclass (a pure cache)",
     "extension._SAID_ABSENT": "whether the process was told its scan's C core is absent "
                               "(said once, at the first load)",
+    "settings._SAID": "the rejected settings the process was told of (each said once)",
     "core.render._LAST_TABLE": "the last holders table laid out, by its rows (a pure cache)",
     "core.scan.types._META_KEYABLE": "per metaclass: may its instances be dict keys (a cache)",
     "backends.base._verdicts": "per module object: is it the real framework (a cache, "

@@ -383,6 +383,14 @@ class Backend:
         """A tensor's autograd node and gradient (``None`` where it has none)."""
         return None, None
 
+    def path_attr(self, obj: Any, name: str) -> Any:
+        """Attribute ``name`` of ``obj`` where a path the scan prints steps through a link
+        only this framework reads (a tensor's ``grad_fn``, an autograd graph's
+        ``next_functions`` and saved tensors), read as the walk reads it: no user code,
+        no hook. LookupError where this backend reads no such attribute of ``obj``;
+        ValueError, its text the reason, where it does but cannot read it now."""
+        raise LookupError(name)
+
     def describe(self, obj: Any) -> str | None:
         """A tensor's dtype and shape in a few words, read without its code."""
         return None

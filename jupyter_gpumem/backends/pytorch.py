@@ -14,7 +14,7 @@ from . import torch_allocator as _alloc
 from . import torch_peaks as _peaks
 from . import torch_trace as _trace
 from .torch_graph import (GraphLedger, SavedReader, any_own_attributes, attributes,
-                          graph_children, own_attributes)
+                          graph_children, node_attr, own_attributes, saved_attr)
 from .torch_storage import StorageReader
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo,
                    PeakCounter, PeakLedgerView, framework_module, instance_dict, oom_by_name)
@@ -33,6 +33,7 @@ _GRAD = ("attr", "grad")
 _GRAD_FN, _GRAD_OF = attrgetter("grad_fn"), attrgetter("grad")
 _SECOND, _THIRD = itemgetter(1), itemgetter(2)   # of a record: stamp, storages
 _STATE_KEY = ("opt_state_key",)
+_DATA = (("attr", "data"),)   # a SavedTensor's own (torch_graph.py's labels)
 
 
 def _counter(stats: dict, name: str) -> dict:
@@ -121,10 +122,10 @@ class TorchBackend(Backend):
             return self._module_children(obj)
         if issubclass(tp, torch.optim.Optimizer):
             return self._optimizer_children(obj)
-        if issubclass(tp, torch._C._FunctionBase):
-            return graph_children(self.ledger, self._saved_attrs, obj, {})
+        if issubclass(tp, torch._C._FunctionBase):   # a node met as an object
+            return graph_children(self.ledger, self._saved_attrs, obj, {}, None)
         if issubclass(tp, torch._C._autograd.SavedTensor):
-            return self._saved_attrs.read(self.ledger, obj, ("graph", "SavedTensor", "data"))
+            return self._saved_attrs.read(self.ledger, obj, None, _DATA, ())
         if not issubclass(tp, torch.Tensor):
             return iter(())
         own = own_attributes(obj) if tp in self._plain else attributes(obj)
@@ -143,6 +144,21 @@ class TorchBackend(Backend):
         with torch._C.DisableTorchFunctionSubclass():
             fn = base.grad_fn.__get__(obj)
             return fn, (base.grad.__get__(obj) if fn is None else None)
+
+    def path_attr(self, obj: Any, name: str) -> Any:
+        # a tensor's grad_fn, then the graph's steps as torch_graph.py names them
+        torch = self.torch
+        tp = type(obj)
+        if issubclass(tp, torch.Tensor):
+            if name != "grad_fn":
+                raise LookupError(name)
+            fn, _ = self.graph_and_grad(obj)
+            if fn is None:
+                raise ValueError("that tensor has no autograd graph (its grad_fn is None)")
+            return fn
+        if issubclass(tp, torch._C._autograd.SavedTensor):
+            return saved_attr(self._saved_attrs, obj, name)
+        return node_attr(self._saved_attrs, obj, name)
 
     def describe(self, obj: Any) -> str | None:
         torch = self.torch

@@ -5,7 +5,32 @@ Part of the torch backend (:mod:`.pytorch`); never imports torch.
 
 A saved tensor is never unpacked (see :class:`SavedReader`): unpacking runs the
 saved-tensor hooks the graph was built under, and checkpoint's unpack hook replays
-the forward."""
+the forward.
+
+The paths of what a graph holds (the one place they are made): a label
+``("graph", route, tail)``, whose text (``core.scan.format_label``) is a path a user can
+type back, step for step the way the graph links, so two nodes of one type never read
+alike::
+
+    loss.grad_fn.next_functions[0][0].next_functions[2][0]._saved_mat1
+
+``route`` names the node: ``"grad_fn"`` for a tensor's own node (``.grad_fn``), ``None``
+for a node met as an object itself, ``(parent route, i)`` for the node at
+``next_functions[i][0]`` of the parent (``.next_functions[i][0]``): a chain of pairs,
+one per node, as the breadth-first walk meets it (the shortest way there). ``tail`` is
+the steps inside the node, in the path labels' own kinds: ``(("attr", "_saved_mat1"),)``
+(``._saved_mat1``), ``(("attr", "_saved_indices"), ("index", 1))``, ``(("attr",
+"variable"),)`` (a leaf's), a custom Function's attribute ``(("attr", "extra"),)``. A
+saved tensor behind a saved-tensor hook is named by what is read of it: the pack hook's
+result ``._raw_saved_x.data`` and the unpack hook's state
+``._raw_saved_x.unpack_hook→closure:frame``. The node's type is not in the path (it
+could not be typed back). A route of more than 24 nodes (a recurrent net's, thousands
+deep) shows its first and last 8 around ``…(N steps)…`` (``core.scan.graph_text``):
+read, not typed back (two nodes read alike there only where both ends and the count
+agree). The path reads as Python would, and the paths a user types
+(``%gpumem 'loss.grad_fn.next_functions[0][0]._saved_mat1'``) are resolved through
+:meth:`.pytorch.TorchBackend.path_attr`, which reads the graph as this walk does: no
+saved tensor unpacked, no hook run."""
 from __future__ import annotations
 
 import gc
@@ -160,18 +185,38 @@ class SavedReader:
     PREFIX = "_raw_saved_"
 
     def __init__(self) -> None:
-        self._names: dict[type, tuple] = {}   # node type -> its (name, getset) pairs
-        self._readable: dict[type, Any] = {}   # SavedTensor type -> its getters (_reading)
+        self._names: dict[type, tuple] = {}   # node type -> its (getset, plain, raw) triples
+        self._readable: dict[type, Any] = {}   # SavedTensor type -> its getters (reading_of)
 
     def _getsets(self, tp: type) -> tuple:
+        """``(getset, ("attr", "_saved_x"), ("attr", "_raw_saved_x"))`` of each saved
+        tensor (or list of them) of a node type."""
         got = self._names.get(tp)
         if got is None:
             got = self._names[tp] = tuple(
-                (name, descr) for name, descr in class_getters(tp)
-                if name.startswith(self.PREFIX))
+                (descr, ("attr", "_saved_" + name[len(self.PREFIX):]), ("attr", name))
+                for name, descr in class_getters(tp) if name.startswith(self.PREFIX))
         return got
 
-    def _reading(self, tp: type) -> "tuple | None":
+    def raw(self, node: Any, name: str) -> Any:
+        """``node._raw_saved_<name>`` (a SavedTensor, or a tuple of them), read through
+        the node type's getset (no hook runs); LookupError where it has none."""
+        tp = type(node)
+        for descr, _, raw in self._getsets(tp):
+            if raw[1] == self.PREFIX + name:
+                return descr.__get__(node, tp)
+        raise LookupError(name)
+
+    def saved_data(self, item: Any) -> tuple:
+        """``(data, unpack hook)`` of one SavedTensor, read raw; LookupError where this
+        torch shows saved tensors only by unpacking."""
+        tp = type(item)
+        getters = self.reading_of(tp)
+        if getters is None:
+            raise LookupError("data")
+        return getters[0].__get__(item, tp), getters[1].__get__(item, tp)
+
+    def reading_of(self, tp: type) -> "tuple | None":
         """``(data, unpack_hook)`` getsets of a SavedTensor type, None where it has not both."""
         got = self._readable.get(tp, self)
         if got is self:
@@ -181,27 +226,30 @@ class SavedReader:
         return got
 
     def children(self, ledger: GraphLedger, node: Any,
-                 node_name: str) -> Iterator[tuple[tuple, Any]]:
-        """``(label, object)`` for what ``node``'s saved tensors hold, read raw."""
+                 route: Any) -> Iterator[tuple[tuple, Any]]:
+        """``(label, object)`` for what ``node`` (at ``route``)'s saved tensors hold, read
+        raw (labels: the module docstring)."""
         tp = type(node)
-        for name, descr in self._getsets(tp):
+        for descr, plain, raw_step in self._getsets(tp):
             try:
                 raw = descr.__get__(node, tp)
             except (RuntimeError, AttributeError, TypeError):
                 continue  # freed by backward(), or not readable
-            attr = "_saved_" + name[len(self.PREFIX):]
-            items = raw if type(raw) in (tuple, list) else (raw,)
+            one = type(raw) not in (tuple, list)
+            items = (raw,) if one else raw
             for i, item in enumerate(items):
                 if item is None:
                     continue
-                label = ("graph", node_name, attr if len(items) == 1 and items is not raw
-                         else f"{attr}[{i}]")
-                yield from self.read(ledger, item, label)
+                at = () if one else (("index", i),)
+                yield from self.read(ledger, item, route, (plain,) + at, (raw_step,) + at)
 
-    def read(self, ledger: GraphLedger, item: Any, label: tuple) -> Iterator[tuple[tuple, Any]]:
-        """What one SavedTensor holds, under ``label``, without unpacking it."""
+    def read(self, ledger: GraphLedger, item: Any, route: Any, plain: tuple,
+             raw: tuple) -> Iterator[tuple[tuple, Any]]:
+        """What one SavedTensor holds, without unpacking it: its tensor under the tail
+        ``plain`` (``._saved_x``), or, behind a hook, what the hooks keep under the tail
+        ``raw`` (``._raw_saved_x``) and their steps (``.data``, ``.unpack_hook``)."""
         tp = type(item)
-        getters = self._reading(tp)
+        getters = self.reading_of(tp)
         try:
             hook = getters[1].__get__(item, tp) if getters is not None else None
             data = getters[0].__get__(item, tp) if getters is not None else None
@@ -212,39 +260,45 @@ class SavedReader:
             return
         if hook is not None:   # the pack hook's result and the unpack hook's state: a
             ledger.behind += 1   # function's closure (a library's too: checkpoint's
-            hook_label = label[:2] + (label[2] + " (unpack hook)",)   # frame), else itself
+            hooked = raw + (_UNPACK_HOOK,)   # frame), else the hook itself
             if type(hook) is FunctionType:
-                for value in closure_values(hook):
-                    yield hook_label, value
+                for name, value in closure_values(hook):
+                    yield ("graph", route, hooked + (("closure", name),)), value
             else:
-                yield hook_label, hook
-            label = label[:2] + (label[2] + " (packed)",)
+                yield ("graph", route, hooked), hook
+            plain = raw + (_DATA,)
         if data is not None:
-            yield label, data
+            yield ("graph", route, plain), data
 
 
 _CLOSURE = FunctionType.__dict__["__closure__"].__get__
+_CODE = FunctionType.__dict__["__code__"].__get__
 _CELL = CellType.__dict__["cell_contents"].__get__
+_DATA, _UNPACK_HOOK, _VARIABLE = ("attr", "data"), ("attr", "unpack_hook"), (("attr", "variable"),)
 
 
 def closure_values(fn: Any) -> list:
-    """What a plain function's closure cells hold, read through their C slots (an
-    unpack hook's state: checkpoint's frame, which keeps the inputs it will replay
-    with)."""
+    """``(name, value)`` of what a plain function's closure cells hold, read through their
+    C slots (an unpack hook's state: checkpoint's frame, which keeps the inputs it will
+    replay with)."""
     out = []
-    for cell in _CLOSURE(fn) or ():
+    cells = _CLOSURE(fn) or ()
+    names = _CODE(fn).co_freevars
+    for i, cell in enumerate(cells):
         try:
-            out.append(_CELL(cell))
+            out.append((names[i] if i < len(names) else str(i), _CELL(cell)))
         except ValueError:   # an empty cell
             pass
     return out
 
 
 def graph_children(ledger: GraphLedger, saved: SavedReader, root: Any,
-               seen: dict) -> Iterator[tuple[tuple, Any]]:
+                   seen: dict, head: "str | None" = "grad_fn") -> Iterator[tuple[tuple, Any]]:
     """Saved tensors and leaf variables of the autograd graph under ``root``,
     breadth first (the newest operations first); ``saved``: the reader of saved
-    tensors, which never unpacks one (:class:`SavedReader`).
+    tensors, which never unpacks one (:class:`SavedReader`). Labelled as the module
+    docstring says, ``root`` at the route ``head`` (``"grad_fn"``: a tensor's node,
+    ``None``: a node met as an object).
 
     Nodes already in ``seen`` (expanded from another tensor of the same
     graph) are not expanded again. The walk stops where :class:`GraphLedger`
@@ -255,24 +309,85 @@ def graph_children(ledger: GraphLedger, saved: SavedReader, root: Any,
     if not ledger.admit(root):
         return
     seen[id(root)] = root
-    queue = deque([root])
+    queue = deque([(root, head)])
     while queue:
-        node = queue.popleft()
-        node_name = type(node).__name__
-        variable = getattr(node, "variable", None) if node_name == "AccumulateGrad" else None
+        node, route = queue.popleft()
+        variable = getattr(node, "variable", None) \
+            if type(node).__name__ == "AccumulateGrad" else None
         if variable is not None:
-            yield ("graph", node_name, "variable"), variable
+            yield ("graph", route, _VARIABLE), variable
         # what a custom Function's forward kept on its ctx (the node itself)
         for attr, value in attributes(node):
-            yield ("graph", node_name, attr[1]), value
-        yield from saved.children(ledger, node, node_name)
+            yield ("graph", route, (attr,)), value
+        yield from saved.children(ledger, node, route)
         if not ledger.may_expand():
             return
         try:
             parents = node.next_functions
         except (RuntimeError, AttributeError):
             parents = ()
-        for parent, _ in parents:
+        for i, (parent, _) in enumerate(parents):
             if parent is not None and id(parent) not in seen and ledger.admit(parent):
                 seen[id(parent)] = parent
-                queue.append(parent)
+                queue.append((parent, (route, i)))
+
+
+def _node_getters(tp: type) -> "dict | None":
+    """The C-level getters of a graph node's type (one whose ``next_functions`` is a C
+    getter, as torch's nodes and a custom Function's are), else None."""
+    got = dict(class_getters(tp))
+    return got if "next_functions" in got else None
+
+
+def saved_attr(saved: SavedReader, item: Any, name: str) -> Any:
+    """``data`` or ``unpack_hook`` of a SavedTensor, read raw (LookupError for another
+    name)."""
+    if name not in ("data", "unpack_hook"):
+        raise LookupError(name)
+    try:
+        data, hook = saved.saved_data(item)
+    except LookupError:
+        raise ValueError("this torch shows saved tensors only by unpacking them") from None
+    return data if name == "data" else hook
+
+
+def node_attr(saved: SavedReader, node: Any, name: str) -> Any:
+    """Attribute ``name`` of a graph node, as a path of the scan names it (the module
+    docstring) and as the walk reads it: ``next_functions``, ``variable`` and
+    ``_raw_saved_x`` through the node type's C getters, ``_saved_x`` through
+    ``_raw_saved_x`` and its SavedTensor's ``data`` (never unpacked: refused where a hook
+    is set). LookupError where ``node`` is no graph node or ``name`` none of those;
+    ValueError (its text the reason) where it cannot be read so."""
+    tp = type(node)
+    getters = _node_getters(tp)
+    if getters is None:
+        raise LookupError(name)
+    try:
+        if name in ("next_functions", "variable") or name.startswith(SavedReader.PREFIX):
+            if name not in getters:
+                raise LookupError(name)
+            return getters[name].__get__(node, tp)
+        if not name.startswith("_saved_"):
+            raise LookupError(name)
+        rest = name[len("_saved_"):]
+        raw = saved.raw(node, rest)
+        if type(raw) not in (tuple, list):
+            return _unhooked(saved, raw, rest)
+        return tuple(_unhooked(saved, item, rest) for item in raw)
+    except RuntimeError as exc:   # freed by backward()
+        raise ValueError(f"not readable: {str(exc).splitlines()[0]}") from None
+
+
+def _unhooked(saved: SavedReader, item: Any, rest: str) -> Any:
+    """The tensor a SavedTensor keeps, where no saved-tensor hook is set on it."""
+    if item is None:
+        return None
+    try:
+        data, hook = saved.saved_data(item)
+    except LookupError:
+        raise ValueError("this torch shows saved tensors only by unpacking them, "
+                         "which may run hooks: not read") from None
+    if hook is not None:
+        raise ValueError(f"behind a saved-tensor hook, never unpacked: what the pack "
+                         f"hook kept is ._raw_saved_{rest}.data")
+    return data

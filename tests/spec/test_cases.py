@@ -402,7 +402,8 @@ def test_a_report_keeps_nothing_alive(ip):
 
 def test_the_torch_backends_children_of_a_tensor_lead_through_its_graph():
     """``Backend.children`` of a tensor with a ``grad_fn``: the graph's saved tensors and
-    its leaf, labelled by node and attribute (the graph walk lives in torch_graph.py)."""
+    its leaf, labelled by the route to their node and the step inside it (the graph walk
+    lives in torch_graph.py)."""
     from jupyter_gpumem.backends.pytorch import BACKENDS
 
     x = torch.ones(3, requires_grad=True)
@@ -410,5 +411,6 @@ def test_the_torch_backends_children_of_a_tensor_lead_through_its_graph():
     y = (x * w).sum()
     kids = list(BACKENDS[0].children(y))
     found = {label: value for label, value in kids}
-    assert found[("graph", "AccumulateGrad", "variable")] is x
+    # .grad_fn.next_functions[0][0].next_functions[0][0].variable
+    assert found[("graph", (("grad_fn", 0), 0), (("attr", "variable"),))] is x
     assert any(v is w for v in found.values())

@@ -22,7 +22,7 @@ from typing import Any
 from ...backends import Backend, active_backends
 from .search import Nodes, PathFinder
 from .hidden import hidden_roots
-from .paths import attr_text
+from .paths import ELIDED, attr_text
 from .roots import Root, format_key, odd_keys, stop_ids_for, user_roots
 from .reach import Reacher
 from .warm import Kept, WarmScan
@@ -95,7 +95,7 @@ _LABELS = {
     "closure": lambda label: f"→closure:{label[1]}",
     "default": lambda label: f"→default:{label[1]}",
     "local": lambda label: f"→{label[1]}(): {label[2]}",
-    "graph": lambda label: f".grad_fn→{label[1]}.{label[2]}",
+    "graph": lambda label: graph_text(label),
     "ref": lambda label: "→ref",
     "unknown": lambda label: "→…",
     "lru": lambda label: "→lru_cache",
@@ -104,6 +104,29 @@ _LABELS = {
     "opt_state": lambda label: f".state[...]{format_key(label[1])}",
     "opt_state_key": lambda label: ".state.keys()[...]",
 }
+
+
+#: a graph path's nodes shown in full at most; a longer one shows this many at each end
+GRAPH_STEPS_SHOWN, GRAPH_ENDS = 24, 8
+
+
+def graph_text(label: tuple) -> str:
+    """Text of a step into an autograd graph, ``("graph", route, tail)`` (its form:
+    backends/torch_graph.py): ``.grad_fn.next_functions[0][0]._saved_mat1``. A route of
+    more than :data:`GRAPH_STEPS_SHOWN` nodes (a recurrent net's, thousands deep) shows
+    its first and last :data:`GRAPH_ENDS` around ``…(N steps)…``: a row's text stays
+    short, and such a path is read, not typed back (:func:`.paths.resolve` says so)."""
+    _, route, tail = label
+    at: list = []
+    while type(route) is tuple:   # (parent route, i), from the node back to the head
+        route, i = route
+        at.append(i)
+    head = "" if route is None else attr_text(route)
+    steps = [f".next_functions[{i}][0]" for i in reversed(at)]
+    if len(steps) > GRAPH_STEPS_SHOWN:
+        left_out = len(steps) - 2 * GRAPH_ENDS
+        steps[GRAPH_ENDS:-GRAPH_ENDS] = [f"{ELIDED}({left_out:,} steps){ELIDED}"]
+    return head + "".join(steps) + "".join(map(format_label, tail))
 
 
 def format_label(label: tuple) -> str:

@@ -8,7 +8,12 @@ attribute that is none ``.__dict__['my attr']``: the text a report shows for a
 holder names that holder and nothing else. Each step is looked up in
 instance dictionaries, ``__slots__`` fields and containers directly, through
 the base types' own methods, so no property, ``__getattr__``, ``__class__``
-or other code of the user's runs.
+or other code of the user's runs. An attribute found none of those ways is asked of
+the backends (:meth:`~jupyter_gpumem.backends.Backend.path_attr`): the links only a
+framework reads, as the scan prints them (``loss.grad_fn.next_functions[0][0]._saved_mat1``
+steps through an autograd graph, read as the walk reads it, no saved tensor unpacked).
+Such a path names an object but no binding a purge could delete (:func:`check_deletable`
+says which name to purge instead).
 """
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ import sys
 import types
 from dataclasses import dataclass
 from typing import Any
+
+from ...backends import active_backends
 
 _MODULE_DICTS = ("_parameters", "_buffers", "_modules")  # nn.Module keeps these apart
 _TYPE_DICT = type.__dict__["__dict__"].__get__      # a class's own namespace, C-level
@@ -31,6 +38,11 @@ _ATTR = re.compile(r"\s*(\d+|[^\W\d]\w*)\s*")
 _NAME = re.compile(r"[^\W\d]\w*")
 _DIGITS = re.compile(r"\d+")
 _GLOBALS = "globals()"
+_READ = object()   # the "slot" of a step a backend read (Backend.path_attr): no binding
+#: where the report left steps out of a path too long to show (a deep autograd graph's):
+#: ``…(1,234 steps)…``
+ELIDED = "\u2026"
+_ELISION = re.compile(ELIDED + r"\([\d,]+ steps\)" + ELIDED)
 
 
 def is_plain_name(key: Any) -> bool:
@@ -74,6 +86,8 @@ class Binding:
     owner: Any = None       # the object whose step holds the reference (None: the namespace)
     owner_text: str = ""    # the path of ``owner``: ``m.layers[3]`` for ``m.layers[3].cache``
     steps: int = 0          # steps after the name: 0 for the name itself
+    through: str = ""       # the first step a backend read (``loss.grad_fn``), if any
+    holder: str = ""        # the path of the object that step left (``loss``)
 
     @property
     def is_name(self) -> bool:
@@ -235,6 +249,15 @@ def _step(obj: Any, kind: str, key: Any, text: str) -> tuple[Any, Any, Any, Any]
             if value is None:
                 raise PathError(f"{text}: holds nothing")
             return value, obj, key, descr
+        for backend in active_backends():
+            try:
+                return backend.path_attr(obj, key), obj, key, _READ
+            except LookupError:
+                continue
+            except ValueError as exc:
+                raise PathError(f"{text}: {exc}") from None
+            except (AttributeError, TypeError, RuntimeError) as exc:   # not readable now
+                raise PathError(f"{text}: .{key} not readable ({type(exc).__name__})") from None
         raise PathError(f"{text}: no attribute {key!r} (only stored attributes are looked up)")
     if issubclass(tp, dict):
         if dict.__contains__(obj, key):
@@ -259,19 +282,29 @@ def resolve(text: str, *, shell: Any = None, namespace: dict | None = None) -> B
         if type(text) is str and dict.__contains__(ns, text):
             raise PathError(f"{text!r} is a key that is no name: write it "
                             f"{name_text(text)}") from None
+        if type(text) is str and _ELISION.search(text):
+            holder = _NAME.match(text.strip())
+            raise PathError(f"{text}: the report left steps out of this path, too long to "
+                            f"show: it names one object but cannot be typed back (%gpumem "
+                            f"{holder.group() if holder else 'NAME'} lists it)") from None
         raise
     if not dict.__contains__(ns, name):
         raise PathError(f"name {name!r} is not defined")
     obj, container, key, slot = dict.__getitem__(ns, name), ns, name, None
     owner, owner_text = None, ""
-    for kind, k in steps:
+    root_name = name_text(name)
+    parts = [root_name] + [attr_text(k) if kind == "attr" else f"[{k!r}]" for kind, k in steps]
+    through = holder = ""
+    for i, (kind, k) in enumerate(steps):
         owner = obj
         obj, container, key, slot = _step(obj, kind, k, text)
-    root_name = name_text(name)
+        if slot is _READ and not through:
+            holder = "".join(parts[:i + 1])
+            through = holder + parts[i + 1]
     if steps:
-        owner_text = root_name + "".join(attr_text(k) if kind == "attr" else f"[{k!r}]"
-                                         for kind, k in steps[:-1])
-    return Binding(text, obj, container, key, root_name, slot, owner, owner_text, len(steps))
+        owner_text = "".join(parts[:-1])
+    return Binding(text, obj, container, key, root_name, slot, owner, owner_text, len(steps),
+                   through, holder)
 
 
 # -- deleting -------------------------------------------------------------------------
@@ -285,6 +318,8 @@ def delete(binding: Binding) -> None:
     the one planned (gone or rebound meanwhile, by another thread say)."""
     c, key, obj = binding.container, binding.key, binding.obj
     tp = type(c)
+    if binding.through:
+        check_deletable(binding)   # raises: nothing to delete
     if binding.slot is not None:
         try:
             current = binding.slot.__get__(c, tp)
@@ -314,6 +349,10 @@ def delete(binding: Binding) -> None:
 
 def check_deletable(binding: Binding) -> None:
     """Raise :class:`PathError` now if :func:`delete` would fail later."""
+    if binding.through:
+        raise PathError(f"{binding.text}: reached through {binding.through}, a link purge "
+                        f"cannot cut (no name, attribute or item); purge {binding.holder} "
+                        f"instead, which holds it")
     if type(binding.slot) is types.MemberDescriptorType:
         owner = binding.slot.__objclass__
         if not _TYPE_FLAGS(owner) & _HEAPTYPE:
