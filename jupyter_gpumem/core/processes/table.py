@@ -1,0 +1,175 @@
+"""One reading's view of the process table: each process's ``stat`` read at most once.
+
+A reading asks the same few things of many processes: a process's parent and its parent
+chain, a kernel's descendants, a parent's name (a reaper?), and, for an orphan no mark
+tells the kernel of, every process's start time. A :class:`Table` answers them, reading
+each process's ``/proc/PID/stat`` once at most (the whole table once at most, and only
+where a question needs every process), a kernel's children from Linux's per-task lists.
+What is asked of a few processes only (owner, command line, environment, open files,
+memory) the callers read of those alone, with psutil. Elsewhere than Linux, psutil
+answers all.
+
+The figures are psutil's: a start time is ``create_time()`` to the bit (the boot time
+plus the clock ticks of ``stat``); a name is the kernel's command name (``comm``, at most
+15 characters: psutil's ``name()`` where it is shorter, and enough to tell a reaper,
+whose names are all shorter). A table is one reading's: a decision that ends a process
+reads live (a :class:`..Context` without a table).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import psutil
+
+MAX_DEPTH = 64                   # parents followed at most
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PROC = "/proc"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One process as the table saw it."""
+
+    pid: int
+    ppid: int
+    name: str
+    started: float | None        # psutil's create_time()
+
+
+def _stat(pid: int, boot: float) -> Row | None:
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as f:
+            data = f.read()
+        rpar = data.rfind(b")")
+        fields = data[rpar + 2:].split()
+        name = data[data.find(b"(") + 1:rpar].decode("utf-8", "surrogateescape")
+        return Row(pid, int(fields[1]), name, float(fields[19]) / CLOCK_TICKS + boot)
+    except (OSError, IndexError, ValueError):
+        return None                  # gone, or unreadable: as psutil.process_iter skips it
+
+
+def _psutil_row(pid: int) -> Row | None:
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            return Row(pid, proc.ppid(), proc.name(), proc.create_time())
+    except (psutil.Error, OSError):
+        return None
+
+
+def _children_files(pid: int) -> list[int] | None:
+    """``pid``'s children from Linux's ``/proc/PID/task/TID/children`` (``None``: not here)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"{PROC}/{pid}/task")
+    except FileNotFoundError:
+        return []                           # gone
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"{PROC}/{pid}/task/{tid}/children", "rb") as f:
+                out += [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            if tid == str(pid):
+                return None                 # a kernel built without them
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+class Table:
+    """The process table as one reading sees it (made by :func:`snapshot`)."""
+
+    def __init__(self):
+        self.procfs = os.path.isdir(PROC)
+        self.boot = psutil.boot_time() if self.procfs else 0.0
+        self.known: dict[int, Row | None] = {}
+        self.complete = False
+        self.by_parent: dict[int, list[int]] | None = None
+
+    def row(self, pid: int) -> Row | None:
+        """Process ``pid`` (``None``: none, or unreadable)."""
+        if pid not in self.known:
+            if self.complete:
+                return None
+            self.known[pid] = _stat(pid, self.boot) if self.procfs else _psutil_row(pid)
+        return self.known[pid]
+
+    def rows(self) -> list[Row]:
+        """Every process, by pid (one pass, at most once)."""
+        if not self.complete:
+            try:
+                pids = [int(n) for n in os.listdir(PROC) if n.isdigit()] if self.procfs \
+                    else psutil.pids()
+            except OSError:
+                pids = psutil.pids()
+            known, self.known = self.known, {}
+            for pid in sorted(pids):
+                self.known[pid] = known[pid] if pid in known else (
+                    _stat(pid, self.boot) if self.procfs else _psutil_row(pid))
+            self.complete = True
+        return [r for r in self.known.values() if r is not None]
+
+    def ppid(self, pid: int) -> int | None:
+        row = self.row(pid)
+        return None if row is None else row.ppid
+
+    def name(self, pid: int) -> str | None:
+        row = self.row(pid)
+        return None if row is None else row.name
+
+    def ancestors(self, pid: int) -> list[int]:
+        """``pid``'s parent, its parent's, ... (at most :data:`MAX_DEPTH`; the chain stops at
+        a parent that cannot be read, after naming it)."""
+        out: list[int] = []
+        row = self.row(pid)
+        for _ in range(MAX_DEPTH):
+            if row is None or row.ppid <= 0 or row.ppid in out:
+                break
+            out.append(row.ppid)
+            row = self.row(row.ppid)
+        return out
+
+    def children(self, pid: int) -> list[int]:
+        """``pid``'s children: from the whole table where it was read already, else from
+        Linux's per-task lists where it keeps them, else from the whole table."""
+        if self.by_parent is None:
+            found = _children_files(pid) if self.procfs and not self.complete else None
+            if found is not None:
+                return found
+            self.by_parent = {}
+            for row in self.rows():
+                self.by_parent.setdefault(row.ppid, []).append(row.pid)
+        return self.by_parent.get(pid, [])
+
+    def descendants(self, pid: int) -> list[int]:
+        """``pid``'s children, theirs, ..., sorted (never ``pid`` itself)."""
+        seen: set[int] = set()
+        stack = [pid]
+        while stack:
+            for child in self.children(stack.pop()):
+                if child not in seen and child != pid:
+                    seen.add(child)
+                    stack.append(child)
+        return sorted(seen)
+
+
+def snapshot() -> Table:
+    """A new view of the process table (each process read when first asked about)."""
+    return Table()
+
+
+def environ_has(pid: int, key: str, value: str) -> bool | None:
+    """Whether ``key=value`` is in process ``pid``'s environment, from its raw block (no
+    parse); ``None``: cannot be told this way (not Linux). A cheap test before psutil's
+    ``environ()``: False where that would not hold it, or cannot be read."""
+    if not os.path.isdir(PROC):
+        return None
+    try:
+        with open(f"{PROC}/{pid}/environ", "rb") as f:
+            block = b"\0" + f.read()
+    except OSError:
+        return False
+    return b"\0" + f"{key}={value}".encode("utf-8", "surrogateescape") + b"\0" in block + b"\0"
