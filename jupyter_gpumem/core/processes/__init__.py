@@ -110,6 +110,7 @@ class Context:
     kernels: dict[int, KernelRef] = field(default_factory=dict)
     now: float = field(default_factory=time.time)
     envs: dict = field(default_factory=dict)      # pid -> environment (read once)
+    users: dict = field(default_factory=dict)     # uid -> user name (looked up once)
     table: Table | None = None
 
 
@@ -157,13 +158,14 @@ def _environ(ctx: Context, pid: int) -> dict:
 
 def holds_gpu_file(pid: int) -> bool | None:
     """Whether process ``pid`` holds a GPU device file open; ``None``: cannot be read.
-    The newest descriptors first (a driver's files are opened when the process first
-    touches the GPU, after its start-up's): the answer is the same, found sooner."""
+    The last descriptors first (Linux lists them in order, and a driver's files are
+    opened when the process first touches the GPU, after its start-up's): the answer is
+    the same in any order, found sooner in this one."""
     try:
         names = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return None
-    for name in sorted(names[:65536], key=lambda n: -int(n) if n.isdigit() else 0):
+    for name in reversed(names[:65536]):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{name}")
         except OSError:
@@ -400,6 +402,18 @@ def is_orphan(pid: int, ctx: Context | None = None) -> bool:
     return verdict is not None and verdict.relation == "orphan" and verdict.purgeable
 
 
+def _user_name(ctx: Context, proc: psutil.Process, uid: int) -> str:
+    """The name of ``uid``, the owner of ``proc`` (looked up once per context)."""
+    if uid not in ctx.users:
+        try:
+            ctx.users[uid] = proc.username()
+        except KeyError:
+            ctx.users[uid] = str(uid)
+        except psutil.Error:
+            return str(uid)
+    return ctx.users[uid]
+
+
 def describe(pid: int, nbytes: int | None, ctx: Context, lists=()) -> GpuProcess | None:
     """``pid`` as a :class:`GpuProcess`; ``None`` where it does not exist here or is
     not the process NVML means (hidden)."""
@@ -409,10 +423,7 @@ def describe(pid: int, nbytes: int | None, ctx: Context, lists=()) -> GpuProcess
             uid = proc.uids().real
             ppid = proc.ppid()
             started = proc.create_time()
-            try:
-                user = proc.username()
-            except (KeyError, psutil.Error):
-                user = str(uid)
+            user = _user_name(ctx, proc, uid)
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None
     except (psutil.Error, OSError):
