@@ -20,7 +20,7 @@ from ...backends import nvml
 from ...units import JsonFields, Report, fmt_bytes, html_table, json_field, text_table
 from ...units import shorten as _shorten
 from ..render import code_html
-from .table import MAX_DEPTH, Table, environ_has, snapshot
+from .table import MAX_DEPTH, Table, snapshot
 
 #: device files a process with a GPU context holds open; a listed pid of this user that
 #: holds none of them is not the process NVML means (another PID namespace's pid).
@@ -328,7 +328,7 @@ def _starters(env: dict, started: float, pid: int, ctx: Context | None) -> list[
             continue
         if row.started is None or row.started > started + SAME_START:
             continue
-        if server is not None and environ_has(cand, KERNEL_ENV, server) is False:
+        if server is not None and table.environ_has(cand, KERNEL_ENV, server) is False:
             continue
         try:
             proc = psutil.Process(cand)

@@ -2,12 +2,13 @@
 
 A reading asks the same few things of many processes: a process's parent and its parent
 chain, a kernel's descendants, a parent's name (a reaper?), and, for an orphan no mark
-tells the kernel of, every process's start time. A :class:`Table` answers them, reading
-each process's ``/proc/PID/stat`` once at most (the whole table once at most, and only
-where a question needs every process), a kernel's children from Linux's per-task lists.
-What is asked of a few processes only (owner, command line, environment, open files,
-memory) the callers read of those alone, with psutil. Elsewhere than Linux, psutil
-answers all.
+tells the kernel of, every process's start time and whether its environment names the
+orphan's server. A :class:`Table` answers them, reading each process's
+``/proc/PID/stat`` once at most (the whole table once at most, and only where a question
+needs every process), a kernel's children from Linux's per-task lists, an environment's
+raw block once per question. What is asked of a few processes only (owner, command
+line, parsed environment, open files, memory) the callers read of those alone, with
+psutil. Elsewhere than Linux, psutil answers all.
 
 The figures are psutil's: a start time is ``create_time()`` to the bit (the boot time
 plus the clock ticks of ``stat``); a name is the kernel's command name (``comm``, at most
@@ -88,6 +89,7 @@ class Table:
         self.known: dict[int, Row | None] = {}
         self.complete = False
         self.by_parent: dict[int, list[int]] | None = None
+        self.environs: dict[tuple, bool] = {}
 
     def row(self, pid: int) -> Row | None:
         """Process ``pid`` (``None``: none, or unreadable)."""
@@ -144,6 +146,24 @@ class Table:
                 self.by_parent.setdefault(row.ppid, []).append(row.pid)
         return self.by_parent.get(pid, [])
 
+    def environ_has(self, pid: int, key: str, value: str) -> bool | None:
+        """Whether ``key=value`` is in process ``pid``'s environment, from its raw block
+        (no parse; each asked once per table); ``None``: cannot be told this way (not
+        Linux). A cheap test before psutil's ``environ()``: False only where that would
+        not hold it, or cannot be read."""
+        if not self.procfs:
+            return None
+        ask = (pid, key, value)
+        if ask not in self.environs:
+            try:
+                with open(f"{PROC}/{pid}/environ", "rb") as f:
+                    block = b"\0" + f.read() + b"\0"
+            except OSError:
+                block = b""
+            entry = b"\0" + f"{key}={value}".encode("utf-8", "surrogateescape") + b"\0"
+            self.environs[ask] = entry in block
+        return self.environs[ask]
+
     def descendants(self, pid: int) -> list[int]:
         """``pid``'s children, theirs, ..., sorted (never ``pid`` itself)."""
         seen: set[int] = set()
@@ -159,17 +179,3 @@ class Table:
 def snapshot() -> Table:
     """A new view of the process table (each process read when first asked about)."""
     return Table()
-
-
-def environ_has(pid: int, key: str, value: str) -> bool | None:
-    """Whether ``key=value`` is in process ``pid``'s environment, from its raw block (no
-    parse); ``None``: cannot be told this way (not Linux). A cheap test before psutil's
-    ``environ()``: False where that would not hold it, or cannot be read."""
-    if not os.path.isdir(PROC):
-        return None
-    try:
-        with open(f"{PROC}/{pid}/environ", "rb") as f:
-            block = b"\0" + f.read()
-    except OSError:
-        return False
-    return b"\0" + f"{key}={value}".encode("utf-8", "surrogateescape") + b"\0" in block + b"\0"

@@ -77,16 +77,18 @@ def test_environ_has_reads_the_raw_block():
     p = subprocess.Popen([sys.executable, "-c", LEAF], stdout=subprocess.PIPE, text=True,
                          env=gh.environ({"JPY_PARENT_PID": "4242", "ODD": "a=b c"}))
     int(p.stdout.readline())
+    t = table.snapshot()
     try:
-        assert table.environ_has(p.pid, "JPY_PARENT_PID", "4242") is True
-        assert table.environ_has(p.pid, "ODD", "a=b c") is True
-        assert table.environ_has(p.pid, "JPY_PARENT_PID", "424") is False
-        assert table.environ_has(p.pid, "JPY_PARENT_PID", "42421") is False
-        assert table.environ_has(p.pid, "PARENT_PID", "4242") is False
+        assert t.environ_has(p.pid, "JPY_PARENT_PID", "4242") is True
+        assert t.environ_has(p.pid, "ODD", "a=b c") is True
+        assert t.environ_has(p.pid, "JPY_PARENT_PID", "424") is False
+        assert t.environ_has(p.pid, "JPY_PARENT_PID", "42421") is False
+        assert t.environ_has(p.pid, "PARENT_PID", "4242") is False
     finally:
         p.kill()
         p.wait()
-    assert table.environ_has(p.pid, "JPY_PARENT_PID", "4242") is False    # gone
+    assert t.environ_has(p.pid, "JPY_PARENT_PID", "4242") is True     # once per table
+    assert table.snapshot().environ_has(p.pid, "JPY_PARENT_PID", "4242") is False  # gone
 
 
 def test_a_reading_from_one_table_names_every_process_as_a_live_reading(fake_nvml):
