@@ -318,17 +318,19 @@ def _starters(env: dict, started: float, pid: int, ctx: Context | None) -> list[
     server, path = env.get(KERNEL_ENV), env.get(PATH_ENV)
     uid = os.getuid()
     out = []
-    # the cheap tests first (the table: one read of each process's stat; the raw
-    # environment); its command line, owner and environment are read with psutil only for
-    # a process that passed them
+    # the cheap tests first (the table: the raw environment, then the stat of a process
+    # whose environment names the server); its command line, owner and environment are
+    # read with psutil only for a process that passed them
     table = ctx.table if ctx is not None and ctx.table is not None else snapshot()
-    for row in table.rows():
-        cand = row.pid
-        if cand == pid or cand <= 1 or row.name in REAPERS:  # init or a subreaper is no kernel
-            continue
-        if row.started is None or row.started > started + SAME_START:
+    for cand in table.pids():
+        if cand == pid or cand <= 1:
             continue
         if server is not None and table.environ_has(cand, KERNEL_ENV, server) is False:
+            continue
+        row = table.row(cand)
+        if row is None or row.name in REAPERS:            # init or a subreaper is no kernel
+            continue
+        if row.started is None or row.started > started + SAME_START:
             continue
         try:
             proc = psutil.Process(cand)

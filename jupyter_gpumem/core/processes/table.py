@@ -2,11 +2,10 @@
 
 A reading asks the same few things of many processes: a process's parent and its parent
 chain, a kernel's descendants, a parent's name (a reaper?), and, for an orphan no mark
-tells the kernel of, every process's start time and whether its environment names the
-orphan's server. A :class:`Table` answers them, reading each process's
-``/proc/PID/stat`` once at most (the whole table once at most, and only where a question
-needs every process), a kernel's children from Linux's per-task lists, an environment's
-raw block once per question. What is asked of a few processes only (owner, command
+tells the kernel of, which processes' environments name the orphan's server, and their
+start times. A :class:`Table` answers them, listing the processes once, reading each
+process's ``/proc/PID/stat`` once at most (and only where asked about it), a kernel's
+children from Linux's per-task lists, an environment's raw block once per question. What is asked of a few processes only (owner, command
 line, parsed environment, open files, memory) the callers read of those alone, with
 psutil. Elsewhere than Linux, psutil answers all.
 
@@ -19,7 +18,7 @@ reads live (a :class:`..Context` without a table).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import psutil
 
@@ -28,8 +27,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PROC = "/proc"
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):
     """One process as the table saw it."""
 
     pid: int
@@ -38,10 +36,24 @@ class Row:
     started: float | None        # psutil's create_time()
 
 
+def read_bytes(path: str) -> bytes:
+    """A file's bytes through the bare system calls (a ``/proc`` file: no buffered file
+    object for a read of a few hundred bytes, done for every process)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
 def _stat(pid: int, boot: float) -> Row | None:
     try:
-        with open(f"{PROC}/{pid}/stat", "rb") as f:
-            data = f.read()
+        data = read_bytes(f"{PROC}/{pid}/stat")
         rpar = data.rfind(b")")
         fields = data[rpar + 2:].split()
         name = data[data.find(b"(") + 1:rpar].decode("utf-8", "surrogateescape")
@@ -70,8 +82,7 @@ def _children_files(pid: int) -> list[int] | None:
         return None
     for tid in tasks:
         try:
-            with open(f"{PROC}/{pid}/task/{tid}/children", "rb") as f:
-                out += [int(x) for x in f.read().split()]
+            out += [int(x) for x in read_bytes(f"{PROC}/{pid}/task/{tid}/children").split()]
         except FileNotFoundError:
             if tid == str(pid):
                 return None                 # a kernel built without them
@@ -86,33 +97,31 @@ class Table:
     def __init__(self):
         self.procfs = os.path.isdir(PROC)
         self.boot = psutil.boot_time() if self.procfs else 0.0
+        self.listed: list[int] | None = None
         self.known: dict[int, Row | None] = {}
-        self.complete = False
         self.by_parent: dict[int, list[int]] | None = None
         self.environs: dict[tuple, bool] = {}
 
+    def pids(self) -> list[int]:
+        """Every process's pid, ascending (as ``psutil.process_iter``; listed once)."""
+        if self.listed is None:
+            try:
+                found = [int(n) for n in os.listdir(PROC) if n.isdigit()] if self.procfs \
+                    else psutil.pids()
+            except OSError:
+                found = psutil.pids()
+            self.listed = sorted(found)
+        return self.listed
+
     def row(self, pid: int) -> Row | None:
-        """Process ``pid`` (``None``: none, or unreadable)."""
+        """Process ``pid`` (``None``: none, or unreadable), read once."""
         if pid not in self.known:
-            if self.complete:
-                return None
             self.known[pid] = _stat(pid, self.boot) if self.procfs else _psutil_row(pid)
         return self.known[pid]
 
     def rows(self) -> list[Row]:
-        """Every process, by pid (one pass, at most once)."""
-        if not self.complete:
-            try:
-                pids = [int(n) for n in os.listdir(PROC) if n.isdigit()] if self.procfs \
-                    else psutil.pids()
-            except OSError:
-                pids = psutil.pids()
-            known, self.known = self.known, {}
-            for pid in sorted(pids):
-                self.known[pid] = known[pid] if pid in known else (
-                    _stat(pid, self.boot) if self.procfs else _psutil_row(pid))
-            self.complete = True
-        return [r for r in self.known.values() if r is not None]
+        """Every process, by pid (the whole table: each process read once)."""
+        return [row for row in map(self.row, self.pids()) if row is not None]
 
     def ppid(self, pid: int) -> int | None:
         row = self.row(pid)
@@ -135,10 +144,10 @@ class Table:
         return out
 
     def children(self, pid: int) -> list[int]:
-        """``pid``'s children: from the whole table where it was read already, else from
-        Linux's per-task lists where it keeps them, else from the whole table."""
+        """``pid``'s children: from Linux's per-task lists where it keeps them, else from
+        the whole table."""
         if self.by_parent is None:
-            found = _children_files(pid) if self.procfs and not self.complete else None
+            found = _children_files(pid) if self.procfs else None
             if found is not None:
                 return found
             self.by_parent = {}
@@ -156,8 +165,7 @@ class Table:
         ask = (pid, key, value)
         if ask not in self.environs:
             try:
-                with open(f"{PROC}/{pid}/environ", "rb") as f:
-                    block = b"\0" + f.read() + b"\0"
+                block = b"\0" + read_bytes(f"{PROC}/{pid}/environ") + b"\0"
             except OSError:
                 block = b""
             entry = b"\0" + f"{key}={value}".encode("utf-8", "surrogateescape") + b"\0"

@@ -131,4 +131,8 @@ def test_a_reading_from_one_table_names_every_process_as_a_live_reading(fake_nvm
     assert label[maybe] == (f"parent gone; a kernel of a.ipynb (pid {kernel.pid}), which may "
                             "have started it, is alive: left alone")
     assert (b.hidden, b.hidden_bytes) == (2, 110 * MiB)             # pid 0, no GPU file
-    assert one.table.complete                   # the unmarked orphans read the whole table
+    # the two unmarked orphans with a server asked every process's environment about it
+    asked = {(key, value) for _, key, value in one.table.environs}
+    assert asked == {("JPY_PARENT_PID", str(server)), ("JPY_PARENT_PID", "999999")}
+    assert {pid for pid, _, _ in one.table.environs} >= set(one.table.pids()) - {
+        1, maybe, left}
