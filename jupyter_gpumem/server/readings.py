@@ -131,7 +131,7 @@ def read(kernels: list[dict], server_pid: int) -> Reading:
     t0 = time.perf_counter()
     refs = {k["pid"]: _processes.KernelRef(k["pid"], path_of(k), k["id"])
             for k in kernels if k.get("pid")}
-    table = _table.snapshot()       # the one pass over the process table
+    table = _table.snapshot()       # the pass's one view of the process table
     ctx = _processes.context(me=server_pid, kernels=refs, server_pid=server_pid, table=table)
     with nvml.reading():
         dps = _processes.read_all(ctx)

@@ -5,9 +5,10 @@ chain, a kernel's descendants, a parent's name (a reaper?), and, for an orphan n
 tells the kernel of, which processes' environments name the orphan's server, and their
 start times. A :class:`Table` answers them, listing the processes once, reading each
 process's ``/proc/PID/stat`` once at most (and only where asked about it), a kernel's
-children from Linux's per-task lists, an environment's raw block once per question. What is asked of a few processes only (owner, command
-line, parsed environment, open files, memory) the callers read of those alone, with
-psutil. Elsewhere than Linux, psutil answers all.
+children from Linux's per-task lists, an environment's raw block once per question.
+What is asked of a few processes only (owner, command line, parsed environment, open
+files, memory) the callers read of those alone, with psutil. Elsewhere than Linux,
+psutil answers all.
 
 The figures are psutil's: a start time is ``create_time()`` to the bit (the boot time
 plus the clock ticks of ``stat``); a name is the kernel's command name (``comm``, at most

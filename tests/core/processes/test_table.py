@@ -15,62 +15,64 @@ import gpu_holders as gh
 from jupyter_gpumem.core import processes
 from jupyter_gpumem.core.processes import table
 
-TREE = ("import subprocess, sys, time\n"
-        "kids = [subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[1]],\n"
+NODE = ("import os, subprocess, sys, time\n"
+        "code, depth, below = sys.argv[1], int(sys.argv[2]), ''\n"
+        "if depth:\n"
+        "    k = subprocess.Popen([sys.executable, '-c', code, code, str(depth - 1)],\n"
         "                         stdout=subprocess.PIPE, text=True)\n"
-        "        for _ in range(int(sys.argv[2]))]\n"
-        "print(' '.join([k.stdout.readline().strip() for k in kids] + [str(__import__('os').getpid())]),\n"
-        "      flush=True)\n"
+        "    below = k.stdout.readline().strip()\n"
+        "print(os.getpid(), below, flush=True)\n"
         "time.sleep(120)\n")
 LEAF = "import os, sys, time; print(os.getpid(), flush=True); time.sleep(120)"
 
 
-def _tree():
-    """A process with two children, the first of which has a child of its own: the top
-    process and every pid of the tree below it."""
-    mid = ("import subprocess, sys, time\n"
-           f"k = subprocess.Popen([sys.executable, '-c', {LEAF!r}], stdout=subprocess.PIPE, text=True)\n"
-           "print(k.stdout.readline().strip(), __import__('os').getpid(), flush=True)\n"
-           "time.sleep(120)\n")
-    top = subprocess.Popen([sys.executable, "-c", TREE, mid, "1"], stdout=subprocess.PIPE,
-                           text=True)
-    below = [int(x) for x in top.stdout.readline().split()]
-    leaf = subprocess.Popen([sys.executable, "-c", LEAF], stdout=subprocess.PIPE, text=True)
-    int(leaf.stdout.readline())
-    return top, leaf, below
+def _chain(depth: int):
+    """A process, its child, that one's child, ... (``depth`` below it): the process and
+    every pid of the chain from the top down."""
+    top = subprocess.Popen([sys.executable, "-c", NODE, NODE, str(depth)],
+                           stdout=subprocess.PIPE, text=True)
+    return top, [int(x) for x in top.stdout.readline().split()]
 
 
-def test_the_tables_figures_are_psutils():
-    top, leaf, below = _tree()
+def _end(top) -> None:
+    for c in psutil.Process(top.pid).children(recursive=True):
+        gh.end(c.pid)
+    top.kill()
+    top.wait()
+
+
+def test_the_tables_figures_are_psutils(monkeypatch):
+    top, chain = _chain(2)
+    lone, _ = _chain(0)
     try:
         t = table.snapshot()
-        for pid in [os.getpid(), top.pid, leaf.pid] + below:
+        for pid in [os.getpid(), lone.pid] + chain:
             proc = psutil.Process(pid)
             row = t.row(pid)
             assert (row.pid, row.ppid, row.started) == (pid, proc.ppid(), proc.create_time())
             assert row.name == proc.name()[:15]
         assert t.row(2**22 + 12345) is None and t.ppid(2**22 + 12345) is None
         want = sorted(p.pid for p in psutil.Process(top.pid).children(recursive=True))
-        assert len(want) == 2 and t.descendants(top.pid) == want     # per-task lists
-        assert t.descendants(leaf.pid) == []
-        live = processes.context(me=below[0])
-        assert t.ancestors(below[0]) == sorted(live.ancestors, key=[
-            p.pid for p in psutil.Process(below[0]).parents()].index)
-        assert t.ancestors(below[0])[:2] == [below[1], top.pid]
+        assert want == sorted(chain[1:]) and t.descendants(top.pid) == want  # per-task lists
+        assert t.descendants(lone.pid) == []
+        up = t.ancestors(chain[2])
+        assert up[:3] == [chain[1], top.pid, os.getpid()]
+        assert frozenset(up) == processes.context(me=chain[2]).ancestors     # read live
+        assert processes.context(me=chain[2], table=t).ancestors == frozenset(up)
 
         whole = table.snapshot()
-        rows = whole.rows()                                      # the whole table, once
+        rows = whole.rows()                                      # the whole table
         pids = [r.pid for r in rows]
-        assert pids == sorted(pids) and {top.pid, leaf.pid, *below} <= set(pids)
-        assert whole.descendants(top.pid) == want               # from the whole table
-        assert whole.row(top.pid) is rows[pids.index(top.pid)]
-        assert processes.context(me=below[0], table=whole).ancestors == live.ancestors
+        assert pids == sorted(pids) and set(pids) <= set(whole.pids())
+        assert {top.pid, lone.pid, *chain} <= set(pids)
+        assert whole.row(top.pid) is rows[pids.index(top.pid)]              # read once
+        # a Linux built without the per-task children lists: the whole table's parents
+        monkeypatch.setattr(table, "_children_files", lambda pid: None)
+        assert whole.descendants(top.pid) == want and whole.descendants(lone.pid) == []
+        assert whole.by_parent is not None
     finally:
-        for p in (top, leaf):
-            for c in psutil.Process(p.pid).children(recursive=True):
-                gh.end(c.pid)
-            p.kill()
-            p.wait()
+        _end(top)
+        _end(lone)
 
 
 def test_environ_has_reads_the_raw_block():
