@@ -25,6 +25,7 @@ import psutil
 from ..api import __version__
 from ..backends import nvml
 from ..core import processes as _processes
+from ..core.processes import table as _table
 
 SCHEMA = "jupyter_gpumem.kernels/1"
 CACHE_SECONDS = 1.0
@@ -57,71 +58,6 @@ def user() -> str:
 
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def _children_files(pid: int) -> list[int] | None:
-    """``pid``'s children from Linux's ``/proc/PID/task/TID/children`` (``None``: not here)."""
-    out: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return []                           # gone
-    except OSError:
-        return None
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                out += [int(x) for x in f.read().split()]
-        except FileNotFoundError:
-            if tid == str(pid):
-                return None                 # a kernel built without them
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def _parents() -> dict[int, list[int]]:
-    """Every process's children, from one pass over the process table."""
-    children: dict[int, list[int]] = {}
-    try:
-        names = [n for n in os.listdir("/proc") if n.isdigit()]
-    except OSError:
-        names = None
-    if names is None:
-        for proc in psutil.process_iter(["ppid"]):
-            children.setdefault(proc.info["ppid"], []).append(proc.pid)
-        return children
-    for name in names:
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(name))
-    return children
-
-
-def descendants(pids) -> dict[int, list[int]]:
-    """Each of ``pids``' descendants: from the kernel's per-task children lists where
-    Linux keeps them, else from one pass over the process table."""
-    pids = [p for p in pids if p]
-    table: dict[int, list[int]] | None = None
-    out = {}
-    for pid in pids:
-        seen: set[int] = set()
-        stack = [pid]
-        while stack:
-            up = stack.pop()
-            found = _children_files(up) if table is None else table.get(up, [])
-            if found is None:
-                table = _parents()
-                found = table.get(up, [])
-            for child in found:
-                if child not in seen and child != pid:
-                    seen.add(child)
-                    stack.append(child)
-        out[pid] = sorted(seen)
-    return out
 
 
 def _rss(pid: int) -> int:
@@ -195,11 +131,12 @@ def read(kernels: list[dict], server_pid: int) -> Reading:
     t0 = time.perf_counter()
     refs = {k["pid"]: _processes.KernelRef(k["pid"], path_of(k), k["id"])
             for k in kernels if k.get("pid")}
-    ctx = _processes.context(me=server_pid, kernels=refs, server_pid=server_pid)
+    table = _table.snapshot()       # the pass's one view of the process table
+    ctx = _processes.context(me=server_pid, kernels=refs, server_pid=server_pid, table=table)
     with nvml.reading():
         dps = _processes.read_all(ctx)
         devices = _devices(dps)
-    tree = descendants(refs)
+    tree = {pid: table.descendants(pid) for pid in refs}
     sizes = {pid: rss([pid] + tree.get(pid, [])) for pid in refs}
     message = None
     if not dps:

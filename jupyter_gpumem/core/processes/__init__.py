@@ -20,6 +20,7 @@ from ...backends import nvml
 from ...units import JsonFields, Report, fmt_bytes, html_table, json_field, text_table
 from ...units import shorten as _shorten
 from ..render import code_html
+from .table import MAX_DEPTH, Table, snapshot
 
 #: device files a process with a GPU context holds open; a listed pid of this user that
 #: holds none of them is not the process NVML means (another PID namespace's pid).
@@ -42,7 +43,6 @@ KERNEL_MARK = "JUPYTER_GPUMEM_KERNEL"
 SAME_START = 0.05
 
 COMMAND_WIDTH = 60
-MAX_DEPTH = 64                   # parents followed at most
 
 
 @dataclass
@@ -98,7 +98,10 @@ class DeviceProcesses(JsonFields):
 @dataclass
 class Context:
     """Whom the relations are relative to: a process (a kernel, or the server), its
-    parent chain, its user, the server that started it and that server's kernels."""
+    parent chain, its user, the server that started it and that server's kernels; with a
+    ``table`` (:func:`.table.snapshot`), every question about many processes (parents,
+    names, start times) is answered from that one pass, else read live (a purge's
+    re-check reads live)."""
 
     me: int
     uid: int
@@ -107,23 +110,29 @@ class Context:
     kernels: dict[int, KernelRef] = field(default_factory=dict)
     now: float = field(default_factory=time.time)
     envs: dict = field(default_factory=dict)      # pid -> environment (read once)
+    users: dict = field(default_factory=dict)     # uid -> user name (looked up once)
+    table: Table | None = None
 
 
 def context(me: int | None = None, kernels: dict[int, KernelRef] | None = None,
-            server_pid: int | None = None) -> Context:
+            server_pid: int | None = None, table: Table | None = None) -> Context:
     """The context of process ``me`` (default: this one). ``kernels``: the server's own
     list (the server extension gives it); without, a kernel of the same server is known
-    by its environment. ``server_pid``: default this process's ``JPY_PARENT_PID``."""
+    by its environment. ``server_pid``: default this process's ``JPY_PARENT_PID``.
+    ``table``: one pass over the process table to answer from (default: read live)."""
     me = os.getpid() if me is None else me
     if server_pid is None:
         try:
             server_pid = int(os.environ.get(KERNEL_ENV, "") or 0) or None
         except ValueError:
             server_pid = None
-    return Context(me, os.getuid(), frozenset(_ancestors(me)), server_pid, dict(kernels or {}))
+    return Context(me, os.getuid(), frozenset(_ancestors(me, table)), server_pid,
+                   dict(kernels or {}), table=table)
 
 
-def _ancestors(pid: int) -> list[int]:
+def _ancestors(pid: int, table: Table | None = None) -> list[int]:
+    if table is not None:
+        return table.ancestors(pid)
     out: list[int] = []
     try:
         proc = psutil.Process(pid)
@@ -148,12 +157,15 @@ def _environ(ctx: Context, pid: int) -> dict:
 
 
 def holds_gpu_file(pid: int) -> bool | None:
-    """Whether process ``pid`` holds a GPU device file open; ``None``: cannot be read."""
+    """Whether process ``pid`` holds a GPU device file open; ``None``: cannot be read.
+    The last descriptors first (Linux lists them in order, and a driver's files are
+    opened when the process first touches the GPU, after its start-up's): the answer is
+    the same in any order, found sooner in this one."""
     try:
         names = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return None
-    for name in names[:65536]:
+    for name in reversed(names[:65536]):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{name}")
         except OSError:
@@ -206,10 +218,12 @@ def _kernel_of(ctx: Context, pid: int) -> KernelRef | None:
         return ctx.kernels[pid]
     if ctx.server_pid is None:
         return None
+    if ctx.table is not None and ctx.table.ppid(pid) != ctx.server_pid:
+        return None                         # (the cheap test first: no environment read)
     env = _environ(ctx, pid)
     try:
         started_by = int(env.get(KERNEL_ENV, "") or 0)
-        ppid = psutil.Process(pid).ppid()
+        ppid = ctx.table.ppid(pid) if ctx.table is not None else psutil.Process(pid).ppid()
     except (ValueError, psutil.Error, OSError):
         return None
     if started_by == ctx.server_pid and ppid == ctx.server_pid:
@@ -217,11 +231,14 @@ def _kernel_of(ctx: Context, pid: int) -> KernelRef | None:
     return None
 
 
-def orphaned(parent: int) -> bool:
+def orphaned(parent: int, table: Table | None = None) -> bool:
     """Whether a process whose parent is ``parent`` has no live parent of its own: init,
-    a subreaper, or none visible here."""
+    a subreaper, or none visible here (``table``: as that pass saw them)."""
     if parent <= 1:
         return True
+    if table is not None:
+        name = table.name(parent)
+        return name is None or name in REAPERS
     try:
         return psutil.Process(parent).name() in REAPERS
     except (psutil.Error, OSError):
@@ -301,17 +318,23 @@ def _starters(env: dict, started: float, pid: int, ctx: Context | None) -> list[
     server, path = env.get(KERNEL_ENV), env.get(PATH_ENV)
     uid = os.getuid()
     out = []
-    # the cheap tests first (one read of each process's stat); its command line, owner and
-    # environment are read only for a process that passed them
-    for proc in psutil.process_iter(["pid", "ppid", "create_time", "name"]):
-        info = proc.info
-        cand = info["pid"]
-        if cand == pid or cand <= 1 or info["name"] in REAPERS:  # init or a subreaper is no kernel
+    # the cheap tests first (the table: the raw environment, then the stat of a process
+    # whose environment names the server); its command line, owner and environment are
+    # read with psutil only for a process that passed them
+    table = ctx.table if ctx is not None and ctx.table is not None else snapshot()
+    for cand in table.pids():
+        if cand == pid or cand <= 1:
             continue
-        if info["create_time"] is None or info["create_time"] > started + SAME_START:
+        if server is not None and table.environ_has(cand, KERNEL_ENV, server) is False:
+            continue
+        row = table.row(cand)
+        if row is None or row.name in REAPERS:            # init or a subreaper is no kernel
+            continue
+        if row.started is None or row.started > started + SAME_START:
             continue
         try:
-            if not ((ctx is not None and cand in ctx.kernels) or str(info["ppid"]) == server
+            proc = psutil.Process(cand)
+            if not ((ctx is not None and cand in ctx.kernels) or str(row.ppid) == server
                     or _looks_like_kernel(proc.cmdline() or ())):
                 continue
             if proc.uids().real != uid:
@@ -338,6 +361,7 @@ def judge(pid: int, ppid: int, env: dict, started: float | None,
     orphan and nothing to say (its parent is alive and no kernel is known to it)."""
     mark = marked_kernel(env)
     path = env.get(PATH_ENV) or None
+    table = ctx.table if ctx is not None else None
     if mark is not None:
         kpid, kstart = mark
         alive = alive_as(kpid, kstart)
@@ -347,12 +371,12 @@ def judge(pid: int, ppid: int, env: dict, started: float | None,
             state = "which is alive" if alive else "which cannot be read: left alone"
             return Verdict("kernel_child", f"detached by {who}, {state}", path=path,
                            kernel_pid=kpid)
-        if not orphaned(ppid):
+        if not orphaned(ppid, table):
             return Verdict("own", f"started by {_kernel_words(path, kpid)}, now gone; its "
                            f"parent {ppid} {_name(ppid)} is alive: left alone", path=path)
         return Verdict("orphan", f"orphan: left by {_kernel_words(path, kpid)}, which is "
                        "gone", purgeable=True, path=path, kernel_pid=kpid)
-    if not orphaned(ppid):
+    if not orphaned(ppid, table):
         return None
     if KERNEL_ENV not in env:
         return Verdict("orphan", "orphan (parent gone; no kernel started it: left alone)")
@@ -380,6 +404,18 @@ def is_orphan(pid: int, ctx: Context | None = None) -> bool:
     return verdict is not None and verdict.relation == "orphan" and verdict.purgeable
 
 
+def _user_name(ctx: Context, proc: psutil.Process, uid: int) -> str:
+    """The name of ``uid``, the owner of ``proc`` (looked up once per context)."""
+    if uid not in ctx.users:
+        try:
+            ctx.users[uid] = proc.username()
+        except KeyError:
+            ctx.users[uid] = str(uid)
+        except psutil.Error:
+            return str(uid)
+    return ctx.users[uid]
+
+
 def describe(pid: int, nbytes: int | None, ctx: Context, lists=()) -> GpuProcess | None:
     """``pid`` as a :class:`GpuProcess`; ``None`` where it does not exist here or is
     not the process NVML means (hidden)."""
@@ -389,10 +425,7 @@ def describe(pid: int, nbytes: int | None, ctx: Context, lists=()) -> GpuProcess
             uid = proc.uids().real
             ppid = proc.ppid()
             started = proc.create_time()
-            try:
-                user = proc.username()
-            except (KeyError, psutil.Error):
-                user = str(uid)
+            user = _user_name(ctx, proc, uid)
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None
     except (psutil.Error, OSError):
@@ -415,7 +448,7 @@ def describe(pid: int, nbytes: int | None, ctx: Context, lists=()) -> GpuProcess
         out.relation, out.path, out.kernel_id = "kernel", kernel.path, kernel.kernel_id
         out.label = f"kernel of this server: {kernel.path or 'path unknown'}"
         return out
-    chain = _ancestors(pid)         # only now: a kernel of the server's list needs none
+    chain = _ancestors(pid, ctx.table)  # only now: a kernel of the server's list needs none
     for up in chain:
         if up == ctx.me:
             break
