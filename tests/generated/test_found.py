@@ -88,3 +88,17 @@ def test_the_users_own_underscore_is_blamed_for_all_it_reaches(ip):
                     ("own_", ("exc", ("dict", [("x", ("name", "C1")), ("y", ("name", "a"))]))),
                     ("show", ("atom", "k7", 8)), ("scan",), ("purge",)])
 
+
+
+def test_saved_tensors_behind_hooks_are_noted_once_when_small_roots_are_proven(ip):
+    """The warm report's note counted 6 saved tensors behind hooks, --full 3: proving the
+    small roots empty walked a traceback's frame (a tensor whose attribute holds a
+    checkpointed graph) once more, and its graph's notes stayed. The proof now probes,
+    reading no tensor and no graph."""
+    run_recipe(ip, [("bind", "a", ("closure", ("atom", "k1", 8))),
+                    ("raise", ("tattr", ("atom", "k2", 8), ("graph", "k3", 8, "checkpoint"))),
+                    ("scan",), ("scan",), ("own_", ("sparse", "k4", 64)),
+                    ("bind", "c", ("odict", [("y", ("nnmod", ("atom", "k5", 64))),
+                                             ("z", ("sparse", "k6", 8)),
+                                             ("x", ("graph", "k7", 1000, "hooks"))])),
+                    ("scan",), ("purge", "a")])

@@ -364,9 +364,11 @@ class Reacher(TensorTaking):
         """Whether ``obj``, handed back by the C walker in :meth:`reach_nothing`, leads
         the walk to no storage: a stopped object or one whose kind has no handler (a
         descriptor, a scalar: what :meth:`_admit` and :meth:`_one_by_one` pass over), or
-        one of another kind (a class, a function) whose own walk, once per object, finds
-        nothing, refuses nothing and is not cut. A tensor never. (``known``: the answers
-        so far, by id.)"""
+        one of another kind (a class, a function, a frame) whose probe (:meth:`leads_to`
+        asked for anything: the first tensor or framework container met ends it, none is
+        read, no graph is walked) finds nothing, refuses nothing and is not cut. The probe
+        leaves nothing behind (its refusals, reasons and notes are not the scan's). A
+        tensor never. (``known``: the answers so far, by id.)"""
         tp = type(obj)
         if tp in self.tensor_backend:
             return False
@@ -374,21 +376,24 @@ class Reacher(TensorTaking):
             return True
         answer = known.get(id(obj))
         if answer is None:
-            before = (self.errors, len(self.reasons))
-            self.current_root, self.out_of_time = None, False
+            refusals, self.refusals = self.refusals, Refusals()
+            root, self.current_root = self.current_root, None
             try:
-                found, _ = self.walk(obj)
+                answer = self.leads_to([obj], None, {}, self.deadline) is False and \
+                    self.refusals.count == 0
             except Exception:  # noqa: BLE001 - not proven: the roots are walked one by one
-                found = None
-            answer = known[id(obj)] = (found == {} and not self.out_of_time
-                                       and (self.errors, len(self.reasons)) == before)
+                answer = False
+            finally:
+                self.refusals, self.current_root = refusals, root
+            known[id(obj)] = answer
         return answer
 
     def leads_to(self, objs: list, wanted: set, graph: dict, deadline: float) -> bool | None:
         """Whether ``objs`` reach one of the storages ``wanted`` (None: the deadline came
         first). A walk like :meth:`walk` that takes no tensor: it looks each one up in
         what this scan already knows (``graph``: the root's autograd edges), so no
-        backend runs and no graph node is read again."""
+        backend runs and no graph node is read again. ``wanted`` None: whether they reach
+        any tensor or framework container (a model, a graph node) at all."""
         saved = (self.deadline, self.out_of_time, self.partial, list(self.reasons))
         self._probe = (wanted, graph)
         self.deadline = deadline
@@ -406,8 +411,11 @@ class Reacher(TensorTaking):
             self.deadline, self.out_of_time, self.partial, self.reasons[:] = saved
 
     def _look_up(self, tensors: list) -> None:
-        """In :meth:`leads_to`: tensors met are looked up, not taken."""
+        """In :meth:`leads_to`: tensors met are looked up, not taken (any is a hit where
+        anything is looked for: ``wanted`` None)."""
         wanted, graph = self._probe
+        if wanted is None and tensors:
+            raise _Hit
         children: list = []
         for t in tensors:
             rec = self.tensor_record(t)
@@ -625,6 +633,9 @@ class Reacher(TensorTaking):
             kinds_ = list(compress(kinds_, map(not_, is_tensor)))
         children: list = []
         kind_of = self.kinds
+        if self._probe is not None and self._probe[0] is None and \
+                CONTAINER in map(kind_of.__getitem__, kinds_):
+            raise _Hit   # (a probe for anything: a model, a graph node is something)
         for obj, tp in zip(objs, kinds_):
             handler = HANDLERS.get(kind_of[tp])
             if handler is None:
