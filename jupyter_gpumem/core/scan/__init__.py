@@ -15,8 +15,8 @@ import gc
 import time
 import weakref
 from dataclasses import dataclass, field
-from itertools import compress, islice
-from operator import itemgetter
+from itertools import accumulate, chain, compress, islice
+from operator import is_, itemgetter, lt, ne
 from typing import Any
 
 from ...backends import Backend, active_backends
@@ -38,6 +38,7 @@ from .types import (ATOMIC_IDS, CLASS, CONTAINER, DICT, DICT_SUB, LIB_DIRS, SEQ,
 _DEFAULT_MAX_DEPTH = 4000   # levels of the walk (an attribute is one or two)
 _PATH_SHARE = 0.1           # of the time limit: what the paths get at least, after the walk
 _FIRST, _NBYTES = itemgetter(0), itemgetter(1)
+_SECOND = _NBYTES
 _STEP = 0.005               # seconds of work between two steps of iter_scan
 
 
@@ -367,7 +368,8 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         steps.end()
         if warm_pass is not None:
             warm_pass.close()
-    result = ScanResult(roots, one_allocation(reach), reacher.partial, reacher.reasons,
+    result = ScanResult(roots, _allocations(reach, walked, warm), reacher.partial,
+                        reacher.reasons,
                         time.perf_counter() - start, reacher.errors,
                         reacher.refusals.kept, kept, out_of_time, notes)
     finder.result = weakref.ref(result)
@@ -387,7 +389,10 @@ def one_allocation(reach: list[Reach], also: list[Reach] = ()) -> list[Reach]:
     purge predicts what it frees (tests/core/scan/test_scan_one_allocation.py). ``also``: the
     reach of another scan of the same moment whose allocations count too (a purge's scan
     of what stays, which may meet only the borrowing storage, keyed as the first scan
-    keyed it)."""
+    keyed it). The usual scan has neither (checked in C-level passes, :func:`_one_each`);
+    only then are the storages looked at one by one."""
+    if _one_each([r.storages for r in (*reach, *also) if r.storages]):
+        return reach
     infos: dict = {}
     for r in (*reach, *also):
         for key, value in r.storages.items():
@@ -424,6 +429,41 @@ def one_allocation(reach: list[Reach], also: list[Reach] = ()) -> list[Reach]:
             if key not in storages:
                 storages[key] = (infos[key], node, text)
         out.append(Reach(storages, r.objects))
+    return out
+
+
+def _one_each(found: list[dict]) -> bool:
+    """Whether the storages in ``found`` (each root's ``key -> (info, ...)``) have one size
+    per key and no two of them overlap on a device: then :func:`one_allocation` changes
+    nothing. In C-level passes (a model's thousands of storages, every scan)."""
+    items = list(chain.from_iterable(map(dict.items, found)))
+    if not items:
+        return True
+    keys = list(map(_FIRST, items))
+    sizes = list(map(_NBYTES, map(_FIRST, map(_SECOND, items))))
+    size_of = dict(zip(keys, sizes))
+    if len(size_of) != len(keys) and any(map(ne, map(size_of.__getitem__, keys), sizes)):
+        return False   # one key, two sizes: a storage at another's address
+    spans = sorted((k, k[1] + n) for k, n in size_of.items() if len(k) == 2 and type(k[1]) is int)
+    starts = [k[1] for k, _ in spans]
+    reach_end = list(accumulate(map(_SECOND, spans), max))
+    # (a device's spans after another's may look overlapped: then checked exactly)
+    return not any(map(lt, islice(starts, 1, None), reach_end))
+
+
+def _allocations(reach: list[Reach], walked: list, warm: WarmScan | None) -> list[Reach]:
+    """:func:`one_allocation` of a scan's reach; where every root that holds storages was
+    reused from the warm scan's record, as the very records the last scan found apart,
+    nothing has moved and the answer stands (``warm.apart``: those records)."""
+    if warm is None:
+        return one_allocation(reach)
+    kept = [got for got in walked if type(got) is Kept and got.storages]
+    reused = all(type(got) is Kept or not got[0] for got in walked)
+    last = warm.apart
+    if reused and last is not None and len(last) == len(kept) and all(map(is_, last, kept)):
+        return reach
+    out = one_allocation(reach)
+    warm.apart = kept if reused and out is reach else None
     return out
 
 

@@ -126,6 +126,9 @@ class WarmScan:
         #: (what it was made from, the C core's Fingerprint), kept from scan to scan
         self._fingerprint: tuple | None = None
         #: seconds reuse saved in the last scans and no fingerprint spent (see WarmPass)
+        #: the kept records of the last scan whose storages one_allocation found apart
+        #: (core/scan/__init__.py _allocations); None: to be checked
+        self.apart: list | None = None
         self.bank = 0.0
         #: roots reused and walked by the last scan (benchmarks and tests read them)
         self.reused = 0
