@@ -63,7 +63,7 @@ pset_grow(pset *s)
 }
 
 /* p added to the set: 1 added, 0 there already, -1 out of memory. */
-static int
+static inline __attribute__((always_inline)) int
 pset_add(pset *s, void *p)
 {
     if ((s->n + 1) * 2 > s->cap && pset_grow(s) < 0)
@@ -77,7 +77,7 @@ pset_add(pset *s, void *p)
 }
 
 /* Whether p is in the set. */
-static int
+static inline __attribute__((always_inline)) int
 pset_has(const pset *s, void *p)
 {
     if (s->n == 0)

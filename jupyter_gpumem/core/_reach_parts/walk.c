@@ -11,7 +11,7 @@
 /* ==== the stack, and what enters it ============================================== */
 
 /* o stacked at `depth` (a strong reference taken) and counted; -1 out of memory. */
-static int
+static inline __attribute__((always_inline)) int
 walk_push(Walker *w, PyObject *o, int depth)
 {
     if (w->top == w->cap) {
@@ -38,7 +38,7 @@ walk_push(Walker *w, PyObject *o, int depth)
    would run that code (or fail: __eq__ alone makes its classes unhashable), so its
    instances are never handed back to Python: they are walked here, through their
    type's tp_traverse (see core/scan/types.py keyable_meta, the same rule in Python). */
-static int
+static inline int
 walk_keyable_class(PyTypeObject *tp)
 {
     PyTypeObject *meta = Py_TYPE(tp);
@@ -47,7 +47,7 @@ walk_keyable_class(PyTypeObject *tp)
 }
 
 /* One object met inside a plain one, at ``depth``: entered, handed back, or left. */
-static int
+static inline __attribute__((always_inline)) int
 walk_consider(Walker *w, PyObject *o, int depth)
 {
     PyTypeObject *tp = Py_TYPE(o);
