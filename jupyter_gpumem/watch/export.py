@@ -93,8 +93,7 @@ def summary_writer(logdir: str):
         return SummaryWriter(logdir)
     except ImportError as exc:
         errors.append(str(exc))
-    raise MissingPackage("--tensorboard", "TensorBoard's writer (tensorboard or tensorboardX)",
-                         "tensorboard")
+    raise MissingPackage("--tensorboard", "tensorboard", "tensorboard")   # (or tensorboardX)
 
 
 def tensorboard(records, logdir: str) -> int:
