@@ -15,6 +15,7 @@ and the answer says who did not answer.
 """
 from __future__ import annotations
 
+import importlib.util
 import sys
 from typing import Any
 
@@ -76,6 +77,14 @@ def _running(client: Any) -> bool:
         return False
 
 
+def _installed(name: str) -> bool:
+    """Whether a package could be imported (looked up, never imported)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _resolve(client: Any, namespace: dict | None, shell: Any, device: str) -> tuple[Any, str]:
     try:
         device = parse_device(device)
@@ -86,7 +95,10 @@ def _resolve(client: Any, namespace: dict | None, shell: Any, device: str) -> tu
     if client is None:
         raise ClusterError("no Dask client: connect one first (distributed.Client(...))"
                            if dask_imported() else
-                           "Dask is not in use: import distributed and connect a Client first")
+                           "Dask is not in use: import distributed and connect a Client first"
+                           + ("" if _installed("distributed") else
+                              " (it is not installed: pip install distributed, the "
+                              "package's [dask] extra)"))
     if type(client) is not _client_type():
         raise ClusterError(f"not a distributed.Client: {type(client).__name__}")
     if getattr(client, "asynchronous", False):

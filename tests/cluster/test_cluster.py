@@ -318,3 +318,15 @@ def test_killed_worker_gives_an_answer_not_a_hang(client, workers, ns):
     lost = snap.holder("lost")         # restricted to the dead worker: not recomputed
     assert lost.in_memory == 0 and sum(lost.not_in_memory.values()) == 1
     assert "0 of 1 (1 " in repr(snap)
+
+
+def test_without_dask_installed_the_line_names_the_package_and_extra():
+    """Where distributed cannot be imported (hidden here as an uninstalled package is),
+    --cluster's one line says which package to install and which extra brings it."""
+    code = ("import sys\nsys.modules['distributed'] = None\n"
+            "import jupyter_gpumem.cluster as c\n"
+            "try:\n    c.snapshot(namespace={})\nexcept c.ClusterError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "pip install distributed, the package's [dask] extra" in out.stdout, out.stdout
