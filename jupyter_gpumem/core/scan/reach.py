@@ -318,11 +318,11 @@ class Reacher(TensorTaking):
         types_ = set(map(type, compress(objs, fine)))
         if not types_ <= self._learned:
             self.learn(types_)
-        by_referents, stop, kinds = self._by_referents, self.stop, self.kinds
+        by_referents, stop, kind_of = self._by_referents, self.stop, self.kinds
         # (a framework's container, an optimizer read through its referents, is left to
         # its own walk: it holds tensors, and the warm scan proves it cheaply)
         part = [i for i, o in enumerate(objs) if fine[i] and type(o) in by_referents
-                and kinds.get(type(o)) != CONTAINER and id(o) not in stop]
+                and kind_of.get(type(o)) != CONTAINER and id(o) not in stop]
         if self.untracked_is_empty:   # a dict or tuple of atoms only (see walk_steps)
             for i in part:
                 o = objs[i]
