@@ -273,13 +273,16 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     cut: list[int] = []
     notes: list[str] = []
     steps = _Steps()
-    # the small roots that reach nothing (most of a long notebook's names), proven in a few
-    # runs of the C walker rather than walked one by one; nothing of them is kept for the
-    # warm scan: the proof costs less than a fingerprint's
-    small = [i for i, root in enumerate(roots) if _small(root.obj)] if not describe else []
-    empty = set(compress(small, reacher.reach_nothing([roots[i].obj for i in small],
-                                                      deadline)))
     try:
+        # the small roots that reach nothing (most of a long notebook's names), proven in
+        # a few runs of the C walker rather than walked one by one; nothing of them is kept
+        # for the warm scan: the proof costs less than a fingerprint's
+        small = [i for i, root in enumerate(roots) if _small(root.obj)] if not describe else []
+        try:
+            empty = set(compress(small, reacher.reach_nothing([roots[i].obj for i in small],
+                                                              deadline)))
+        except Exception:  # noqa: BLE001 - nothing proven: each root is walked as before
+            empty = set()
         for i, root in enumerate(roots):
             if i in empty:
                 walked.append(({}, 1, {}))
