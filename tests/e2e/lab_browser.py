@@ -207,6 +207,18 @@ def take_kernel_dialog(page) -> None:
         return
 
 
+def wait_text(page, selector: str, pattern: str, timeout: float = 30000,
+              inner: bool = False) -> None:
+    """Wait until the element ``selector`` exists and its text matches the regular
+    expression ``pattern``. An element not drawn yet (a page just reloaded, a view
+    still opening) is waited for, never read as ``null``: every wait on a view's text
+    goes through here."""
+    page.wait_for_function(
+        "([sel, pat, inner]) => { const e = document.querySelector(sel);"
+        " return !!e && new RegExp(pat).test(inner ? e.innerText : e.textContent); }",
+        arg=[selector, pattern, inner], timeout=timeout)
+
+
 def run_cell(page, index: int) -> str:
     """Run the notebook's cell ``index`` and return its output text.
 

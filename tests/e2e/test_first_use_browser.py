@@ -17,6 +17,7 @@ from lab_browser import (  # noqa: F401 - page: a fixture
 )
 from lab_browser import notebook
 from lab_browser import open_notebook
+from lab_browser import wait_text
 
 
 NOTEBOOK = notebook(
@@ -129,8 +130,7 @@ def _scenario(lab, page) -> None:
     box = confirm.bounding_box()
     assert box and 0 <= box["y"] and box["y"] + box["height"] <= 900, box
     confirm.click()
-    page.wait_for_function("sel => /purge at \\d\\d:\\d\\d:\\d\\d: removed a/.test("
-                           "document.querySelector(sel).innerText)", arg=PANEL, timeout=30000)
+    wait_text(page, PANEL, r"purge at \d\d:\d\d:\d\d: removed a", timeout=30000, inner=True)
     t = time.monotonic()
     sidebar.locator('tr.jp-GpuMem-holder[data-name="a"]').wait_for(state="detached", timeout=30000)
     from_panel = time.monotonic() - t

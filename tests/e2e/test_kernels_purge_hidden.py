@@ -18,6 +18,7 @@ from lab_browser import (  # noqa: F401 - page: a fixture
 )
 from lab_browser import notebook
 from lab_browser import open_notebook
+from lab_browser import wait_text
 from lab_browser import accept_dialog
 from lab_browser import run_cell as _run_cell
 from lab_browser import serve as _serve
@@ -51,9 +52,8 @@ def test_purge_hidden_from_the_kernels_section(lab, page):
         row.locator(".jp-GpuMem-srvKernelPurge").click()
         accept_dialog(page, "Purge the hidden holders?", "Out[1]")
         status = sidebar.locator(".jp-GpuMem-kernelsStatus")
-        page.wait_for_function(
-            "() => /^Purged /.test(document.querySelector("
-            "'#jupyter-gpumem-sidebar .jp-GpuMem-kernelsStatus').textContent)", timeout=60000)
+        wait_text(page, "#jupyter-gpumem-sidebar .jp-GpuMem-kernelsStatus", "^Purged ",
+                  timeout=60000)
         said = status.inner_text()
         assert re.fullmatch(r"Purged Out\[1\]: freed cpu [\d.]+ [KMG]iB\.", said), said
         assert _run_cell(page, 1).strip() == "(False, True)"

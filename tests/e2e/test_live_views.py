@@ -31,6 +31,7 @@ from lab_browser import (  # noqa: F401 - page: a fixture
 from lab_browser import notebook
 from lab_browser import open_notebook
 from lab_browser import run_cell
+from lab_browser import wait_text
 from lab_browser import serve as _serve
 
 LONG = os.environ.get("GPUMEM_E2E_LONG") == "1"
@@ -61,9 +62,7 @@ def _open_from_browser(page, name: str) -> None:
         "n => [...document.querySelectorAll('#jp-main-dock-panel .lm-TabBar-tab')]"
         ".some(t => t.textContent.includes(n) && t.classList.contains('lm-mod-current'))",
         arg=name, timeout=30000)
-    page.wait_for_function(
-        "() => /\\| Idle/.test(document.querySelector('#jp-main-statusbar').textContent)",
-        timeout=90000)
+    wait_text(page, "#jp-main-statusbar", r"\| Idle", timeout=90000)
 
 
 def _accept_kernel_dialog(page) -> None:
@@ -208,9 +207,7 @@ def test_2300_holders_switch_refresh_filter_select_all_and_one_purge(lab, page):
         assert "300 2000" in run_cell(page, 1)
         page.click(SIDEBAR_TAB)
         _shown(page, "many.ipynb")
-        page.wait_for_function(
-            "() => /2300 rows/.test(document.querySelector("
-            "'#jupyter-gpumem-sidebar .jp-GpuMem-filterCount').textContent)", timeout=90000)
+        wait_text(page, f"{SIDEBAR} .jp-GpuMem-filterCount", "2300 rows", timeout=90000)
         # only the rows on screen are in the DOM
         assert page.locator(f"{SIDEBAR} tr.jp-GpuMem-holder").count() < 80
         _open_from_browser(page, "other.ipynb")
@@ -262,9 +259,7 @@ def test_2300_holders_switch_refresh_filter_select_all_and_one_purge(lab, page):
 
         # all of Out: filter, select all, one confirmation
         filt.fill("Out[")
-        page.wait_for_function(
-            "() => /300 of 2300 rows/.test(document.querySelector("
-            "'#jupyter-gpumem-sidebar .jp-GpuMem-filterCount').textContent)", timeout=10000)
+        wait_text(page, f"{SIDEBAR} .jp-GpuMem-filterCount", "300 of 2300 rows", timeout=10000)
         first = sidebar.locator("tr.jp-GpuMem-holder").first.get_attribute("data-name")
         sidebar.locator("input.jp-GpuMem-checkAll").check()
         purge = sidebar.locator("button.jp-GpuMem-purge")
@@ -347,9 +342,7 @@ def test_dark_theme_contrast_and_screenshots(lab, page, tmp_path):
             "() => document.body.dataset.jpThemeLight === 'false'", timeout=60000)
         # the status bar item says host memory here (no GPU); a click opens the sidebar
         status = page.locator(".jp-GpuMem-statusItem")
-        page.wait_for_function(
-            "() => /^Host \\d/.test(document.querySelector('.jp-GpuMem-statusItem')"
-            ".textContent)", timeout=60000)
+        wait_text(page, ".jp-GpuMem-statusItem", r"^Host \d", timeout=60000)
         if not page.locator(SIDEBAR).is_visible():
             status.click()
         page.wait_for_selector(f"{SIDEBAR} tr.jp-GpuMem-holder", timeout=60000)
