@@ -2,7 +2,7 @@
 ``cuda:0`` runs one scenario and prints what the user would read.
 
     python rescue_child.py oom        (a memory cap from set_per_process_memory_fraction)
-    python rescue_child.py fragment   (a variable-length workload that fragments the cache)
+    python rescue_child.py fragment   (a nearly full device, a workload that fragments the cache)
     python rescue_child.py reruns     (a leaking cell run three times, a clean one ten)
 
 The fragmentation run is made twice by the test: with the default allocator, and with
@@ -21,6 +21,20 @@ MiB, GiB = 1 << 20, 1 << 30
 def cap(nbytes: int) -> None:
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(nbytes / total, 0)
+
+
+_FILLED = []
+
+
+def fill_device(leave: int) -> None:
+    """Take all of the device's free memory but ``leave`` bytes outside torch's allocator
+    (CuPy's runtime call, no pool), as another program on the card would."""
+    import cupy  # noqa: PLC0415 - this scenario only
+    torch.cuda.synchronize()
+    free, _total = torch.cuda.mem_get_info(0)
+    _FILLED.append(cupy.cuda.runtime.malloc(free - leave))
+    print(f"device filled: {(free - leave) / GiB:.1f} GiB taken, "
+          f"{torch.cuda.mem_get_info(0)[0] / MiB:.0f} MiB free", flush=True)
 
 
 def main(mode: str) -> None:
@@ -42,14 +56,20 @@ def main(mode: str) -> None:
                 "    big = torch.empty(2 << 30, dtype=torch.uint8, device='cuda')\n"
                 "    return t.numel() + big.numel()\ndone = step()\nprint('RERUN-DONE', done)")
     else:
-        cap(6 * GiB)
-        # a cache of variable-length results beside big temporaries, in the same segments
-        cell = ("kept = []\nfor i in range(4):\n    seg = torch.empty(1200 << 20, dtype=torch.uint8, device='cuda')\n"
-                "    del seg\n    holes = []\n    for j in range(2):\n"
-                "        holes.append(torch.empty((560 - 40 * j) << 20, dtype=torch.uint8, device='cuda'))\n"
-                "        kept.append(torch.empty((20 + 10 * j) << 20, dtype=torch.uint8, device='cuda'))\n"
-                "    del holes\n"
-                "big = torch.empty(1536 << 20, dtype=torch.uint8, device='cuda')\nprint('RERUN-DONE', big.numel())")
+        # the device itself nearly full (another program's memory, as beside a second job),
+        # not a cap: 2 GiB left. One 1800 MiB block is cut into 200 MiB pieces with a 20
+        # MiB result kept after each; the pieces freed leave 1.6 GiB cached in holes of
+        # 200 MiB, and a 400 MiB request fits no hole (largest free block 200 MiB) and no
+        # new segment (about 250 MiB left on the device). Expandable segments give the
+        # holes' pages back and map the request at the segment's end.
+        fill_device(leave=2 * GiB)
+        cell = ("block = torch.empty(1800 << 20, dtype=torch.uint8, device='cuda')\ndel block\n"
+                "holes, kept = [], []\nfor i in range(8):\n"
+                "    holes.append(torch.empty(200 << 20, dtype=torch.uint8, device='cuda'))\n"
+                "    kept.append(torch.empty(20 << 20, dtype=torch.uint8, device='cuda'))\n"
+                "del holes\n"
+                "big = torch.empty(400 << 20, dtype=torch.uint8, device='cuda')\n"
+                "print('RERUN-DONE', big.numel())")
     result = sh.run_cell(cell, store_history=True)
     print("CELL-FAILED" if result.error_in_exec is not None else "CELL-PASSED", flush=True)
     if mode == "oom" and result.error_in_exec is not None:

@@ -5,12 +5,15 @@ leaves a few GiB free), then under ``torch.cuda.set_per_process_memory_fraction`
 answer is checked against an exhaustive search of the same grid (every multiple of the
 step up to four steps past the answer), the trials against a bisection's count, and the
 device against its starting figure (allocated exactly as before; reserved, with the caches
-emptied, within 2 MiB). PyTorch Lightning's batch-size finder is not installed here: no
-comparison with it. Each test prints its figures (``-s``).
+emptied, within 2 MiB). Where PyTorch Lightning is installed, its batch-size finder
+(``Tuner.scale_batch_size``, binary search, no margin) runs the same step on the same
+model beside the fit: its answer, trials and time against the fit's. Each test prints its
+figures (``-s``).
 """
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -171,3 +174,79 @@ def test_fit_on_cuda_matches_an_exhaustive_search(held, which, how):
     assert len(r.trials) < math.ceil(math.log2(top // step + 1)), repr(r)
     _empty()
     assert torch.cuda.memory_allocated(0) == alloc0
+
+
+LIGHTNING = '''
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader
+
+class Steps(pl.LightningModule):
+    """The notebook's step(n) as a LightningModule: a batch of n indices runs step(n)
+    (forward and backward, gradients dropped after), as the fit runs it, then a step of
+    an optimizer that keeps no state and changes nothing (Lightning counts its trials'
+    steps by the optimizer's)."""
+    def __init__(self, net, batch_size):
+        super().__init__()
+        self.net, self.batch_size, self.tried = net, batch_size, []
+        self.automatic_optimization = False
+    def train_dataloader(self):
+        return DataLoader(range(1 << 20), batch_size=self.batch_size)
+    def training_step(self, batch, i):
+        self.tried.append(len(batch))
+        step(len(batch))
+        self.optimizers().step()
+        for p in self.net.parameters():
+            p.grad = None
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.net.parameters(), lr=0.0)
+'''
+
+
+@pytest.mark.parametrize("which", sorted(MODELS))
+def test_fit_against_lightnings_batch_size_finder(held, which, tmp_path):
+    pytest.importorskip("pytorch_lightning", reason="PyTorch Lightning is not installed")
+    ip = held
+    run(ip, "import gc\n%load_ext jupyter_gpumem\n" + MODELS[which] + EXHAUSTIVE + LIGHTNING)
+    small, big = _peak(ip, 8), _peak(ip, 32)
+    per = max((big - small) / 24, 1)
+    step = max(8, int((ROOM - small) / per / 30) // 8 * 8)
+    top = step * 128
+    _empty()
+    free, _total = torch.cuda.mem_get_info(0)
+    run(ip, f"held = torch.empty({free - ROOM - 512 * MiB}, dtype=torch.uint8, device='cuda:0')")
+    _empty()
+    alloc0 = torch.cuda.memory_allocated(0)
+    t = time.perf_counter()
+    r = ip.run_cell_magic("gpumem", f"fit bs --step {step} --max {top} --device {DEV} -o res",
+                          "step(bs)\n")
+    fit_s = time.perf_counter() - t
+    _empty()
+    assert torch.cuda.memory_allocated(0) == alloc0 and r.largest is not None
+
+    import logging  # noqa: PLC0415 - Lightning's info lines, quiet for this test only
+    logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
+    pl = ip.user_ns["pl"]
+    module = ip.user_ns["Steps"](ip.user_ns["model"], step)
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=str(tmp_path))
+    t = time.perf_counter()
+    found = pl.tuner.Tuner(trainer).scale_batch_size(
+        module, mode="binsearch", init_val=step, steps_per_trial=1, max_trials=25,
+        margin=0.0, max_val=top)
+    pl_s = time.perf_counter() - t
+    _empty()
+    pl_trials = len(module.tried)
+    alloc1 = torch.cuda.memory_allocated(0)
+    sizes = sorted({step * (found // step), r.largest, r.largest + step, found})
+    oks = dict(zip(sizes, ip.user_ns["exhaustive"](sizes)))
+    print(f"\n[{which}, held] step {step}\n"
+          f"%%gpumem fit: {r.largest} in {len(r.trials)} trials, {fit_s:.2f} s\n"
+          f"Lightning's BatchSizeFinder (binsearch, margin 0): {found} in {pl_trials} trials "
+          f"({sorted(set(module.tried))}), {pl_s:.2f} s\n"
+          f"checked one at a time: {oks}; allocated after Lightning {alloc1 - alloc0:+d} B")
+    assert oks[r.largest] and not oks[r.largest + step], oks
+    # the fit's answer on its grid is within one step of Lightning's finer one, and found
+    # in fewer trials
+    assert r.largest <= found + step and found < r.largest + 2 * step, (r.largest, found)
+    assert len(r.trials) < pl_trials, (r.trials, module.tried)
