@@ -119,16 +119,24 @@ def search(run: Callable[[int], Trial], grid: Grid, free: Callable[[], int | Non
                 above = min(above, room / on_line)
         scale = below if below <= above else (below + above) / 2
         guess = grid.index_below((room / scale - fixed) / slope)
+        ran = sorted((t for t in trials if t.ok and t.peak is not None), key=lambda t: t.size)
+        if len(ran) >= 3 and ran[-1].peak > ran[-2].peak:
+            # where the peak bends, the two largest trials that ran say more about the
+            # sizes just above them than the line through the smallest does
+            a, b = ran[-2], ran[-1]
+            guess = grid.index_below(b.size + (room - b.peak) * (b.size - a.size) / (b.peak - a.peak))
         top = tried.get(hi) if hi is not None else None
         if lo >= 0 and top is not None and top.peak is not None \
                 and top.requested and tried[lo].peak is not None:
-            # once a trial failed, go by the two trials that bracket the answer (the one
-            # that ran, the one that did not): where the peak bends, the line misleads
+            # once a trial failed, the two trials that bracket the answer (the one that
+            # ran, the one that did not) say where it lies too; the failed one's demand
+            # (its peak and the request that failed) is a lower bound, so their line
+            # reaches too far: the lower of the two guesses
             low = tried[lo].peak
             high = top.peak + top.requested
             if high > low:
                 size = grid.size(lo) + (room - low) * (grid.size(hi) - grid.size(lo)) / (high - low)
-                guess = grid.index_below(size)
+                guess = min(guess, grid.index_below(size))
         return guess
 
     def upper() -> int:
