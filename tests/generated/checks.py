@@ -97,9 +97,12 @@ def comparable(snap) -> dict:
 
 
 def blamed(snap, model: Model) -> None:
-    """Every name is blamed for at least the bytes of the watched storages it reaches."""
+    """Every name is blamed for at least the bytes of the watched storages it reaches,
+    those it keeps alive only from C code (Obj.unseen) where a walk reaches them too (one
+    allocation, one key: core/scan/__init__.py)."""
+    visible = model.visible()
     for name, obj in model.names.items():
-        need = sum(model.sizes[k] for k in obj.reach())
+        need = sum(model.sizes[k] for k in obj.reach(visible=True) | (obj.reach() & visible))
         if need:
             found = snap.holder(name)
             assert found is not None and found.total >= need, (

@@ -180,15 +180,21 @@ class Obj:
     atoms: set = field(default_factory=set)
     kids: list = field(default_factory=list)
     keys: list | None = None        # a mapping's keys, one per kid
+    #: atoms kept alive only from C code, where no walk can follow (a tensor made by
+    #: ``torch.from_numpy`` holds its numpy array in its deleter, and the array holds
+    #: the tensor it views): alive while this object is, seen only where another path
+    #: reaches them
+    unseen: set = field(default_factory=set)
 
-    def reach(self, seen=None) -> set:
+    def reach(self, seen=None, visible: bool = False) -> set:
+        """The atoms this object keeps alive (``visible``: those a walk can follow)."""
         seen = set() if seen is None else seen
         if id(self) in seen:
             return set()
         seen.add(id(self))
-        out = set(self.atoms)
+        out = set(self.atoms) if visible else self.atoms | self.unseen
         for kid in self.kids:
-            out |= kid.reach(seen)
+            out |= kid.reach(seen, visible)
         return out
 
 
@@ -222,10 +228,13 @@ class Model:
             self.features.add("tattr")
             tensor = self.make(expr[1])
             return Obj("tensor", set(tensor.atoms), [self.make(expr[2])])
-        if kind in ("viewof", "numpy"):
-            if kind == "numpy":
-                self.features.add("numpy")
-            return Obj("tensor", set(self.names[expr[1]].atoms))
+        if kind == "viewof":
+            source = self.names[expr[1]]
+            return Obj("tensor", set(source.atoms), unseen=set(source.unseen))
+        if kind == "numpy":
+            self.features.add("numpy")
+            source = self.names[expr[1]]
+            return Obj("tensor", unseen=source.atoms | source.unseen)
         if kind in SEQUENCES:
             return Obj(kind, kids=[self.make(e) for e in expr[1]])
         if kind in MAPPINGS:
@@ -273,13 +282,15 @@ class Model:
         elif kind == "set_":
             self.features.add("set_")
             self.sizes[step[2]] = 4 * step[3]
-            self.names[step[1]].atoms = {step[2]}
+            self.names[step[1]].atoms, self.names[step[1]].unseen = {step[2]}, set()
         elif kind == "data":
             self.sizes[step[2]] = 4 * step[3]
-            self.names[step[1]].atoms = {step[2]}
+            self.names[step[1]].atoms, self.names[step[1]].unseen = {step[2]}, set()
         elif kind == "setto":
             self.features.add("set_")
-            self.names[step[1]].atoms = set(self.names[step[2]].atoms)
+            other = self.names[step[2]]
+            self.names[step[1]].atoms = set(other.atoms)
+            self.names[step[1]].unseen = set(other.unseen)
         elif kind == "grow":
             self.features.add("set_")
             for key in self.names[step[1]].atoms:
@@ -300,10 +311,18 @@ class Model:
                 out |= obj.reach()
         return out
 
-    def hidden_atoms(self) -> set:
+    def hidden_atoms(self, visible: bool = False) -> set:
         out: set = set()
         for obj in self.shown + ([self.last_error] if self.last_error else []):
-            out |= obj.reach()
+            out |= obj.reach(visible=visible)
+        return out
+
+    def visible(self) -> set:
+        """The atoms some walk can follow to: from a name, a hidden holder or a module in
+        sys.modules."""
+        out = self.hidden_atoms(visible=True)
+        for obj in list(self.names.values()) + self.pinned:
+            out |= obj.reach(visible=True)
         return out
 
     def dense_names(self) -> list[str]:

@@ -102,3 +102,19 @@ def test_saved_tensors_behind_hooks_are_noted_once_when_small_roots_are_proven(i
                                              ("z", ("sparse", "k6", 8)),
                                              ("x", ("graph", "k7", 1000, "hooks"))])),
                     ("scan",), ("purge", "a")])
+
+
+def test_a_numpy_view_of_a_tensor_no_name_holds_is_blamed_for_what_a_walk_sees(ip):
+    """`a = torch.from_numpy(a.numpy()[0:2])`: the new tensor's deleter holds the numpy
+    array, which holds the old tensor (32 B); no name holds that any more, and no walk can
+    follow a deleter. The model asked 32 B of `a`, the product saw its own 8 B. What C code
+    alone keeps alive is unseen (recipe.py Obj.unseen): blamed where a walk reaches it
+    too, freed by the purge all the same (checked)."""
+    run_recipe(ip, [("bind", "a", ("atom", "k1", 8)), ("bind", "a", ("numpy", "a", 0)),
+                    ("scan",), ("purge",)])
+    run_recipe(ip, [("bind", "a", ("atom", "k1", 8)), ("bind", "a", ("numpy", "a", 0)),
+                    ("scan",), ("purge", "a")])
+    # the same view while another name holds the tensor: blamed for all 32 B
+    run_recipe(ip, [("bind", "a", ("atom", "k1", 8)), ("bind", "b", ("numpy", "a", 1)),
+                    ("bind", "c", ("name", "a")), ("bind", "a", ("list", [])),
+                    ("scan",), ("purge", "b")])
