@@ -168,17 +168,27 @@ def test_a_rejected_setting_is_said_once_per_process_not_at_each_reload(tmp_path
 
 def test_each_commands_help_is_shown_and_nothing_runs(ip, capsys):
     """``--help`` of a command prints its options (not "unrecognized arguments") and runs
-    nothing: the cell under ``%%gpuwatch --help`` does not run."""
-    for line in ("purge --help", "watch --help", "trace -h", "history --help", "plot --help"):
+    nothing, quietly (no error after the help): the cell under ``%%gpuwatch --help`` does
+    not run."""
+    for line in ("purge --help", "watch --help", "trace -h", "history --help", "plot --help",
+                 "purge --all --help", "rescue --help"):
         capsys.readouterr()
         result = ip.run_cell(f"%gpumem {line}")
         out = capsys.readouterr()
         command = "%gpumem " + line.split()[0]
         assert out.out.lstrip().startswith(f"{command} [-h]"), out.out[:200]
         assert "docs/GUIDE.md" in out.out and "unrecognized" not in out.out + out.err
-        assert "the help is above; nothing ran" in str(result.error_in_exec)
+        assert result.success and result.result is None, result
+        assert "Error" not in out.out + out.err, out.out + out.err
     ip.user_ns.pop("ran_it", None)
     capsys.readouterr()
     ip.run_cell("%%gpuwatch --help\nran_it = True")
     out = capsys.readouterr()
     assert out.out.lstrip().startswith("%%gpuwatch [-h]") and "ran_it" not in ip.user_ns
+    assert "Error" not in out.out + out.err, out.out + out.err
+    for line, cell in (("%%gpumem fit bs --help", "ran_it = True"),
+                       ("%%gpuwatch --help", "await __import__('asyncio').sleep(0)\nran_it = True")):
+        result = ip.run_cell(f"{line}\n{cell}")
+        out = capsys.readouterr()
+        assert result.success and "ran_it" not in ip.user_ns, (line, out.out[-300:], out.err)
+        assert "[-h]" in out.out and "Error" not in out.out + out.err, out.out + out.err

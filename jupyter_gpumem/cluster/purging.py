@@ -240,7 +240,8 @@ def _still_messages(still: list[KeyStillHeld], names: set) -> list[str]:
         where = sorted({s.worker for s in items if s.worker})
         on = f" on {where[0]}" if len(where) == 1 else f" on {len(where)} workers" if where else ""
         if by in names:
-            out.append(f"{by} still holds {fmt_bytes(nbytes)} of it ({items[0].key}){on}: "
+            out.append(f"{by} still holds {fmt_bytes(nbytes)} of the memory this purge meant "
+                       f"to free ({items[0].key}){on}: "
                        f"purge {by} too")
         else:
             what = items[0].key if len(items) == 1 else f"{len(items)} keys"

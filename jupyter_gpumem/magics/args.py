@@ -3,6 +3,8 @@ common options (``--device``, ``-o``)."""
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import shlex
 from typing import Any, Callable
 
@@ -14,9 +16,32 @@ from ..units import complain
 DEVICE_HELP = "which devices count: auto (accelerators, else cpu), all, cpu, cuda:N"
 
 
+class HelpShown(Exception):
+    """``-h``/``--help`` printed its command's help: the command stops there, and nothing
+    more is said (caught by :func:`help_stops` and :func:`report_errors`)."""
+
+
+def help_stops(fn: Callable) -> Callable:
+    """A magic (or its awaited form) that ends quietly, returning None, once ``--help``
+    has printed the help."""
+    if inspect.iscoroutinefunction(fn):
+        async def waiter(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(*args, **kwargs)
+            except HelpShown:
+                return None
+        return functools.wraps(fn)(waiter)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except HelpShown:
+            return None
+    return functools.wraps(fn)(wrapper)
+
+
 class _Help(argparse.Action):
-    """``-h``/``--help`` of a command: its help printed, the command not run (a one-line
-    UsageError says so, as IPython's magics stop on a bad line)."""
+    """``-h``/``--help`` of a command: its help printed, the command not run."""
 
     def __init__(self, option_strings, dest, **kwargs) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
@@ -27,7 +52,7 @@ class _Help(argparse.Action):
         text = text[2:].lstrip("\n") if text.startswith("::") else text
         text = text.replace("%" + parser.prog, parser.prog, 1)
         print(text.rstrip() + "\nEvery command and setting: docs/GUIDE.md")
-        raise UsageError(f"{parser.prog} {option_string}: the help is above; nothing ran")
+        raise HelpShown(parser.prog)
 
 
 def parser(prog: str, description: str, *, device: bool = True,
@@ -114,6 +139,8 @@ def report_errors(fn: Callable) -> Callable:
     def wrapper(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(self, *args, **kwargs)
+        except HelpShown:
+            return None
         except UsageError:
             raise
         except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback

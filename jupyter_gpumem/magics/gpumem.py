@@ -23,7 +23,7 @@ from . import rescue as _rescue
 from . import tame as _tame
 from . import trace as _trace
 from . import watch as _watch
-from .args import parser, report_errors, split_line, usage_errors
+from .args import help_stops, parser, report_errors, split_line, usage_errors
 
 #: subcommands served by the other magics modules: name -> function(magics, argv)
 SUBCOMMANDS: dict[str, Callable[[Any, list[str]], Any]] = {
@@ -200,6 +200,7 @@ class GpuMemMagics(Magics, GpuMemSettings):
 
     @cell_magic
     @output_can_be_silenced
+    @help_stops
     def gpuwatch(self, line: str, cell: str) -> Any:
         """Run the cell and report what it did to memory, peaks included.
 
@@ -216,6 +217,7 @@ class GpuMemMagics(Magics, GpuMemSettings):
 
     @cell_magic("gpumem")
     @output_can_be_silenced
+    @help_stops
     def gpumem_cell(self, line: str, cell: str) -> Any:
         """``%%gpumem fit VAR [--min 1] [--max N] [--step 8] [--target B] [--device ...]
         [-o NAME]``: the largest VAR whose run of the cell fits in the memory free now.
@@ -228,6 +230,7 @@ class GpuMemMagics(Magics, GpuMemSettings):
             raise UsageError(f"the cell form is {_fit.USAGE}")
         return _fit.magic_fit(self, argv[1] if len(argv) > 1 else "", cell)
 
+    @help_stops
     async def gpuwatch_async(self, line: str, cell: str) -> Any:
         """``%%gpuwatch`` over a cell with top-level ``await``: what IPython awaits.
 

@@ -20,7 +20,7 @@ from ..views.rescue import RescueButton
 from ..watch.reruns import RerunWatch
 from ..watch.rescue import Offer, RescueError, Rescues, rescue, rescue_async
 from . import watch as _watch
-from .args import parser, split_line, usage_errors
+from .args import help_stops, parser, split_line, usage_errors
 from .watched_cell import input_transformer, loop_running
 
 MODULE = __name__
@@ -46,6 +46,7 @@ def magic_rescue(magics: Any, argv: list[str]) -> Any:
     return _finish(result, args.output)
 
 
+@help_stops
 async def run_async(shell: Any, line: str) -> Any:
     """What a ``%gpumem rescue`` cell becomes when the failed cell awaits (see the module)."""
     args = _parser().parse_args(split_line(line)[2:])

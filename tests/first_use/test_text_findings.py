@@ -23,14 +23,14 @@ def test_a_note_does_not_repeat_the_name_it_names(ip, capsys):
     run(ip, "big")                                 # Out[N] holds it too
     lines = _lines(capsys, ip, "purge --device cpu")
     notes = [line for line in lines if line.startswith("note:")]
-    assert "note: big still holds 4.0 MiB of it: purge big too" in notes, lines
+    assert "note: big still holds 4.0 MiB of the memory this purge meant to free: purge big too" in notes, lines
     assert not any("(big)" in line for line in notes), notes
 
 
 def test_a_note_keeps_the_path_where_it_says_more_than_the_name(ip, capsys):
     run(ip, "import torch\nt = torch.ones(1 << 20)\nbox = {'k': t}")
     lines = _lines(capsys, ip, "purge t --device cpu")
-    assert any(line.startswith("note: box still holds 4.0 MiB of it (box['k'])")
+    assert any(line.startswith("note: box still holds 4.0 MiB of the memory this purge meant to free (box['k'])")
                for line in lines), lines
 
 

@@ -136,7 +136,11 @@ def search(run: Callable[[int], Trial], grid: Grid, free: Callable[[], int | Non
             high = top.peak + top.requested
             if high > low:
                 size = grid.size(lo) + (room - low) * (grid.size(hi) - grid.size(lo)) / (high - low)
-                guess = min(guess, grid.index_below(size))
+                bracket = grid.index_below(size)
+                # two sizes left between them: the line of the trials that ran decides
+                # (its peaks are exact; the failed one's figure is only a bound)
+                if hi - lo != 3:
+                    guess = min(guess, bracket)
         return guess
 
     def upper() -> int:

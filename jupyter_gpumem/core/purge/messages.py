@@ -75,15 +75,19 @@ def still_messages(still: list[StillHeld]) -> list[str]:
             if s.by == group[0]:
                 shown = ", ".join(group[:GROUP_AT])
                 out.append(f"{shown} and {len(group) - GROUP_AT} other name(s) still hold "
-                           f"{size} of it each: purge them too (`%gpumem` lists them)")
+                           f"{size} each of the memory this purge meant to free: purge them "
+                           "too (`%gpumem` lists them)")
             continue
         if s.kind == "library":
-            out.append(f"{s.path} (a module's global) still holds {size} of it, so that was "
+            out.append(f"{s.path} (a module's global) still holds {size} of the memory this "
+                       f"purge meant to free, so that was "
                        f"not freed: clear it there to free it")
         elif s.kind == "unnamed":
-            out.append(f"{size} of it is still alive, held by {UNNAMED} and modules' globals: "
+            out.append(f"{size} of the memory this purge meant to free is still alive, held "
+                       f"by {UNNAMED} and modules' globals: "
                        f"not freed")
         else:
             where = "" if s.path == s.by else f" ({s.path})"   # the name alone says it
-            out.append(f"{s.by} still holds {size} of it{where}: purge {s.by} too")
+            out.append(f"{s.by} still holds {size} of the memory this purge meant to "
+                       f"free{where}: purge {s.by} too")
     return out
