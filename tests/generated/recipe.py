@@ -208,6 +208,7 @@ class Model:
         self.pinned: list[Obj] = []         # modules in sys.modules
         self.features: set[str] = set()
         self.sizes: dict[str, int] = {}     # atom -> bytes of its storage
+        self.fixed: set[str] = set()        # atoms whose storage cannot grow (numpy'd)
 
     def make(self, expr) -> Obj:
         kind = expr[0]
@@ -234,6 +235,7 @@ class Model:
         if kind == "numpy":
             self.features.add("numpy")
             source = self.names[expr[1]]
+            self.fixed |= source.atoms   # .numpy() makes a storage resizable no more
             return Obj("tensor", unseen=source.atoms | source.unseen)
         if kind in SEQUENCES:
             return Obj(kind, kids=[self.make(e) for e in expr[1]])
@@ -328,6 +330,12 @@ class Model:
     def dense_names(self) -> list[str]:
         """Names bound to a dense tensor (their value can be viewed, changed in place, set_)."""
         return [n for n, o in self.names.items() if o.kind == "tensor"]
+
+    def growable_names(self) -> list[str]:
+        """Dense tensors whose storage can grow: not a numpy buffer's (from_numpy: no atom
+        of its own), nor one a numpy array was made of (torch fixes its size then)."""
+        return [n for n, o in self.names.items()
+                if o.kind == "tensor" and o.atoms and not o.atoms & self.fixed]
 
 
 def replay(recipe) -> Model:

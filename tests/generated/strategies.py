@@ -104,7 +104,7 @@ def _step(draw, model: Model, keys: _Keys, allowed: frozenset):
     if model.dense_names():
         kinds += ["inplace", "data"]
         if "set_" in allowed:
-            kinds += ["set_", "grow", "setto"]
+            kinds += ["set_", "setto"] + (["grow"] if model.growable_names() else [])
     kind = draw(st.sampled_from(kinds))
     if kind == "bind":
         return ("bind", draw(st.sampled_from(NAMES)), expr())
@@ -138,7 +138,8 @@ def _step(draw, model: Model, keys: _Keys, allowed: frozenset):
         return ("setto", draw(st.sampled_from(model.dense_names())),
                 draw(st.sampled_from(model.dense_names())))
     if kind == "grow":
-        return ("grow", draw(st.sampled_from(model.dense_names())), draw(st.sampled_from(SIZES)))
+        return ("grow", draw(st.sampled_from(model.growable_names())),
+                draw(st.sampled_from(SIZES)))
     return ("scan",)
 
 

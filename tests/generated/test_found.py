@@ -118,3 +118,14 @@ def test_a_numpy_view_of_a_tensor_no_name_holds_is_blamed_for_what_a_walk_sees(i
     run_recipe(ip, [("bind", "a", ("atom", "k1", 8)), ("bind", "b", ("numpy", "a", 1)),
                     ("bind", "c", ("name", "a")), ("bind", "a", ("list", [])),
                     ("scan",), ("purge", "b")])
+
+
+def test_a_tensor_numpy_was_made_of_is_never_grown(ip):
+    """`.numpy()` fixes a storage's size (torch: "Trying to resize storage that is not
+    resizable"): the generator drew a grow of such a tensor, a cell that cannot run. The
+    model now keeps those apart (Model.growable_names); the recipe without the grow."""
+    from .recipe import replay
+    recipe = [("bind", "a", ("atom", "k1", 8)),
+              ("bind", "b", ("set", [("atom", "k4", 8), ("numpy", "a", 0)]))]
+    assert replay(recipe).growable_names() == []
+    run_recipe(ip, recipe + [("scan",), ("purge",)])
