@@ -31,6 +31,16 @@ _PLAIN_VALUE_IDS = frozenset(map(id, _PLAIN_VALUES))
 _PLAIN_CONTAINER_IDS = frozenset(map(id, _PLAIN_CONTAINERS))
 _GRAD = ("attr", "grad")
 _GRAD_FN, _GRAD_OF = attrgetter("grad_fn"), attrgetter("grad")
+_BASE, _BASE_OF = ("attr", "_base"), attrgetter("_base")
+
+
+def _graph_or_base(t: Any, _fn=_GRAD_FN, _base=_BASE_OF) -> Any:
+    """What sends a plain tensor the long way: its autograd graph, else its base where it
+    is a view (``t[:2]._base``: the view keeps that tensor alive, and whatever storage it
+    holds later, after a ``set_`` or a ``.data =``); None for the usual tensor. Its C-level
+    getters only: no code of the user's runs."""
+    fn = _fn(t)
+    return fn if fn is not None else _base(t)
 _SECOND, _THIRD = itemgetter(1), itemgetter(2)   # of a record: stamp, storages
 _STATE_KEY = ("opt_state_key",)
 _DATA = (("attr", "data"),)   # a SavedTensor's own (torch_graph.py's labels)
@@ -129,10 +139,22 @@ class TorchBackend(Backend):
         if not issubclass(tp, torch.Tensor):
             return iter(())
         own = own_attributes(obj) if tp in self._plain else attributes(obj)
+        own += self._base_edge(obj)
         fn, grad = self.graph_and_grad(obj)
         if fn is None:
             return iter(own if grad is None else own + ((_GRAD, grad),))
         return iter(list(own) + list(graph_children(self.ledger, self._saved_attrs, fn, {})))
+
+    def _base_edge(self, obj: Any) -> tuple:
+        """``((("attr", "_base"), base),)`` where tensor ``obj`` is a view: it keeps its
+        base alive (with the base's gradient, graph and whatever storage the base holds
+        after a ``set_``); else ``()``. Read without a subclass's code."""
+        if type(obj) in self._plain:
+            base = obj._base
+        else:
+            with self.torch._C.DisableTorchFunctionSubclass():
+                base = self.torch._C.TensorBase._base.__get__(obj)
+        return () if base is None else ((_BASE, base),)
 
     def graph_and_grad(self, obj: Any) -> tuple:
         """A tensor's ``grad_fn`` and ``grad``, read without a subclass's code."""
@@ -150,6 +172,11 @@ class TorchBackend(Backend):
         torch = self.torch
         tp = type(obj)
         if issubclass(tp, torch.Tensor):
+            if name == "_base":
+                base = self._base_edge(obj)
+                if not base:
+                    raise ValueError("that tensor is no view (its _base is None)")
+                return base[0][1]
             if name != "grad_fn":
                 raise LookupError(name)
             fn, _ = self.graph_and_grad(obj)
@@ -174,8 +201,9 @@ class TorchBackend(Backend):
         return frozenset(self._plain)
 
     def take_many(self, values: list) -> tuple[list, tuple, list] | None:
-        if any(map(is_not, map(_GRAD_FN, values), repeat(None))) or any_own_attributes(values):
-            return None   # an autograd graph, or attributes of a tensor's own: the long way
+        if any(map(is_not, map(_graph_or_base, values), repeat(None))) or \
+                any_own_attributes(values):
+            return None   # a graph, a view's base or a tensor's own attributes: the long way
         recs = list(map(self._known.get, map(id, values)))
         if not all(recs) or not all(map(self.reader.holds, values, map(_SECOND, recs))):
             infos = list(map(self.storages, values))   # first met, or changed: read again
@@ -186,13 +214,14 @@ class TorchBackend(Backend):
     def batch_spec(self) -> tuple:
         # take_many's passes, as one loop of the C core runs them
         self.tensor_types()
-        return (self._known, _GRAD_FN, self.reader.stamp_getters(), _GRAD_OF, self.storages,
-                _GRAD)
+        return (self._known, _graph_or_base, self.reader.stamp_getters(), _GRAD_OF,
+                self.storages, _GRAD)
 
     def fingerprint_spec(self) -> tuple:
         self.tensor_types()
         getters = self.torch._C.TensorBase.__dict__
-        return self._known, getters["grad_fn"], self.reader.stamp_getters(), getters["grad"]
+        # (a graph or a view's base: walked each time)
+        return self._known, _graph_or_base, self.reader.stamp_getters(), getters["grad"]
 
     def getters_run_code(self) -> bool:   # a torch function mode (set_default_device's)
         return bool(self.torch._C._is_torch_function_mode_enabled())
@@ -207,6 +236,7 @@ class TorchBackend(Backend):
             own = attributes(obj)
         else:
             return ()   # a storage
+        own += self._base_edge(obj)
         fn, grad = self.graph_and_grad(obj)
         if fn is None:
             return own if grad is None else own + ((_GRAD, grad),)

@@ -15,7 +15,8 @@ Expressions, as tuples (``KEY`` an atom's key, ``N`` its number of floats)::
     ("sparse", KEY, N)           a sparse COO tensor (atoms KEY and KEY.i)
     ("graph", KEY, N, MODE)      a scalar whose autograd graph saves KEY (plain|hooks|checkpoint)
     ("name", NAME)               the object NAME binds (shared)
-    ("viewof", NAME)             a view of the tensor NAME binds (its storage, shared)
+    ("viewof", NAME)             a view of the tensor NAME binds (its storage, shared; it
+                                 keeps that tensor alive, its _base, whatever it holds later)
     ("tattr", DENSE, EXPR)       the tensor DENSE (a dense form above) with EXPR as its attribute
     ("numpy", NAME[, START])     a tensor on a numpy view of NAME's tensor from START (0
                                  unless given): a storage of its own inside NAME's bytes
@@ -185,6 +186,9 @@ class Obj:
     #: the tensor it views): alive while this object is, seen only where another path
     #: reaches them
     unseen: set = field(default_factory=set)
+    #: a view's base (``t[:2]._base``: the tensor it was first cut from, which it keeps
+    #: alive with whatever storage that tensor holds now, after a set_ or a .data =)
+    base: "Obj | None" = None
 
     def reach(self, seen=None, visible: bool = False) -> set:
         """The atoms this object keeps alive (``visible``: those a walk can follow)."""
@@ -231,7 +235,8 @@ class Model:
             return Obj("tensor", set(tensor.atoms), [self.make(expr[2])])
         if kind == "viewof":
             source = self.names[expr[1]]
-            return Obj("tensor", set(source.atoms), unseen=set(source.unseen))
+            root = source.base or source
+            return Obj("tensor", set(source.atoms), [root], unseen=set(source.unseen), base=root)
         if kind == "numpy":
             self.features.add("numpy")
             source = self.names[expr[1]]

@@ -129,3 +129,18 @@ def test_a_tensor_numpy_was_made_of_is_never_grown(ip):
               ("bind", "b", ("set", [("atom", "k4", 8), ("numpy", "a", 0)]))]
     assert replay(recipe).growable_names() == []
     run_recipe(ip, recipe + [("scan",), ("purge",)])
+
+
+def test_a_view_keeps_its_base_and_what_the_base_holds_later(ip):
+    """A view `C1.shared['y'] = _[:2]` of the user's own `_`, then `_.data = ...` and
+    `_.set_(k7)`: the view's `_base` is `_`'s tensor, which now holds k7, so k7 stays
+    alive while C1 does. The model had the view hold only the storage it was cut from and
+    asked `purge --all` to free k7 (found on 12 processes of the long run on the GPU
+    machine). The model now keeps the base (recipe.py Obj.base)."""
+    run_recipe(ip, [("own_", ("atom", "k1", 8)),
+                    ("class", "C1", "a", ("dict", [("x", ("atom", "k2", 8)),
+                                                   ("y", ("viewof", "_"))])),
+                    ("data", "_", "k3", 8), ("bind", "a", ("atom", "k4", 8)),
+                    ("bind", "a", ("atom", "k5", 8)), ("show", ("atom", "k6", 8)),
+                    ("set_", "_", "k7", 8), ("bind", "a", ("atom", "k8", 8)),
+                    ("scan",), ("purge", "--all")])
