@@ -16,6 +16,7 @@ import pytest
 import torch
 from IPython.core.error import UsageError
 
+from benchmarks.fit_search import bisection
 from jupyter_gpumem.core.fit import Grid, search
 from jupyter_gpumem.core.fit.result import Trial, accumulation
 
@@ -119,13 +120,6 @@ def test_target_is_micro_batch_times_steps(ip, net):
 
 
 # -- the search, on a step whose demand is known ------------------------------------------------
-def _bisection_trials(ok, grid: Grid) -> int:
-    lo, hi, n = -1, grid.count, 0
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        n += 1
-        lo, hi = (mid, hi) if ok(grid.size(mid)) else (lo, mid)
-    return n
 
 
 @pytest.mark.parametrize("fixed, per, budget, kink", [
@@ -147,7 +141,7 @@ def test_search_finds_the_exhaustive_answer_in_fewer_trials(fixed, per, budget, 
     r = search(one, grid, lambda: int(budget), variable="bs", device="cpu", measure="formula")
     exhaustive = max(s for s in range(8, 8193, 8) if demand(s) <= budget)
     assert r.largest == exhaustive
-    assert len(r.trials) < _bisection_trials(lambda s: demand(s) <= budget, grid)
+    assert len(r.trials) < bisection(lambda s: demand(s) <= budget, grid)
     assert (kink is not None and kink < exhaustive) == any("not linear" in n for n in r.notes)
 
 
