@@ -21,7 +21,7 @@ Expressions, as tuples (``KEY`` an atom's key, ``N`` its number of floats)::
     ("numpy", NAME[, START])     a tensor on a numpy view of NAME's tensor from START (0
                                  unless given): a storage of its own inside NAME's bytes
                                  (at the same address where START is 0), which keeps
-                                 NAME's alive
+                                 NAME's alive (never empty: gen.numpy_view)
     (KIND, [EXPR, ...])          KIND: list tuple set deque traplist
     (KIND, [(KEY, EXPR), ...])   KIND: dict odict ddict trapdict trap
     ("slots", EXPR, EXPR)        a __slots__ instance
@@ -89,7 +89,7 @@ def source(expr) -> str:
         return f"gen.with_attr({source(expr[1])}, {source(expr[2])})"
     if kind == "numpy":
         start = expr[2] if len(expr) > 2 else 0
-        return f"torch.from_numpy({expr[1]}.numpy()[{start}:{start + 2}])"
+        return f"gen.numpy_view({expr[1]}, {start})"
     if kind in SEQUENCES:
         items = ", ".join(source(e) for e in expr[1])
         return {"list": f"[{items}]", "tuple": f"({items}{',' if len(expr[1]) == 1 else ''})",

@@ -63,6 +63,15 @@ def forget_modules() -> None:
         del sys.modules[name]
 
 
+def numpy_view(tensor, start: int):
+    """``torch.from_numpy(tensor.numpy()[start:start + 2])``, ``start`` moved back where
+    the tensor is shorter, so that the view holds one element at least: a numpy view of no
+    element has an address but no byte, and says of no allocation that it keeps it."""
+    import torch  # noqa: PLC0415 - the examples import it first
+    start = max(min(start, tensor.numel() - 1), 0)
+    return torch.from_numpy(tensor.numpy()[start:start + 2])
+
+
 def with_attr(tensor, value):
     """``tensor``, with ``value`` as its attribute ``extra`` (in the tensor's own
     ``__dict__``, as ``param.main_grad`` is kept by some trainers)."""
