@@ -192,3 +192,16 @@ def test_each_commands_help_is_shown_and_nothing_runs(ip, capsys):
         out = capsys.readouterr()
         assert result.success and "ran_it" not in ip.user_ns, (line, out.out[-300:], out.err)
         assert "[-h]" in out.out and "Error" not in out.out + out.err, out.out + out.err
+
+
+def test_the_guide_is_found_in_a_checkout_and_in_a_wheels_package(tmp_path):
+    """--help ends with where the guide is: docs/GUIDE.md in a checkout; in an installed
+    wheel (no docs/ beside the package) the copy the wheel carries, by its path."""
+    from jupyter_gpumem.magics.args import GUIDE, guide
+
+    assert GUIDE == "docs/GUIDE.md"      # this checkout
+    package = tmp_path / "site-packages" / "jupyter_gpumem"
+    package.mkdir(parents=True)
+    assert guide(package) == "docs/GUIDE.md of the project's source"
+    (package / "GUIDE.md").write_text("# guide")
+    assert guide(package) == str(package / "GUIDE.md")

@@ -136,3 +136,5 @@ def test_the_sidebar_ships_without_source_maps_or_build_leftovers(tmp_path):
     assert any(n.endswith("/package.json") for n in sidebar), sidebar
     left = [n for n in sidebar if n.endswith((".map", "build_log.json", ".orig"))]
     assert not left, left
+    # the guide every --help points to, for a wheel's user (who has no docs/)
+    assert "jupyter_gpumem/GUIDE.md" in names, [n for n in names if "GUIDE" in n]

@@ -6,6 +6,7 @@ import argparse
 import functools
 import inspect
 import shlex
+from pathlib import Path
 from typing import Any, Callable
 
 from IPython.core.error import UsageError
@@ -14,6 +15,20 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from ..units import complain
 
 DEVICE_HELP = "which devices count: auto (accelerators, else cpu), all, cpu, cuda:N"
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def guide(package: Path = PACKAGE) -> str:
+    """Where the guide to every command and setting is: ``docs/GUIDE.md`` in a checkout
+    (a clone, an editable install), else the copy the wheel carries in the package."""
+    if (package.parent / "docs" / "GUIDE.md").is_file():
+        return "docs/GUIDE.md"
+    packed = package / "GUIDE.md"
+    return str(packed) if packed.is_file() else "docs/GUIDE.md of the project's source"
+
+
+#: the pointer every --help and %gpumem? ends with
+GUIDE = guide()
 
 
 class HelpShown(Exception):
@@ -51,7 +66,7 @@ class _Help(argparse.Action):
         text = parser.format_help()   # (IPython's form: "::" and one more % before prog)
         text = text[2:].lstrip("\n") if text.startswith("::") else text
         text = text.replace("%" + parser.prog, parser.prog, 1)
-        print(text.rstrip() + "\nEvery command and setting: docs/GUIDE.md")
+        print(text.rstrip() + f"\nEvery command and setting: {GUIDE}")
         raise HelpShown(parser.prog)
 
 

@@ -23,7 +23,7 @@ from . import rescue as _rescue
 from . import tame as _tame
 from . import trace as _trace
 from . import watch as _watch
-from .args import help_stops, parser, report_errors, split_line, usage_errors
+from .args import GUIDE, help_stops, parser, report_errors, split_line, usage_errors
 
 #: subcommands served by the other magics modules: name -> function(magics, argv)
 SUBCOMMANDS: dict[str, Callable[[Any, list[str]], Any]] = {
@@ -246,4 +246,6 @@ GpuMemMagics.gpumem.__doc__ = f"""Who holds accelerator memory, and purge it.
 
 {USAGE}
 
-`%gpumem help` prints the same; each command's options: docs/GUIDE.md."""
+`%gpumem help` prints the same; each command's options: {GUIDE}."""
+GpuMemMagics.gpuwatch.__doc__ = (GpuMemMagics.gpuwatch.__doc__ or "").replace(
+    "docs/GUIDE.md", GUIDE)
