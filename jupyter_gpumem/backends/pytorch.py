@@ -32,6 +32,9 @@ _PLAIN_CONTAINER_IDS = frozenset(map(id, _PLAIN_CONTAINERS))
 _GRAD = ("attr", "grad")
 _GRAD_FN, _GRAD_OF = attrgetter("grad_fn"), attrgetter("grad")
 _BASE, _BASE_OF = ("attr", "_base"), attrgetter("_base")
+_SECOND, _THIRD = itemgetter(1), itemgetter(2)   # of a record: stamp, storages
+_STATE_KEY = ("opt_state_key",)
+_DATA = (("attr", "data"),)   # a SavedTensor's own (torch_graph.py's labels)
 
 
 def _graph_or_base(t: Any, _fn=_GRAD_FN, _base=_BASE_OF) -> Any:
@@ -41,9 +44,6 @@ def _graph_or_base(t: Any, _fn=_GRAD_FN, _base=_BASE_OF) -> Any:
     getters only: no code of the user's runs."""
     fn = _fn(t)
     return fn if fn is not None else _base(t)
-_SECOND, _THIRD = itemgetter(1), itemgetter(2)   # of a record: stamp, storages
-_STATE_KEY = ("opt_state_key",)
-_DATA = (("attr", "data"),)   # a SavedTensor's own (torch_graph.py's labels)
 
 
 def _counter(stats: dict, name: str) -> dict:
@@ -214,14 +214,15 @@ class TorchBackend(Backend):
     def batch_spec(self) -> tuple:
         # take_many's passes, as one loop of the C core runs them
         self.tensor_types()
-        return (self._known, _graph_or_base, self.reader.stamp_getters(), _GRAD_OF,
+        return (self._known, (_GRAD_FN, _BASE_OF), self.reader.stamp_getters(), _GRAD_OF,
                 self.storages, _GRAD)
 
     def fingerprint_spec(self) -> tuple:
         self.tensor_types()
         getters = self.torch._C.TensorBase.__dict__
         # (a graph or a view's base: walked each time)
-        return self._known, _graph_or_base, self.reader.stamp_getters(), getters["grad"]
+        return (self._known, (getters["grad_fn"], getters["_base"]), self.reader.stamp_getters(),
+                getters["grad"])
 
     def getters_run_code(self) -> bool:   # a torch function mode (set_default_device's)
         return bool(self.torch._C._is_torch_function_mode_enabled())

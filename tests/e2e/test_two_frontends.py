@@ -76,3 +76,29 @@ def test_a_purge_from_lab_and_from_notebook7_on_one_kernel(tmp_path, page):
         assert run_cell(lab, 1).strip() == "(False, False, True)"
     log = served["log"].read_text()
     assert "Unknown subshell_id" not in log, log[-3000:]
+
+
+@needs_chromium
+def test_a_purge_after_a_second_lab_window_came_and_went(tmp_path, page):
+    """The report's other trigger: a second JupyterLab window on the same notebook (its
+    own kernel connection, its sidebar open) that closes again; a purge from the first
+    window then still answers within the bound, and the kernel logs no message it could
+    not route."""
+    lab_server = contextlib.contextmanager(serve)(
+        tmp_path, "jupyterlab", {"two.ipynb": NOTEBOOK}, user_settings={"defaultDevice": "cpu"})
+    with lab_server as served, screenshot_on_failure(page, "second-window-failure.png"):
+        open_notebook(page, served['base'], "two.ipynb")
+        run_cell(page, 0)
+        page.click(SIDEBAR_TAB)
+        _row(page.locator(SIDEBAR), "a").wait_for(timeout=60000)
+        second = page.context.new_page()
+        open_notebook(second, served['base'], "two.ipynb")
+        second.click(SIDEBAR_TAB)
+        _row(second.locator(SIDEBAR), "a").wait_for(timeout=60000)
+        second.close()
+        page.bring_to_front()
+        _purge(page, "a")
+        _purge(page, "b")
+        assert run_cell(page, 1).strip() == "(False, False, True)"
+    log = served["log"].read_text()
+    assert "Unknown subshell_id" not in log, log[-3000:]

@@ -73,7 +73,8 @@ batch_has_attrs(PyObject *t)
  * parameters): the Python walk's C-level passes over them fused into one loop.
  * `values` is a list; `memo` maps id(value) -> (storages, label, held) for the values
  * taken before in this scan. For each value not in `memo`: get_fn(value) is asked
- * first, for all of them (any answer other than None, an autograd graph, returns None
+ * first (get_fn: a getter or a tuple of getters, each asked: an autograd graph's, a
+ * view's base's), for all of them (any answer other than None returns None
  * before anything is written: the caller takes those the long way; so does a tensor
  * with attributes of its own, batch_has_attrs); then its storages
  * are `known[id(value)][2]` where the stamp `known[id(value)][1]` holds
@@ -130,12 +131,20 @@ batch_look_up(const batch_args *a, PyObject **vals, PyObject **ids, PyObject **e
         }
         if (PyErr_Occurred())
             return -1;
-        PyObject *fn = PyObject_CallOneArg(a->get_fn, vals[i]);
-        if (fn == NULL)
-            return -1;
-        int graph = fn != Py_None;
-        Py_DECREF(fn);
-        if (graph || batch_has_attrs(vals[i]))
+        /* get_fn: a getter, or a tuple of them (a graph's, a view's base's) */
+        int tuple = PyTuple_Check(a->get_fn);
+        Py_ssize_t n_get = tuple ? PyTuple_GET_SIZE(a->get_fn) : 1;
+        for (Py_ssize_t g = 0; g < n_get; g++) {
+            PyObject *get = tuple ? PyTuple_GET_ITEM(a->get_fn, g) : a->get_fn;
+            PyObject *fn = PyObject_CallOneArg(get, vals[i]);
+            if (fn == NULL)
+                return -1;
+            int other_way = fn != Py_None;
+            Py_DECREF(fn);
+            if (other_way)
+                return 0;
+        }
+        if (batch_has_attrs(vals[i]))
             return 0;
     }
     return 1;

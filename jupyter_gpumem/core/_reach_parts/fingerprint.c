@@ -118,7 +118,9 @@ fp_forget(Fingerprint *f)
 }
 
 /* Fingerprint(judge, libs, is_lib, stop_ids, known, get_fn, get_ptr, get_held,
- * skip_keys, limit): made (again), nothing of an earlier making kept. */
+ * skip_keys, limit): made (again), nothing of an earlier making kept. get_fn is a
+ * tensor's graph getter, or a pair (graph getter, base getter): a tensor with either is
+ * walked each time (fp_tensor_read). */
 static int
 fp_py_init(Fingerprint *f, PyObject *args, PyObject *kwds)
 {
@@ -138,11 +140,22 @@ fp_py_init(Fingerprint *f, PyObject *args, PyObject *kwds)
     Py_XSETREF(f->libs, Py_NewRef(libs));
     Py_XSETREF(f->is_lib, Py_NewRef(is_lib));
     Py_XSETREF(f->known, Py_NewRef(known));
-    PyObject *getters[3] = {get_fn, get_ptr, get_held};
-    fp_getter *slots[3] = {&f->fn, &f->ptr, &f->held};
-    for (int i = 0; i < 3; i++) {
+    PyObject *get_base = NULL;
+    if (PyTuple_Check(get_fn)) {
+        if (PyTuple_GET_SIZE(get_fn) != 2) {
+            PyErr_SetString(PyExc_TypeError, "Fingerprint: get_fn: a getter or a pair");
+            return -1;
+        }
+        get_base = PyTuple_GET_ITEM(get_fn, 1);
+        get_fn = PyTuple_GET_ITEM(get_fn, 0);
+    }
+    PyObject *getters[4] = {get_fn, get_base, get_ptr, get_held};
+    fp_getter *slots[4] = {&f->fn, &f->base, &f->ptr, &f->held};
+    for (int i = 0; i < 4; i++) {
         Py_XDECREF(slots[i]->obj);
-        fp_getter_set(slots[i], Py_NewRef(getters[i]));
+        slots[i]->obj = NULL;
+        if (getters[i] != NULL)
+            fp_getter_set(slots[i], Py_NewRef(getters[i]));
     }
     Py_XSETREF(f->skip_keys, Py_NewRef(skip_keys));
     f->limit = limit;
@@ -158,6 +171,7 @@ fp_dealloc(Fingerprint *f)
     Py_CLEAR(f->is_lib);
     Py_CLEAR(f->known);
     Py_CLEAR(f->fn.obj);
+    Py_CLEAR(f->base.obj);
     Py_CLEAR(f->ptr.obj);
     Py_CLEAR(f->held.obj);
     fp_forget(f);

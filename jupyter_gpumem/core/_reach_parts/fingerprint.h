@@ -41,7 +41,8 @@ typedef struct {
     PyObject *judge;     /* judge(type) -> action */
     fp_type_slot types[FP_TYPE_CACHE];
     int ntypes;
-    fp_getter fn, ptr, held;   /* ptr: its obj is the stamp's getters (batch_stamp_holds) */
+    fp_getter fn, base, held;  /* base: a view's (obj NULL where none was given) */
+    fp_getter ptr;             /* its obj is the stamp's getters (batch_stamp_holds) */
     fp_tensors tensors;  /* read in this scan (forget() empties it) */
     fp_records records;  /* the backend's records met in earlier scans (see fp_record) */
     PyObject *taken;     /* a dict or NULL: id -> (storages, label, gradient) of the tensors
