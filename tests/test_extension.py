@@ -203,5 +203,8 @@ def test_the_guide_is_found_in_a_checkout_and_in_a_wheels_package(tmp_path):
     package = tmp_path / "site-packages" / "jupyter_gpumem"
     package.mkdir(parents=True)
     assert guide(package) == "docs/GUIDE.md of the project's source"
+    (package.parent / "docs").mkdir()    # another package's docs/ in site-packages
+    (package.parent / "docs" / "GUIDE.md").write_text("# not ours")
+    assert guide(package) == "docs/GUIDE.md of the project's source"
     (package / "GUIDE.md").write_text("# guide")
     assert guide(package) == str(package / "GUIDE.md")

@@ -21,7 +21,8 @@ PACKAGE = Path(__file__).resolve().parents[1]
 def guide(package: Path = PACKAGE) -> str:
     """Where the guide to every command and setting is: ``docs/GUIDE.md`` in a checkout
     (a clone, an editable install), else the copy the wheel carries in the package."""
-    if (package.parent / "docs" / "GUIDE.md").is_file():
+    root = package.parent   # a checkout: the project's files beside the package
+    if (root / "docs" / "GUIDE.md").is_file() and (root / "pyproject.toml").is_file():
         return "docs/GUIDE.md"
     packed = package / "GUIDE.md"
     return str(packed) if packed.is_file() else "docs/GUIDE.md of the project's source"
