@@ -52,11 +52,17 @@ def test_warn_at_is_checked_when_set_and_parsed_once_not_every_cell(watched, cap
 
 
 @pytest.mark.parametrize("line", ["tame off status", "tame --give-back off", "tame maybe",
-                                  "tame --give-back=yes", "tame -h", "tame --give",
-                                  "tame --g"])
+                                  "tame --give-back=yes", "tame --give", "tame --g"])
 def test_tame_refuses_what_it_does_not_know_with_its_usage(ip, line):
     with pytest.raises(UsageError, match=r"unknown arguments '.*': %gpumem tame"):
         ip.run_line_magic("gpumem", line)
+
+
+def test_tame_help_is_its_help_and_nothing_else(ip, capsys):
+    """``tame -h`` prints tame's options and stops there, as every command's --help."""
+    assert ip.run_line_magic("gpumem", "tame -h") is None
+    out = capsys.readouterr()
+    assert "--give-back" in out.out and "unknown" not in out.out + out.err
 
 
 def test_every_purge_a_shell_can_take_reaches_its_session(ip):
