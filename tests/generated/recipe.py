@@ -187,7 +187,8 @@ class Obj:
     #: reaches them
     unseen: set = field(default_factory=set)
     #: a view's base (``t[:2]._base``: the tensor it was first cut from, which it keeps
-    #: alive with whatever storage that tensor holds now, after a set_ or a .data =)
+    #: alive with whatever storage that tensor holds now, after a set_ or a .data =); a
+    #: view of a view has the first one's base (torch keeps the root, never the middle)
     base: "Obj | None" = None
 
     def reach(self, seen=None, visible: bool = False) -> set:
@@ -218,6 +219,9 @@ class Model:
         kind = expr[0]
         if kind in DENSE:
             self.sizes[expr[1]] = 4 * expr[2]
+            if kind == "view":   # its base: the new tensor it was cut from, no name's
+                base = Obj("tensor", {expr[1]})
+                return Obj("tensor", {expr[1]}, [base], base=base)
             return Obj("tensor", {expr[1]})
         if kind == "sparse":
             self.features.add("sparse")
@@ -231,8 +235,9 @@ class Model:
             return self.names[expr[1]]
         if kind == "tattr":
             self.features.add("tattr")
-            tensor = self.make(expr[1])
-            return Obj("tensor", set(tensor.atoms), [self.make(expr[2])])
+            tensor = self.make(expr[1])   # (the same tensor, its attribute set)
+            return Obj("tensor", set(tensor.atoms), tensor.kids + [self.make(expr[2])],
+                       base=tensor.base)
         if kind == "viewof":
             source = self.names[expr[1]]
             root = source.base or source

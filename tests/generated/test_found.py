@@ -153,3 +153,16 @@ def test_a_numpy_view_is_never_empty(ip):
     run_recipe(ip, [("bind", "b", ("view", "k1", 8)), ("bind", "a", ("numpy", "b", 1)),
                     ("bind", "d", ("list", [("numpy", "a", 1)])),
                     ("bind", "a", ("atom", "k5", 8)), ("scan",), ("purge", "d")])
+
+
+def test_a_view_of_a_view_keeps_the_first_base_not_the_middle(ip):
+    """`d` is a view of a new tensor, then `d[:2]` is kept: torch gives the new view `d`'s
+    own base (the tensor `d` was cut from), never `d` itself, so `d.data = ...` later is
+    not held by it. The model had the view hold `d` (purge d "freed storages a surviving
+    name holds"; `_` "reaches 4032 B, blamed for 64"): a view's base is now the root."""
+    run_recipe(ip, [("bind", "d", ("view", "k1", 1000)), ("set_", "d", "k2", 64),
+                    ("own_", ("deque", [("atom", "k3", 8), ("default", ("viewof", "d"))])),
+                    ("data", "d", "k7", 8), ("grow", "d", 64), ("scan",), ("purge", "d")])
+    run_recipe(ip, [("bind", "a", ("view", "k1", 8)), ("set_", "a", "k2", 8),
+                    ("own_", ("list", [("viewof", "a")])), ("show", ("list", [])),
+                    ("data", "a", "k3", 8), ("grow", "a", 1000), ("scan",), ("purge", "--all")])
