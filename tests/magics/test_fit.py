@@ -2,8 +2,8 @@
 
 In a real kernel whose address space is limited (RLIMIT_AS, MALLOC_ARENA_MAX=2): a small
 MLP and a small transformer block, the answer against an exhaustive search of the same grid,
-in no more trials than a bisection (fewer on average), the notebook left as it was. In the test shell: the
-notebook's state (gradients, buffers, parameters, names) and every bad input.
+in no more trials than a bisection (fewer on average), the notebook left as it was. In the
+test shell: the notebook's state (gradients, buffers, parameters, names) and every bad input.
 """
 from __future__ import annotations
 
