@@ -12,6 +12,12 @@ A :class:`Route` notes the subshell of each message from the frontend (:meth:`he
 and, after each message the kernel sends on a comm it follows, puts that comm's route back
 to it (:meth:`keep`). The sidebar's channel and the panel's widgets share this one rule.
 A comm without ipykernel's routing (another kernel, a test's comm) is left as it is.
+
+A followed comm is never routed to a subshell the kernel does not have
+(:func:`guard`): JupyterLab can hand a new comm a subshell it is deleting (its comm
+handler shares one subshell per comm target and kernel, and deletes it after the last comm
+of the target closed even when a new one took it meanwhile), and ipykernel then drops each
+message with "Unknown subshell_id". Such a message goes to the main shell instead.
 """
 from __future__ import annotations
 
@@ -51,8 +57,11 @@ class Route:
         """Route the frontend's next messages on ``comm`` to its subshell, not to the
         thread that sent the kernel's last message on it."""
         lock = getattr(comm, "_reply_subshell_lock", None)
+        if lock is None:
+            return
+        guard(comm)
         subshell = self.subshell
-        if subshell is _UNKNOWN or lock is None:
+        if subshell is _UNKNOWN:
             return
         with lock:
             comm._reply_subshell_id = subshell
@@ -82,3 +91,39 @@ class Route:
         comm.publish_msg = publish_msg
         self._comms.add(comm)
         self.keep(comm)
+
+
+def _subshells(comm: Any) -> "list[str] | None":
+    """The subshells the kernel of ``comm`` has now, or None where it cannot be told."""
+    kernel = getattr(comm, "kernel", None)
+    manager = getattr(getattr(kernel, "shell_channel_thread", None), "manager", None)
+    listed = getattr(manager, "list_subshell", None)
+    if listed is None:
+        return None
+    try:
+        return list(listed())
+    except Exception:  # noqa: BLE001 - a kernel shutting down: leave the route alone
+        return None
+
+
+def guard(comm: Any) -> None:
+    """Route the frontend's messages on ``comm`` to the main shell wherever ipykernel
+    would route them to a subshell it does not have (see the module docstring). Once per
+    comm; the comm is held weakly."""
+    if getattr(comm, "_gpumem_guarded", False):
+        return
+    route = getattr(type(comm), "_reply_subshell_for", None)
+    if route is None:
+        return
+    ref = weakref.ref(comm)
+
+    def routed(data: Any, default: Any) -> Any:
+        held = ref()
+        subshell = route(held, data, default) if held is not None else default
+        if subshell is None:
+            return None
+        known = _subshells(held)
+        return subshell if known is None or subshell in known else None
+
+    comm._reply_subshell_for = routed
+    comm._gpumem_guarded = True

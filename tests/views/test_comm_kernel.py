@@ -74,6 +74,12 @@ class Lab:
         self.subshell = reply["content"]["subshell_id"]
         return self.subshell
 
+    def delete_subshell(self, subshell: str) -> None:
+        msg = self.kc.session.msg("delete_subshell_request", {"subshell_id": subshell})
+        self.kc.control_channel.send(msg)
+        reply = self.kc.control_channel.get_msg(timeout=30)
+        assert reply["content"]["status"] == "ok", reply["content"]
+
     def shell_send(self, msg_type: str, content: dict, subshell: bool = True) -> dict:
         msg = self.kc.session.msg(msg_type, content)
         if subshell and self.subshell is not None:
@@ -81,9 +87,10 @@ class Lab:
         self.kc.shell_channel.send(msg)
         return msg
 
-    def open_comm(self) -> str:
+    def open_comm(self, subshell: bool = True) -> str:
         comm_id = uuid.uuid4().hex
-        self.shell_send("comm_open", {"comm_id": comm_id, "target_name": TARGET, "data": {}})
+        self.shell_send("comm_open", {"comm_id": comm_id, "target_name": TARGET, "data": {}},
+                        subshell)
         return comm_id
 
     def request(self, comm_id: str, data: dict) -> float:
@@ -232,3 +239,23 @@ def test_after_cells_and_replies_from_the_main_thread_requests_still_come_over_t
     queued = lab.reply(comm, "queued", "r", timeout=2)
     assert queued["received"] - asked < 2
     lab.reply(comm, "snapshot", "r", timeout=30)
+
+
+def test_requests_over_a_subshell_that_is_gone_are_answered_on_the_main_shell(lab):
+    """JupyterLab can hand a new comm a subshell it is deleting: its comm handler shares one
+    subshell per comm target and kernel, and a comm closed (the kernel refused it before
+    %load_ext) while the subshell's creation is still unanswered deletes it after a new
+    comm of the same target took it. The new comm's messages then name a subshell the
+    kernel no longer has, and ipykernel drops each with "Unknown subshell_id": the sidebar
+    saw no answer to a scan or a purge. A comm of ours is never routed to a subshell the
+    kernel does not have: the main shell answers instead."""
+    gone = lab.create_subshell()
+    lab.delete_subshell(gone)
+    comm = lab.open_comm(subshell=False)    # opened before its subshell was known
+    lab.reply(comm, "hello")
+    for rid in ("d", "r1", "r2"):   # each over the subshell that is gone
+        lab.request(comm, {"type": "set_device", "id": rid, "device": "cpu"})
+        assert lab.reply(comm, "snapshot", rid, timeout=20)["snapshot"]["device"] == "cpu"
+    lab.request(comm, {"type": "purge", "id": "p", "names": ["y"]})
+    assert "y" in lab.reply(comm, "purge_result", "p", timeout=20)["result"]["removed"]
+    assert lab.value("'y' in globals()") is False
