@@ -62,8 +62,9 @@ class CellDispatch:
         #: :meth:`post_run_cell`, the shell's only pre/post_run_cell callbacks of the
         #: extension (trace's too: the magics give trace.start the session's hooks)
         self.hooks: list[tuple[Callable, Callable]] = []
-        #: the :class:`CellFollower` s, told of each outer cell before the hooks above
-        self.followers: list[CellFollower] = []
+        #: the :class:`CellFollower` s, told of each outer cell before the hooks above, in
+        #: the order they came (a dict as an ordered set)
+        self.followers: dict[CellFollower, None] = {}
         #: the shell's one pairing of IPython's cell events (each outer cell a _CellRun)
         self.pairing = CellEvents(shell)
         #: the outer cells' spans ``[start, end]`` (unix s; end None while the cell runs)
@@ -90,13 +91,11 @@ class CellDispatch:
 
     def follow_cells(self, follower: CellFollower) -> None:
         """Tell ``follower`` of every outer cell from the next one on."""
-        if follower not in self.followers:
-            self.followers.append(follower)
+        self.followers.setdefault(follower)
 
     def unfollow_cells(self, follower: CellFollower) -> list:
         """Stop telling ``follower``; what it kept for the cells running now (to let go)."""
-        if follower in self.followers:
-            self.followers.remove(follower)
+        self.followers.pop(follower, None)
         return [run.kept.pop(follower) for run in self.pairing.payloads()
                 if follower in run.kept]
 

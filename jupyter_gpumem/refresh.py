@@ -52,7 +52,8 @@ class Refresher:
         self.cluster = cluster
         self.running = running
         self.time_limit = time_limit
-        self.views: list[View] = []
+        #: the open views, in the order they came (a dict as an ordered set)
+        self.views: dict[View, None] = {}
         self._generation = 0          # cells ended so far; a refresh from an older one is dropped
         self._task: asyncio.Task | None = None    # the refresher waiting or refreshing
         #: the cell that just ended, for its snapshots: start/end (unix s), execution count
@@ -63,12 +64,10 @@ class Refresher:
         self.stats = {"refreshes": 0, "seconds": 0.0, "dropped": 0, "deferred": 0}
 
     def add_view(self, view: View) -> None:
-        if view not in self.views:
-            self.views.append(view)
+        self.views.setdefault(view)
 
     def remove_view(self, view: View) -> None:
-        if view in self.views:
-            self.views.remove(view)
+        self.views.pop(view, None)
 
     def snapshot_json(self, device: str, names: list[str] | None = None) -> dict:
         """A fresh snapshot now (main thread), with the session's time limit (and the

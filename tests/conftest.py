@@ -69,6 +69,11 @@ def report(ip, names: str = ""):
     return ip.run_line_magic("gpumem", f"{names} --device cpu -o")
 
 
+def holders_by_name(ip, flags: str = "") -> dict:
+    """The holders of ``%gpumem {flags} --device cpu``, by name."""
+    return {h.name: h for h in report(ip, flags).holders}
+
+
 def purge(ip, args: str):
     """``%gpumem purge ARGS`` on the host, as the result object."""
     return ip.run_line_magic("gpumem", f"purge {args} --device cpu -o")

@@ -21,7 +21,7 @@ from ..watch.reruns import RerunWatch
 from ..watch.rescue import Offer, RescueError, Rescues, rescue, rescue_async
 from . import watch as _watch
 from .args import help_stops, parser, split_line, usage_errors
-from .watched_cell import input_transformer, loop_running
+from .watched_cell import input_transformer, install_transformer, loop_running
 
 MODULE = __name__
 
@@ -113,15 +113,7 @@ def on_load(ip: Any, magics: Any) -> None:
     session.reruns = RerunWatch(session)
     session.rescue = Rescues(session)
     session.rescue.presenters.append(_presenter(session))
-    transforms = getattr(ip, "input_transformers_cleanup", None)
-    transform = rescue_cells_transform(ip)
-    if transforms is not None:
-        transforms.append(transform)
-
-    def cleanup() -> None:
-        if transforms is not None and transform in transforms:
-            transforms.remove(transform)
-    session.on_close(cleanup)
+    session.on_close(install_transformer(ip, rescue_cells_transform(ip)))
 
 
 def offered_flags(session: Any) -> dict:

@@ -17,7 +17,7 @@ from ..watch.scope import Watch
 from ..watch.state import WatchState, state_for
 from ..views.plot import show_figure
 from .args import parser, split_line, usage_errors
-from .watched_cell import WatchedCell, async_cells_transform
+from .watched_cell import WatchedCell, async_cells_transform, install_transformer
 
 
 def _watch_parser():
@@ -250,14 +250,10 @@ def on_load(ip, magics) -> None:
     magics.observe(on_watch_trait, names="watch")
     if magics.watch:
         start_footer(state)
-    transforms = getattr(ip, "input_transformers_cleanup", None)
-    transform = async_cells_transform(ip)
-    if transforms is not None:
-        transforms.append(transform)
+    remove_transformer = install_transformer(ip, async_cells_transform(ip))
 
     def cleanup() -> None:
-        if transforms is not None and transform in transforms:
-            transforms.remove(transform)
+        remove_transformer()
         try:
             magics.unobserve(on_watch_trait, names="watch")
         except ValueError:

@@ -185,6 +185,19 @@ def input_transformer(name: str, rewrite: Callable[[list], "list | None"]) -> Ca
     return transform
 
 
+def install_transformer(shell: Any, transform: Callable) -> Callable[[], None]:
+    """Add ``transform`` to the shell's ``input_transformers_cleanup`` (where it has
+    them); what takes it out again (for the session's close)."""
+    transforms = getattr(shell, "input_transformers_cleanup", None)
+    if transforms is not None:
+        transforms.append(transform)
+
+    def remove() -> None:
+        if transforms is not None and transform in transforms:
+            transforms.remove(transform)
+    return remove
+
+
 def _needs_await(shell, cell: str) -> bool:
     """Whether IPython would run ``cell`` as a coroutine (top-level ``await``)."""
     if not getattr(shell, "autoawait", False) or not _TOP_LEVEL_AWAIT:

@@ -238,6 +238,21 @@ fp_get(fp_getter *g, PyObject *t)
     return PyObject_CallOneArg(g->obj, t);
 }
 
+/* Whether getter g gives tensor t something other than None: 1 or 0 (-1 with an error
+   set). A getter not given (obj NULL) gives nothing. */
+static int
+fp_get_some(fp_getter *g, PyObject *t)
+{
+    if (g->obj == NULL)
+        return 0;
+    PyObject *got = fp_get(g, t);
+    if (got == NULL)
+        return -1;
+    int some = got != Py_None;
+    Py_DECREF(got);
+    return some;
+}
+
 /* o appended to the run's keep list (where one was given): hashed by its address. */
 static int
 fp_keep(fp_run *r, PyObject *o)

@@ -186,22 +186,13 @@ fp_tensor_read(Fingerprint *f, PyObject *t, PyObject **infos_out, PyObject **hel
             return 1;
         }
     }
-    PyObject *fn = fp_get(&f->fn, t);
-    if (fn == NULL)
-        return -1;
-    int graph = fn != Py_None;
-    Py_DECREF(fn);
-    if (graph)
-        return 0;   /* an autograd graph: what it holds is walked each time */
-    if (f->base.obj != NULL) {
-        PyObject *base = fp_get(&f->base, t);
-        if (base == NULL)
-            return -1;
-        int view = base != Py_None;
-        Py_DECREF(base);
-        if (view)
-            return 0;   /* a view: its base (and what the base holds now) is walked each time */
-    }
+    /* an autograd graph, or a view's base (and what the base holds now): what it holds
+       is walked each time */
+    int walked = fp_get_some(&f->fn, t);
+    if (walked == 0)
+        walked = fp_get_some(&f->base, t);
+    if (walked != 0)
+        return walked < 0 ? -1 : 0;
     /* the backend's record of t, kept from an earlier scan: it still stands where its weak
        ref is still t's and its stamp holds (the same storage, bytes and address; the
        backend then keeps it too) */

@@ -8,14 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import run  # noqa: E402
+from conftest import holders_by_name as _holders, run  # noqa: E402
 
 MiB = 1 << 20
-
-
-def _holders(ip, flag=""):
-    snap = ip.run_line_magic("gpumem", f"--device cpu -o{flag}")
-    return {h.name: h for h in snap.holders}
 
 
 def test_a_tensor_is_blamed_for_what_its_attribute_holds(ip):

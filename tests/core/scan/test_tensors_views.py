@@ -9,14 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import run  # noqa: E402
+from conftest import holders_by_name as _holders, run  # noqa: E402
 
 MiB = 1 << 20
-
-
-def _holders(ip, flag=""):
-    snap = ip.run_line_magic("gpumem", f"--device cpu -o{flag}")
-    return {h.name: h for h in snap.holders}
 
 
 @pytest.mark.parametrize("move", ["set_", "data"])
