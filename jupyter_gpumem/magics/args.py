@@ -39,9 +39,11 @@ class HelpShown(Exception):
 
 def help_stops(fn: Callable) -> Callable:
     """A magic (or its awaited form) that ends quietly, returning None, once ``--help``
-    has printed the help."""
+    has printed the help. Its frame is hidden from the tracebacks IPython shows (a cell
+    magic runs the user's cell inside it)."""
     if inspect.iscoroutinefunction(fn):
         async def waiter(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True  # noqa: F841 - a user's cell raising shows its own frames
             try:
                 return await fn(*args, **kwargs)
             except HelpShown:
@@ -49,6 +51,7 @@ def help_stops(fn: Callable) -> Callable:
         return functools.wraps(fn)(waiter)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - a user's cell raising shows its own frames
         try:
             return fn(*args, **kwargs)
         except HelpShown:
