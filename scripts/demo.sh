@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up only what the demo needs (this package with its JupyterLab sidebar, PyTorch's CPU
 # build, JupyterLab) in .venv, then open the quickstart notebook in JupyterLab with the
-# "GPU Memory" sidebar. Stop with Ctrl-C. The full development set-up (every framework,
+# "Kernel Memory" sidebar. Stop with Ctrl-C. The full development set-up (every framework,
 # the test tools, a browser) is scripts/setup.sh, which scripts/test.sh runs.
 # Building the sidebar needs Node.js 20+ (jlpm comes with the build tools); its
 # node_modules are removed again afterwards unless they were there before.
@@ -14,7 +14,10 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 pip() { python -m pip -q --no-cache-dir "$@"; }
 pip install --upgrade pip
-pip install "torch==2.13.0" numpy   # (numpy: torch warns at import without it)
+# PyTorch's CPU build: its index beside PyPI (2.13.0+cpu outranks PyPI's CUDA 2.13.0);
+# where that index cannot be reached, pip says so and goes on with what it finds
+pip install --retries 1 --extra-index-url https://download.pytorch.org/whl/cpu \
+  "torch==2.13.0" numpy   # (numpy: torch warns at import without it)
 had_modules=0
 [ -d labextension/node_modules ] && had_modules=1
 yarn_tmp=""

@@ -136,5 +136,13 @@ def test_the_sidebar_ships_without_source_maps_or_build_leftovers(tmp_path):
     assert any(n.endswith("/package.json") for n in sidebar), sidebar
     left = [n for n in sidebar if n.endswith((".map", "build_log.json", ".orig"))]
     assert not left, left
+    # the production build (minified, its licences listed), also after an editable
+    # install (``pip install -e .``, which scripts/demo.sh and scripts/setup.sh run): a
+    # development build would ship unminified chunks pointing to source maps left out
+    assert any(n.endswith("static/third-party-licenses.json") for n in sidebar), sidebar
+    scripts = [n for n in sidebar if n.endswith(".js")]
+    with zipfile.ZipFile(glob.glob(str(tmp_path / "out" / "*.whl"))[0]) as z:
+        mapped = [n for n in scripts if b"\n//# sourceMappingURL=" in z.read(n)]
+    assert not mapped, mapped
     # the guide every --help points to, for a wheel's user (who has no docs/)
     assert "jupyter_gpumem/GUIDE.md" in names, [n for n in names if "GUIDE" in n]
