@@ -6,7 +6,7 @@ import os
 import sys
 import weakref
 from collections import OrderedDict
-from itertools import compress, filterfalse, repeat
+from itertools import compress, filterfalse, islice, repeat
 from operator import attrgetter, eq, is_not, itemgetter
 from typing import Any, Iterator
 
@@ -67,6 +67,13 @@ def _alive() -> bool:
 
 #: torch class names -> what the report calls them
 _TYPE_WORDS = {"Tensor": "tensor", "Parameter": "parameter"}
+#: a layout -> the methods that reach the dense tensors holding its data (the storages
+#: torch_storage.py counts for it)
+_PARTS = {"sparse_coo": ("_indices", "_values"),
+          "sparse_csr": ("crow_indices", "col_indices", "values"),
+          "sparse_bsr": ("crow_indices", "col_indices", "values"),
+          "sparse_csc": ("ccol_indices", "row_indices", "values"),
+          "sparse_bsc": ("ccol_indices", "row_indices", "values")}
 
 
 class TorchBackend(Backend):
@@ -195,6 +202,18 @@ class TorchBackend(Backend):
         with torch._C.DisableTorchFunctionSubclass():
             dtype = str(base.dtype.__get__(obj)).replace("torch.", "")
             return f"{dtype}{list(base.shape.__get__(obj))}"
+
+    def parts(self, obj: Any) -> list[tuple[str, Any]]:
+        """``(method, dense tensor)`` of each part holding the data of a tensor of a
+        sparse layout (``("_values", values)``), read without a subclass's code; [] for
+        another tensor."""
+        torch = self.torch
+        if not issubclass(type(obj), torch.Tensor):
+            return []
+        base = torch._C.TensorBase
+        with torch._C.DisableTorchFunctionSubclass():
+            layout = str(base.layout.__get__(obj)).replace("torch.", "")
+            return [(name, getattr(base, name)(obj)) for name in _PARTS.get(layout, ())]
 
     def batch_types(self) -> frozenset:
         self.tensor_types()
@@ -636,6 +655,8 @@ class TorchBackend(Backend):
     def hint(self, name: str, obj: Any, nbytes: int) -> str | None:
         torch = self.torch
         tp = type(obj)   # never obj.__class__: a mock's spec would pass for a tensor
+        if tp in (list, tuple, dict):
+            return self._container_hint(name, obj)
         if not issubclass(tp, torch.Tensor):
             if issubclass(tp, torch.optim.Optimizer):
                 return (f"`{name}` holds its parameters and their state: "
@@ -643,12 +664,8 @@ class TorchBackend(Backend):
             return None
         base = torch._C.TensorBase
         if self.graph_and_grad(obj)[0] is not None:
-            try:   # .item() only where it works: a tensor of one element
-                with torch._C.DisableTorchFunctionSubclass():
-                    one = base.numel(obj) == 1
-            except Exception:  # noqa: BLE001 - a tensor refusing numel: no .item() offered
-                one = False
-            store = f"`{name}.item()` or `{name}.detach()`" if one else f"`{name}.detach()`"
+            store = f"`{name}.item()` or `{name}.detach()`" if self._one_element(obj) \
+                else f"`{name}.detach()`"
             return f"`{name}` keeps its autograd graph alive: store {store} instead"
         try:
             with torch._C.DisableTorchFunctionSubclass():
@@ -660,6 +677,36 @@ class TorchBackend(Backend):
             return (f"`{name}` is a view that pins its whole base storage: "
                     f"keep `{name}.clone()` instead")
         return None
+
+    #: how many items of a list, tuple or dict the hint looks at
+    HINT_ITEMS = 64
+
+    def _one_element(self, obj: Any) -> bool:
+        """Whether tensor ``obj`` has one element (``.item()`` works), read without a
+        subclass's code."""
+        torch = self.torch
+        try:
+            with torch._C.DisableTorchFunctionSubclass():
+                return torch._C.TensorBase.numel(obj) == 1
+        except Exception:  # noqa: BLE001 - a tensor refusing numel: no .item() offered
+            return False
+
+    def _container_hint(self, name: str, obj: Any) -> str | None:
+        """The hint of a plain list, tuple or dict whose tensors keep their autograd
+        graphs (``losses.append(loss)`` in a training loop): its first items looked at,
+        through the built-in types' own iteration (no user code)."""
+        items = dict.values(obj) if type(obj) is dict else obj
+        graphs = ones = 0
+        for item in islice(items, self.HINT_ITEMS):
+            if not issubclass(type(item), self.torch.Tensor):
+                continue
+            if self.graph_and_grad(item)[0] is not None:
+                graphs += 1
+                ones += self._one_element(item)
+        if not graphs:
+            return None
+        store = "`.item()` or `.detach()`" if ones == graphs else "`.detach()`"
+        return f"`{name}` keeps the autograd graphs of its tensors alive: store {store} of each instead"
 
 
 BACKENDS = [TorchBackend()]

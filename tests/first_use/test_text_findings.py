@@ -50,3 +50,22 @@ def test_a_comment_after_the_magic_is_a_comment(ip, capsys):
     assert any(line.startswith("t ") for line in lines), lines
     lines = _lines(capsys, ip, "t --device cpu # the tensor's rows")
     assert any("t" in line for line in lines) and not any("malformed" in line for line in lines)
+
+
+def test_a_list_of_losses_keeping_their_graphs_gets_the_hint(ip, capsys):
+    """The classic leak: ``losses.append(loss)`` in a training loop keeps every step's
+    graph; the list gets the hint its tensors would (``.item()`` where each has one
+    element), plain data of tensors without graphs none."""
+    run(ip, "import torch\nw = torch.ones(256, 256, requires_grad=True)\nlosses, outs = [], {}\n"
+            "for i in range(3):\n"
+            "    out = w * (i + 1)\n"
+            "    losses.append(out.sum())\n"
+            "    outs[i] = out\n"
+            "del out\nplain = [torch.ones(1 << 16) for _ in range(3)]")
+    lines = _lines(capsys, ip, "--device cpu")
+    hints = [line for line in lines if line.startswith("hint:")]
+    assert ("hint: `losses` keeps the autograd graphs of its tensors alive: store "
+            "`.item()` or `.detach()` of each instead") in hints, lines
+    assert ("hint: `outs` keeps the autograd graphs of its tensors alive: store "
+            "`.detach()` of each instead") in hints, lines
+    assert not any("`plain`" in line for line in hints), hints
