@@ -67,13 +67,6 @@ def _alive() -> bool:
 
 #: torch class names -> what the report calls them
 _TYPE_WORDS = {"Tensor": "tensor", "Parameter": "parameter"}
-#: a layout -> the methods that reach the dense tensors holding its data (the storages
-#: torch_storage.py counts for it)
-_PARTS = {"sparse_coo": ("_indices", "_values"),
-          "sparse_csr": ("crow_indices", "col_indices", "values"),
-          "sparse_bsr": ("crow_indices", "col_indices", "values"),
-          "sparse_csc": ("ccol_indices", "row_indices", "values"),
-          "sparse_bsc": ("ccol_indices", "row_indices", "values")}
 
 
 class TorchBackend(Backend):
@@ -204,16 +197,7 @@ class TorchBackend(Backend):
             return f"{dtype}{list(base.shape.__get__(obj))}"
 
     def parts(self, obj: Any) -> list[tuple[str, Any]]:
-        """``(method, dense tensor)`` of each part holding the data of a tensor of a
-        sparse layout (``("_values", values)``), read without a subclass's code; [] for
-        another tensor."""
-        torch = self.torch
-        if not issubclass(type(obj), torch.Tensor):
-            return []
-        base = torch._C.TensorBase
-        with torch._C.DisableTorchFunctionSubclass():
-            layout = str(base.layout.__get__(obj)).replace("torch.", "")
-            return [(name, getattr(base, name)(obj)) for name in _PARTS.get(layout, ())]
+        return self.reader.parts(obj)   # a sparse tensor's (torch_storage.py)
 
     def batch_types(self) -> frozenset:
         self.tensor_types()
@@ -655,7 +639,7 @@ class TorchBackend(Backend):
     def hint(self, name: str, obj: Any, nbytes: int) -> str | None:
         torch = self.torch
         tp = type(obj)   # never obj.__class__: a mock's spec would pass for a tensor
-        if tp in (list, tuple, dict):
+        if tp is list or tp is tuple or tp is dict:   # never ==: a metaclass's __eq__
             return self._container_hint(name, obj)
         if not issubclass(tp, torch.Tensor):
             if issubclass(tp, torch.optim.Optimizer):
