@@ -189,15 +189,23 @@ def _mode_class(torch):
 
 
 class HostRecorder:
-    """Allocation sites of host (CPU) storages, from what torch functions return."""
+    """Allocation sites of host (CPU) storages, from what torch functions return.
+
+    ``max_entries`` bounds what is kept, as torch's ring does on a GPU: at most that many
+    events (allocations and frees, the oldest dropped first) and at most that many
+    storages' records (the oldest recorded dropped first: its storage loses its site)."""
 
     def __init__(self, cells: Any, max_entries: int = 100_000, stop_code: Any = None) -> None:
         torch = framework_module("torch")
         self.torch = torch
         self.cells = cells
+        self.max_entries = max(int(max_entries), 1)
+        #: pointer -> record, oldest recorded first (at most ``max_entries``)
         self.records: dict[int, _HostRecord] = {}
         self.by_cell: dict[int, dict[tuple, int]] = {}   # cell -> (filename, line) -> bytes
-        self.events: deque = deque(maxlen=max(int(max_entries), 1))
+        self.events: deque = deque(maxlen=self.max_entries)
+        #: records dropped to stay within ``max_entries`` (their storages still live)
+        self.dropped = 0
         self.errors = 0
         self._tensor, self._param = torch.Tensor, torch.nn.Parameter
         self._strided = torch.strided
@@ -276,8 +284,11 @@ class HostRecorder:
         inner, cin, cout = self._capture(sys._getframe(3)) if self.frames else (None,) * 3
         if rec is not None:
             self._free_weak(rec.weak)
+            self.records.pop(sptr, None)   # re-recorded: now the newest
         now = time.time()
         self.records[sptr] = _HostRecord(storage._weak_ref(), nbytes, inner, cin, cout, now)
+        if len(self.records) > self.max_entries:
+            self._drop_oldest()
         self.events.append((_ALLOC, sptr, nbytes, now, (inner, cin, cout)))
         if cout is not None:
             n = self.cells.number(cout[0])
@@ -329,6 +340,22 @@ class HostRecorder:
             depth += 1
         return inner, cin, cout
 
+    def _drop_oldest(self) -> None:
+        """Past ``max_entries`` records: drop the oldest (a gone storage's as a free)."""
+        now = time.time()
+        while len(self.records) > self.max_entries:
+            p = next(iter(self.records))
+            r = self.records.pop(p)
+            if self._expired(r.weak):
+                self.events.append((_FREE, p, r.nbytes, now, None))
+            else:
+                self.dropped += 1
+            self._free_weak(r.weak)
+
+    def kept(self) -> int:
+        """The events kept now (at most ``max_entries``)."""
+        return len(self.events)
+
     def sweep(self) -> None:
         """Drop the records of storages that are gone (amortised: when the table has
         doubled since the last sweep)."""
@@ -352,6 +379,7 @@ class HostRecorder:
         self.records.clear()
         self.events.clear()
         self.by_cell.clear()
+        self.dropped = 0
 
     # -- reading -----------------------------------------------------------------------
     def record(self, ptr: int) -> _HostRecord | None:
@@ -365,7 +393,7 @@ class HostRecorder:
         """Time ``calls`` small CPU additions without the mode and with a scratch one
         (that records as this one does into a table of its own, dropped afterwards)."""
         torch = self.torch
-        scratch = HostRecorder(self.cells, 16, self._stop_code)
+        scratch = HostRecorder(self.cells, self.max_entries, self._stop_code)
         scratch.frames = self.frames
         a = torch.ones(16)
 

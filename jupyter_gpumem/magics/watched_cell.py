@@ -86,10 +86,7 @@ class WatchedCell:
         self.statements, self.expression = _compile_cell(shell, cell, self.number)
         self.silenced = _ends_with_semicolon(cell)
         self.awaits = _is_coroutine(self.statements) or _is_coroutine(self.expression)
-        state = state_for(shell)
-        footer_open = state.footer is not None and state.footer.watch is not None
-        self._state = state
-        self._record = not footer_open
+        self._state = state_for(shell)
         self._device, self._interval, self._time_limit = device, interval, time_limit
         self.watch: Watch | None = None
 
@@ -98,14 +95,35 @@ class WatchedCell:
             self.watch = Watch(shell=self.shell, device=self._device, interval=self._interval,
                                label=f"In [{self.number}]", report=False,
                                time_limit=self._time_limit, source="%%gpuwatch",
-                               state=self._state, record=self._record).start()
+                               state=self._state, record=not self._footer_open()).start()
             self._state.self_reporting = self.number
         except Exception as exc:  # noqa: BLE001 - run the cell unwatched rather than not at all
             complain("%%gpuwatch could not start; the cell runs unwatched", exc)
             self.watch = None
 
+    def _footer_open(self) -> bool:
+        """Whether the ``watch on`` footer watches this cell now (it records the cell)."""
+        footer = self._state.footer
+        return footer is not None and footer.watch is not None
+
+    def _report(self, error: BaseException | None = None) -> None:
+        """Show the report. The cell's one record in the history is this report (source
+        ``%%gpuwatch``, the wall time it shows): recorded by its watch, or, where the
+        ``watch on`` footer watches the cell, handed to the footer, which records it in
+        place of its own at the cell's end (with its warning, if any)."""
+        w = self.watch
+        handed = w is not None and self._footer_open()
+        if w is not None:
+            w.record = not handed
+        if error is None:
+            self.report(w, self.number)
+        else:
+            self.report(w, self.number, error=error)
+        if handed and w.result is not None:
+            self._state.reported = (self.number, w.result)
+
     def failed(self, error: BaseException) -> None:
-        self.report(self.watch, self.number, error=error)
+        self._report(error)
 
     def done(self, value: Any) -> Any:
         w, number = self.watch, self.number
@@ -114,7 +132,7 @@ class WatchedCell:
         if w is not None and value is not None and not _quiet(self.shell):
             w.add_root(Root(f"Out[{number}]", value, hidden=True, kind="output",
                                   purge=f"Out[{number}]"))
-        self.report(w, number)
+        self._report()
         return value
 
     def run(self) -> Any:

@@ -36,7 +36,9 @@ def reports_itself(cell: Any) -> bool:
     """Whether ``cell`` (its raw text) is a ``%%gpuwatch`` cell: its own report is the
     cell's one report, so the footer adds no line of its own (a warning or an automatic
     purge aside, which only the footer makes) where the cell's watch started
-    (``WatchState.self_reporting``); the footer still records the cell."""
+    (``WatchState.self_reporting``); the cell's record is that report
+    (``WatchState.reported``: source ``%%gpuwatch``, its wall time), which the footer
+    records in place of its own."""
     return type(cell) is str and bool(_WATCHED_CELL.match(cell))
 
 
@@ -339,12 +341,17 @@ class _Footer:
         newline, wrote = False, True    # unknown: as if the cell had written
         if line is not None:
             newline, wrote = line.end()
+        count = getattr(result, "execution_count", None)
+        own = self._own_report(payload, count)
         if w is None:
+            if own is not None:
+                self.state.record(own)
             return
         t = time.perf_counter()
         try:
             error = getattr(result, "error_in_exec", None)
-            count = getattr(result, "execution_count", None)
+            if own is not None:
+                w.record = False     # the cell's %%gpuwatch report is its record
             r = w.stop(error=error, execution_count=count)
             # the exception keeps the failed cell's frames alive: drop it before an
             # automatic purge, which must find that memory unreferenced
@@ -364,9 +371,24 @@ class _Footer:
                     self._emit(("\n" if newline else "") + text + "\n", wrote)
                 if w.end is not None and r.auto_purge is None:
                     self._armed = (time.perf_counter(), self.session.purges, w.end)
+                if own is not None:
+                    # what only the footer adds goes with the record
+                    own.warning = own.warning or r.warning
+                    own.auto_purge = own.auto_purge or r.auto_purge
         except Exception as exc:  # noqa: BLE001
             complain("watch footer failed", exc)
+        finally:
+            if own is not None:
+                self.state.record(own)
         self.state.costs.append(self._pre_cost + time.perf_counter() - t)
+
+    def _own_report(self, payload: _FooterCell, count: Any) -> WatchResult | None:
+        """The ``%%gpuwatch`` report of this cell, where the cell is one (it reports for
+        itself) and its watch handed its result over; taken (once)."""
+        handed, self.state.reported = self.state.reported, None
+        if handed is None or not payload.quiet or count is None or handed[0] != count:
+            return None
+        return handed[1]
 
     def _thresholds(self, w: Watch, r: WatchResult) -> None:
         settings = self.settings()
@@ -386,7 +408,7 @@ class _Footer:
         r.warning = (f"warning: {worst.id} is {worst.share_after:.0%} full ({fmt_bytes(used)} of "
                      f"{fmt_bytes(worst.total)}) after this cell, above {fmt_share(share)}; "
                      f"purge candidates: {names}"
-                     + (f" → {r.purge_command}" if r.purge_command else ""))
+                     + (f" → {r.purge_text(HOLDERS_NAMED)}" if r.purge_command else ""))
         if settings["auto_purge_hidden"]:
             removed: list[str] = []
             freed: dict[str, int | None] = {}

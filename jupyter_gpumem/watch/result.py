@@ -152,6 +152,8 @@ class WatchResult(JsonFields):
     partial: bool = False
     error: dict | None = json_field(None, convert=_error_json)   # {"type", "message", "oom"}
     holders: list[HolderEntry] = field(default_factory=list)
+    #: how many holders there were (``holders`` keeps only the biggest of them)
+    holders_total: int = json_field(0, leave_out=True)
     purge_names: list[str] = json_field(default_factory=list, leave_out=True)   # purge_command
     context: str = json_field("ipython", leave_out=True)         # "ipython" | "script"
     warning: str | None = None
@@ -168,13 +170,41 @@ class WatchResult(JsonFields):
     def purge_command(self) -> str | None:
         """The command that frees the holders named on error or warning: only those the
         messages show (the first :data:`HOLDERS_NAMED` holders), never one left unshown."""
-        shown = {h.purge for h in self.holders[:HOLDERS_NAMED] if h.purge}
-        names = [n for n in self.purge_names if n in shown]
+        names = self.purge_named
         if not names:
             return None
         if self.context == "ipython":
             return "%gpumem purge " + " ".join(shlex.quote(n) for n in names)
         return f"jupyter_gpumem.purge({names!r}, namespace=globals())"
+
+    @property
+    def purge_named(self) -> list[str]:
+        """The holders' purge arguments the purge command names, in its order."""
+        shown = {h.purge for h in self.holders[:HOLDERS_NAMED] if h.purge}
+        return [n for n in self.purge_names if n in shown]
+
+    def holders_left(self, shown: int) -> int:
+        """Holders not among the first ``shown`` listed: every one found, not only those
+        kept in ``holders``."""
+        total = max(self.holders_total, len(self.holders))
+        return max(total - min(shown, len(self.holders)), 0)
+
+    def purge_note(self, listed: int) -> str:
+        """`` (the 5 largest)`` where the purge command names fewer holders than the
+        ``listed`` first ones a message shows (empty where it names them all)."""
+        named = self.purge_named
+        listed = min(listed, len(self.holders))
+        if not named or len(named) >= listed:
+            return ""
+        first = [h.purge for h in self.holders[:len(named)]]
+        if first == named:
+            return " (the largest)" if len(named) == 1 else f" (the {len(named)} largest)"
+        return f" ({len(named)} of the {listed} listed)"
+
+    def purge_text(self, listed: int) -> str | None:
+        """The purge command and, where it names fewer holders than ``listed``, a note."""
+        command = self.purge_command
+        return None if command is None else command + self.purge_note(listed)
 
     @property
     def hidden_purge_command(self) -> str | None:
@@ -275,11 +305,18 @@ def changes_short(changes: list[HolderChange]) -> str:
 
 def holders_short(r: WatchResult, n: int = HOLDERS_NAMED) -> str:
     shown = ", ".join(f"{h.name} {fmt_bytes(h.nbytes)}" for h in r.holders[:n])
-    more = f" +{len(r.holders) - n} more" if len(r.holders) > n else ""
+    left = r.holders_left(n)
+    more = f" +{left} more" if left else ""
     text = f"biggest holders: {shown}{more}"
     if r.purge_command:
-        text += f" · free them: {r.purge_command}"
+        text += f" · free them: {r.purge_text(n)}"
     return text
+
+
+def _more_holders(r: WatchResult) -> str | None:
+    """``+20 more holders, not listed`` under the full list, where it was capped."""
+    left = r.holders_left(len(r.holders))
+    return f"+{left} more holder{'s' if left != 1 else ''}, not listed" if left else None
 
 
 def auto_purge_line(info: dict) -> str:
@@ -365,8 +402,11 @@ def watch_text(r: WatchResult) -> str:
     if r.holders:
         lines.append("biggest holders:")
         lines += text_table(None, _holder_rows(r), {1}, indent="  ")
+        more = _more_holders(r)
+        if more:
+            lines.append(f"  {more}")
     if r.purge_command:
-        lines.append(f"free them: {r.purge_command}")
+        lines.append(f"free them: {r.purge_text(len(r.holders))}")
     if r.hidden_purge_command:
         lines.append(f"hidden holders only (no user name touched): {r.hidden_purge_command}")
     if r.warning:
@@ -385,7 +425,7 @@ def watch_summary(r: WatchResult) -> str:
     if r.holders and not (r.error and r.error.get("oom")):
         lines.append(holders_short(r))
     elif r.purge_command:
-        lines.append(f"free them: {r.purge_command}")
+        lines.append(f"free them: {r.purge_text(HOLDERS_NAMED)}")
     if r.hidden_purge_command:
         lines.append(f"hidden holders only (no user name touched): {r.hidden_purge_command}")
     lines += [f"note: {m}" for m in r.messages]
@@ -418,7 +458,8 @@ def watch_html(r: WatchResult) -> str:
     if r.holders and not (r.error and r.error.get("oom")):
         parts.append(f"<div>{esc(holders_short(r))}</div>")
     elif r.purge_command:
-        parts.append(f"<div>free them: <code>{esc(r.purge_command)}</code></div>")
+        parts.append(f"<div>free them: <code>{esc(r.purge_command)}</code>"
+                     f"{esc(r.purge_note(HOLDERS_NAMED))}</div>")
     parts += [f"<div><em>note: {esc(m)}</em></div>" for m in r.messages]
     parts.append(f"<details{' open' if r.verbose else ''}><summary>exact figures</summary>"
                  f"{_watch_html_full(r)}</details></div>")
@@ -444,8 +485,12 @@ def _watch_html_full(r: WatchResult) -> str:
     if r.holders:
         parts.append("<div>biggest holders:</div>")
         parts.append(html_table(["name", "bytes", "device", "what", ""], _holder_rows(r), {1}))
+        more = _more_holders(r)
+        if more:
+            parts.append(f"<div>{esc(more)}</div>")
     if r.purge_command:
-        parts.append(f"<div>free them: <code>{esc(r.purge_command)}</code></div>")
+        parts.append(f"<div>free them: <code>{esc(r.purge_command)}</code>"
+                     f"{esc(r.purge_note(len(r.holders)))}</div>")
     if r.hidden_purge_command:
         parts.append(f"<div>hidden holders only (no user name touched): "
                      f"<code>{esc(r.hidden_purge_command)}</code></div>")

@@ -261,6 +261,7 @@ class Watch:
         accel = [d for d in ids if d != "cpu"] or list(ids)
         infos = tracker.top(accel)
         result.holders = [_entry(i, accel, tracker) for i in infos[:_HOLDERS_SHOWN]]
+        result.holders_total = len(infos)
         result.purge_names = purge_names(infos, accel, script=self.shell is None)
 
     # -- building the result -------------------------------------------------------------

@@ -56,6 +56,9 @@ class WatchState:
         #: itself, so the footer adds no summary of its own; a cell whose watch could not
         #: start gets the footer's
         self.self_reporting: int | None = None
+        #: ``(cell number, its %%gpuwatch result)`` handed to the ``watch on`` footer,
+        #: which records it as the cell's one record at the cell's end
+        self.reported: tuple[int, WatchResult] | None = None
 
     @property
     def settings(self) -> Any:

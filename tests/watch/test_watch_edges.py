@@ -199,7 +199,7 @@ def test_an_async_gpuwatch_cell_inside_watch_on_gives_one_report(wip, capsys):
                and not ln.startswith("cpu: ")]   # not the report's own device line
     assert footers == []                      # the cell's one report is its own
     assert sum("new: w 3.9 KiB" in ln for ln in lines) == 1, lines
-    assert watch_mod.history_for(wip)[-1].source == "watch on"
+    assert watch_mod.history_for(wip)[-1].source == "%%gpuwatch"   # the report shown
 
 
 def test_a_terminal_still_waits_for_the_end_of_an_awaiting_gpuwatch_cell(wip):

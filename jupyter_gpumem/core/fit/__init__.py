@@ -41,6 +41,8 @@ class Grid:
         stop = NO_MAX if biggest is None else biggest
         self.count = max((stop - self.start) // step + 1, 0)
         self.bounded = biggest is not None
+        #: the bound asked for (``--max``), None without one
+        self.biggest = biggest
 
     def size(self, i: int) -> int:
         return self.start + i * self.step
@@ -183,8 +185,26 @@ def search(run: Callable[[int], Trial], grid: Grid, free: Callable[[], int | Non
     return result
 
 
+def _top_note(first: int | None, lo: int, grid: Grid) -> str | None:
+    """Where the answer is the grid's top (``--max``, or the search's own limit without
+    one): larger sizes were not tried, which is no error of the prediction."""
+    if grid.count < 1 or lo != grid.count - 1:
+        return None
+    top = grid.size(lo)
+    if grid.bounded:
+        what = f"{top} is --max" if top == grid.biggest else \
+            f"{top} is the largest multiple of {grid.step} up to --max {grid.biggest}"
+    else:
+        what = f"{top} is the most the search tries without --max"
+    note = f"{what}: larger sizes were not tried"
+    if first is not None and first > lo:
+        note += f" (the line predicts up to {grid.size(first)} would fit)"
+    return note
+
+
 def _notes(result: FitResult, fit, first: int | None, lo: int, grid: Grid) -> list[str]:
     notes = []
+    capped = _top_note(first, lo, grid)
     if fit is not None:
         fixed, slope = fit
         floor = max(MIN_OFF, SHARE_OF_FREE * (result.free or 0))
@@ -194,9 +214,11 @@ def _notes(result: FitResult, fit, first: int | None, lo: int, grid: Grid) -> li
             notes.append("the peak is not linear in the size (" + ", ".join(
                 f"{t.size}: {fmt_bytes(t.peak)} against {fmt_bytes(round(fixed + slope * t.size))}"
                 f" on the line" for t in off[:3]) + "): the confirming trials decided")
-        elif first is not None and lo >= 0 and abs(first - lo) > 1:
+        elif first is not None and lo >= 0 and abs(first - lo) > 1 and capped is None:
             notes.append(f"the first prediction ({grid.size(max(first, 0))}) was off by "
                          f"{abs(first - lo)} steps: the confirming trials decided")
+    if capped is not None:
+        notes.append(capped)
     frees = [t.free for t in result.trials if t.free is not None]
     if frees and result.free is not None:
         moved = max(frees) - min(frees + [result.free])

@@ -383,6 +383,24 @@ class Tracer(Queries):
             return "cell depth: the history without stacks"
         return f"lines: {self.stacks} stacks"
 
+    def host_kept_words(self) -> str | None:
+        """How many of the host's events are kept, and the limit (``--max-entries``)."""
+        host = self.host
+        if host is None or self.host_state != "on":
+            return None
+        kept = getattr(host, "kept", None)
+        if kept is None:
+            return None
+        n = kept()
+        limit = getattr(host, "max_entries", self.max_entries)
+        words = f"{n:,} host event(s) kept of at most {limit:,}"
+        if n >= limit:
+            words += " (the oldest go first)"
+        dropped = getattr(host, "dropped", 0)
+        if dropped:
+            words += f"; {dropped:,} older storage(s) lost their site"
+        return words
+
     def status(self) -> str:
         """One line: what is recorded, and its measured cost."""
         if not self.active:
@@ -396,7 +414,7 @@ class Tracer(Queries):
         elif self.want_cuda:
             what = self._cuda_words()
             if self.cuda == "on":
-                what = f"recording ({self.depth_words()}, {self.max_entries:,} events kept)"
+                what = f"recording ({self.depth_words()}, at most {self.max_entries:,} events kept)"
             parts.append(f"CUDA {what}")
             if self.cuda_cost is not None:
                 parts.append("cost " + self.cuda_cost.text)
@@ -411,6 +429,9 @@ class Tracer(Queries):
                      f"not available ({self.framework} has no host recorder)"
                      }.get(self.host_state, self.host_state)
             parts.append(f"host {words}")
+            kept = self.host_kept_words()
+            if kept:
+                parts.append(kept)
             if self.host_cost is not None:
                 parts.append("cost " + self.host_cost.text)
         since = self.since_text()
