@@ -422,8 +422,9 @@ def watch_summary(r: WatchResult) -> str:
     names changed, what to do; the exact figures are one ``-v`` away."""
     lines = [_head(r)]
     lines += _summary_lines(r)
-    if r.holders and not (r.error and r.error.get("oom")):
-        lines.append(holders_short(r))
+    if r.holders:
+        if not (r.error and r.error.get("oom")):    # (an out-of-memory's are said above)
+            lines.append(holders_short(r))
     elif r.purge_command:
         lines.append(f"free them: {r.purge_text(HOLDERS_NAMED)}")
     if r.hidden_purge_command:

@@ -97,3 +97,13 @@ def test_warn_at_candidates_say_what_the_command_names(wip, capsys):
     out = capsys.readouterr().out
     assert "purge candidates: big 7.6 MiB, s" in out, out
     assert "→ %gpumem purge big (the largest)\n" in out, out
+
+
+def test_an_out_of_memory_report_says_its_free_them_command_once(wip, capsys):
+    run(wip, "import torch\nkeep = torch.ones(1 << 20)")
+    capsys.readouterr()
+    wip.run_cell("%%gpuwatch --device cpu\ndef step():\n    a = torch.ones(1 << 22)\n"
+                 "    raise MemoryError('out of memory')\nstep()", store_history=True)
+    out = capsys.readouterr().out
+    assert "biggest holders: last traceback 16.0 MiB, keep 4.0 MiB" in out, out
+    assert out.count("free them:") == 1, out
