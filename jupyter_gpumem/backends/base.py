@@ -395,6 +395,12 @@ class Backend:
         """A tensor's dtype and shape in a few words, read without its code."""
         return None
 
+    def parts(self, obj: Any) -> list[tuple[str, Any]]:
+        """``(method, tensor)`` of each part holding the data of a tensor of several
+        parts (a sparse tensor's ``_indices``, ``_values``), where the report names the
+        part of each storage (``s._values()``); [] for another."""
+        return []
+
     def take(self, obj: Any, seen: dict) -> tuple:
         """:meth:`storages` and :meth:`tensor_edges` of a tensor met for the first time
         in a scan, in one call (a backend may do both at once, faster)."""

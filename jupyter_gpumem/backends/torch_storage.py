@@ -114,6 +114,16 @@ class StorageReader:
         with torch._C.DisableTorchFunctionSubclass():
             return [s for t in self._tensors(obj) for s in self._storage(t)]
 
+    def parts(self, obj: Any) -> list[tuple[str, Any]]:
+        """``(method, dense tensor)`` of each part holding a sparse tensor's data
+        (``("_values", values)``), read without a subclass's code; [] for another
+        tensor (its storages are its own)."""
+        torch = self.torch
+        if not issubclass(type(obj), torch.Tensor):
+            return []
+        with torch._C.DisableTorchFunctionSubclass():
+            return [(part.__name__, part(obj)) for part in self._parts.get(self._layout(obj), ())]
+
     def _name(self, obj: Any) -> str | None:
         dev = self._device(obj)
         name = self._device_names.get(dev, _UNNAMED)

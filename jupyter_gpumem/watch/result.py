@@ -174,7 +174,7 @@ class WatchResult(JsonFields):
         if not names:
             return None
         if self.context == "ipython":
-            return "%gpumem purge " + " ".join(shlex.quote(n) for n in names)
+            return "%gpumem purge " + " ".join(_magic_arg(n) for n in names)
         return f"jupyter_gpumem.purge({names!r}, namespace=globals())"
 
     @property
@@ -302,6 +302,16 @@ def changes_short(changes: list[HolderChange]) -> str:
         parts.append(f"{_KIND_WORDS[kind]}: " + ", ".join(shown) + more)
     return " · ".join(parts)
 
+
+
+def _magic_arg(name: str) -> str:
+    """``name`` as one argument of a magic line: quoted where it must be, in double
+    quotes where it holds a single one (``"IPython's _"``; the magics read a token
+    quoted as a whole, never a shell's joined quotes)."""
+    quoted = shlex.quote(name)
+    if quoted != name and "'" in name and '"' not in name:
+        return f'"{name}"'
+    return quoted
 
 def holders_short(r: WatchResult, n: int = HOLDERS_NAMED) -> str:
     shown = ", ".join(f"{h.name} {fmt_bytes(h.nbytes)}" for h in r.holders[:n])

@@ -68,6 +68,13 @@ class _Holdings(Holdings):
             if root is None:
                 return f"nothing is held by the {text}"
             return [Target(text, None, root, self.of(root))]
+        if text.startswith(_hidden.THEIRS):
+            # IPython's own record under a name the user bound to another object
+            # ("IPython's _"): never a path, which would name the user's
+            root = next((r for r in self.roots if r.hidden and r.purge == text), None)
+            if root is None:
+                return f"nothing is held by {text}"
+            return [Target(text, None, root, self.of(root))]
         return None
 
 

@@ -104,6 +104,7 @@ _LABELS = {
     "opt_group": lambda label: f".param_groups[{label[1]}]{format_key(label[2])}",
     "opt_state": lambda label: f".state[...]{format_key(label[1])}",
     "opt_state_key": lambda label: ".state.keys()[...]",
+    "part": lambda label: f".{label[1]}()",   # a part of a sparse tensor: ``._values()``
 }
 
 

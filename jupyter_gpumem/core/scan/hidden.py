@@ -122,25 +122,42 @@ def _records_output(name: str, shell: Any) -> tuple:
 
 # -- _, __, ___ -----------------------------------------------------------------------------
 _UNDERSCORES = ("_", "__", "___")
+#: how the display hook's own record reads where the user's name is another object
+THEIRS = "IPython's "
+
+
+def _bare(name: str) -> str:
+    """``_`` of ``_`` and of ``IPython's _``."""
+    return name[len(THEIRS):] if name.startswith(THEIRS) else name
+
+
+def _owns_underscore(name: str) -> bool:
+    return _bare(name) in _UNDERSCORES
 
 
 def _records_underscore(name: str, shell: Any) -> tuple:
     """What IPython itself keeps under ``_``, ``__`` or ``___``: the display hook's own
     record of the results it showed, and its copy in ``user_ns_hidden``. The name in
     ``user_ns`` is IPython's only while it is one of these (the user may bind it)."""
+    name = _bare(name)
     hook = getattr(shell, "displayhook", None)
     return (getattr(hook, name, None), dict.get(getattr(shell, "user_ns_hidden", {}), name))
 
 
 def _find_underscore(shell: Any, add: Add) -> None:
+    # the plain name only where the user's ``_`` is that very object: else it is the
+    # user's own binding of another (or none), and IPython's record reads "IPython's _"
+    ns = shell.user_ns
     for name in _UNDERSCORES:
         for value in _records_underscore(name, shell):
-            add(name, value, name)      # the same object twice is added once
+            shown = name if dict.get(ns, name) is value else THEIRS + name
+            add(shown, value, shown)    # the same object twice is added once
 
 
 def _clear_underscore(name: str, obj: Any, shell: Any) -> bool:
     # called only where ``obj`` is one of IPython's records (see :func:`clear`); the
     # name is said removed unless the user's own binding of it stays
+    name = _bare(name)
     ns, hidden_ns = shell.user_ns, getattr(shell, "user_ns_hidden", {})
     said = name not in ns or dict.get(ns, name) is obj
     for d in (ns, hidden_ns):
@@ -218,7 +235,7 @@ OUTPUT = HiddenKind(
     _find_output, _owns_output, _clear_output, records=_records_output)
 UNDERSCORE = HiddenKind(
     "underscore", "`_` keeps the last shown result: `%gpumem purge` clears it",
-    _find_underscore, _UNDERSCORES.__contains__, _clear_underscore,
+    _find_underscore, _owns_underscore, _clear_underscore,
     records=_records_underscore)
 RESULT = HiddenKind(
     "result", "the last cell's result is kept by IPython: `%gpumem purge` clears it",

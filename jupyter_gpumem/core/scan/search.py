@@ -283,11 +283,14 @@ class PathFinder:
         if memo is None:
             return False
         hit = False
+        # a tensor of several parts (sparse): each storage's path names its part
+        parts = self.reacher.parts_of(obj) if len(memo[1]) > 1 else None
         for info in memo[1]:
             k = info[0]
             if k in s.want:
                 s.want.discard(k)
-                s.nodes[k] = node
+                part = parts.get(k) if parts else None
+                s.nodes[k] = node if part is None else (node, part[0])
                 hit = True
                 if on_found is not None:
                     on_found(k)

@@ -71,10 +71,29 @@ class TensorTaking:
 
     def _record(self, tensor: Any, infos: list) -> None:
         found = self._found
+        parts = self.parts_of(tensor) if self.describe and len(infos) > 1 else None
         for info in infos:
             if info[0] not in found:
                 node, = self._node((info[0],))
-                found[info[0]] = (info, node, self._describe(tensor) if self.describe else None)
+                part = parts.get(info[0]) if parts else None
+                found[info[0]] = (info, node, None if not self.describe else
+                                  self._describe(tensor if part is None else part[1]))
+
+    def parts_of(self, obj: Any) -> dict:
+        """Storage key -> ``(step, part)`` of a tensor whose data lies in several dense
+        parts (a sparse tensor's indices and values: ``(("part", "_values"), values)``,
+        :meth:`Backend.parts`); {} for another (its storages are its own)."""
+        backend = self.tensor_backend.get(type(obj))
+        if backend is None:
+            return {}
+        out: dict = {}
+        try:
+            for name, part in backend.parts(obj):
+                for info in backend.storages(part):
+                    out.setdefault(info[0], (("part", name), part))
+        except Exception:
+            return {}
+        return out
 
     def _filter_devices(self, infos: list) -> list:
         devices = self.devices
