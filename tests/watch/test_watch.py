@@ -47,6 +47,7 @@ def wip(ip):
         state.history.clear()
         state.tracker = HolderTracker()
         state.footer_device = None
+        state.reported = None
         m = _magics(ip)
         m.watch = False
         m.warn_at = None

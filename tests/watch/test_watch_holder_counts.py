@@ -3,37 +3,14 @@ only those kept in the report's capped list), and a "free them" command that nam
 holders than were listed says so."""
 from __future__ import annotations
 
-import gc
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from conftest import run  # noqa: E402
+from test_watch import wip  # noqa: E402,F401 - the shared shell, its watch state fresh
 
-from jupyter_gpumem.views import footer as watch_footer  # noqa: E402
-from jupyter_gpumem.watch.holders import HolderTracker  # noqa: E402
 from jupyter_gpumem.watch.result import HolderEntry, WatchResult  # noqa: E402
-from jupyter_gpumem.watch.state import state_for  # noqa: E402
-
-
-@pytest.fixture
-def wip(ip):
-    """The shared shell, with the watch state fresh before and after."""
-    def fresh():
-        state = state_for(ip)
-        watch_footer.stop_footer(state)
-        state.history.clear()
-        state.tracker = HolderTracker()
-        state.footer_device = None
-        m = ip.magics_manager.registry["GpuMemMagics"]
-        m.watch = False
-        m.warn_at = None
-        m.auto_purge_hidden = False
-    fresh()
-    yield ip
-    fresh()
-    gc.collect()
 
 
 def _holders(ip, n: int) -> None:
