@@ -303,7 +303,6 @@ def changes_short(changes: list[HolderChange]) -> str:
     return " · ".join(parts)
 
 
-
 def _magic_arg(name: str) -> str:
     """``name`` as one argument of a magic line: quoted where it must be, in double
     quotes where it holds a single one (``"IPython's _"``; the magics read a token
@@ -312,6 +311,7 @@ def _magic_arg(name: str) -> str:
     if quoted != name and "'" in name and '"' not in name:
         return f'"{name}"'
     return quoted
+
 
 def holders_short(r: WatchResult, n: int = HOLDERS_NAMED) -> str:
     shown = ", ".join(f"{h.name} {fmt_bytes(h.nbytes)}" for h in r.holders[:n])
@@ -433,7 +433,7 @@ def watch_summary(r: WatchResult) -> str:
     lines = [_head(r)]
     lines += _summary_lines(r)
     if r.holders:
-        if not (r.error and r.error.get("oom")):    # (an out-of-memory's are said above)
+        if not _holders_in_summary(r):
             lines.append(holders_short(r))
     elif r.purge_command:
         lines.append(f"free them: {r.purge_text(HOLDERS_NAMED)}")
@@ -445,6 +445,12 @@ def watch_summary(r: WatchResult) -> str:
     return "\n".join(lines)
 
 
+def _holders_in_summary(r: WatchResult) -> bool:
+    """Whether :func:`_summary_lines` names the holders and their purge (an
+    out-of-memory error's, right under it): the short reports then say them once."""
+    return bool(r.holders and r.error and r.error.get("oom"))
+
+
 def _summary_lines(r: WatchResult) -> list[str]:
     """The footer's facts, one device a line when there are several."""
     lines = [f"{d.id}: {device_short(d)}" for d in r.devices]
@@ -453,7 +459,7 @@ def _summary_lines(r: WatchResult) -> list[str]:
                  + (" (partial scan)" if r.partial else ""))
     if r.error:
         lines.append(f"raised {r.error['type']}: {r.error['message']}")
-        if r.error.get("oom") and r.holders:
+        if _holders_in_summary(r):
             lines.append(holders_short(r))
     if r.warning:
         lines.append(r.warning)
@@ -466,8 +472,9 @@ def watch_html(r: WatchResult) -> str:
     """The report as HTML: the short report, and every exact figure one click away."""
     parts = [f"<div class='jupyter-gpumem'><div><b>{esc(_head(r))}</b></div>"]
     parts += [f"<div>{esc(line)}</div>" for line in _summary_lines(r)]
-    if r.holders and not (r.error and r.error.get("oom")):
-        parts.append(f"<div>{esc(holders_short(r))}</div>")
+    if r.holders:
+        if not _holders_in_summary(r):
+            parts.append(f"<div>{esc(holders_short(r))}</div>")
     elif r.purge_command:
         parts.append(f"<div>free them: <code>{esc(r.purge_command)}</code>"
                      f"{esc(r.purge_note(HOLDERS_NAMED))}</div>")

@@ -10,7 +10,8 @@ torch = pytest.importorskip("torch")
 from conftest import run  # noqa: E402
 from test_watch import wip  # noqa: E402,F401 - the shared shell, its watch state fresh
 
-from jupyter_gpumem.watch.result import HolderEntry, WatchResult  # noqa: E402
+from jupyter_gpumem.watch.result import HolderEntry, WatchResult, watch_html  # noqa: E402
+from jupyter_gpumem.watch.state import history_for  # noqa: E402
 
 
 def _holders(ip, n: int) -> None:
@@ -84,3 +85,8 @@ def test_an_out_of_memory_report_says_its_free_them_command_once(wip, capsys):
     out = capsys.readouterr().out
     assert "biggest holders: last traceback 16.0 MiB, keep 4.0 MiB" in out, out
     assert out.count("free them:") == 1, out
+    # the notebook's form of the same report (HTML) likewise
+    html = watch_html(history_for(wip)[-1])
+    short = html.split("<details")[0]
+    assert "biggest holders: last traceback 16.0 MiB" in short, short
+    assert short.count("free them:") == 1, short
