@@ -18,6 +18,7 @@ Run on the GPU machine: ``python -m pytest -q -s tests/gpu/test_internals_gpu.py
 """
 from __future__ import annotations
 
+import os
 import textwrap
 import time
 
@@ -56,6 +57,13 @@ final = loss.item()
 @pytest.fixture
 def trained(ip):
     start = time.perf_counter()
+    if os.environ.get("GPUMEM_DIAG"):   # the allocation stacks, for _unnamed_blocks
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
+    torch.cuda.synchronize()
+    # what the process held before this shell's first cell (an earlier test's leftovers in
+    # the same process): no name of this shell can reach it
+    ip.user_ns_hidden["_allocated_before"] = ip.user_ns["_allocated_before"] = \
+        torch.cuda.memory_allocated(0)
     run(ip, TRAIN)
     print(f"\n{STEPS} Adam steps in {time.perf_counter() - start:.1f} s, loss "
           f"{ip.user_ns['final']:.3f}")
@@ -74,9 +82,13 @@ def test_unattributed_under_one_percent_and_internals_labelled(trained):
     allocated = torch.cuda.memory_allocated(0)
     unattributed = snap.unattributed["cuda:0"]
     assert unattributed is not None
+    earlier = trained.user_ns["_allocated_before"]
     print(f"allocated {allocated / MiB:.1f} MiB, unattributed {unattributed / MiB:.2f} MiB "
-          f"({100 * unattributed / allocated:.2f} %)")
-    assert unattributed < 0.01 * allocated, repr(snap)
+          f"({100 * unattributed / allocated:.2f} %), of which allocated before this shell's "
+          f"first cell {earlier / MiB:.2f} MiB")
+    if unattributed - earlier >= 0.01 * (allocated - earlier):
+        _unnamed_blocks(snap)
+    assert unattributed - earlier < 0.01 * (allocated - earlier), repr(snap)
     internals = snap.to_json()["internals"]
     assert internals, "after training there are internals (workspaces, the allocator's cache)"
     for item in internals:
@@ -93,6 +105,37 @@ def test_unattributed_under_one_percent_and_internals_labelled(trained):
     assert any(line.startswith("framework internal") for line in lines)
     assert lines.index(next(x for x in lines if x.startswith("framework internal"))) > \
         lines.index(next(x for x in lines if x.startswith("holder")))
+
+
+def _unnamed_blocks(snap) -> None:
+    """Print each active block of 1 MiB or more that neither a workspace of the report nor
+    a live tensor's storage lies in, with its allocation stack where history was kept
+    (``GPUMEM_DIAG=1``): what the unattributed bytes are."""
+    import gc  # noqa: PLC0415 - a diagnosis, printed on failure only
+
+    spans = [(b[0], b[0] + b[1]) for i in snap.internals for b in (i.blocks or ())]
+    for o in gc.get_objects():
+        if type(o) is torch.Tensor or type(o) is torch.nn.Parameter:
+            try:
+                st = o.untyped_storage()
+                if st.device.type == "cuda" and st.nbytes():
+                    spans.append((st.data_ptr(), st.data_ptr() + st.nbytes()))
+            except Exception:  # noqa: BLE001 - a tensor without a plain storage
+                pass
+    data = torch.cuda.memory._snapshot()
+    for seg in data["segments"]:
+        for b in seg["blocks"]:
+            if b["state"] != "active_allocated" or b["size"] < MiB:
+                continue
+            a = b["address"]
+            if any(lo <= a < hi for lo, hi in spans):
+                continue
+            frames = [f"{f['filename'].rsplit('/', 2)[-1]}:{f['line']} {f['name']}"
+                      for f in b.get("frames", ())[:14]]
+            print(f"UNNAMED block {b['size'] / MiB:.2f} MiB requested "
+                  f"{b.get('requested_size', 0) / MiB:.2f} MiB stream {seg.get('stream')} "
+                  f"pool {seg.get('segment_pool_id')} segment {seg['total_size'] / MiB:.1f} MiB\n    "
+                  + "\n    ".join(frames))
 
 
 def test_the_rest_is_itemised(trained):

@@ -112,10 +112,18 @@ def test_terminal_metrics_and_nvml_agree_to_the_mib(tmp_path):
         print(out)
         wait_listed([pid_b], present=False)
         time.sleep(1)
-        after, _ = nvml_figures()
+        after, procs_after = nvml_figures()
+        # the other processes on the card (this machine may have a tenant's) move meanwhile:
+        # what they gave back or took is counted out of the device's drop
+        others = sum(n - procs_after.get(p, 0) for p, n in procs.items() if p != pid_b) \
+            - sum(n for p, n in procs_after.items() if p not in procs)
         print(f"shutdown of work/b.ipynb: used {before / MiB:.1f} -> {after / MiB:.1f} MiB "
-              f"(it held {held / MiB:.1f} MiB)")
-        assert abs((before - after) - held) <= SLACK
+              f"(it held {held / MiB:.1f} MiB; the other processes {-others / MiB:+.1f} MiB)")
+        assert pid_b not in procs_after
+        # the card gets back a little more than NVML's figure for the process: the driver's
+        # own for that context (5.6 MiB on an H100 with driver 580, twice), counted in no
+        # process's figure
+        assert 0 <= (before - after) - held - others <= SLACK + 6 * MiB
         child = None
     finally:
         if child is not None:
