@@ -4,9 +4,10 @@
 the user's namespace) and finds among them, one level deep, the modules, optimizers and
 tensors the step reaches. Around the search it
 
-- sets the gradients that existed aside (on an accelerator they move to host memory, so
-  the trials see the device as after ``zero_grad(set_to_none=True)``; on the host they
-  stay where they are) and puts them back after;
+- sets the gradients that existed aside (on an accelerator a gradient that owns its
+  storage moves to host memory, the same tensor object, so the trials see the device as
+  after ``zero_grad(set_to_none=True)``; on the host, or a view such as a distributed
+  bucket's, it stays where it is) and puts the very tensors back after;
 - copies the modules' buffers (BatchNorm's running statistics and counters) to the host
   and writes them back after each trial;
 - reads the parameters' version counters (``t._version``) before and after each trial: a
@@ -94,6 +95,16 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize(int(device.split(":")[1]))
 
 
+def _owns_its_storage(t: Any) -> bool:
+    """Whether tensor ``t`` alone spans its storage (not a view of another, as a gradient in a
+    distributed bucket is): only then does moving its bytes give the device memory back,
+    and only then may they move without cutting it from what it shares them with."""
+    try:
+        return t._base is None and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    except Exception:  # noqa: BLE001 - a layout without one plain storage stays where it is
+        return False
+
+
 class StepGuard:
     """The modules, optimizers, parameters and buffers a step reaches, and their state."""
 
@@ -166,7 +177,9 @@ class StepGuard:
                 if g is None:
                     continue
                 where = g.device
-                self.grads.append((p, g.to("cpu") if where.type != "cpu" else g, where))
+                if where.type != "cpu" and _owns_its_storage(g):
+                    g.data = g.to("cpu")   # the same tensor, its bytes in host memory
+                self.grads.append((p, g, where))
                 p.grad = None
             self.buffer_copies = [(b, b.detach().to("cpu", copy=True)) for b in self.buffers]
             self.param_copies = [p.detach().to("cpu", copy=True) for p in self.params]
@@ -216,7 +229,9 @@ class StepGuard:
             p.grad = None
         with torch.no_grad():
             for p, g, where in self.grads:
-                p.grad = g if where.type == "cpu" else g.to(where)
+                if g.device != where:
+                    g.data = g.to(where)
+                p.grad = g   # the very tensor: a name or list that held it holds it still
         self.grads = []
         self.buffer_copies = []
         self.param_copies = None

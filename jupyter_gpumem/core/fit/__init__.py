@@ -1,14 +1,28 @@
 """The search of ``%%gpumem fit``: the largest size on a grid (multiples of a step) whose
 trial runs on the memory free now, in few trials.
 
-Two small trials measure how the peak grows per sample (``peak = fixed + per_sample *
-size``); the line predicts the largest size whose peak fits in the free memory; real
-trials confirm it: the predicted size, then its neighbour on the side not known yet.
-Where they disagree with the line (a model that switches kernels by size, a cache that
-grows), the line is fitted again on the trials that ran, and every other trial halves the
-interval left (or doubles the size where no upper bound is known), so the search never
-takes many more trials than a bisection. The trials themselves (running the cell, reading
-its peak, cleaning up) are the caller's: ``run(size) -> Trial``.
+The smallest size runs first; its peak, taken as all per sample, says how far a second
+trial may go and still fit (a share of that, 4 to 64 times the first size). The line
+through their peaks (``peak = fixed + per_sample * size``) predicts where the peak reaches
+the memory free now; a line of two trials knows nothing of the curvature, so the third
+trial goes only part of the way there and runs, most likely: its peak makes three, and the
+parabola through them predicts again. From then on each trial is the prediction rounded to
+the nearest size of the grid, inside the sizes not yet decided, so that it and its
+neighbour settle the answer (the largest size that ran, its neighbour above out of memory)
+wherever the answer lies within half a step of the prediction.
+
+Trials that contradict the curve move it. One that fails where the curve says it fits
+either asked for more than the free memory (its peak and the request that failed: the chord
+from the largest trial that ran to that figure predicts), or shows that the step may take
+less than the free memory as read (a GPU's cache fragments, the resident set lags the
+address space): the level the curve must reach moves down, by twice what the failure
+showed; one that runs with a peak over the free memory moves it up likewise. One that runs
+where the curve said it would not, and moves the prediction up (the peak dropped: a kernel
+chosen by size), sends the next only half way. Where three trials did not halve the sizes
+not yet decided, the next one does. On the generated steps of ``benchmarks/fit_search.py``
+(straight or bent) this takes five trials, fewer than a bisection of a grid of 64 sizes or
+more. The trials themselves (running the cell, reading its peak, cleaning up) are the
+caller's: ``run(size) -> Trial``.
 """
 from __future__ import annotations
 
@@ -26,10 +40,27 @@ SHARE_OF_FREE = 0.01
 #: free memory that moves by more than this share (and MIN_MOVE bytes) is reported
 MOVE_SHARE = 0.05
 MIN_MOVE = 32 << 20
-#: the measuring trials go on until the peak grows by this much (and doubles)
-MIN_GROWTH = 8 << 20
-#: without --max, doubling stops here (sizes)
+#: without --max, the sizes stop here
 NO_MAX = 1 << 24
+#: the second trial: this share of the size that fits if the first peak were all per sample
+#: (a peak that grows faster than linearly reaches the free memory sooner)...
+SECOND_SHARE = 0.6
+#: ... from 4 to 64 times the first size
+SECOND_MIN, SECOND_MAX = 4, 64
+#: the third trial goes this share of the way from the second to the line's prediction (a
+#: step whose per-sample peak grows by half over the grid needs 0.65 or less)
+THIRD_SHARE = 0.6
+#: a parabola of noisy peaks may reach far: no farther (nor nearer) than this factor of the
+#: line through the smallest and the largest trials that ran
+BEND_REACH = 3.0
+#: a trial that ran where the curve said it would not, and moved the prediction up by more
+#: than a step: the next trial goes this share of the way (the peak jumped down there, a
+#: kernel chosen by size: the curve above it is the less certain)
+SURPRISE_SHARE = 0.5
+#: where the sizes not yet decided did not halve in this many trials, the next trial halves
+#: them (before any failed: where the largest that ran moved a step a trial at most, the
+#: next trial moves twice as far as those did together)
+STALL = 3
 
 
 class Grid:
@@ -64,11 +95,61 @@ def line(trials: list[Trial]) -> tuple[float, float] | None:
     return lo.peak - slope * lo.size, slope
 
 
-def _grew(small: Trial, big: Trial) -> bool:
-    """Whether ``big``'s peak is clearly above ``small``'s (noise is a few pages)."""
-    if small.peak is None or big.peak is None:
-        return True
-    return big.peak - small.peak > max(MIN_GROWTH, small.peak)
+def curve(points: list[tuple[int, int]]) -> Callable[[float], float] | None:
+    """From the trials that ran, ``(size, peak)`` sorted by size: the size (a float) at
+    which the peak reaches a figure, for figures above the largest trial's peak.
+
+    One trial: its whole peak taken as per sample (a line through zero: where the fixed
+    part is not negative and the peak grows no faster than linearly, the size it gives
+    fits). Two: the line through them. Three or more: the parabola through the largest,
+    the smallest and the one between that spreads them most (its curvature read where the
+    noise of a peak weighs least), its reach past the largest within ``BEND_REACH`` times
+    the line's (straight on where it would bend back)."""
+    if not points:
+        return None
+    sb, pb = points[-1]
+    if len(points) == 1:
+        return None if pb <= 0 else (lambda level: sb * level / pb)
+    s0, p0 = points[0]
+    wide = (pb - p0) / (sb - s0)
+    if len(points) == 2:
+        if wide <= 0:
+            return None
+        return lambda level: sb + (level - pb) / wide
+    sm, pm = max(points[1:-1], key=lambda q: (sb - q[0]) * (q[0] - s0))
+    near = (pb - pm) / (sb - sm)
+    bend = (near - (pm - p0) / (sm - s0)) / (sb - s0)
+    slope = near + bend * (sb - sm)            # the parabola's slope at the largest
+    if slope <= 0:
+        if wide <= 0:
+            return None
+        slope, bend = wide, 0.0
+
+    def at(level: float) -> float:
+        need = level - pb
+        if wide <= 0 or need <= 0:
+            return sb + need / slope
+        straight = need / wide
+        u = straight
+        disc = slope * slope + 4 * bend * need
+        if bend != 0.0 and disc > 0:
+            u = 2 * need / (slope + disc ** 0.5)
+        return sb + min(max(u, straight / BEND_REACH), straight * BEND_REACH)
+    return at
+
+
+def peak_at(size: Callable[[float], float], at: float) -> float:
+    """The peak the curve gives at a size (its inverse ``size`` solved by bisection)."""
+    a, b = 0.0, 1.0
+    while size(b) < at and b < 1e30:
+        b *= 2
+    for _ in range(100):
+        m = (a + b) / 2
+        if size(m) < at:
+            a = m
+        else:
+            b = m
+    return (a + b) / 2
 
 
 def search(run: Callable[[int], Trial], grid: Grid, free: Callable[[], int | None],
@@ -96,85 +177,116 @@ def search(run: Callable[[int], Trial], grid: Grid, free: Callable[[], int | Non
         else:
             hi = i if hi is None else min(hi, i)
 
-    def predict() -> int | None:
-        """The line's largest size under the free memory, the line scaled by what the
-        failed trials showed: each asked for ``requested`` bytes on top of its peak then,
-        so a size's real demand is at least that (on the host the resident set lags the
-        address space a step reserves)."""
-        trials = list(tried.values())
-        fit = line(trials)
-        frees = [t.free for t in trials if t.free is not None]
-        room = min([budget] + frees[-1:]) if budget is not None else None
-        if fit is None or room is None:
-            return None
-        fixed, slope = fit
-        if slope <= 0:
-            return None
-        below, above = 1.0, float("inf")
-        for t in trials:
-            on_line = fixed + slope * t.size
-            if on_line <= 0:
-                continue
-            if not t.ok and t.peak is not None and t.requested:
-                below = max(below, (t.peak + t.requested) / on_line)
-            elif t.ok:
-                above = min(above, room / on_line)
-        scale = below if below <= above else (below + above) / 2
-        guess = grid.index_below((room / scale - fixed) / slope)
-        ran = sorted((t for t in trials if t.ok and t.peak is not None), key=lambda t: t.size)
-        if len(ran) >= 3 and ran[-1].peak > ran[-2].peak:
-            # where the peak bends, the two largest trials that ran say more about the
-            # sizes just above them than the line through the smallest does
-            a, b = ran[-2], ran[-1]
-            guess = grid.index_below(b.size + (room - b.peak) * (b.size - a.size) / (b.peak - a.peak))
-        top = tried.get(hi) if hi is not None else None
-        if lo >= 0 and top is not None and top.peak is not None \
-                and top.requested and tried[lo].peak is not None:
-            # once a trial failed, the two trials that bracket the answer (the one that
-            # ran, the one that did not) say where it lies too; the failed one's demand
-            # (its peak and the request that failed) is a lower bound, so their line
-            # reaches too far: the lower of the two guesses
-            low = tried[lo].peak
-            high = top.peak + top.requested
-            if high > low:
-                size = grid.size(lo) + (room - low) * (grid.size(hi) - grid.size(lo)) / (high - low)
-                bracket = grid.index_below(size)
-                # two sizes left between them: the line of the trials that ran decides
-                # (its peaks are exact; the failed one's figure is only a bound)
-                if hi - lo != 3:
-                    guess = min(guess, bracket)
-        return guess
-
     def upper() -> int:
         return grid.count - 1 if hi is None else hi - 1
 
-    # small trials measure the growth per sample: the smallest size, then four times
-    # the last until the peak grows clearly (a small size's peak is mostly noise)
-    record(0)
-    i = 0
-    while lo == i and i < upper():
-        nxt = min(max(grid.index_below(4 * grid.size(i)), i + 1), upper())
-        record(nxt)
-        i = nxt
-        if lo == i and _grew(tried[0], tried[i]):
-            break
-    first = predict()
-    result.predicted = None if first is None else grid.size(max(first, 0))
-    rounds = 0
-    while lo >= 0 and lo < upper():
-        # the line's prediction, within the bounds the trials set (just above the
-        # largest that ran where it says no more: its neighbour confirms it); every
-        # third round halves what is left or, before any trial failed, moves up
-        # 1, 2, 4... steps (the grid's end is no failure)
-        guess = predict() if rounds % 3 != 2 else None
-        if guess is not None:
-            guess = min(max(guess, lo + 1), upper())
-        if guess is None or guess in tried:
-            guess = (lo + hi) // 2 if hi is not None and hi in tried else \
-                min(lo + (2 << (rounds // 3)), upper())
-        record(guess)
-        rounds += 1
+    def room() -> int | None:
+        """The memory free now (read before each prediction: what the next trial may use),
+        at most what was free when the search began."""
+        if budget is None:
+            return None
+        now = free()
+        if now is None:
+            frees = [t.free for t in tried.values() if t.free is not None]
+            now = frees[-1] if frees else budget
+        return min(budget, now)
 
+    def predict() -> float | None:
+        """The size (a float) at which the curve of the trials that ran reaches the level
+        a step may take: the room as read, unless the trials at the ends of the sizes not
+        yet decided say otherwise."""
+        points = sorted((t.size, t.peak) for t in tried.values() if t.ok and t.peak is not None)
+        level = room()
+        size = curve(points) if level is not None else None
+        if size is None:
+            return None
+        if len(points) < 2:
+            return size(level)
+        low = tried[lo].peak
+        if low is not None and low > level:
+            # a trial ran with a peak over the room: the room is more than read (the
+            # resident set lags the address space), by twice what shows
+            level = low + (low - level)
+        top = tried.get(hi) if hi is not None else None
+        if top is None or low is None:
+            return size(level)
+        reach = size(level)
+        if reach < grid.size(hi):
+            return reach                   # the failure is where the curve says
+        demand = None if top.peak is None or not top.requested else top.peak + top.requested
+        if demand is not None and demand > level:
+            # it failed where the curve says it fits, asking for more than the level (its
+            # peak and the request that failed: at least that much): the chord from the
+            # largest trial that ran to it reaches the level where a curve that bends
+            # between them does
+            return min(reach, grid.size(lo) + (level - low) * (grid.size(hi) - grid.size(lo))
+                       / (demand - low))
+        high = peak_at(size, grid.size(hi))
+        if level >= high:
+            # it failed where the curve says it fits: the level is lower than the room,
+            # by twice what shows at least
+            level = high - (level - high)
+            if level <= low:
+                level = (low + high) / 2
+        return size(level)
+
+    record(0)
+    first: int | None = None
+    widths: list[int | None] = []
+    lows: list[int] = []
+    surprised = False
+    while lo >= 0 and lo < upper():
+        x = predict()
+        ran = sum(t.ok and t.peak is not None for t in tried.values())
+        if len(tried) == 1:
+            # the second trial: a share of the size that fits if the first peak were all
+            # per sample (without a figure for the free memory: four times the first)
+            s0 = grid.size(0)
+            x = SECOND_MIN * s0 if x is None else \
+                min(max(x * SECOND_SHARE, SECOND_MIN * s0), SECOND_MAX * s0)
+            guess = grid.index_below(x)
+        elif x is None or (ran < 2 and hi is not None and hi in tried):
+            # no curve (no figure for the free memory, peaks that do not grow), or the
+            # second trial failed: halve, or double where no trial failed yet
+            guess = (lo + hi) // 2 if hi is not None and hi in tried else \
+                min(2 * lo + 1, upper())
+        else:
+            if first is None:
+                first = grid.index_below(x)
+            base = grid.size(lo)
+            if surprised and x > base + grid.step:
+                x = base + (x - base) * SURPRISE_SHARE
+            # the prediction rounded to the grid: that size and its neighbour (above if it
+            # runs, below if not) settle the answer wherever it lies within half a step
+            guess = grid.index_below(x + grid.step / 2)
+            if ran == 2:
+                # a line of two trials knows nothing of the curvature: part of the way,
+                # where the trial runs (most likely) and its peak makes a parabola
+                short = grid.index_below(base + (x - base) * THIRD_SHARE)
+                if short > lo:
+                    guess = short
+        # the safeguard: where the sizes not yet decided did not halve in STALL trials, the
+        # next one halves them; where none failed yet and the largest that ran moved up a
+        # step a trial at most, the next one moves twice as far
+        widths.append(None if hi is None or hi not in tried else hi - lo)
+        lows.append(lo)
+        if len(widths) > STALL and widths[-1] is not None and widths[-1 - STALL] is not None \
+                and 2 * widths[-1] > widths[-1 - STALL]:
+            guess = (lo + hi) // 2
+        elif len(lows) > STALL and widths[-1] is None and lo - lows[-1 - STALL] <= STALL:
+            guess = max(guess, lo + 2 * max(lo - lows[-1 - STALL], 1))
+        guess = min(max(guess, lo + 1), upper())
+        record(guess)
+        # ran where the curve said it would not (the first time in a row)
+        surprised = not surprised and x is not None and ran >= 3 and tried[guess].ok \
+            and x < grid.size(guess)
+
+    if first is None:
+        # the answer came before a prediction was needed (the grid's top ran, or its bottom
+        # failed): the curve of what ran, for the answer to quote
+        x = predict()
+        first = None if x is None else grid.index_below(x)
+    result.predicted = None if first is None else grid.size(max(first, 0))
     result.trials = list(tried.values())
     result.largest = grid.size(lo) if lo >= 0 else None
     result.seconds = time.perf_counter() - t0
