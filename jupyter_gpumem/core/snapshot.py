@@ -180,19 +180,20 @@ class Sharing:
         keys: set = set()
         self.keys = keys   # every storage key some root reaches
         multi: set = set()
-        for reach in result.reach:
-            if reach.storages:
-                if keys:
-                    multi |= keys.intersection(reach.storages)
-                keys.update(reach.storages)
+        #: the indices of the roots that reach a storage (the others play no part)
+        self.holding = holding = result.holding()
+        for i in holding:
+            found = result.reach[i].storages
+            if keys:
+                multi |= keys.intersection(found)
+            keys.update(found)
         # root index -> the keys of its storages other roots reach too
         self.shared_keys: dict[int, set] = {}
         if multi:
-            for i, reach in enumerate(result.reach):
-                if reach.storages:
-                    common = reach.storages.keys() & multi
-                    if common:
-                        self.shared_keys[i] = common
+            for i in holding:
+                common = result.reach[i].storages.keys() & multi
+                if common:
+                    self.shared_keys[i] = common
         self._owners: dict | None = None
         self._reached: dict | None = None
         self._stats: dict[int, tuple] = {}
@@ -227,10 +228,8 @@ class Sharing:
         if self._reached is None:
             out: dict[str, dict[str, int]] = {}
             counted: set = set()   # shared keys already counted (under an earlier root)
-            for i, reach in enumerate(self.result.reach):
-                found = reach.storages
-                if not found:
-                    continue
+            for i in self.holding:
+                found = self.result.reach[i].storages
                 infos, _, total, places = self.stats(i)
                 common = self.shared_keys.get(i)
                 again = common & counted if common else ()
@@ -306,12 +305,14 @@ def fold_own_aliases(result: _scan.ScanResult) -> _scan.ScanResult:
     of its own: its row goes, the name lists it (``big 64.0 MiB, also Out[5]``) and
     owns the bytes alone. A purge of the name clears it too (see purge)."""
     named: dict[int, int] = {}   # id(object) -> index of the first user name holding it
-    for i, (root, reach) in enumerate(zip(result.roots, result.reach)):
-        if not root.hidden and reach.storages:
-            named.setdefault(id(root.obj), i)
+    holding, roots = result.holding(), result.roots
+    for i in holding:
+        if not roots[i].hidden:
+            named.setdefault(id(roots[i].obj), i)
     folded: dict[int, list[str]] = {}
-    for i, (root, reach) in enumerate(zip(result.roots, result.reach)):
-        j = named.get(id(root.obj)) if root.hidden and reach.storages else None
+    for i in holding:
+        root = roots[i]
+        j = named.get(id(root.obj)) if root.hidden else None
         if j is not None:
             folded.setdefault(j, []).extend([root.name] + list(root.aliases))
             folded.setdefault(i, [])
@@ -334,12 +335,10 @@ def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), bac
     """
     sharing = Sharing(result) if sharing is None else sharing
     backends = active_backends() if backends is None else backends
-    names = [r.name for r in result.roots]
+    roots = result.roots
     holders = []
-    for i, (root, reach) in enumerate(zip(result.roots, result.reach)):
-        found = reach.storages
-        if not found:
-            continue
+    for i in sharing.holding:
+        root, found = result.roots[i], result.reach[i].storages
         infos, sizes, total, places = sharing.stats(i)
         largest_bytes = max(sizes)
         largest_entry = next(islice(found.values(), sizes.index(largest_bytes), None))
@@ -358,7 +357,7 @@ def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), bac
             for key, (info, node, what) in found.items():
                 rows.append(TensorRow(
                     _scan.format_path(node), info.nbytes, info.device, info.framework, what,
-                    [names[j] for j in sharing.owners(key) if j != i] if common and key in common
+                    [roots[j].name for j in sharing.owners(key) if j != i] if common and key in common
                     else [], key=key))
         path = _scan.format_path(largest_entry[1])
         holders.append(Holder(
@@ -367,7 +366,7 @@ def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), bac
             unique=total - shared, shared=shared, devices=per_device, tensors=len(found),
             largest_path=path, largest_bytes=largest_bytes, hidden=root.hidden,
             aliases=list(root.aliases),
-            shared_with=[names[j] for j, _ in sorted(sharers.items(), key=lambda kv: -kv[1])],
+            shared_with=[roots[j].name for j, _ in sorted(sharers.items(), key=lambda kv: -kv[1])],
             hint=_hint(root, backends, total), purge=root.purge,
             rows=sorted(rows, key=lambda r: -r.nbytes),
         ))
@@ -472,7 +471,8 @@ def _hints_again(holders: list[Holder], result: _scan.ScanResult) -> None:
     """The hints of reused holders that read more than the walk proved unchanged: a
     name's own tensor (a view's shape); a hidden holder's hint is its kind's."""
     backends = active_backends()
-    by_name = {r.name: r for r in result.roots if not r.hidden}
+    by_name = {r.name: r for r in map(result.roots.__getitem__, result.holding())
+               if not r.hidden}
     for h in holders:
         root = by_name.get(h.name)
         if root is not None:

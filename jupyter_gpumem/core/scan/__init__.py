@@ -16,7 +16,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from itertools import accumulate, chain, compress, islice
-from operator import is_, itemgetter, lt, ne
+from operator import attrgetter, is_, itemgetter, lt, ne
 from typing import Any
 
 from ...backends import Backend, active_backends
@@ -53,6 +53,9 @@ class Reach:
     objects: int = 0
 
 
+_STORAGES = attrgetter("storages")
+
+
 @dataclass
 class ScanResult:
     """Roots and what each reaches, plus how the walk went."""
@@ -71,6 +74,12 @@ class ScanResult:
     cut: list = field(default_factory=list)
     #: what the backends said of the walk, the result not partial for it (Backend.notes)
     notes: list = field(default_factory=list)
+
+    def holding(self) -> list[int]:
+        """The indices of the roots that reach a storage, in order: a long notebook's
+        names are mostly plain data, and the passes after the scan (aliases, sharing,
+        attribution, the warm signature) look at these alone."""
+        return list(compress(range(len(self.reach)), map(_STORAGES, self.reach)))
 
     @property
     def timed_out(self) -> bool:

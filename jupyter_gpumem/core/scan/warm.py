@@ -86,16 +86,18 @@ def _copy(obj: Any) -> Any:
 def _signature(result: Any) -> tuple | None:
     """What an attribution of ``result`` depends on, where every root that holds
     storages was reused (None otherwise): each root's names, kind, object and kept
-    storages (the same dict while it is kept)."""
+    storages (the same dict while it is kept); a root that reaches nothing plays no
+    part in an attribution, nor in this."""
     kept = result.kept
     if len(kept) != len(result.roots):
         return None
     out = []
-    for root, reach, reused in zip(result.roots, result.reach, kept):
-        if reach.storages and not reused:
+    for i in result.holding():   # (a root that reaches nothing plays no part in it)
+        if not kept[i]:
             return None
+        root, storages = result.roots[i], result.reach[i].storages
         out.append((root.name, root.kind, root.hidden, tuple(root.aliases), root.purge,
-                    id(root.obj), id(type(root.obj)), id(reach.storages) if reach.storages else 0))
+                    id(root.obj), id(type(root.obj)), id(storages)))
     return tuple(out)
 
 
@@ -219,7 +221,7 @@ class WarmScan:
             return list(map(_copy, last[1])), last[2], last[3], True
         holders, keys, reached = compute()
         self._attributed = None if sig is None else (
-            sig, list(map(_copy, holders)), keys, reached, [r.storages for r in result.reach])
+            sig, list(map(_copy, holders)), keys, reached, [result.reach[i].storages for i in result.holding()])
         return holders, keys, reached, False
 
     def clear(self) -> None:
