@@ -403,7 +403,7 @@ PER_PROCESS = {
                               "(said once, at the first load)",
     "settings._SAID": "the rejected settings the process was told of (each said once)",
     "core.render._LAST_TABLE": "the last holders table laid out, by its rows (a pure cache)",
-    "core.scan.types._META_KEYABLE": "per metaclass: may its instances be dict keys (a cache)",
+    "backends.base._META_KEYABLE": "per metaclass: may its classes be hashed (a cache)",
     "backends.base._verdicts": "per module object: is it the real framework (a cache, "
                                "each entry leaving with its module)",
     "backends.base._homes": "where each framework's distributions are installed (a cache "
@@ -610,22 +610,32 @@ def test_the_room_checks_see_what_they_look_for(tmp_path):
 # -- what an object is, by its real type ----------------------------------------------------
 #: the layers that read the user's objects: they ask what an object is by its real type
 #: (``is_a`` of backends/base.py), never with ``isinstance``, which reads ``obj.__class__``
-#: (a property or ``__getattribute__`` of the user's) wherever the type alone says no
-REAL_TYPE_ONLY = ("backends", "core")
+#: (a property or ``__getattribute__`` of the user's) wherever the type alone says no; and
+#: about a type through ``is_subtype``, never ``issubclass``, which an abstract base
+#: class answers by hashing the type (a metaclass's ``__hash__`` of the user's runs)
+REAL_TYPE_ONLY = ("backends", "core", "watch")
+#: the one place that calls ``issubclass`` (guarded: see is_subtype)
+SUBCLASS_ASKED_IN = (f"{NAME}.backends.base", "is_subtype")
 
 
 def isinstance_calls(modules=None) -> list[str]:
-    """``isinstance(...)`` (and ``builtins.isinstance``) called in the REAL_TYPE_ONLY
-    layers."""
+    """``isinstance(...)`` and ``issubclass(...)`` (also as ``builtins.``) called in the
+    REAL_TYPE_ONLY layers, but for ``issubclass`` in SUBCLASS_ASKED_IN."""
     modules = modules or MODULES
     found = []
     for module, _, tree in _trees(modules):
         if module.split(".")[1:2] not in ([layer] for layer in REAL_TYPE_ONLY):
             continue
+        allowed: set = set()   # the issubclass calls of the one function that may
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and (
-                    (isinstance(node.func, ast.Name) and node.func.id == "isinstance") or
-                    (isinstance(node.func, ast.Attribute) and node.func.attr == "isinstance")):
+            if isinstance(node, ast.FunctionDef) and (module, node.name) == SUBCLASS_ASKED_IN:
+                allowed |= {id(n) for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or id(node) in allowed:
+                continue
+            name = node.func.id if isinstance(node.func, ast.Name) else \
+                node.func.attr if isinstance(node.func, ast.Attribute) else None
+            if name in ("isinstance", "issubclass"):
                 found.append(f"{module}:{node.lineno}")
     return sorted(found)
 
@@ -633,13 +643,19 @@ def isinstance_calls(modules=None) -> list[str]:
 def test_the_layers_that_read_user_objects_never_call_isinstance(tmp_path):
     """A framework's backend asked for a hint about any root (a class whose metaclass
     traps ``__getattribute__``, an instance whose ``__class__`` is a property) once ran
-    ``isinstance`` on it: ``backends/`` and ``core/`` ask ``is_a``. The check, on a
-    module written to break it, and on the package."""
+    ``isinstance`` on it; the watch's holder fingerprints asked ``issubclass`` of JAX's
+    abstract ``Array``, which hashed a user's class (its metaclass's ``__hash__`` ran):
+    ``backends/``, ``core/`` and ``watch/`` ask ``is_a`` and ``is_subtype``. The check, on
+    modules written to break it, and on the package."""
     path = tmp_path / "bad.py"
     path.write_text("import builtins\n\ndef f(x):\n    return isinstance(x, int) or "
-                    "builtins.isinstance(x, str)\n")
-    bad = {f"{NAME}.backends.bad": (path, False), f"{NAME}.views.fine": (path, False)}
-    assert isinstance_calls(bad) == [f"{NAME}.backends.bad:4", f"{NAME}.backends.bad:4"]
+                    "builtins.isinstance(x, str)\n\n\ndef is_subtype(t):\n"
+                    "    return issubclass(t, int)\n")
+    bad = {f"{NAME}.backends.bad": (path, False), f"{NAME}.views.fine": (path, False),
+           f"{NAME}.watch.bad": (path, False)}
+    assert isinstance_calls(bad) == [f"{NAME}.backends.bad:4", f"{NAME}.backends.bad:4",
+                                     f"{NAME}.backends.bad:8", f"{NAME}.watch.bad:4",
+                                     f"{NAME}.watch.bad:4", f"{NAME}.watch.bad:8"]
     assert isinstance_calls() == []
 
 # -- core/ reads as a few nouns -------------------------------------------------------------

@@ -138,12 +138,56 @@ def class_getters(tp: type) -> list[tuple[str, Any]]:
         type(v) is property and type(_FGET(v)) is _BUILTIN)]
 
 
+_META_KEYABLE: dict = {type: True}
+
+
+def keyable_meta(meta: type) -> bool:
+    """Whether classes whose metaclass is ``meta`` can be hashed and compared without the
+    user's code: no class along ``meta``'s MRO before ``type`` defines ``__eq__`` or
+    ``__hash__``. Hashing such a class would run the user's ``__hash__``, or fail (an
+    ``__eq__`` alone makes the class unhashable)."""
+    known = _META_KEYABLE.get(meta)
+    if known is None:
+        known = True
+        try:
+            for klass in _TYPE_MRO(meta):
+                if klass is type:
+                    break
+                d = _TYPE_DICT(klass)
+                if "__hash__" in d or "__eq__" in d:
+                    known = False
+                    break
+        except Exception:  # noqa: BLE001 - an odd metaclass: never a key then
+            known = False
+        if len(_META_KEYABLE) < 10_000:
+            _META_KEYABLE[meta] = known
+    return known
+
+
+def is_subtype(tp: type, cls: "type | tuple[type, ...]") -> bool:
+    """``issubclass(tp, cls)`` that runs none of the user's code: where ``tp``'s metaclass
+    defines ``__hash__`` or ``__eq__`` (which an abstract base class's check calls: it
+    keeps the classes it was asked about in sets), ``tp``'s real MRO is read and its
+    classes compared by identity (a virtual subclass registered with an abstract base
+    class is not one then). The one place the package asks about a type of the user's
+    (tests/test_layout.py holds the layers that read the user's objects to it)."""
+    meta = type(tp)
+    if meta is type or keyable_meta(meta):
+        return issubclass(tp, cls)
+    classes = cls if type(cls) is tuple else (cls,)
+    try:
+        return any(b is c for b in _TYPE_MRO(tp) for c in classes)
+    except TypeError:   # not a class: as issubclass says of it
+        return False
+
+
 def is_a(obj: Any, cls: "type | tuple[type, ...]") -> bool:
     """``isinstance`` by the object's real type: never asks ``obj.__class__`` (a
     property of the user's, a mock's spec, a dead weak proxy), which ``isinstance``
-    does wherever the type alone says no. The one way the package asks what an object
-    is (tests/test_layout.py holds ``backends/`` and ``core/`` to it)."""
-    return issubclass(type(obj), cls)
+    does wherever the type alone says no, nor its metaclass's ``__hash__`` (see
+    :func:`is_subtype`). The one way the package asks what an object is
+    (tests/test_layout.py holds the layers that read the user's objects to it)."""
+    return is_subtype(type(obj), cls)
 
 
 def instance_dict(obj: Any) -> dict:

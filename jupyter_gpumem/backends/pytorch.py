@@ -18,7 +18,7 @@ from .torch_graph import (GraphLedger, SavedReader, any_own_attributes, attribut
 from .torch_storage import StorageReader
 from .base import (AcceleratorInfo, Backend, FrameworkUsage, Internal, PurgeEstimate, StorageInfo,
                    PeakCounter, PeakLedgerView, framework_module, instance_dict, oom_by_name)
-from .base import is_a
+from .base import is_a, is_subtype
 
 _MODULE_OWN = ("_parameters", "_buffers", "_modules")
 _MODULE_OWN_SET = frozenset(_MODULE_OWN)
@@ -128,15 +128,15 @@ class TorchBackend(Backend):
     def children(self, obj: Any) -> Iterator[tuple[tuple, Any]]:
         torch = self.torch
         tp = type(obj)
-        if issubclass(tp, torch.nn.Module):
+        if is_subtype(tp, torch.nn.Module):
             return self._module_children(obj)
-        if issubclass(tp, torch.optim.Optimizer):
+        if is_subtype(tp, torch.optim.Optimizer):
             return self._optimizer_children(obj)
-        if issubclass(tp, torch._C._FunctionBase):   # a node met as an object
+        if is_subtype(tp, torch._C._FunctionBase):   # a node met as an object
             return graph_children(self.ledger, self._saved_attrs, obj, {}, None)
-        if issubclass(tp, torch._C._autograd.SavedTensor):
+        if is_subtype(tp, torch._C._autograd.SavedTensor):
             return self._saved_attrs.read(self.ledger, obj, None, _DATA, ())
-        if not issubclass(tp, torch.Tensor):
+        if not is_subtype(tp, torch.Tensor):
             return iter(())
         own = own_attributes(obj) if tp in self._plain else attributes(obj)
         own += self._base_edge(obj)
@@ -171,7 +171,7 @@ class TorchBackend(Backend):
         # a tensor's grad_fn, then the graph's steps as torch_graph.py names them
         torch = self.torch
         tp = type(obj)
-        if issubclass(tp, torch.Tensor):
+        if is_subtype(tp, torch.Tensor):
             if name == "_base":
                 base = self._base_edge(obj)
                 if not base:
@@ -183,13 +183,13 @@ class TorchBackend(Backend):
             if fn is None:
                 raise ValueError("that tensor has no autograd graph (its grad_fn is None)")
             return fn
-        if issubclass(tp, torch._C._autograd.SavedTensor):
+        if is_subtype(tp, torch._C._autograd.SavedTensor):
             return saved_attr(self._saved_attrs, obj, name)
         return node_attr(self._saved_attrs, obj, name)
 
     def describe(self, obj: Any) -> str | None:
         torch = self.torch
-        if not issubclass(type(obj), torch.Tensor):
+        if not is_subtype(type(obj), torch.Tensor):
             return None
         base = torch._C.TensorBase
         with torch._C.DisableTorchFunctionSubclass():
@@ -234,7 +234,7 @@ class TorchBackend(Backend):
         tp = type(obj)
         if tp in self._plain:
             own: tuple = own_attributes(obj)
-        elif issubclass(tp, self.torch.Tensor):
+        elif is_subtype(tp, self.torch.Tensor):
             # a subclass's attributes (a wrapper subclass keeps its tensor in one), read
             # through the C-level slot of its __dict__: none of its code runs
             own = attributes(obj)
@@ -252,7 +252,7 @@ class TorchBackend(Backend):
         d = instance_dict(module)
         for group in _MODULE_OWN:
             table = d.get(group)
-            for key, value in (dict.items(table) if issubclass(type(table), dict) else ()):
+            for key, value in (dict.items(table) if is_subtype(type(table), dict) else ()):
                 if value is not None:
                     yield ("attr", key), value
         plain, containers, own = _PLAIN_VALUE_IDS, _PLAIN_CONTAINER_IDS, _MODULE_OWN_SET
@@ -269,7 +269,7 @@ class TorchBackend(Backend):
         A list built by comprehensions: an optimizer holds thousands of tensors."""
         d = instance_dict(opt)
         groups, state = d.get("param_groups"), d.get("state")
-        if type(groups) is not list or not issubclass(type(state), dict):
+        if type(groups) is not list or not is_subtype(type(state), dict):
             return [(("attr", k), v) for k, v in dict.items(d)]
         out: list[tuple[tuple, Any]] = []
         for gi, group in enumerate(groups):
@@ -587,8 +587,8 @@ class TorchBackend(Backend):
                     continue
                 try:   # a storage, or every component of a tensor's layout (sparse...)
                     tp = type(obj)
-                    storages = [obj] if issubclass(tp, storage_type) else \
-                        self.reader.storage_objects(obj) if issubclass(tp, base) else []
+                    storages = [obj] if is_subtype(tp, storage_type) else \
+                        self.reader.storage_objects(obj) if is_subtype(tp, base) else []
                     for storage in storages:
                         if storage_type.data_ptr(storage) == key[1]:
                             out[key] = storage_type._weak_ref(storage)
@@ -611,7 +611,7 @@ class TorchBackend(Backend):
 
     def gc_sees_all(self, tp: type) -> bool:
         module = getattr(getattr(self.torch, "nn", None), "Module", None)
-        return is_a(module, type) and issubclass(tp, module)
+        return is_a(module, type) and is_subtype(tp, module)
 
     def peak_counters(self, device_ids) -> list[PeakCounter]:
         return _peaks.counters(device_ids)
@@ -641,8 +641,8 @@ class TorchBackend(Backend):
         tp = type(obj)   # never obj.__class__: a mock's spec would pass for a tensor
         if tp is list or tp is tuple or tp is dict:   # never ==: a metaclass's __eq__
             return self._container_hint(name, obj)
-        if not issubclass(tp, torch.Tensor):
-            if issubclass(tp, torch.optim.Optimizer):
+        if not is_subtype(tp, torch.Tensor):
+            if is_subtype(tp, torch.optim.Optimizer):
                 return (f"`{name}` holds its parameters and their state: "
                         f"purge it together with its model")
             return None
@@ -682,7 +682,7 @@ class TorchBackend(Backend):
         items = dict.values(obj) if type(obj) is dict else obj
         graphs = ones = 0
         for item in islice(items, self.HINT_ITEMS):
-            if not issubclass(type(item), self.torch.Tensor):
+            if not is_subtype(type(item), self.torch.Tensor):
                 continue
             if self.graph_and_grad(item)[0] is not None:
                 graphs += 1

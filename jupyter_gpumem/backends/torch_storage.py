@@ -13,7 +13,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from .base import StorageInfo, instance_dict
+from .base import StorageInfo, instance_dict, is_subtype
 
 _new_info = tuple.__new__   # StorageInfo without the named tuple's Python-level __new__
 _UNNAMED = object()         # a device not met yet
@@ -98,12 +98,12 @@ class StorageReader:
         ``__torch_function__`` off: none of its code runs) or storage object."""
         torch = self.torch
         tp = type(obj)
-        if issubclass(tp, torch.TypedStorage):
+        if is_subtype(tp, torch.TypedStorage):
             obj = instance_dict(obj).get("_untyped_storage")
             tp = type(obj)
-        if issubclass(tp, torch._C.StorageBase):
+        if is_subtype(tp, torch._C.StorageBase):
             return self._info(obj, device_id(torch._C.StorageBase.device.__get__(obj)))
-        if not issubclass(tp, torch.Tensor):
+        if not is_subtype(tp, torch.Tensor):
             return []
         with torch._C.DisableTorchFunctionSubclass():
             return self._read(obj, record=False)
@@ -119,7 +119,7 @@ class StorageReader:
         (``("_values", values)``), read without a subclass's code; [] for another
         tensor (its storages are its own)."""
         torch = self.torch
-        if not issubclass(type(obj), torch.Tensor):
+        if not is_subtype(type(obj), torch.Tensor):
             return []
         with torch._C.DisableTorchFunctionSubclass():
             return [(part.__name__, part(obj)) for part in self._parts.get(self._layout(obj), ())]

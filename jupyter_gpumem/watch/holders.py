@@ -18,6 +18,7 @@ from ..core import scan as _scan
 from ..core.scan import Root
 from ..backends import active_backends
 from ..core.snapshot import type_name
+from ..backends.base import is_subtype
 
 ACC_TOLERANCE = 2 << 20      # allocator bytes a cell may move without a full rescan
 CPU_TOLERANCE = 64 << 20     # host resident-set growth that prompts a full rescan
@@ -104,15 +105,15 @@ def _signature(obj: Any, typed: list[tuple[Any, tuple]]) -> Any:
     tid = id(tp)
     try:
         for backend, types_ in typed:
-            if issubclass(tp, types_):
+            if is_subtype(tp, types_):
                 keys = tuple((i.key, i.nbytes) for i in backend.storages(obj))
                 fn, grad = backend.graph_and_grad(obj)
                 if grad is not None:
                     grad = tuple((i.key, i.nbytes) for i in backend.storages(grad))
                 return (tid, keys, grad, None if fn is None else id(fn))
-        if issubclass(tp, _SIZED):
+        if is_subtype(tp, _SIZED):
             for base in _SIZED:
-                if issubclass(tp, base):
+                if is_subtype(tp, base):
                     return (tid, base.__len__(obj))
     except Exception:  # noqa: BLE001 - an object that refuses: compare by type only
         return (tid,)

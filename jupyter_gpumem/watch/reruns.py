@@ -23,10 +23,10 @@ from ..units import complain
 def cell_key(info: Any) -> str | None:
     """How a cell is known across reruns: the frontend's cell id, else its source."""
     cell_id = getattr(info, "cell_id", None)
-    if isinstance(cell_id, str) and cell_id:
+    if type(cell_id) is str and cell_id:
         return "id:" + cell_id
     source = getattr(info, "raw_cell", None)
-    return "src:" + source if isinstance(source, str) and source.strip() else None
+    return "src:" + source if type(source) is str and source.strip() else None
 
 
 class CellLevels:

@@ -89,7 +89,7 @@ class Rescues:
         if error is None or not _oom.is_oom(error):
             return
         source, cell_id, key = kept
-        if not isinstance(source, str) or not source.strip():
+        if type(source) is not str or not source.strip():
             return
         try:
             self.offer = make_offer(self.session, error, source, cell_id, key,

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..scan import (ATOMIC_IDS, CLASS, CONTAINER, DICT, DICT_SUB, SEQ, SEQ_SUB, SET, SET_SUB,
                     TENSOR, Root, classify, type_name_of)
+from ...backends.base import is_subtype
 
 #: the kinds a name is taken for as it is; the plain containers are weighed
 TAKEN = frozenset({TENSOR, CONTAINER})
@@ -86,11 +87,11 @@ def _other_bytes(obj: Any, backends: list) -> int:
             stack += dict.keys(o)
             stack += dict.values(o)
         elif kind in (SEQ, SEQ_SUB):
-            base = list if issubclass(tp, list) else tuple
+            base = list if is_subtype(tp, list) else tuple
             total += base.__sizeof__(o)
             stack += base.__iter__(o)
         elif kind in (SET, SET_SUB):
-            base = set if issubclass(tp, set) else frozenset
+            base = set if is_subtype(tp, set) else frozenset
             total += base.__sizeof__(o)
             stack += base.__iter__(o)
         else:

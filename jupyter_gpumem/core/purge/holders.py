@@ -17,6 +17,7 @@ from .. import scan as _scan
 from ...backends import active_backends
 from .result import UNNAMED, StillHeld
 from ..scan import ATOMIC_IDS, Root
+from ...backends.base import is_subtype
 
 _MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
 _TYPE_DICT = type.__dict__["__dict__"].__get__
@@ -124,7 +125,7 @@ def _library_holders(keys: set, ids, shell, namespace, time_limit: float):
     entries: dict[str, Any] = {}
     seen: set[int] = set()
     for modname, mod in list(dict.items(sys.modules)):
-        if type(modname) is not str or not issubclass(type(mod), types.ModuleType):
+        if type(modname) is not str or not is_subtype(type(mod), types.ModuleType):
             continue
         d = _MODULE_DICT(mod)
         if d is user_ns or type(d) is not dict or id(d) in seen:
@@ -133,10 +134,10 @@ def _library_holders(keys: set, ids, shell, namespace, time_limit: float):
         for k, v in list(dict.items(d)):
             tp = type(v)
             if type(k) is not str or (k.startswith("__") and k.endswith("__")) \
-                    or id(tp) in ATOMIC_IDS or issubclass(tp, types.ModuleType):
+                    or id(tp) in ATOMIC_IDS or is_subtype(tp, types.ModuleType):
                 continue
             entries[f"{modname}.{k}"] = v
-            if issubclass(tp, type):
+            if is_subtype(tp, type):
                 cd = _TYPE_DICT(v)
                 home = cd.get("__module__")
                 if type(home) is str and home == modname:

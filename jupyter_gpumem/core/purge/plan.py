@@ -25,6 +25,7 @@ from .targets import Holdings, Target, hidden_to_clear, removed_names, resolve_t
 from ..render import fmt_bytes
 from ..scan import ATOMIC_IDS, Root
 from ..snapshot import released_by_purge
+from ...backends.base import is_subtype
 
 _TYPE_DICT = type.__dict__["__dict__"].__get__
 _EXC_LINKS = ("__traceback__", "__context__", "__cause__")
@@ -176,8 +177,8 @@ def _stand_in(owner: Any, bindings: list[_paths.Binding]) -> Any:
     at a list position). Read through the base types' own methods only."""
     tp = type(owner)
     drop = {(id(b.container), b.key) for b in bindings}
-    if issubclass(tp, (dict, list, tuple)) and any(b.container is owner for b in bindings):
-        if issubclass(tp, dict):
+    if is_subtype(tp, (dict, list, tuple)) and any(b.container is owner for b in bindings):
+        if is_subtype(tp, dict):
             # a new dict hashes its keys: only keys of built-in atomic types go into one
             # (no __hash__ of the user's runs); otherwise the pairs go in a list
             pairs = [(k, v) for k, v in dict.items(owner)
@@ -185,7 +186,7 @@ def _stand_in(owner: Any, bindings: list[_paths.Binding]) -> Any:
             # by id: no class of the user's is hashed
             copy: Any = dict(pairs) if all(id(type(k)) in ATOMIC_IDS for k, _ in pairs) else pairs
         else:
-            copy = list(list.__iter__(owner) if issubclass(tp, list) else tuple.__iter__(owner))
+            copy = list(list.__iter__(owner) if is_subtype(tp, list) else tuple.__iter__(owner))
             for b in bindings:
                 if b.container is owner:
                     copy[b.key] = None
@@ -193,7 +194,7 @@ def _stand_in(owner: Any, bindings: list[_paths.Binding]) -> Any:
         return [copy, own, tp] if own else copy
     out = _StandIn()
     d = out.__dict__
-    is_module = issubclass(tp, types.ModuleType)
+    is_module = is_subtype(tp, types.ModuleType)
     if not is_module:
         d["__class__"] = tp
     own = _paths.instance_dict(owner)
@@ -202,13 +203,13 @@ def _stand_in(owner: Any, bindings: list[_paths.Binding]) -> Any:
         if type(k) is not str or (id(own), k) in drop or \
                 (is_module and k.startswith("__") and k.endswith("__")):
             continue
-        if id(v) in containers and issubclass(type(v), dict):   # nn.Module's _modules and the like
+        if id(v) in containers and is_subtype(type(v), dict):   # nn.Module's _modules and the like
             v = {gk: gv for gk, gv in dict.items(v) if type(gk) is str and (id(v), gk) not in drop}
         d[k] = v
     for name, value in _paths.slot_items(owner):
         if (id(owner), name) not in drop:
             d.setdefault(name, value)
-    if issubclass(tp, BaseException):
+    if is_subtype(tp, BaseException):
         for name in _EXC_LINKS + ("args",):
             value = _TYPE_DICT(BaseException)[name].__get__(owner, tp)
             if value is not None and (id(owner), name) not in drop:

@@ -17,6 +17,7 @@ from typing import Any
 from .types import (CLASS, CONTAINER, DICT_SUB, FRAME, FUNCTION, GENERATOR, MEMORYVIEW, MODULE,
                     MODULE_DICT, NDARRAY, PANDAS, PROXY, SEQ_SUB, SET_SUB, TYPE_DICT,
                     is_library_module_name, viewed)
+from ...backends.base import is_subtype
 
 BIG = 1 << 15           # an exact dict, list, tuple or set longer than this is read in slices
 #: a class's own entries that are not what it holds
@@ -102,11 +103,11 @@ def frame_locals(obj: Any) -> dict:
     # the code and the cells (a class body's ``__class__``)
     other = (obj.f_back, obj.f_trace, obj.f_globals)
     skip = (types.CodeType, types.FunctionType, types.CellType)
-    namespace = next((r for r in get_referents(obj) if not issubclass(type(r), skip)
+    namespace = next((r for r in get_referents(obj) if not is_subtype(type(r), skip)
                       and not any(map(is_, repeat(r), other))), None)
     if namespace is None:
         return {}
-    if issubclass(type(namespace), dict):
+    if is_subtype(type(namespace), dict):
         return dict(dict.items(namespace))
     return {"f_locals": namespace}
 
@@ -160,7 +161,7 @@ def _subclass_container(walker: Any, obj: Any) -> list:
     """A subclass of dict, list, tuple or set: its items through the builtin base's C
     methods (a long one in slices), and what the instance holds besides."""
     tp = type(obj)
-    base = next(b for b in (dict, list, tuple, set, frozenset) if issubclass(tp, b))
+    base = next(b for b in (dict, list, tuple, set, frozenset) if is_subtype(tp, b))
     if base.__len__(obj) > BIG:
         walker.in_slices(obj, base)
         return []

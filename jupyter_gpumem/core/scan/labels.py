@@ -17,7 +17,7 @@ from itertools import chain, compress, islice, repeat
 from operator import not_
 from typing import Any
 
-from ...backends.base import dict_descriptor
+from ...backends.base import dict_descriptor, is_subtype
 from .kinds import (CLASS_SKIP_KEYS, function_parts, frame_locals, generator_frame, ndarray_base,
                     ndarray_holds_objects, ndarray_items, ndarray_size)
 from .types import (BUILTIN, CELL, CLASS, CONTAINER, DICT, DICT_SUB, EXCEPTION, FRAME, FUNCTION,
@@ -338,7 +338,7 @@ def _l_instance(f: Any, obj: Any, covered: bool = False):
             out.append((("attr", name), descr.__get__(obj)))
         except AttributeError:
             continue
-    if not covered and issubclass(tp, deque):
+    if not covered and is_subtype(tp, deque):
         out += _labelled(f, deque.__iter__(obj), "index")
         covered = True
     if not covered and ((dict_descr is None and not slots) or native):

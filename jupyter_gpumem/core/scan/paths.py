@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...backends import active_backends
+from ...backends.base import is_subtype
 
 _MODULE_DICTS = ("_parameters", "_buffers", "_modules")  # nn.Module keeps these apart
 _TYPE_DICT = type.__dict__["__dict__"].__get__      # a class's own namespace, C-level
@@ -96,7 +97,7 @@ class Binding:
     @property
     def in_list(self) -> bool:
         """Purging it leaves ``None`` at its position: the list keeps its length."""
-        return self.slot is None and issubclass(type(self.container), list)
+        return self.slot is None and is_subtype(type(self.container), list)
 
 
 # -- parsing -----------------------------------------------------------------------
@@ -159,9 +160,9 @@ def _bracket(s: str, start: int, text: str) -> tuple[Any, int]:
 def _instance_dict(obj: Any) -> dict | None:
     """``obj``'s own ``__dict__`` through the C descriptor, or ``None``."""
     tp = type(obj)
-    if issubclass(tp, types.ModuleType):
+    if is_subtype(tp, types.ModuleType):
         return _MODULE_DICT(obj)
-    if issubclass(tp, type):
+    if is_subtype(tp, type):
         return None
     for klass in _TYPE_MRO(tp):
         descr = _TYPE_DICT(klass).get("__dict__")
@@ -208,7 +209,7 @@ def _base_method(tp: type, base: type, name: str) -> Any:
     statement's) and a subclass of ``base``: ``OrderedDict.__delitem__`` for an
     ``OrderedDict`` (``dict``'s would break its order), ``dict``'s for a user's dict."""
     for klass in _TYPE_MRO(tp):
-        if not _TYPE_FLAGS(klass) & _HEAPTYPE and issubclass(klass, base):
+        if not _TYPE_FLAGS(klass) & _HEAPTYPE and is_subtype(klass, base):
             method = _TYPE_DICT(klass).get(name)
             if method is not None:
                 return method
@@ -227,10 +228,10 @@ def _step(obj: Any, kind: str, key: Any, text: str) -> tuple[Any, Any, Any, Any]
                 return dict.__getitem__(d, key), d, key, None
             for group in _MODULE_DICTS:
                 sub = dict.get(d, group)
-                if issubclass(type(sub), dict) and dict.__contains__(sub, key) \
+                if is_subtype(type(sub), dict) and dict.__contains__(sub, key) \
                         and dict.__getitem__(sub, key) is not None:
                     return dict.__getitem__(sub, key), sub, key, None
-        if not issubclass(tp, type):
+        if not is_subtype(tp, type):
             descr = _slot(tp, key)
             if descr is not None:
                 try:
@@ -243,7 +244,7 @@ def _step(obj: Any, kind: str, key: Any, text: str) -> tuple[Any, Any, Any, Any]
             if key in _TYPE_DICT(obj):
                 raise PathError(f"{text}: class attributes are purged through the class; "
                                 f"purge the class name instead")
-        if key in _EXC_LINKS and issubclass(tp, BaseException):
+        if key in _EXC_LINKS and is_subtype(tp, BaseException):
             descr = _TYPE_DICT(BaseException)[key]
             value = descr.__get__(obj, tp)
             if value is None:
@@ -259,12 +260,12 @@ def _step(obj: Any, kind: str, key: Any, text: str) -> tuple[Any, Any, Any, Any]
             except (AttributeError, TypeError, RuntimeError) as exc:   # not readable now
                 raise PathError(f"{text}: .{key} not readable ({type(exc).__name__})") from None
         raise PathError(f"{text}: no attribute {key!r} (only stored attributes are looked up)")
-    if issubclass(tp, dict):
+    if is_subtype(tp, dict):
         if dict.__contains__(obj, key):
             return dict.__getitem__(obj, key), obj, key, None
         raise PathError(f"{text}: no key {key!r}")
-    if issubclass(tp, (list, tuple)) and type(key) is int:
-        base = list if issubclass(tp, list) else tuple
+    if is_subtype(tp, (list, tuple)) and type(key) is int:
+        base = list if is_subtype(tp, list) else tuple
         n = base.__len__(obj)
         i = key + n if key < 0 else key
         if not 0 <= i < n:
@@ -331,14 +332,14 @@ def delete(binding: Binding) -> None:
             binding.slot.__delete__(c)
         else:   # an exception's __traceback__, __context__ or __cause__
             binding.slot.__set__(c, None)
-    elif issubclass(tp, dict):
+    elif is_subtype(tp, dict):
         if not (dict.__contains__(c, key) and dict.__getitem__(c, key) is obj):
             raise Changed(binding.text)
         try:
             _base_method(tp, dict, "__delitem__")(c, key)
         except KeyError:
             raise Changed(binding.text) from None
-    elif issubclass(tp, list):
+    elif is_subtype(tp, list):
         if not (key < list.__len__(c) and list.__getitem__(c, key) is obj):
             raise Changed(binding.text)
         _base_method(tp, list, "__setitem__")(c, key, None)
@@ -358,7 +359,7 @@ def check_deletable(binding: Binding) -> None:
         if not _TYPE_FLAGS(owner) & _HEAPTYPE:
             raise PathError(f"{binding.text}: a built-in field of {_TYPE_NAME(owner)}, which "
                             f"cannot be changed; purge the name that holds it")
-    elif binding.slot is None and not issubclass(type(binding.container), (dict, list)):
+    elif binding.slot is None and not is_subtype(type(binding.container), (dict, list)):
         raise PathError(f"{binding.text}: lives in a {_TYPE_NAME(type(binding.container))}, which "
                         f"cannot be changed; purge the name that holds it")
     if binding.root_name in ("__builtins__", "__builtin__"):

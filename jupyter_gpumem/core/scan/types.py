@@ -18,7 +18,8 @@ from operator import not_
 from typing import Any
 
 from ...backends import Backend
-from ...backends.base import dict_descriptor, is_a  # noqa: F401 - re-exported
+from ...backends.base import (dict_descriptor, is_a, is_subtype,  # noqa: F401 - re-exported
+                              keyable_meta)
 
 ATOMIC = frozenset({
     int, float, complex, bool, str, bytes, bytearray, type(None), range, slice,
@@ -164,32 +165,6 @@ class Refusals:
 # -- classes that cannot be keys ----------------------------------------------------
 #: metaclass -> whether the classes it makes hash and compare as ``type``'s do (asking a
 #: metaclass is safe: its own metaclass is ``type``)
-_META_KEYABLE: dict = {type: True}
-
-
-def keyable_meta(meta: type) -> bool:
-    """Whether classes whose metaclass is ``meta`` can be keys of the scan's sets and
-    dicts: no class along ``meta``'s MRO before ``type`` defines ``__eq__`` or
-    ``__hash__``. Hashing such a class would run the user's ``__hash__``, or fail (an
-    ``__eq__`` alone makes the class unhashable)."""
-    known = _META_KEYABLE.get(meta)
-    if known is None:
-        known = True
-        try:
-            for klass in TYPE_MRO(meta):
-                if klass is type:
-                    break
-                d = TYPE_DICT(klass)
-                if "__hash__" in d or "__eq__" in d:
-                    known = False
-                    break
-        except Exception:  # noqa: BLE001 - an odd metaclass: never a key then
-            known = False
-        if len(_META_KEYABLE) < 10_000:
-            _META_KEYABLE[meta] = known
-    return known
-
-
 def keyable(obj: Any) -> bool:
     """Whether ``type(obj)`` can be a key (see :func:`keyable_meta`)."""
     meta = type(type(obj))
@@ -263,18 +238,18 @@ MEMORYVIEW, PROXY = "memoryview", "proxy"   # what they view: the exporter, the 
 
 def _by_layout(tp: type) -> str:
     """The kind of a type found by its C-level layout alone."""
-    if issubclass(tp, dict):
+    if is_subtype(tp, dict):
         return DICT_SUB
-    if issubclass(tp, (list, tuple)):
+    if is_subtype(tp, (list, tuple)):
         return SEQ_SUB
-    if issubclass(tp, (set, frozenset)):
+    if is_subtype(tp, (set, frozenset)):
         return SET_SUB
-    if issubclass(tp, BaseException):
+    if is_subtype(tp, BaseException):
         return EXCEPTION
     top = (type_module(tp) or "").partition(".")[0]
     if top == "numpy" and not dict_descriptor(tp):
         numpy = sys.modules.get("numpy")
-        if numpy is not None and issubclass(tp, numpy.ndarray):
+        if numpy is not None and is_subtype(tp, numpy.ndarray):
             return NDARRAY
         return SKIP   # scalars, dtypes: no references inside
     if top == "pandas":
@@ -287,7 +262,7 @@ def classify(tp: type, backends: list[Backend]) -> "tuple[str, Backend | None]":
     """The kind of ``tp``'s instances, and the backend for tensors and containers."""
     if not keyable_meta(type(tp)):
         return _by_layout(tp), None     # never hashed (see keyable_meta)
-    if tp in SKIP_TYPES or issubclass(tp, weakref.ref):
+    if tp in SKIP_TYPES or is_subtype(tp, weakref.ref):
         return SKIP, None
     for backend in backends:   # a framework's own class, by identity (a pybind11 one's
         for known in backend.container_types():   # metaclass is no module's)
@@ -300,14 +275,14 @@ def classify(tp: type, backends: list[Backend]) -> "tuple[str, Backend | None]":
         return _by_layout(tp), None
     for backend in backends:
         types_ = backend.tensor_types()
-        if types_ and issubclass(tp, types_):
+        if types_ and is_subtype(tp, types_):
             return TENSOR, backend
         containers = backend.container_types()
-        if containers and issubclass(tp, containers):
+        if containers and is_subtype(tp, containers):
             return CONTAINER, backend
-    if issubclass(tp, types.ModuleType):
+    if is_subtype(tp, types.ModuleType):
         return MODULE, None
-    if issubclass(tp, type):
+    if is_subtype(tp, type):
         return CLASS, None
     if tp is dict:
         return DICT, None
@@ -321,7 +296,7 @@ def classify(tp: type, backends: list[Backend]) -> "tuple[str, Backend | None]":
         return METHOD, None
     if tp is types.BuiltinFunctionType:
         return BUILTIN, None
-    if issubclass(tp, functools.partial):
+    if is_subtype(tp, functools.partial):
         return PARTIAL, None
     if tp is LRU_WRAPPER:
         return LRU, None
