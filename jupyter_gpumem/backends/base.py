@@ -187,7 +187,8 @@ def is_a(obj: Any, cls: "type | tuple[type, ...]") -> bool:
     does wherever the type alone says no, nor its metaclass's ``__hash__`` (see
     :func:`is_subtype`). The one way the package asks what an object is
     (tests/test_layout.py holds the layers that read the user's objects to it)."""
-    return is_subtype(type(obj), cls)
+    tp = type(obj)
+    return issubclass(tp, cls) if type(tp) is type else is_subtype(tp, cls)
 
 
 def instance_dict(obj: Any) -> dict:

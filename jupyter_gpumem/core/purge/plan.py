@@ -35,10 +35,11 @@ class _Holdings(Holdings):
     """What the notebook's roots hold: the storages the plan's first scan found (storage
     key -> path node), and for another object a scan of its own."""
 
-    def __init__(self, roots: list[Root], scan1, context: PurgeContext, backends) -> None:
+    def __init__(self, roots: list[Root], scan1, context: PurgeContext, backends,
+                 reach_of: dict) -> None:
         self.roots, self.scan1, self.context, self.ids = roots, scan1, context, context.ids
         self.shell, self.backends = context.shell, backends
-        self.reach_of = {id(r): reach for r, reach in zip(roots, scan1.reach)}
+        self.reach_of = reach_of   # id(root) -> what the first scan found it reaches
         self._paths: dict[int, dict] = {}
 
     def of(self, root: Root) -> dict:
@@ -146,8 +147,8 @@ def _predicted(scan_result, own: set, ids) -> tuple[dict[str, int], set]:
     its size (see backends.purge_estimate)."""
     infos: dict = {}
     reached: set = set()
-    for reach in scan_result.reach:
-        found = reach.storages
+    for i in scan_result.holding():
+        found = scan_result.reach[i].storages
         reached.update(found.keys())
         for k in own & found.keys():
             infos.setdefault(k, found[k][0])
@@ -156,8 +157,8 @@ def _predicted(scan_result, own: set, ids) -> tuple[dict[str, int], set]:
 
 def tracked(scan_result) -> dict[str, int]:
     seen = {}
-    for reach in scan_result.reach:
-        for k, (i, _, _) in reach.storages.items():
+    for j in scan_result.holding():
+        for k, (i, _, _) in scan_result.reach[j].storages.items():
             seen[k] = i
     out: dict[str, int] = {}
     for i in seen.values():
@@ -371,7 +372,7 @@ def _plan_with(refs: dict, names: list[str], context: PurgeContext, all_names: b
     if all_names:   # what --all takes and what it keeps: see everything.py
         names, kept = _everything.split(roots, reach_of, active_backends())
     names = list(dict.fromkeys(names))   # a name given twice is purged once
-    holdings = _Holdings(roots, scan1, context, backends)
+    holdings = _Holdings(roots, scan1, context, backends, reach_of)
     targets, skipped, errors = resolve_targets(names, roots, holdings, shell=shell,
                                                namespace=namespace, all_names=all_names)
     PurgeError.check(errors)
@@ -395,7 +396,7 @@ def _plan_with(refs: dict, names: list[str], context: PurgeContext, all_names: b
     scan2 = context.scan(stay_roots, extra_stop=cut)
     # (a storage that borrows a purged one's bytes is keyed by that allocation, as in scan1)
     scan2 = replace(scan2, reach=_scan.one_allocation(scan2.reach, also=scan1.reach))
-    user_held = set().union(*(reach.storages.keys() for reach in scan2.reach)) if scan2.reach else set()
+    user_held = set().union(*(scan2.reach[i].storages.keys() for i in scan2.holding()))
     own = target_paths.keys() - user_held
     # a plan the time limit cut proves only what it found: the targets, and the hidden
     # holders that are their objects; a hidden holder that only shares their memory may
@@ -430,9 +431,10 @@ def _plan_with(refs: dict, names: list[str], context: PurgeContext, all_names: b
         result.messages += released_by_purge(sorted(ids), reached)
     handles, infos = {}, {}
     if not dry_run:
-        for reach in scan1.reach:
-            for k in own & reach.storages.keys():
-                infos.setdefault(k, reach.storages[k][0])
+        for i in scan1.holding():
+            found = scan1.reach[i].storages
+            for k in own & found.keys():
+                infos.setdefault(k, found[k][0])
         handles = weak_handles(refs, infos)
     in_list = [t.text for t in targets if t.binding is not None and t.binding.in_list]
     # (each reach without its paths: a path node is found when read, through the scan's
