@@ -16,14 +16,13 @@ draws every feature whatever it holds, ``=sparse,set_`` adds those).
 """
 from __future__ import annotations
 
-import gc
 import importlib
 import importlib.util
 import os
 import tempfile
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from .recipe import FEATURES
@@ -43,7 +42,11 @@ _COMMON = dict(
 # the CI run draws the same recipes each time (derandomize): a red CI names a change, not
 # a lucky draw; the long profile draws afresh each run to look further
 settings.register_profile("ci", max_examples=60, derandomize=True, **_COMMON)
-settings.register_profile("long", max_examples=10_000, derandomize=False, **_COMMON)
+# the long profile shrinks a failure but leaves out the explain phase: it traces every line
+# of each shrinking run (sys.settrace, a third of the time of a shrink) for a note on
+# which lines only the failing runs met; the shrunk recipe is what goes to test_found.py
+settings.register_profile("long", max_examples=10_000, derandomize=False,
+                          phases=[p for p in Phase if p is not Phase.explain], **_COMMON)
 PROFILE = os.environ.get("GPUMEM_HYPOTHESIS_PROFILE", "ci")
 settings.load_profile(PROFILE)
 
@@ -72,11 +75,25 @@ def frozen_heap():
     """Every installed framework of :data:`FRAMEWORKS` imported, then the heap as it is
     before the first example moves to the collector's permanent generation
     (``gc.freeze``): each full collection (the examples' and the purge's) then walks what
-    the examples made, not all of torch and IPython (a tenth of the time)."""
+    the examples made, not all of torch and IPython (a tenth of the time). Each example
+    freezes again what lives at its start (checks.settle: the shell, the modules the
+    earlier examples imported, Hypothesis' records). The shell is made here where no
+    earlier test made it, its history's database in memory."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    from .checks import freeze_heap, unfreeze_heap  # (torch: where a test of it runs)
+
+    if not InteractiveShell.initialized():
+        # the shell the ``ip`` fixture takes (tests/conftest.py), its history's database in
+        # memory: the same history (Out, In, _N) and sessions, none of the commits to a file
+        # that each cell and each example's reset make (fsync'd, by a thread of its own)
+        config = Config()
+        config.HistoryManager.hist_file = ":memory:"
+        InteractiveShell.instance(config=config)
     for name in FRAMEWORKS:
         if importlib.util.find_spec(name) is not None:
             importlib.import_module(name)
-    gc.collect()
-    gc.freeze()
+    freeze_heap()
     yield
-    gc.unfreeze()
+    unfreeze_heap()

@@ -1,12 +1,15 @@
 """The generated cases' checks can fail: each meets a case it must refuse (the others
-are shown failing by the open breaches in test_found.py)."""
+are shown failing by the open breaches in test_found.py); and the collector's frozen heap
+that makes the examples cheap (checks.settle) holds nothing of an example."""
 from __future__ import annotations
+
+import sys
 
 import pytest
 
 pytest.importorskip("torch")
 
-from .checks import comparable, fresh, same  # noqa: E402
+from .checks import comparable, fresh, run_recipe, same  # noqa: E402
 
 
 def test_two_different_reports_are_not_the_same(ip):
@@ -19,3 +22,38 @@ def test_two_different_reports_are_not_the_same(ip):
     with pytest.raises(AssertionError):
         same(first, second)
     fresh(ip)
+
+
+def test_nothing_of_an_example_lives_when_the_next_one_freezes_the_heap(ip, monkeypatch):
+    """Each example freezes the heap at its start (checks.settle): a full collection then
+    walks what the example makes, no more. That holds only where no object of an earlier
+    example is alive then (one in the permanent generation is collected no more): every
+    atom of an example that leaves a traceback, an output, a caught exception and a module
+    in sys.modules behind is freed by then."""
+    from . import checks, traps
+
+    kept: dict = {}
+    real_reset = traps.reset
+
+    def reset():
+        kept.update(traps.WEAK)
+        real_reset()
+
+    monkeypatch.setattr(traps, "reset", reset)
+    run_recipe(ip, [("raise", ("list", [("atom", "k1", 8)])),
+                    ("show", ("closure", ("atom", "k2", 8))),
+                    ("bind", "a", ("exc", ("atom", "k3", 64))),
+                    ("bind", "b", ("module", "k4", ("atom", "k5", 8), True)),
+                    ("scan",), ("purge", "a")])
+    assert set(kept) == {"k1", "k2", "k3", "k5"}
+    assert not [n for n in sys.modules if n.startswith(traps.MODULE_PREFIX)]
+    at_settle: list = []
+    real_settle = checks.settle
+
+    def settle():
+        at_settle.append(sorted(k for k, ref in kept.items() if not ref.expired()))
+        real_settle()
+
+    monkeypatch.setattr(checks, "settle", settle)
+    run_recipe(ip, [("bind", "a", ("atom", "k1", 8)), ("scan",), ("purge", "a")])
+    assert at_settle == [[]]

@@ -47,6 +47,10 @@ def atom(key: str, n: int):
     return t
 
 
+#: the names :func:`module` put in ``sys.modules`` (since :func:`forget_modules`)
+_REGISTERED: set[str] = set()
+
+
 def module(key: str, value, registered: bool):
     """A module object whose global ``t`` is ``value``; in ``sys.modules`` (as
     ``gpumem_gen_KEY``) where ``registered``."""
@@ -54,13 +58,16 @@ def module(key: str, value, registered: bool):
     mod.t = value
     if registered:
         sys.modules[mod.__name__] = mod
+        _REGISTERED.add(mod.__name__)
     return mod
 
 
 def forget_modules() -> None:
-    """Take the modules :func:`module` registered out of ``sys.modules``."""
-    for name in [n for n in sys.modules if n.startswith(MODULE_PREFIX)]:
-        del sys.modules[name]
+    """Take the modules :func:`module` registered out of ``sys.modules`` (those it
+    registered, not every name of ``sys.modules``: thousands, with the frameworks)."""
+    for name in _REGISTERED:
+        sys.modules.pop(name, None)
+    _REGISTERED.clear()
 
 
 def numpy_view(tensor, start: int):
