@@ -16,6 +16,7 @@ from typing import Any, Callable, Protocol
 
 from .core import cells as _cells
 from .core.cells import CellEvents
+from .core.scan import hidden as _hidden
 from .core.trace import CellSpans
 from .units import complain
 
@@ -137,6 +138,9 @@ class CellDispatch:
             guarded(pre, info)
 
     def post_run_cell(self, result: Any = None) -> None:
+        # first: which of _, __, ___ the cell's own code bound (before any view scans)
+        guarded(_hidden.observe_underscores, self.shell,
+                getattr(getattr(result, "info", None), "raw_cell", None))
         try:
             run, ended = self.pairing.post(result)
         except Exception as exc:  # noqa: BLE001 - never raise into the user's cell

@@ -391,6 +391,8 @@ PER_PROCESS = {
     "core.devices._PROC_FDS": "this process's open /proc descriptors",
     "core.devices._AVAILABLE": "the host's available memory, read at most every 50 ms",
     "core.scan.roots._BOOKKEEPING": "which names are IPython's bookkeeping (a cache of strings)",
+    "core.scan.hidden._USER_BOUND": "per shell, weakly keyed by it: which of _, __, ___ the user "
+                                    "bound (IPython keeps no record of it; see observe_underscores)",
     "core.scan.roots._MEMOS": "the C pass's memo per namespace: key strings only, 16 at most; "
                          "losing it costs speed, never an answer",
     "core.scan.types._module_is_library": "which modules are libraries (a cache of names)",

@@ -79,3 +79,41 @@ def test_users_N_alias_is_not_cleared(ip):
     result = purge(ip, "")
     assert ip.user_ns[f"_{n}"] is mine
     assert f"_{n}" not in result.removed and f"Out[{n}]" in result.removed
+
+
+@pytest.mark.parametrize("bind", ["_ = torch.ones(1000)", "for _ in [torch.ones(1000)]: pass",
+                                  "import contextlib\nwith contextlib.nullcontext(torch.ones(1000)) as _: pass"])
+def test_a_users_underscore_shown_stays_the_users(ip, bind):
+    """Found by the generator: the user binds ``_``, then a cell shows it. IPython's display
+    hook then records that very object (and leaves the name alone), so identity alone
+    called the name IPython's and a hidden-only purge cleared the user's ``_``. The
+    shell's record of who bound it (hidden.observe_underscores) keeps it the user's."""
+    run(ip, "import torch\n" + bind)
+    mine = ip.user_ns["_"]
+    run(ip, "a = 1")
+    run(ip, "_")                                   # shown: the hook's _ is the user's now
+    assert ip.displayhook._ is mine and ip.user_ns["_"] is mine
+    result = purge(ip, "")
+    assert ip.user_ns["_"] is mine and "_" not in result.removed, result.removed
+    assert [h.name for h in report(ip).holders if h.name == "_" and not h.hidden] == ["_"]
+    result = purge(ip, "--all")                    # a name of the user's: --all takes it
+    assert "_" in result.removed and ip.user_ns.get("_") is not mine
+
+
+def test_a_cell_that_binds_and_shows_underscore_keeps_it_the_users(ip):
+    run(ip, "import torch")
+    run(ip, "_ = torch.ones(1000); _")
+    mine = ip.user_ns["_"]
+    assert ip.displayhook._ is mine
+    assert "_" not in purge(ip, "").removed and ip.user_ns["_"] is mine
+
+
+def test_underscore_is_ipythons_again_once_ipython_writes_it(ip):
+    """After the user's ``_`` was shown, IPython's next display writes ``_`` again (its
+    own rule): the name follows, and a hidden-only purge clears IPython's result."""
+    run(ip, "import torch\n_ = torch.ones(1000)")
+    run(ip, "_")
+    run(ip, "torch.zeros(2000)")
+    shown = ip.user_ns["_"]
+    assert shown is ip.displayhook._ and shown.numel() == 2000
+    assert "_" in purge(ip, "").removed and ip.user_ns["_"] is not shown

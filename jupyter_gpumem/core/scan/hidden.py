@@ -10,6 +10,7 @@ read :data:`KINDS`; a new kind is one more entry here.
 from __future__ import annotations
 
 import sys
+import weakref
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Callable
@@ -135,22 +136,100 @@ def _owns_underscore(name: str) -> bool:
     return _bare(name) in _UNDERSCORES
 
 
-def _records_underscore(name: str, shell: Any) -> tuple:
+def _ipythons_records(name: str, shell: Any) -> tuple:
     """What IPython itself keeps under ``_``, ``__`` or ``___``: the display hook's own
-    record of the results it showed, and its copy in ``user_ns_hidden``. The name in
-    ``user_ns`` is IPython's only while it is one of these (the user may bind it)."""
-    name = _bare(name)
+    record of the results it showed, and its copy in ``user_ns_hidden``."""
     hook = getattr(shell, "displayhook", None)
     return (getattr(hook, name, None), dict.get(getattr(shell, "user_ns_hidden", {}), name))
 
 
+#: per shell (weakly, the shell's own record): the underscores the user bound, name -> id
+#: of the object bound. IPython keeps no record of who bound ``_``: once it shows the
+#: user's own ``_`` (a cell ending in ``_``) its display hook holds that very object, and
+#: identity alone would call the name IPython's (see observe_underscores)
+_USER_BOUND: "weakref.WeakKeyDictionary[Any, dict[str, int]]" = weakref.WeakKeyDictionary()
+
+
+def _bound_of(shell: Any) -> dict[str, int] | None:
+    try:
+        return _USER_BOUND.get(shell) if type(shell).__hash__ is object.__hash__ else None
+    except TypeError:
+        return None
+
+
+def user_bound(shell: Any, name: str) -> bool:
+    """Whether the user bound ``name`` (``_``, ``__`` or ``___``) to what it holds now."""
+    bound = _bound_of(shell)
+    ns = getattr(shell, "user_ns", None)
+    return bound is not None and type(ns) is dict and name in ns \
+        and bound.get(name) == id(dict.get(ns, name))
+
+
+def _binds(source: str, names) -> set[str]:
+    """Which of ``names`` a cell's source binds (an assignment, a loop, a ``with``, an
+    import, ``del``), read by its syntax tree; none where it does not parse."""
+    import ast  # noqa: PLC0415 - a cell's source, parsed only where it names one
+
+    if not any(n in source for n in names):
+        return set()
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    out = set()
+    for node in ast.walk(tree):
+        if type(node) is ast.Name and type(node.ctx) is not ast.Load and node.id in names:
+            out.add(node.id)
+        elif type(node) is ast.alias and (node.asname or node.name) in names:
+            out.add(node.asname or node.name)
+    return out
+
+
+def observe_underscores(shell: Any, source: str | None = None) -> None:
+    """Note which of ``_``, ``__``, ``___`` the user bound, after a cell (``source``: its
+    code, as typed) and before each scan. A name is the user's where it is none of
+    IPython's records, or where the cell's code binds it; it stays the user's while it
+    holds the object the user bound (IPython's display hook then records that object
+    too when the cell shows it, and leaves the name alone); it is IPython's again once it
+    holds another object that IPython's records hold (IPython wrote it)."""
+    ns = getattr(shell, "user_ns", None)
+    if type(ns) is not dict or type(shell).__hash__ is not object.__hash__:
+        return
+    try:
+        bound = _USER_BOUND.setdefault(shell, {})
+    except TypeError:
+        return
+    binds = _binds(source, _UNDERSCORES) if type(source) is str else set()
+    for name in _UNDERSCORES:
+        if name not in ns:
+            bound.pop(name, None)
+            continue
+        now = dict.get(ns, name)
+        if name in binds or not any(r is now for r in _ipythons_records(name, shell)):
+            bound[name] = id(now)
+        elif bound.get(name) != id(now):
+            bound.pop(name, None)
+
+
+def _records_underscore(name: str, shell: Any) -> tuple:
+    """IPython's records (:func:`_ipythons_records`) under ``IPython's _``, and under the
+    plain name unless the user bound it (:func:`user_bound`). The name in ``user_ns`` is
+    IPython's only while it is one of these."""
+    bare = _bare(name)
+    if bare == name and user_bound(shell, bare):
+        return ()
+    return _ipythons_records(bare, shell)
+
+
 def _find_underscore(shell: Any, add: Add) -> None:
-    # the plain name only where the user's ``_`` is that very object: else it is the
-    # user's own binding of another (or none), and IPython's record reads "IPython's _"
+    # the plain name only where the user's ``_`` is that very object, and the user did not
+    # bind it: else it is the user's own binding (or none), and IPython's record reads
+    # "IPython's _"
     ns = shell.user_ns
     for name in _UNDERSCORES:
-        for value in _records_underscore(name, shell):
-            shown = name if dict.get(ns, name) is value else THEIRS + name
+        mine = user_bound(shell, name)
+        for value in _ipythons_records(name, shell):
+            shown = name if dict.get(ns, name) is value and not mine else THEIRS + name
             add(shown, value, shown)    # the same object twice is added once
 
 
@@ -159,8 +238,9 @@ def _clear_underscore(name: str, obj: Any, shell: Any) -> bool:
     # name is said removed unless the user's own binding of it stays
     name = _bare(name)
     ns, hidden_ns = shell.user_ns, getattr(shell, "user_ns_hidden", {})
-    said = name not in ns or dict.get(ns, name) is obj
-    for d in (ns, hidden_ns):
+    mine = user_bound(shell, name)   # the user's own binding of that very object stays
+    said = name not in ns or (dict.get(ns, name) is obj and not mine)
+    for d in ((hidden_ns,) if mine else (ns, hidden_ns)):
         if dict.get(d, name) is obj:
             dict.__setitem__(d, name, "")
     hook = getattr(shell, "displayhook", None)
@@ -345,6 +425,7 @@ def hidden_roots(shell: Any = None) -> list[Root]:
     IPython's names (:func:`user_bindings`), which are not hidden."""
     found = _Found()
     if shell is not None:
+        observe_underscores(shell)
         add = found.add
         for entry in KINDS:
             found.kind = entry.kind
