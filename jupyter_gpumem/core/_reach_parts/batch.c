@@ -243,10 +243,24 @@ batch_file(const batch_args *a, PyObject *entry, PyObject *out)
         }
         PyObject *value = PyTuple_Pack(3, info, node, Py_None);
         Py_DECREF(node);
-        if (value == NULL || PyDict_SetDefault(a->found, key, value) == NULL) {
+        PyObject *have = value == NULL ? NULL : PyDict_SetDefault(a->found, key, value);
+        if (have == NULL) {
             Py_XDECREF(value);
             Py_DECREF(infos);
             return -1;
+        }
+        /* one allocation, one key: where two storages start at one address, the larger
+           stands for the key, whichever came first (tensors.py, _keep_larger) */
+        if (have != value && PyTuple_Check(have) && PyTuple_GET_SIZE(have) == 3) {
+            PyObject *had = PyTuple_GET_ITEM(have, 0);
+            int larger = PyTuple_Check(had) && PyTuple_GET_SIZE(had) > 1 ?
+                PyObject_RichCompareBool(PyTuple_GET_ITEM(had, 1), PyTuple_GET_ITEM(info, 1),
+                                         Py_LT) : 0;
+            if (larger < 0 || (larger && PyDict_SetItem(a->found, key, value) < 0)) {
+                Py_DECREF(value);
+                Py_DECREF(infos);
+                return -1;
+            }
         }
         Py_DECREF(value);
     }
