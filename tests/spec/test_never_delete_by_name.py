@@ -117,3 +117,14 @@ def test_underscore_is_ipythons_again_once_ipython_writes_it(ip):
     shown = ip.user_ns["_"]
     assert shown is ip.displayhook._ and shown.numel() == 2000
     assert "_" in purge(ip, "").removed and ip.user_ns["_"] is not shown
+
+
+def test_a_local_underscore_in_a_cells_function_leaves_ipythons_underscore_its_own(ip):
+    """Only the cell's own scope binds: a function's, a comprehension's ``_`` does not make
+    the shown result the user's (a hidden-only purge still frees it)."""
+    run(ip, "import torch")
+    run(ip, "def f():\n    for _ in range(2):\n        pass\n[_ for _ in range(2)]\n"
+            "torch.zeros(3000)")
+    shown = ip.user_ns["_"]
+    assert shown is ip.displayhook._ and shown.numel() == 3000
+    assert "_" in purge(ip, "").removed and ip.user_ns["_"] is not shown

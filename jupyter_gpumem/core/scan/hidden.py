@@ -9,6 +9,7 @@ read :data:`KINDS`; a new kind is one more entry here.
 """
 from __future__ import annotations
 
+import ast
 import sys
 import weakref
 from dataclasses import dataclass
@@ -165,11 +166,14 @@ def user_bound(shell: Any, name: str) -> bool:
         and bound.get(name) == id(dict.get(ns, name))
 
 
+#: the nodes whose names are their own scope's, not the cell's
+_OWN_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp,
+               ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
 def _binds(source: str, names) -> set[str]:
     """Which of ``names`` a cell's source binds (an assignment, a loop, a ``with``, an
     import, ``del``), read by its syntax tree; none where it does not parse."""
-    import ast  # noqa: PLC0415 - a cell's source, parsed only where it names one
-
     if not any(n in source for n in names):
         return set()
     try:
@@ -177,11 +181,19 @@ def _binds(source: str, names) -> set[str]:
     except (SyntaxError, ValueError):
         return set()
     out = set()
-    for node in ast.walk(tree):
+    todo = [tree]
+    while todo:   # the cell's own scope: not the bodies of its functions, classes, lambdas
+        node = todo.pop()   # and comprehensions, whose names are their own
         if type(node) is ast.Name and type(node.ctx) is not ast.Load and node.id in names:
             out.add(node.id)
         elif type(node) is ast.alias and (node.asname or node.name) in names:
             out.add(node.asname or node.name)
+        if type(node) in _OWN_SCOPES:
+            if type(node) in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef) \
+                    and node.name in names:
+                out.add(node.name)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
     return out
 
 
