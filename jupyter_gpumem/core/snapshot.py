@@ -342,6 +342,11 @@ def attribute(result: _scan.ScanResult, *, rows_for: set[str] = frozenset(), bac
         infos, sizes, total, places = sharing.stats(i)
         largest_bytes = max(sizes)
         largest_entry = next(islice(found.values(), sizes.index(largest_bytes), None))
+        if not _scan.readable(largest_entry[1]):
+            # one allocation, one key made a storage the warm scan kept no path for the
+            # largest (it took its allocation's bytes): the largest with a path stands
+            largest_entry = max((e for e in found.values() if _scan.readable(e[1])),
+                                key=lambda e: e[0].nbytes, default=largest_entry)
         devices = {place[0] for place in places}
         if len(devices) == 1:
             per_device = {devices.pop(): total}

@@ -25,7 +25,7 @@ from .hidden import hidden_roots
 from .paths import ELIDED, attr_text
 from .roots import Root, format_key, odd_keys, stop_ids_for, user_roots
 from .reach import Reacher
-from .warm import Kept, WarmScan
+from .warm import Kept, Unread, WarmScan
 from .steps import run_to_end
 from .types import (ATOMIC_IDS, CLASS, CONTAINER, DICT, DICT_SUB, LIB_DIRS, SEQ, SEQ_SUB, SET,
                     SET_SUB, TENSOR, classify, is_a, type_name_of)
@@ -389,6 +389,12 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     if finder.exhausted:   # a path read for what is kept took the last of the time
         finder.say_partial()
     return result
+
+
+def readable(node: Any) -> bool:
+    """Whether a storage's path node can be read: a warm scan keeps only each holder's
+    largest path (the others are :class:`~.warm.Unread`)."""
+    return type(node) is not Unread
 
 
 def one_allocation(reach: list[Reach], also: list[Reach] = ()) -> list[Reach]:
