@@ -42,7 +42,7 @@ def test_warn_at_suggests_purging_only_the_candidates_it_shows(ip, capsys):
     try:
         lines = _out(capsys, ip, "y = 1")
     finally:
-        run(ip, "%gpumem watch off")
+        run(ip, "%gpumem watch off\n%config GpuMemMagics.warn_at = None")
     line = next(x for x in lines if x.startswith("warning:"))
     shown = [part.split()[0] for part in line.split("purge candidates:")[1].split("→")[0].split(",")]
     named = _command_names(line, "→ %gpumem purge")
@@ -83,7 +83,7 @@ def test_a_gpuwatch_cell_under_watch_on_is_reported_once(ip, capsys):
         run(ip, "%gpumem watch on --device cpu --warn-at 0.1%")
         warned = _out(capsys, ip, "%%gpuwatch --device cpu\nc = torch.ones(1 << 20)")
     finally:
-        run(ip, "%gpumem watch off")
+        run(ip, "%gpumem watch off\n%config GpuMemMagics.warn_at = None")
     assert sum("new: a 4.0 MiB" in x for x in lines) == 1, lines
     assert sum(x.startswith("%%gpuwatch · In [") for x in lines) == 1, lines
     assert sum("new: b 4.0 MiB" in x for x in plain) == 1, plain    # a plain cell keeps its footer

@@ -26,6 +26,7 @@ def watched(ip):
 def test_warn_at_is_checked_when_set_and_parsed_once_not_every_cell(watched, capsys,
                                                                     monkeypatch):
     m = _magics(watched)
+    m.warn_at = None   # (the shell is the process's: a test before may have set it)
     with pytest.raises(TraitError, match="warn_at"):
         m.warn_at = "lots"
     assert m.warn_at is None and m.warn_share is None
