@@ -138,6 +138,8 @@ def class_getters(tp: type) -> list[tuple[str, Any]]:
         type(v) is property and type(_FGET(v)) is _BUILTIN)]
 
 
+#: metaclass -> whether the classes it makes hash and compare as ``type``'s do (asking a
+#: metaclass is safe: its own metaclass is ``type``)
 _META_KEYABLE: dict = {type: True}
 
 

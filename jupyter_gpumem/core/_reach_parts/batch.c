@@ -250,7 +250,7 @@ batch_file(const batch_args *a, PyObject *entry, PyObject *out)
             return -1;
         }
         /* one allocation, one key: where two storages start at one address, the larger
-           stands for the key, whichever came first (tensors.py, _keep_larger) */
+           stands for the key, whichever came first (tensors.py, _stands) */
         if (have != value && PyTuple_Check(have) && PyTuple_GET_SIZE(have) == 3) {
             PyObject *had = PyTuple_GET_ITEM(have, 0);
             int larger = PyTuple_Check(had) && PyTuple_GET_SIZE(had) > 1 ?

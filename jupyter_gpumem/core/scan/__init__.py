@@ -75,11 +75,19 @@ class ScanResult:
     #: what the backends said of the walk, the result not partial for it (Backend.notes)
     notes: list = field(default_factory=list)
 
+    #: (the reach list, :meth:`holding` of it): asked by several passes of one scan
+    _holding: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
     def holding(self) -> list[int]:
         """The indices of the roots that reach a storage, in order: a long notebook's
         names are mostly plain data, and the passes after the scan (aliases, sharing,
-        attribution, the warm signature) look at these alone."""
-        return list(compress(range(len(self.reach)), map(_STORAGES, self.reach)))
+        attribution, the warm signature, the purge plan) look at these alone. Found once
+        per reach list (a result's list is never changed in place: a new one is set)."""
+        cached = self._holding
+        if cached is None or cached[0] is not self.reach:
+            cached = self._holding = (self.reach, list(
+                compress(range(len(self.reach)), map(_STORAGES, self.reach))))
+        return cached[1]
 
     @property
     def timed_out(self) -> bool:

@@ -26,17 +26,25 @@ def no_nodes(keys: Any) -> Any:
     return repeat(None, len(keys))
 
 
+def _stands(found: dict, info: tuple) -> bool:
+    """Whether storage ``info`` stands for its key in ``found``: its key is new, or the
+    storage there is smaller. Rule: one allocation, one key. Two storages can start at one
+    address (a tensor made from a numpy view of another's first bytes,
+    ``torch.from_numpy(t.numpy()[:2])``): one key, and the larger of them stands for it,
+    whichever the walk met first (its bytes are the allocation's; the first met stood
+    before, and a name was blamed for 8 B of 32). The C core's batches do the same."""
+    have = found.get(info[0])
+    return have is None or have[0][1] < info[1]
 
-def _keep_larger(found: dict, keys: list, infos: list, node_of: Any) -> None:
-    """Rule: one allocation, one key. Two storages can start at one address (a tensor made
-    from a numpy view of another's first bytes, ``torch.from_numpy(t.numpy()[:2])``): one
-    key, and the larger of them stands for it, whichever the walk met first (its bytes are
-    the allocation's; the first met stood before, and a name was blamed for 8 B of 32)."""
-    for key, info in zip(keys, infos):
-        have = found.get(key)
-        if have is not None and have[0][1] < info[1]:
-            node, = node_of((key,))
-            found[key] = (info, node, have[2])
+
+def _keep_larger(found: dict, infos: list, node_of: Any) -> None:
+    """Each of ``infos`` already under its key in ``found`` that is larger replaces it
+    (:func:`_stands`)."""
+    for info in infos:
+        if _stands(found, info):
+            node, = node_of((info[0],))
+            found[info[0]] = (info, node, found[info[0]][2])
+
 
 class TensorTaking:
     """The tensors a walk meets: taken, their storages recorded (see the module)."""
@@ -85,8 +93,7 @@ class TensorTaking:
         found = self._found
         parts = self.parts_of(tensor) if self.describe and len(infos) > 1 else None
         for info in infos:
-            have = found.get(info[0])
-            if have is None or have[0][1] < info[1]:   # (see _keep_larger)
+            if _stands(found, info):
                 node, = self._node((info[0],))
                 part = parts.get(info[0]) if parts else None
                 found[info[0]] = (info, node, None if not self.describe else
@@ -176,14 +183,13 @@ class TensorTaking:
                     info_of = dict(zip(reversed(keys), reversed(single)))
                     found.update(zip(new, zip(map(info_of.__getitem__, new), self._node(new),
                                               repeat(None))))
-                _keep_larger(found, keys, single, self._node)   # ...unless a larger one
+                _keep_larger(found, single, self._node)   # ...unless a larger one
         else:
             if devices is not None:
                 infos = [[i for i in its if i[2] in devices] for its in infos]
             for value, its in zip(values, infos):
                 for info in its:
-                    have = found.get(info[0])
-                    if have is None or have[0][1] < info[1]:   # (see _keep_larger)
+                    if _stands(found, info):
                         node, = self._node((info[0],))
                         found[info[0]] = (info, node, None)
         if any(map(is_not, held, repeat(None))):

@@ -162,9 +162,7 @@ class Refusals:
             self.kept.append((name, where or "?"))
 
 
-# -- classes that cannot be keys ----------------------------------------------------
-#: metaclass -> whether the classes it makes hash and compare as ``type``'s do (asking a
-#: metaclass is safe: its own metaclass is ``type``)
+# -- classes that cannot be keys (keyable_meta: backends/base.py) ---------------------
 def keyable(obj: Any) -> bool:
     """Whether ``type(obj)`` can be a key (see :func:`keyable_meta`)."""
     meta = type(type(obj))

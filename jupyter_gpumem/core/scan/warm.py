@@ -221,7 +221,8 @@ class WarmScan:
             return list(map(_copy, last[1])), last[2], last[3], True
         holders, keys, reached = compute()
         self._attributed = None if sig is None else (
-            sig, list(map(_copy, holders)), keys, reached, [result.reach[i].storages for i in result.holding()])
+            sig, list(map(_copy, holders)), keys, reached,
+            [result.reach[i].storages for i in result.holding()])
         return holders, keys, reached, False
 
     def clear(self) -> None:
