@@ -126,7 +126,7 @@ def _plan(client: Any, names: list[str], all_names: bool, shell: Any, namespace:
     remaining_names = {r.name for r, keys in zip(remaining, rest.keys) if keys}
     rest.release()
     own = target_keys - user_held
-    hidden_clear = hidden_to_clear(roots, holdings, targets, names, own)
+    hidden_clear = hidden_to_clear(roots, holdings, targets, not names and not all_names, own)
     plan = _Plan(list(names), targets, hidden_clear, found, target_keys, own, named,
                  remaining_names)
     if all_names and not targets:

@@ -150,6 +150,20 @@ def test_purge_cluster_all_takes_every_name_with_keys_and_no_other(sh, workers):
     assert not sh.run_line_magic("gpumem", "--cluster --device cpu -o").holders
 
 
+
+def test_purge_cluster_all_that_takes_no_name_leaves_the_hidden_holders(sh, workers):
+    """A future shown as a cell's value (Out) and no name holding a key: ``--all`` took
+    no name and cleared every hidden holder, as ``purge`` with no names does. It clears
+    none now; ``purge --cluster`` with no names does."""
+    run(sh, "client.submit(torch.ones, 7, pure=False)")
+    shown = max(sh.user_ns["Out"])
+    result = sh.run_line_magic("gpumem", "purge --cluster --all --device cpu -o")
+    assert result.removed == [] and shown in sh.user_ns["Out"], result.removed
+    assert any("no name of this notebook holds a key" in m for m in result.messages)
+    result = sh.run_line_magic("gpumem", "purge --cluster --device cpu -o")
+    assert f"Out[{shown}]" in result.removed and shown not in sh.user_ns["Out"]
+
+
 BAD = [
     ("purge x nope --cluster --device cpu", "'nope'"),
     ("purge x plain --cluster --device cpu", "'plain' holds no key on the cluster"),

@@ -172,14 +172,22 @@ def scan_point(ip, model: Model):
     return warm
 
 
-def purge_point(ip, model: Model, target: str | None) -> None:
+def purge_point(ip, model: Model, target: str | None, shown_at: list[int] = ()) -> None:
     """The purge that ends a recipe (of ``target``: a name, ``--all``, or None: the hidden
     holders only), checked against the model. ``--all`` takes the names its own rule
-    picks (core/purge/everything.py), never one that holds nothing and always a bare tensor."""
+    picks (core/purge/everything.py), never one that holds nothing and always a bare tensor.
+    ``shown_at``: the ``Out`` key of each of ``model.shown``.
+
+    A named purge clears the hidden holders that go with its targets (core/purge/targets.py
+    hidden_to_clear); the others stay and keep what they hold. Which went is read from the
+    shell after the purge, and held to the rule both ways: each that went is a target's
+    object or holds something of a target's; each that is a target's object, or holds
+    (where a walk sees it) a storage no name that stays reaches, went."""
     holding = {n for n, o in model.names.items() if o.reach()}
     removed = {target} & holding if target not in (None, "--all") else set()
     candidates = holding if target == "--all" else removed
     keys = user_keys(ip, model)
+    out_before = set(ip.user_ns.get("Out", {}))
     # the objects of the names that stay, to see them the same after; of the others, no
     # reference is kept (only their ids)
     binds = {n: v for n, v in bindings(ip, model).items() if n not in candidates}
@@ -196,10 +204,27 @@ def purge_point(ip, model: Model, target: str | None) -> None:
         assert isinstance(result, UsageError), f"{target} holds nothing, yet was purged"
     if removed or target is None:
         assert not isinstance(result, UsageError), f"{what} refused: {result}"
-    survivors = model.held_by([n for n in model.names if n not in removed], purged=removed)
+    staying = [n for n in model.names if n not in removed]
+    survivors = model.held_by(staying, purged=removed)
     own = set().union(*(model.names[n].reach() for n in removed)) - survivors
     if target is None:
         own |= model.hidden_atoms() - survivors
+    else:
+        kept = hidden_kept(ip, model, shown_at, out_before)
+        gone = [o for o in hidden_now(model, shown_at, out_before) if not any(o is k for k in kept)]
+        targets = [model.names[n] for n in removed]
+        reach = set().union(*(t.reach() for t in targets))
+        sole = set().union(*(t.reach(visible=True) for t in targets)) - survivors
+        for obj in gone:
+            assert any(obj is t for t in targets) or obj.reach() & reach, (
+                f"{what} cleared a hidden holder that holds nothing of its targets")
+        for obj in kept:
+            assert not any(obj is t for t in targets), f"{what} kept a hidden holder of its target"
+            assert not obj.reach(visible=True) & sole, (
+                f"{what} kept a hidden holder of {sorted(obj.reach(visible=True) & sole)}, "
+                f"which only its targets held")
+            survivors |= obj.reach()
+        own = set().union(*(o.reach() for o in targets + gone)) - survivors
     gc.collect()
     assert user_keys(ip, model) == keys - removed, (
         f"{what} removed {sorted(keys - user_keys(ip, model))}")
@@ -212,12 +237,28 @@ def purge_point(ip, model: Model, target: str | None) -> None:
     assert not own & live, f"{what} left storages only its targets held: {sorted(own & live)}"
 
 
+def hidden_now(model: Model, shown_at, out_before) -> list:
+    """The hidden holders of the model that hold something before a purge: the shown
+    values still in ``Out``, the last error."""
+    found = [o for o, key in zip(model.shown, shown_at) if key in out_before]
+    return found + ([model.last_error] if model.last_error is not None else [])
+
+
+def hidden_kept(ip, model: Model, shown_at, out_before) -> list:
+    """Of :func:`hidden_now`, those the shell still keeps after a purge."""
+    out = ip.user_ns.get("Out", {})
+    kept = [o for o, key in zip(model.shown, shown_at) if key in out_before and key in out]
+    if model.last_error is not None and getattr(sys, "last_traceback", None) is not None:
+        kept.append(model.last_error)
+    return kept
+
+
 def run_recipe(ip, recipe, *, report_before_purge: bool = False):
     """Run ``recipe`` in ``ip`` (made fresh first), checking as it goes; the last warm
     report before the purge (where asked), as :func:`comparable`."""
     fresh(ip)
     settle()
-    model, last = Model(), None
+    model, last, shown_at = Model(), None, []
     try:
         for step in recipe:
             if step[0] == "scan":
@@ -225,7 +266,7 @@ def run_recipe(ip, recipe, *, report_before_purge: bool = False):
             elif step[0] == "purge":
                 if report_before_purge:
                     last = comparable(last)
-                purge_point(ip, model, step[1] if len(step) > 1 else None)
+                purge_point(ip, model, step[1] if len(step) > 1 else None, shown_at)
             else:
                 cell = cell_of(step)
                 result = ip.run_cell(cell, store_history=True)
@@ -234,6 +275,8 @@ def run_recipe(ip, recipe, *, report_before_purge: bool = False):
                     raise AssertionError(f"the cell {cell!r} {how}: {result.error_in_exec!r}\n"
                                          f"{program(recipe)}")
                 model.apply(step)
+                if step[0] == "show":
+                    shown_at.append(result.execution_count)
     finally:
         fresh(ip)
     return last

@@ -57,3 +57,24 @@ def test_nothing_of_an_example_lives_when_the_next_one_freezes_the_heap(ip, monk
     monkeypatch.setattr(checks, "settle", settle)
     run_recipe(ip, [("bind", "a", ("atom", "k1", 8)), ("scan",), ("purge", "a")])
     assert at_settle == [[]]
+
+
+def test_a_named_purge_is_held_to_which_hidden_holders_go_both_ways(ip, monkeypatch):
+    """The check of a named purge reads which hidden holders went (checks.purge_point): one
+    kept that held only what its target held is refused, and so is one cleared that held
+    nothing of it (each planted in the purge's plan)."""
+    from jupyter_gpumem.core.purge import plan
+
+    view = [("bind", "a", ("atom", "k1", 8)), ("show", ("list", [("viewof", "a")])),
+            ("scan",), ("purge", "a")]
+    other = [("bind", "a", ("atom", "k1", 8)), ("show", ("atom", "k2", 8)),
+             ("scan",), ("purge", "a")]
+    run_recipe(ip, view)
+    run_recipe(ip, other)
+    monkeypatch.setattr(plan, "hidden_to_clear", lambda *a, **k: [])
+    with pytest.raises(AssertionError, match="kept a hidden holder of \\['k1'\\]"):
+        run_recipe(ip, view)
+    monkeypatch.setattr(plan, "hidden_to_clear",
+                        lambda roots, *a, **k: [r for r in roots if r.hidden])
+    with pytest.raises(AssertionError, match="cleared a hidden holder that holds nothing"):
+        run_recipe(ip, other)

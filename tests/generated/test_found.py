@@ -180,13 +180,12 @@ def test_a_warm_holder_whose_largest_storage_one_allocation_grew_keeps_a_path(ip
                     ("scan",), ("scan",), ("purge",)])
 
 
-@known("what a shown container that holds more than the purge frees keeps (the model)")
 def test_a_shown_numpy_view_of_a_name_rebound_to_another_view(ip):
-    """Session 21's long run, open: `purge --all` left k1 alive, held by the shown set's
-    tensor on a numpy view of it. `Out[0]` is no target of --all, and the purge clears a
-    hidden holder only where all it holds goes (the set holds k2 too), so k1 stays; the
-    generator's model counts no shown holder among what survives a named purge and
-    expected k1 freed. Most likely the model's account; not settled yet."""
+    """Session 21's long run: `purge --all` left k1 alive, held by the shown set's tensor
+    on a numpy view of it. `Out[2]` is no target of --all, and holds nothing a walk sees
+    of `a`'s (its view starts at k1, `a`'s 4 B in), so it stays, and keeps k1: right. The
+    generator's model had counted no hidden holder among what survives a named purge; it
+    now reads which went and holds them to the rule (checks.purge_point)."""
     run_recipe(ip, [("bind", "a", ("atom", "k1", 8)),
                     ("show", ("set", [("atom", "k2", 8), ("numpy", "a", 0)])),
                     ("bind", "a", ("numpy", "a", 1)), ("scan",), ("purge", "--all")])

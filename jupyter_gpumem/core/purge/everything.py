@@ -106,3 +106,13 @@ def kept_message(kept: list[Kept], fmt_bytes, dry_run: bool) -> str:
     verb = "would keep" if dry_run else "kept"
     return (f"--all {verb} {shown}{more}: not tensors, models, optimizers or containers "
             f"mostly of them; name them to purge them")
+
+
+def hidden_left_message(left: list[tuple[str, int]], fmt_bytes, dry_run: bool) -> str:
+    """One line naming the hidden holders ``--all`` leaves (it takes names, and the hidden
+    holders that go with them): ``(name, bytes)`` each."""
+    shown = ", ".join(f"{name} {fmt_bytes(nbytes)}" for name, nbytes in left[:8])
+    more = f" and {len(left) - 8} more" if len(left) > 8 else ""
+    verb = "would leave" if dry_run else "left"
+    return (f"--all {verb} the hidden holders {shown}{more} (it takes names, and only the "
+            f"hidden holders that go with them): `%gpumem purge` with no names clears them")

@@ -376,7 +376,8 @@ def _plan_with(refs: dict, names: list[str], context: PurgeContext, all_names: b
     targets, skipped, errors = resolve_targets(names, roots, holdings, shell=shell,
                                                namespace=namespace, all_names=all_names)
     PurgeError.check(errors)
-    if names:
+    hidden_only = not names and not all_names
+    if not hidden_only:   # (--all that took no name has no target)
         target_paths = {k: node for t in targets for k, node in t.keys.items()}
     else:  # no names: the targets are the hidden holders that hold memory
         target_paths = {k: v[1] for r in roots if r.hidden for k, v in reach_of[id(r)].storages.items()}
@@ -402,7 +403,7 @@ def _plan_with(refs: dict, names: list[str], context: PurgeContext, all_names: b
     # holders that are their objects; a hidden holder that only shares their memory may
     # share it with a name the scans did not finish, and stays
     timed_out = scan1.timed_out or scan2.timed_out
-    hidden_clear = hidden_to_clear(roots, holdings, targets, names,
+    hidden_clear = hidden_to_clear(roots, holdings, targets, hidden_only,
                                    set() if timed_out and names else own)
     # an entry of Out under a key of the user's own type: finding it again to remove it
     # would hash the key (their code); it stays, and the result says so
@@ -420,6 +421,12 @@ def _plan_with(refs: dict, names: list[str], context: PurgeContext, all_names: b
                          still_held=still_held(stay_roots, scan2, reportable, by_of))
     if kept:
         result.messages.append(_everything.kept_message(kept, fmt_bytes, dry_run))
+    if all_names:
+        going = {id(r) for r in hidden_clear}
+        stay = [(r.name, sum(i.nbytes for i, _, _ in reach_of[id(r)].storages.values()))
+                for r in roots if r.hidden and id(r) not in going and holdings.of(r)]
+        if stay:
+            result.messages.append(_everything.hidden_left_message(stay, fmt_bytes, dry_run))
     if left:
         result.messages.append(out_key_message(
             len(left), sum(i.nbytes for r in left for i, _, _ in reach_of[id(r)].storages.values())))

@@ -107,10 +107,10 @@ def resolve_targets(names: list[str], roots: list[Root], holdings: Holdings, *, 
 
 
 def hidden_to_clear(roots: list[Root], holdings: Holdings, targets: list[Target],
-                    names: list[str], own) -> list[Root]:
-    """The hidden holders that go with the targets: with no names all that hold
-    something; else those that are a target's object or hold what only the targets
-    held (``own``)."""
+                    hidden_only: bool, own) -> list[Root]:
+    """The hidden holders that go: for a purge of the hidden holders only (no name, no
+    ``--all``), all that hold something; else those that are a target's object or hold
+    what only the targets held (``own``), and none where ``--all`` took no name."""
     objs = {id(t.binding.obj) for t in targets if t.binding is not None} | \
         {id(t.root.obj) for t in targets if t.root is not None}
     out = []
@@ -118,7 +118,7 @@ def hidden_to_clear(roots: list[Root], holdings: Holdings, targets: list[Target]
         if not r.hidden:
             continue
         held = holdings.of(r)
-        if held and (not names or id(r.obj) in objs or own & held.keys()):
+        if held and (hidden_only or id(r.obj) in objs or own & held.keys()):
             out.append(r)
     return out
 

@@ -309,3 +309,26 @@ def test_purge_all_while_a_thread_adds_and_removes_names(ip):
         stop.set()
         thread.join()
         sys.setswitchinterval(interval)
+
+
+def test_purge_all_leaves_hidden_holders_of_no_name_it_takes(ip):
+    """``--all`` takes names, and the hidden holders that go with them. Where it took no
+    name (the one holder is an object of the user's own class) it cleared every hidden
+    holder, as ``purge`` with no names does: an output of no name's went. It now leaves
+    them, says so, and ``purge`` with no names clears them."""
+    run(ip, f"class Box: pass\nbox = Box(); box.t = torch.ones({N})")
+    run(ip, f"torch.ones({N})")
+    shown = max(ip.user_ns["Out"])
+    ref = StorageWeakRef(ip.user_ns["Out"][shown].untyped_storage())
+    for args in ("--all --dry-run", "--all"):
+        result = purge(ip, args)
+        assert result.removed == [] and shown in ip.user_ns["Out"] and alive(ref)
+        assert any(f"the hidden holders Out[{shown}] 1.0 MiB" in m and "with no names" in m
+                   for m in result.messages), result.messages
+        assert any("kept box" in m or "keep box" in m for m in result.messages), result.messages
+    run(ip, f"t = torch.ones({N})")
+    result = purge(ip, "--all")
+    assert result.removed == ["t"] and shown in ip.user_ns["Out"] and alive(ref)
+    result = purge(ip, "")
+    assert f"Out[{shown}]" in result.removed and not alive(ref)
+    assert "box" in ip.user_ns
