@@ -160,6 +160,11 @@ def plain(value):
     return value if to_json is None else to_json()
 
 
+def minus(a: int | None, b: int | None) -> int | None:
+    """``a - b``, or None where either is unknown (a figure a device did not give)."""
+    return None if a is None or b is None else a - b
+
+
 def round6(seconds: float) -> float:
     """Seconds as the JSON gives them: to the microsecond."""
     return round(seconds, 6)

@@ -104,6 +104,18 @@ class _TrapMeta(type):
         return type.__getattribute__(cls, name)
 
 
+def _compared(owner: str):
+    """``__eq__`` and ``__hash__`` by identity, each a trap of ``owner``'s."""
+    def __eq__(self, other):
+        called(f"{owner}.__eq__")
+        return self is other
+
+    def __hash__(self):
+        called(f"{owner}.__hash__")
+        return id(self) >> 4
+    return __eq__, __hash__
+
+
 class Trap(metaclass=_TrapMeta):
     """An instance with a ``__dict__``: every protocol method and property is a trap."""
 
@@ -119,13 +131,7 @@ class Trap(metaclass=_TrapMeta):
         called(f"Trap.__getattr__ {name}")
         raise AttributeError(name)
 
-    def __eq__(self, other):
-        called("Trap.__eq__")
-        return self is other
-
-    def __hash__(self):
-        called("Trap.__hash__")
-        return id(self) >> 4
+    __eq__, __hash__ = _compared("Trap")
 
     def __len__(self):
         called("Trap.__len__")
@@ -163,13 +169,7 @@ class SlotTrap:
         called(f"SlotTrap.__getattribute__ {name}")
         return object.__getattribute__(self, name)
 
-    def __eq__(self, other):
-        called("SlotTrap.__eq__")
-        return self is other
-
-    def __hash__(self):
-        called("SlotTrap.__hash__")
-        return id(self) >> 4
+    __eq__, __hash__ = _compared("SlotTrap")
 
     def __repr__(self):
         called("SlotTrap.__repr__")

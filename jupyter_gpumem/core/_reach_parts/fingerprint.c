@@ -19,6 +19,12 @@ fp_ready(Fingerprint *f)
 /* Fingerprint.of(obj, keep=None, plan=0) -> (h1, h2, objects[, plan]) | None; plan 1:
  * with its plan (None where it could not be kept), 2: a plan or nothing (None as soon
  * as the plan would not be kept: a hash without it is of no use to the caller) */
+PyDoc_STRVAR(fp_of_doc,
+    "of(obj, keep=None, plan=0) -> (h1, h2, objects[, plan]) | None: what obj holds, "
+    "hashed (None: it cannot be proved, walk it); keep (a list) gets the records hashed by "
+    "address; plan 1: with what was read as checks (None where it could not be kept), 2: "
+    "None as soon as the plan could not be kept");
+
 static PyObject *
 fp_py_of(Fingerprint *f, PyObject *args)
 {
@@ -92,6 +98,10 @@ done:
 }
 
 /* Fingerprint.check(plan, obj) -> bool */
+PyDoc_STRVAR(fp_check_doc,
+    "check(plan, obj) -> bool: whether what the plan checks holds still of obj, the root "
+    "it was taken of (True: of(obj) would give the fingerprint taken with it)");
+
 static PyObject *
 fp_py_check(Fingerprint *f, PyObject *args)
 {
@@ -182,6 +192,10 @@ fp_dealloc(Fingerprint *f)
 }
 
 /* forget(): see fp_forget. */
+PyDoc_STRVAR(fp_forget_doc,
+    "forget(): the tensors and types read so far are read again, and what the walk took "
+    "is not used (other code ran meanwhile, or the scan is over)");
+
 static PyObject *
 fp_py_forget(Fingerprint *f, PyObject *unused)
 {
@@ -191,6 +205,9 @@ fp_py_forget(Fingerprint *f, PyObject *unused)
 
 /* A new scan: as after forget(); the records of tensors are kept, those of tensors gone
  * dropped once they outnumber the rest. */
+PyDoc_STRVAR(fp_begin_doc,
+    "begin(): a new scan, as after forget() (the backend's records of tensors are kept)");
+
 static PyObject *
 fp_py_begin(Fingerprint *f, PyObject *unused)
 {
@@ -202,6 +219,10 @@ fp_py_begin(Fingerprint *f, PyObject *unused)
 
 /* use_taken(dict | None): what this scan's walk took, read instead of each tensor (the
  * tensors read so far are let go: their entries can borrow from the last record). */
+PyDoc_STRVAR(fp_use_taken_doc,
+    "use_taken(dict | None): id -> (storages, label, gradient) of the tensors this scan's "
+    "walk took, read instead of asking each tensor (valid while no other code runs)");
+
 static PyObject *
 fp_py_use_taken(Fingerprint *f, PyObject *taken)
 {
@@ -215,22 +236,11 @@ fp_py_use_taken(Fingerprint *f, PyObject *taken)
 }
 
 static PyMethodDef fp_methods[] = {
-    {"forget", (PyCFunction)fp_py_forget, METH_NOARGS,
-     "forget(): the tensors and types read so far are read again, and what the walk took "
-     "is not used (other code ran meanwhile, or the scan is over)"},
-    {"begin", (PyCFunction)fp_py_begin, METH_NOARGS,
-     "begin(): a new scan, as after forget() (the backend's records of tensors are kept)"},
-    {"use_taken", (PyCFunction)fp_py_use_taken, METH_O,
-     "use_taken(dict | None): id -> (storages, label, gradient) of the tensors this scan's "
-     "walk took, read instead of asking each tensor (valid while no other code runs)"},
-    {"check", (PyCFunction)fp_py_check, METH_VARARGS,
-     "check(plan, obj) -> bool: whether what the plan checks holds still of obj, the root "
-     "it was taken of (True: of(obj) would give the fingerprint taken with it)"},
-    {"of", (PyCFunction)fp_py_of, METH_VARARGS,
-     "of(obj, keep=None, plan=0) -> (h1, h2, objects[, plan]) | None: what obj holds, "
-     "hashed (None: it cannot be proved, walk it); keep (a list) gets the records hashed by "
-     "address; plan 1: with what was read as checks (None where it could not be kept), 2: "
-     "None as soon as the plan could not be kept"},
+    {"forget", (PyCFunction)fp_py_forget, METH_NOARGS, fp_forget_doc},
+    {"begin", (PyCFunction)fp_py_begin, METH_NOARGS, fp_begin_doc},
+    {"use_taken", (PyCFunction)fp_py_use_taken, METH_O, fp_use_taken_doc},
+    {"check", (PyCFunction)fp_py_check, METH_VARARGS, fp_check_doc},
+    {"of", (PyCFunction)fp_py_of, METH_VARARGS, fp_of_doc},
     {NULL, NULL, 0, NULL}
 };
 

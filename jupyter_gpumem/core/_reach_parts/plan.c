@@ -297,10 +297,10 @@ plan_holds(Fingerprint *f, FingerprintPlan *p, PyObject *root)
 static void
 plan_dealloc(FingerprintPlan *p)
 {
+    pset_free(&p->typeset);
     PyMem_Free(p->steps);
     PyMem_Free(p->aux);
     Py_XDECREF(p->types);
-    pset_free(&p->typeset);
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
 
@@ -317,9 +317,9 @@ static PyTypeObject FingerprintPlanType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "jupyter_gpumem.core._reach.FingerprintPlan",
     .tp_basicsize = sizeof(FingerprintPlan),
+    .tp_dealloc = (destructor)plan_dealloc,
+    .tp_as_sequence = &plan_sequence,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "What one fingerprint read, as checks (Fingerprint.of(..., plan=1), "
               "Fingerprint.check): see core/_reach_parts/plan.h. len() is its number of checks.",
-    .tp_dealloc = (destructor)plan_dealloc,
-    .tp_as_sequence = &plan_sequence,
 };

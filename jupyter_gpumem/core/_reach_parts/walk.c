@@ -162,6 +162,10 @@ walk_py_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 }
 
 /* learn(tp, plain, watch): Python's verdict on a type. */
+PyDoc_STRVAR(walk_learn_doc,
+    "learn(tp, plain, watch): tp is classified; walked here if plain; looked at "
+    "untracked if watch (types are held by the caller).");
+
 static PyObject *
 walk_py_learn(Walker *w, PyObject *args)
 {
@@ -176,6 +180,9 @@ walk_py_learn(Walker *w, PyObject *args)
 }
 
 /* push(objs, depth): plain objects to walk, from Python (not looked up in seen). */
+PyDoc_STRVAR(walk_push_doc,
+    "push(objs, depth): plain objects to walk (a list), at that depth.");
+
 static PyObject *
 walk_py_push(Walker *w, PyObject *args)
 {
@@ -203,6 +210,9 @@ walk_py_push(Walker *w, PyObject *args)
 /* run(deadline): walk until the stack is empty (returns (handed back, True)), the
    clock passes ``deadline`` or an object of a type not classified yet is met
    (returns (handed back, False): classify the types handed back, then run again). */
+PyDoc_STRVAR(walk_run_doc,
+    "run(deadline) -> (handed back, done): walk until done or the clock passes deadline.");
+
 static PyObject *
 walk_py_run(Walker *w, PyObject *arg)
 {
@@ -282,6 +292,9 @@ walk_py_run(Walker *w, PyObject *arg)
 /* ==== the rest of the type ======================================================= */
 
 /* clear(): see walk_clear_state; what the run had to hand back is dropped too. */
+PyDoc_STRVAR(walk_clear_doc,
+    "clear(): forget and let go of everything the walk holds.");
+
 static PyObject *
 walk_py_clear(Walker *w, PyObject *Py_UNUSED(ignored))
 {
@@ -312,15 +325,10 @@ walk_py_deep(Walker *w, void *Py_UNUSED(closure))
 }
 
 static PyMethodDef walk_methods[] = {
-    {"learn", (PyCFunction)walk_py_learn, METH_VARARGS,
-     "learn(tp, plain, watch): tp is classified; walked here if plain; looked at "
-     "untracked if watch (types are held by the caller)."},
-    {"push", (PyCFunction)walk_py_push, METH_VARARGS,
-     "walk_push(objs, depth): plain objects to walk (a list), at that depth."},
-    {"run", (PyCFunction)walk_py_run, METH_O,
-     "run(deadline) -> (handed back, done): walk until done or the clock passes deadline."},
-    {"clear", (PyCFunction)walk_py_clear, METH_NOARGS,
-     "clear(): forget and let go of everything the walk holds."},
+    {"learn", (PyCFunction)walk_py_learn, METH_VARARGS, walk_learn_doc},
+    {"push", (PyCFunction)walk_py_push, METH_VARARGS, walk_push_doc},
+    {"run", (PyCFunction)walk_py_run, METH_O, walk_run_doc},
+    {"clear", (PyCFunction)walk_py_clear, METH_NOARGS, walk_clear_doc},
     {NULL}
 };
 

@@ -5,11 +5,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ...units import JsonFields, Report, esc, fmt_bytes, json_field, round6
+from ...units import JsonFields, Report, esc, fmt_bytes, json_field, minus, round6
 
 FIT_SCHEMA = "jupyter_gpumem.fit/1"
 #: memory the fit may leave behind unmentioned (bytes)
 DRIFT = 2 << 20
+
+
+@dataclass
+class Accumulation(JsonFields):
+    """``micro`` x ``steps`` reaches ``target`` samples, ``micro`` at most the largest size."""
+
+    target: int
+    micro: int
+    steps: int
 
 
 @dataclass
@@ -25,15 +34,6 @@ class Trial(JsonFields):
     free: int | None = None
     #: what the allocation that failed asked for (bytes), where its message says
     requested: int | None = None
-
-
-@dataclass
-class Accumulation(JsonFields):
-    """``micro`` x ``steps`` reaches ``target`` samples, ``micro`` at most the largest size."""
-
-    target: int
-    micro: int
-    steps: int
 
 
 @dataclass(repr=False)
@@ -76,9 +76,7 @@ class FitResult(Report, JsonFields):
 
     @property
     def headroom(self) -> int | None:
-        if self.free is None or self.peak is None:
-            return None
-        return self.free - self.peak
+        return minus(self.free, self.peak)
 
     @property
     def bisection_trials(self) -> int | None:

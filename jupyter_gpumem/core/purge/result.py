@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..render import purge_html, purge_text
-from ...units import JsonFields, Report, json_field, round6
+from ...units import JsonFields, Report, json_field, minus, round6
 
 PURGE_SCHEMA = "jupyter_gpumem.purge/1"
 #: who holds memory that is still alive when no name and no module's global reaches it
@@ -39,9 +39,7 @@ class Change(JsonFields):
 
     @property
     def freed(self) -> int | None:
-        if self.before is None or self.after is None:
-            return None
-        return self.before - self.after
+        return minus(self.before, self.after)
 
 
 @dataclass

@@ -14,25 +14,28 @@ MiB = 1 << 20
 CHUNK = f"torch.ones({16 * MiB}, dtype=torch.uint8)"
 FLAG = "keeps more on each rerun"
 
+
+
+def kept_in(name: str, then: str) -> str:
+    """A cell that makes the list ``name`` on its first run only, then runs ``then``."""
+    return f"""
+if {name!r} not in globals():
+    {name} = []
+{then.strip()}"""
+
+
 LEAKS = {
-    "a list appended to": ("acc", f"""
-if 'acc' not in globals():
-    acc = []
-acc.append({CHUNK})"""),
+    "a list appended to": ("acc", kept_in("acc", f"acc.append({CHUNK})")),
     "displayed values in Out": ("Out[", CHUNK),
-    "a traceback kept across runs": ("tbs", f"""
-if 'tbs' not in globals():
-    tbs = []
+    "a traceback kept across runs": ("tbs", kept_in("tbs", f"""
 def work():
     t = {CHUNK}
     raise ValueError('bad batch')
 try:
     work()
 except ValueError as e:
-    tbs.append(e.__traceback__)"""),
-    "a chained exception": ("errs", f"""
-if 'errs' not in globals():
-    errs = []
+    tbs.append(e.__traceback__)""")),
+    "a chained exception": ("errs", kept_in("errs", f"""
 def shard():
     t = {CHUNK}
     raise KeyError('shard')
@@ -42,7 +45,7 @@ try:
     except KeyError as inner:
         raise RuntimeError('load failed') from inner
 except RuntimeError as outer:
-    errs.append(outer)"""),
+    errs.append(outer)""")),
     "a closure's cache": ("remember", f"""
 if 'remember' not in globals():
     def make():
@@ -60,13 +63,11 @@ if 'Registry' not in globals():
 Registry.items.append({CHUNK})"""),
     "an optimizer recreated while a list keeps the old ones": ("opts", """
 if 'model' not in globals():
-    model = torch.nn.Linear(1024, 2048)
-if 'opts' not in globals():
-    opts = []
+    model = torch.nn.Linear(1024, 2048)""" + kept_in("opts", """
 opt = torch.optim.Adam(model.parameters())
 model(torch.ones(4, 1024)).sum().backward()
 opt.step()
-opts.append(opt)"""),
+opts.append(opt)""")),
     "a module-level registry": ("reg", f"""
 import sys, types
 reg = sys.modules.setdefault('shard_registry', types.ModuleType('shard_registry'))

@@ -88,18 +88,26 @@ def _reports(ip):
     return warm, full, counts
 
 
-def test_every_change_gives_the_full_scans_report(ip):
-    run(ip, SETUP)
-    _reports(ip)   # the first scan: every name walked, and kept
+def _each_as_full(ip, steps):
+    """Run each ``(what, cell, shown)`` of ``steps``: the warm report is the full scan's
+    after it, and differs from the one before exactly where ``shown``; yields ``what`` and
+    the warm scan's (reused, walked) counts."""
     before = None
-    for what, cell, shown in STEPS:
+    for what, cell, shown in steps:
         run(ip, cell)
-        warm, full, (reused, walked) = _reports(ip)
+        warm, full, counts = _reports(ip)
         same_report(warm, full)
         text = repr(full).split("\n", 2)[2]   # below the devices' line and its note
         if before is not None:
             assert (text != before) == shown, f"{what}: shown {text != before}, expected {shown}"
         before = text
+        yield what, counts
+
+
+def test_every_change_gives_the_full_scans_report(ip):
+    run(ip, SETUP)
+    _reports(ip)   # the first scan: every name walked, and kept
+    for what, (reused, walked) in _each_as_full(ip, STEPS):
         if scan_warm.WarmScan.available() and what in ("nothing", "an in-place op",
                                                        "an optimizer step in place"):
             assert reused >= 8 and walked <= 3, f"{what}: reused {reused}, walked {walked}"
@@ -282,26 +290,26 @@ swap = torch.ones(60)
 plain = {i: [i, str(i)] for i in range(500)}
 """
 
-#: changes that only a plan's own checks can miss (each kind of check), with whether
-#: the report shows them
-PLAN_STEPS = [
-    ("nothing", "pass", False),
-    ("an instance's class", "h.__class__ = Other", True),
-    ("an instance's dict replaced", "h.__dict__ = {'t': torch.ones(70)}", True),
-    ("a function's defaults", "f.__defaults__ = (torch.ones(80),)", True),
-    ("a function's code", "f.__code__ = (lambda x=None: 1).__code__", False),
-    ("a deque grown", "dq.append(torch.ones(90))", True),
-    ("a set given a tensor", "s.add(torch.ones(100))", True),
-    ("a defaultdict's factory", "dd.default_factory = lambda: [torch.ones(110)]", False),
-    ("a defaultdict's new key", "dd['b'].append(torch.ones(120))", True),
-    ("a tuple in a list replaced", "pairs[0] = None; pairs[0] = (1, torch.ones(130))", True),
-    ("a list in a dict in a tuple", "nested[0]['k'].append(torch.ones(140))", True),
-    ("a tensor's data replaced", "swap.data = torch.ones(150)", True),
-    ("a name rebound where it lay", "swap = None; swap = torch.ones(160)", True),
-    ("plain data given a tensor", "plain[7].append(torch.ones(170))", True),
-    ("plain data rebound", "plain = {i: [i] for i in range(500)}", True),
-    ("plain data given a tensor again", "plain[9].append(torch.ones(180))", True),
-]
+#: changes that only a plan's own checks can miss (each kind of check): what it is ->
+#: (the cell, whether the report shows it)
+PLAN_STEPS = {
+    "nothing": ("pass", False),
+    "an instance's class": ("h.__class__ = Other", True),
+    "an instance's dict replaced": ("h.__dict__ = {'t': torch.ones(70)}", True),
+    "a function's defaults": ("f.__defaults__ = (torch.ones(80),)", True),
+    "a function's code": ("f.__code__ = (lambda x=None: 1).__code__", False),
+    "a deque grown": ("dq.append(torch.ones(90))", True),
+    "a set given a tensor": ("s.add(torch.ones(100))", True),
+    "a defaultdict's factory": ("dd.default_factory = lambda: [torch.ones(110)]", False),
+    "a defaultdict's new key": ("dd['b'].append(torch.ones(120))", True),
+    "a tuple in a list replaced": ("pairs[0] = None; pairs[0] = (1, torch.ones(130))", True),
+    "a list in a dict in a tuple": ("nested[0]['k'].append(torch.ones(140))", True),
+    "a tensor's data replaced": ("swap.data = torch.ones(150)", True),
+    "a name rebound where it lay": ("swap = None; swap = torch.ones(160)", True),
+    "plain data given a tensor": ("plain[7].append(torch.ones(170))", True),
+    "plain data rebound": ("plain = {i: [i] for i in range(500)}", True),
+    "plain data given a tensor again": ("plain[9].append(torch.ones(180))", True),
+}
 
 
 def test_every_kind_of_check_gives_the_full_scans_report(ip):
@@ -316,15 +324,8 @@ def test_every_kind_of_check_gives_the_full_scans_report(ip):
     if scan_warm.WarmScan.available():   # each name is checked by its plan
         planned = {key[0] for key, kept in state._kept.items() if kept.plan is not None}
         assert {"h", "f", "dq", "s", "dd", "pairs", "nested", "swap", "plain"} <= planned
-    before = None
-    for what, cell, shown in PLAN_STEPS:
-        run(ip, cell)
-        warm, full, _ = _reports(ip)
-        same_report(warm, full)
-        text = repr(full).split("\n", 2)[2]
-        if before is not None:
-            assert (text != before) == shown, f"{what}: shown {text != before}, expected {shown}"
-        before = text
+    for _ in _each_as_full(ip, [(what, *step) for what, step in PLAN_STEPS.items()]):
+        pass
 
 
 @warm_here
