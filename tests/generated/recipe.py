@@ -173,6 +173,10 @@ def program(recipe) -> str:
 
 
 # -- the model -------------------------------------------------------------------------------
+#: the '' a new session binds to _, __ and ___ (one object), and a deleted one
+EMPTY, ABSENT = object(), object()
+
+
 @dataclass(eq=False)
 class Obj:
     """One object the recipe made: its kind, the atoms it holds itself and its parts."""
@@ -214,6 +218,10 @@ class Model:
         self.features: set[str] = set()
         self.sizes: dict[str, int] = {}     # atom -> bytes of its storage
         self.fixed: set[str] = set()        # atoms whose storage cannot grow (numpy'd)
+        #: the display hook's own _, __, ___ and the namespace's (EMPTY: the '' a new
+        #: session has; ABSENT: deleted), as IPython's DisplayHook.update_user_ns keeps them
+        self.hook: list = [EMPTY] * 3
+        self.unders: list = [EMPTY] * 3
 
     def make(self, expr) -> Obj:
         kind = expr[0]
@@ -272,9 +280,9 @@ class Model:
             self.names[step[2]] = Obj("instance", kids=[cls])
         elif kind == "own_":
             self.features.add("own_")
-            self.names["_"] = self.make(step[1])
+            self.names["_"] = self.unders[0] = self.make(step[1])
         elif kind == "show":
-            self.shown.append(self.make(step[1]))
+            self.show(self.make(step[1]))
         elif kind == "raise":
             self.last_error = self.make(step[1])
         elif kind == "append":
@@ -291,6 +299,8 @@ class Model:
                 target.kids.append(new)
         elif kind == "del":
             del self.names[step[1]]
+            if step[1] == "_":
+                self.unders[0] = ABSENT
         elif kind == "set_":
             self.features.add("set_")
             self.sizes[step[2]] = 4 * step[3]
@@ -309,6 +319,18 @@ class Model:
                 self.sizes[key] = max(self.sizes[key], 4 * step[2])
         elif kind not in ("inplace", "scan", "purge"):
             raise ValueError(f"no such step: {step!r}")
+
+    def show(self, obj: Obj) -> None:
+        """A cell's value shown: it goes into Out and the display hook's ``_``; IPython
+        binds the namespace's ``_``, ``__`` and ``___`` to the hook's only where each there
+        is the hook's own (or deleted), so the user's own ``_`` stays until the hook's
+        ``_`` is that very object (a cell that shows it), and goes with the next value."""
+        self.shown.append(obj)
+        update = all(u is ABSENT or u is h for u, h in zip(self.unders, self.hook))
+        self.hook = [obj] + self.hook[:2]
+        if update:
+            self.unders = list(self.hook)
+            self.names.pop("_", None)
 
     # what the checks ask
     def held_by(self, names, purged=()) -> set:

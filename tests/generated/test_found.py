@@ -189,3 +189,18 @@ def test_a_shown_numpy_view_of_a_name_rebound_to_another_view(ip):
     run_recipe(ip, [("bind", "a", ("atom", "k1", 8)),
                     ("show", ("set", [("atom", "k2", 8), ("numpy", "a", 0)])),
                     ("bind", "a", ("numpy", "a", 1)), ("scan",), ("purge", "--all")])
+
+
+def test_the_users_own_underscore_shown_then_another_value_is_ipythons(ip):
+    """This session's long run: the user binds `_`, a cell shows it, then another value is
+    shown. The display hook's `_` was that very object, so IPython took `_` back (it binds
+    `_`, `__`, `___` where each is the hook's own): `_` became the new value, `__` the user's
+    old one. The product saw that; the generator's model still had `_` the user's. The
+    model now keeps the display hook's record as IPython does (recipe.py Model.show)."""
+    for last in (("atom", "k2", 8), ("list", []), ("view", "k2", 8)):
+        for purge in ((), ("--all",)):
+            run_recipe(ip, [("own_", ("atom", "k1", 8)), ("show", ("name", "_")),
+                            ("show", last), ("scan",), ("purge", *purge)])
+    # shown once only: `_` stays the user's, and a hidden-only purge keeps it
+    run_recipe(ip, [("own_", ("atom", "k1", 8)), ("show", ("atom", "k2", 8)),
+                    ("show", ("name", "_")), ("scan",), ("purge",)])
