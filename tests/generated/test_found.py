@@ -204,3 +204,15 @@ def test_the_users_own_underscore_shown_then_another_value_is_ipythons(ip):
     # shown once only: `_` stays the user's, and a hidden-only purge keeps it
     run_recipe(ip, [("own_", ("atom", "k1", 8)), ("show", ("atom", "k2", 8)),
                     ("show", ("name", "_")), ("scan",), ("purge",)])
+
+
+def test_a_traceback_that_holds_the_purged_object_and_nothing_only_it_held_stays(ip):
+    """This session's long run, the check's own account: `gen.fail(b)` leaves a traceback
+    whose frame holds b, an instance whose memory is its class C1's, which stays. `purge b`
+    frees nothing then, and keeps the traceback (the user can still debug it); the check
+    had taken the traceback for b's object itself, as an output is."""
+    run_recipe(ip, [("class", "C1", "b", ("atom", "k1", 8)), ("show", ("atom", "k2", 8)),
+                    ("raise", ("name", "b")), ("scan",), ("purge", "b")])
+    # where b holds what only it held, the traceback goes with it
+    run_recipe(ip, [("bind", "b", ("list", [("atom", "k1", 8)])), ("raise", ("name", "b")),
+                    ("scan",), ("purge", "b")])
