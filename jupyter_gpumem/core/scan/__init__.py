@@ -15,8 +15,8 @@ import gc
 import time
 import weakref
 from dataclasses import dataclass, field
-from itertools import accumulate, chain, compress, islice
-from operator import attrgetter, is_, itemgetter, lt, ne
+from itertools import compress, islice
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from ...backends import Backend, active_backends
@@ -24,6 +24,7 @@ from .search import Nodes, PathFinder
 from .hidden import hidden_roots
 from .paths import ELIDED, attr_text
 from .roots import Root, format_key, odd_keys, stop_ids_for, user_roots
+from .allocations import by_allocation, one_allocation
 from .reach import Reacher
 from .warm import Kept, Unread, WarmScan
 from .steps import run_to_end
@@ -389,7 +390,8 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         steps.end()
         if warm_pass is not None:
             warm_pass.close()
-    result = ScanResult(roots, _allocations(reach, walked, warm), reacher.partial,
+    records = [got if type(got) is Kept else None for got in walked]
+    result = ScanResult(roots, by_allocation(reach, records, warm), reacher.partial,
                         reacher.reasons,
                         time.perf_counter() - start, reacher.errors,
                         reacher.refusals.kept, kept, out_of_time, notes)
@@ -403,95 +405,6 @@ def readable(node: Any) -> bool:
     """Whether a storage's path node can be read: a warm scan keeps only each holder's
     largest path (the others are :class:`~.warm.Unread`)."""
     return type(node) is not Unread
-
-
-def one_allocation(reach: list[Reach], also: list[Reach] = ()) -> list[Reach]:
-    """Rule: one allocation, one key. Two storage objects can share memory: a tensor made
-    from another's numpy view (``torch.from_numpy(a.numpy()[:2])``) or through DLPack
-    borrows the other's bytes, and keeps them alive. Live allocations never overlap, so a
-    storage whose bytes begin at or lie inside another's on the same device is that
-    allocation: its key becomes the allocation's, with the allocation's bytes (the largest
-    storage at the lowest address). Applied here, once per scan, to every root's
-    storages, warm or walked: each name is then blamed for what it keeps alive, and a
-    purge predicts what it frees (tests/core/scan/test_scan_one_allocation.py). ``also``: the
-    reach of another scan of the same moment whose allocations count too (a purge's scan
-    of what stays, which may meet only the borrowing storage, keyed as the first scan
-    keyed it). The usual scan has neither (checked in C-level passes, :func:`_one_each`);
-    only then are the storages looked at one by one."""
-    if _one_each([r.storages for r in (*reach, *also) if r.storages]):
-        return reach
-    infos: dict = {}
-    for r in (*reach, *also):
-        for key, value in r.storages.items():
-            have = infos.get(key)
-            if have is None or have[1] < value[0][1]:
-                infos[key] = value[0]
-    by_device: dict = {}
-    for key, info in infos.items():
-        if len(key) == 2 and type(key[1]) is int:
-            by_device.setdefault(key[0], []).append((key[1], -info[1], key))
-    owner_of: dict = {}
-    for items in by_device.values():
-        if len(items) < 2:
-            continue
-        items.sort()
-        owner, end = None, -1
-        for ptr, minus, key in items:
-            if owner is not None and ptr + -minus <= end:
-                owner_of[key] = owner
-            elif ptr >= end:
-                owner, end = key, ptr + -minus
-    changed = {k for r in reach for k, v in r.storages.items()
-               if k in owner_of or v[0][1] != infos[k][1]}
-    if not changed:
-        return reach
-    out = []
-    for r in reach:
-        if changed.isdisjoint(r.storages):
-            out.append(r)
-            continue
-        storages: dict = {}
-        for key, (info, node, text) in r.storages.items():
-            key = owner_of.get(key, key)
-            if key not in storages:
-                storages[key] = (infos[key], node, text)
-        out.append(Reach(storages, r.objects))
-    return out
-
-
-def _one_each(found: list[dict]) -> bool:
-    """Whether the storages in ``found`` (each root's ``key -> (info, ...)``) have one size
-    per key and no two of them overlap on a device: then :func:`one_allocation` changes
-    nothing. In C-level passes (a model's thousands of storages, every scan)."""
-    items = list(chain.from_iterable(map(dict.items, found)))
-    if not items:
-        return True
-    keys = list(map(_FIRST, items))
-    sizes = list(map(_NBYTES, map(_FIRST, map(_SECOND, items))))
-    size_of = dict(zip(keys, sizes))
-    if len(size_of) != len(keys) and any(map(ne, map(size_of.__getitem__, keys), sizes)):
-        return False   # one key, two sizes: a storage at another's address
-    spans = sorted((k, k[1] + n) for k, n in size_of.items() if len(k) == 2 and type(k[1]) is int)
-    starts = [k[1] for k, _ in spans]
-    reach_end = list(accumulate(map(_SECOND, spans), max))
-    # (a device's spans after another's may look overlapped: then checked exactly)
-    return not any(map(lt, islice(starts, 1, None), reach_end))
-
-
-def _allocations(reach: list[Reach], walked: list, warm: WarmScan | None) -> list[Reach]:
-    """:func:`one_allocation` of a scan's reach; where every root that holds storages was
-    reused from the warm scan's record, as the very records the last scan found apart,
-    nothing has moved and the answer stands (``warm.apart``: those records)."""
-    if warm is None:
-        return one_allocation(reach)
-    kept = [got for got in walked if type(got) is Kept and got.storages]
-    reused = all(type(got) is Kept or not got[0] for got in walked)
-    last = warm.apart
-    if reused and last is not None and len(last) == len(kept) and all(map(is_, last, kept)):
-        return reach
-    out = one_allocation(reach)
-    warm.apart = kept if reused and out is reach else None
-    return out
 
 
 #: a root whose object is a dict, list, tuple or set of at most this many items, or of

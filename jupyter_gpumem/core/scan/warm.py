@@ -21,6 +21,7 @@ from operator import itemgetter
 from typing import Any
 
 from . import native
+from .allocations import Apart
 from .kinds import CLASS_SKIP_KEYS
 from .types import (ATOMIC_IDS, BUILTIN, CELL, CLASS, CONTAINER, EXCEPTION, FUNCTION, INSTANCE, LRU,
                     METHOD, MODULE, PARTIAL, SKIP, TENSOR, TRACEBACK, classify,
@@ -74,6 +75,8 @@ class Kept:
     keep: list = field(default_factory=list)   # what the fingerprint names by address
     plan: Any = None        # what the fingerprint read, as checks (or None)
     cost: float = 0.0       # seconds its walk took: what reusing it saves
+    #: the generation of the warm scan's Apart that proved its storages (allocations.py)
+    apart: int = -1
 
 
 def _copy(obj: Any) -> Any:
@@ -128,9 +131,8 @@ class WarmScan:
         #: (what it was made from, the C core's Fingerprint), kept from scan to scan
         self._fingerprint: tuple | None = None
         #: seconds reuse saved in the last scans and no fingerprint spent (see WarmPass)
-        #: the kept records of the last scan whose storages one_allocation found apart
-        #: (core/scan/__init__.py _allocations); None: to be checked
-        self.apart: list | None = None
+        #: the storages proven apart, kept from scan to scan (allocations.py)
+        self.apart = Apart()
         self.bank = 0.0
         #: roots reused and walked by the last scan (benchmarks and tests read them)
         self.reused = 0
