@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import replace
-from itertools import accumulate, chain, groupby, islice, repeat
+from itertools import chain, islice, repeat
 from operator import add, attrgetter, gt, itemgetter, lt, ne, sub
 from typing import Any
 
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 _NBYTES = _SECOND
 _STORAGES = attrgetter("storages")
-_DEVICE = lambda span: span[0][0]  # noqa: E731
 
 
 def one_allocation(reach: list, also: list = ()) -> list:
@@ -88,24 +87,32 @@ def _is_span(key: Any) -> bool:
     return len(key) == 2 and type(key[1]) is int
 
 
-def apart(found: list[dict]) -> tuple[bool, dict, list]:
+def apart(found: list[dict]) -> tuple[bool, dict, dict]:
     """Whether the storages in ``found`` (each root's ``key -> (info, ...)``) have one size
     per key and no two of them overlap on a device: then :func:`one_allocation` changes
     nothing. In C-level passes (a model's thousands of storages). With it, what was
-    read: key -> bytes, and the spans ``((device, start), end)`` sorted."""
+    read: key -> bytes, and per device the spans' starts and ends, sorted."""
     items = list(chain.from_iterable(map(dict.items, found)))
-    if not items:
-        return True, {}, []
     keys = list(map(_FIRST, items))
     sizes = list(map(_NBYTES, map(_FIRST, map(_SECOND, items))))
     size_of = dict(zip(keys, sizes))
     if len(size_of) != len(keys) and any(map(ne, map(size_of.__getitem__, keys), sizes)):
-        return False, size_of, []   # one key, two sizes: a storage at another's address
-    spans = sorted((k, k[1] + n) for k, n in size_of.items() if _is_span(k))
-    starts = [k[1] for k, _ in spans]
-    reach_end = list(accumulate(map(_SECOND, spans), max))
-    # (a device's spans after another's may look overlapped: then checked exactly)
-    return not any(map(lt, islice(starts, 1, None), reach_end)), size_of, spans
+        return False, size_of, {}   # one key, two sizes: a storage at another's address
+    spans = _sorted_spans(size_of)
+    return spans is not None, size_of, spans or {}
+
+
+def _sorted_spans(size_of: dict) -> dict | None:
+    """Per device, the starts and the ends of the spans among ``size_of``'s keys, sorted;
+    None where two of them meet."""
+    out = {}
+    for device, pairs in _spans(size_of).items():
+        pairs.sort()
+        starts, ends = list(map(_FIRST, pairs)), list(map(_SECOND, pairs))
+        if any(map(gt, ends, islice(starts, 1, None))):
+            return None
+        out[device] = (starts, ends)
+    return out
 
 
 class Apart:
@@ -154,7 +161,8 @@ class Apart:
         self.sizes, self.runs = ({}, {}) if not ok else (sizes, {})
         if not ok:
             return False   # (the next scan checks every storage again)
-        self._add_spans(spans)
+        for device, (starts, ends) in spans.items():
+            self.runs[device] = [_run(starts, ends)]
         for got in records:
             if got is not None:
                 got.apart = self.gen
@@ -174,23 +182,16 @@ class Apart:
             if any(map(ne, had, size_of.values())) and any(map(_differs, had, size_of.values())):
                 return False   # a key kept with another size
             size_of = {k: n for (k, n), h in zip(size_of.items(), had) if h is None}
-        spans = _spans(size_of)
-        for device, pairs in spans.items():
-            pairs.sort()
-            starts, ends = list(map(_FIRST, pairs)), list(map(_SECOND, pairs))
-            if any(map(gt, ends, islice(starts, 1, None))):
-                return False   # two of them meet
+        spans = _sorted_spans(size_of)
+        if spans is None:
+            return False   # two of them meet
+        for device, (starts, ends) in spans.items():
             if any(_meet(run, starts, ends) for run in self.runs.get(device, ())):
                 return False
-        for device, pairs in spans.items():
-            self._add_run(device, list(map(_FIRST, pairs)), list(map(_SECOND, pairs)))
+        for device, (starts, ends) in spans.items():
+            self._add_run(device, starts, ends)
         self.sizes.update(size_of)
         return True
-
-    def _add_spans(self, spans: list) -> None:
-        """Spans ``((device, start), end)``, sorted, each device's a run of its own."""
-        for device, items in _by_device(spans) if spans else ():
-            self._add_run(device, [k[1] for k, _ in items], list(map(_SECOND, items)))
 
     def _add_run(self, device: Any, starts: list, ends: list) -> None:
         """Sorted spans apart from those kept, into ``device``'s newest run (made anew
@@ -234,15 +235,6 @@ def _run(starts: list, ends: list) -> tuple[list, list]:
 
 def _differs(had: Any, n: int) -> bool:
     return had is not None and had != n
-
-
-def _by_device(spans: list):
-    """``spans`` (sorted by device) in groups of one device: ``(device, spans)``."""
-    if spans[0][0][0] == spans[-1][0][0]:
-        yield spans[0][0][0], spans
-        return
-    for device, group in groupby(spans, key=_DEVICE):
-        yield device, list(group)
 
 
 def _meet(run: tuple[list, list], starts: list, ends: list) -> bool:
