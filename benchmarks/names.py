@@ -9,7 +9,9 @@ For each size, in one process and both forms (the C core, and
 
 - with the limit out of the way (``scan_time_limit = 600``): the cold ``%gpumem`` (the
   first), the warm one (nothing changed), ``%gpumem --full`` and
-  ``%gpumem purge --all --dry-run``, then the ratio 100k / 10k of each, and warm / cold.
+  ``%gpumem purge --all --dry-run`` (each of these three the median of 5 calls: a 10k
+  call takes 15-20 ms, which one call's noise moves by a tenth), then the ratio
+  100k / 10k of each, and warm / cold.
   Targets: each ratio at most 12x (the names hold 10x as much), warm at most cold;
 - with ``scan_time_limit = 1`` at 100,000 names: each call's time and whether it said
   partial. Target: each within 1.5 s.
@@ -24,6 +26,7 @@ import gc
 import io
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -36,6 +39,7 @@ BIG_SIZE = 10_000        # entries of each big plain structure
 PER_BIG = 10_000         # names per big structure
 TENSOR_SHARE = 100       # one name in this many holds tensors
 MODEL_SHARE = 100        # one tensor name in this many is a model (with its optimizer)
+REPEAT = 5               # calls of each kind but the first (cold), their median taken
 
 
 def namespace(n: int) -> dict:
@@ -80,20 +84,25 @@ def measure(n: int, limit: float) -> dict:
     sink = io.StringIO()
     out: dict = {}
 
-    def timed(key: str, line: str) -> None:
-        with contextlib.redirect_stdout(sink):
-            t0, c0 = time.perf_counter(), time.process_time()
-            result = shell.run_line_magic("gpumem", line + " -o")
-            out[key] = time.perf_counter() - t0
-            out[key + " cpu"] = time.process_time() - c0
-        out[key + " partial"] = bool(getattr(result, "partial", False))
-        sink.seek(0)
-        sink.truncate()
+    def timed(key: str, line: str, repeat: int = 1) -> None:
+        """The median of ``repeat`` calls (wall and CPU), and whether any said partial."""
+        walls, cpus, partial = [], [], False
+        for _ in range(repeat):
+            with contextlib.redirect_stdout(sink):
+                t0, c0 = time.perf_counter(), time.process_time()
+                result = shell.run_line_magic("gpumem", line + " -o")
+                walls.append(time.perf_counter() - t0)
+                cpus.append(time.process_time() - c0)
+            partial |= bool(getattr(result, "partial", False))
+            sink.seek(0)
+            sink.truncate()
+        out[key], out[key + " cpu"] = statistics.median(walls), statistics.median(cpus)
+        out[key + " partial"] = partial
 
-    timed("cold", "--device cpu")
-    timed("warm", "--device cpu")
-    timed("full", "--device cpu --full")
-    timed("purge plan", "purge --all --dry-run --device cpu")
+    timed("cold", "--device cpu")   # (the first call: once)
+    timed("warm", "--device cpu", REPEAT)
+    timed("full", "--device cpu --full", REPEAT)
+    timed("purge plan", "purge --all --dry-run --device cpu", REPEAT)
     shell.run_cell("%unload_ext jupyter_gpumem", store_history=False)
     return out
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import types
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Any
 
 from .. import devices as _devices
@@ -222,6 +223,9 @@ def _stand_in(owner: Any, bindings: list[_paths.Binding]) -> Any:
     return out
 
 
+_OBJ = attrgetter("obj")
+
+
 def _what_stays(targets: list[Target], user_remaining: list[Root]):
     """Roots for the scan of what stays, the objects it must not enter, and the name
     each stand-in root speaks for.
@@ -230,9 +234,10 @@ def _what_stays(targets: list[Target], user_remaining: list[Root]):
     its owner (the list, dict or object holding it) is cut and a stand-in without that
     reference takes its place, so the owner's other entries (``L[0]`` when ``L[2]`` is
     the same tensor) still count as staying."""
-    held = {id(r.obj) for r in user_remaining}   # another name of the same object keeps it
-    cut = {id(t.binding.obj) for t in targets if t.binding is not None and t.binding.is_name
-           and id(t.binding.obj) not in held}
+    named = {id(t.binding.obj) for t in targets if t.binding is not None and t.binding.is_name}
+    # another name of the same object keeps it (a small set met by every name's object)
+    held = named.intersection(map(id, map(_OBJ, user_remaining)))
+    cut = named - held
     removed = {id(t.binding.obj) for t in targets if t.binding is not None}
     by_owner: dict[int, list[_paths.Binding]] = {}
     for t in targets:
@@ -370,7 +375,8 @@ def _plan_with(refs: dict, names: list[str], context: PurgeContext, all_names: b
     reach_of = {id(r): reach for r, reach in zip(roots, scan1.reach)}
     kept: list = []
     if all_names:   # what --all takes and what it keeps: see everything.py
-        names, kept = _everything.split(roots, reach_of, active_backends())
+        names, kept = _everything.split([roots[i] for i in scan1.holding()], reach_of,
+                                        active_backends())
     names = list(dict.fromkeys(names))   # a name given twice is purged once
     holdings = _Holdings(roots, scan1, context, backends, reach_of)
     targets, skipped, errors = resolve_targets(names, roots, holdings, shell=shell,
