@@ -211,17 +211,20 @@ def purge_point(ip, model: Model, target: str | None, shown_at: list[int] = ()) 
     if target is None:
         own |= model.hidden_atoms() - survivors
     else:
-        kept = hidden_kept(ip, model, shown_at, out_before)
-        gone = [o for o in hidden_now(model, shown_at, out_before) if not any(o is k for k in kept)]
+        kept, error_kept = hidden_kept(ip, model, shown_at, out_before)
+        gone = [o for o in hidden_now(model, shown_at, out_before)
+                if not any(o is k for k in kept) and not (o is model.last_error and error_kept)]
         targets = [model.names[n] for n in removed]
         reach = set().union(*(t.reach() for t in targets))
         sole = set().union(*(t.reach(visible=True) for t in targets)) - survivors
         for obj in gone:
             assert any(obj is t for t in targets) or obj.reach() & reach, (
                 f"{what} cleared a hidden holder that holds nothing of its targets")
-        for obj in kept:   # (a traceback holds its frames' objects: it is none of them)
-            assert obj is model.last_error or not any(obj is t for t in targets), (
-                f"{what} kept a hidden holder of its target")
+        for obj in kept:
+            assert not any(obj is t for t in targets), f"{what} kept a hidden holder of its target"
+        if error_kept:   # (a traceback holds its frames' objects: it is none of them)
+            kept.append(model.last_error)
+        for obj in kept:
             assert not obj.reach(visible=True) & sole, (
                 f"{what} kept a hidden holder of {sorted(obj.reach(visible=True) & sole)}, "
                 f"which only its targets held")
@@ -246,13 +249,13 @@ def hidden_now(model: Model, shown_at, out_before) -> list:
     return found + ([model.last_error] if model.last_error is not None else [])
 
 
-def hidden_kept(ip, model: Model, shown_at, out_before) -> list:
-    """Of :func:`hidden_now`, those the shell still keeps after a purge."""
+def hidden_kept(ip, model: Model, shown_at, out_before) -> tuple[list, bool]:
+    """Of :func:`hidden_now`, those the shell still keeps after a purge: the shown values,
+    and whether the last error is kept."""
     out = ip.user_ns.get("Out", {})
     kept = [o for o, key in zip(model.shown, shown_at) if key in out_before and key in out]
-    if model.last_error is not None and getattr(sys, "last_traceback", None) is not None:
-        kept.append(model.last_error)
-    return kept
+    return kept, (model.last_error is not None
+                  and getattr(sys, "last_traceback", None) is not None)
 
 
 def run_recipe(ip, recipe, *, report_before_purge: bool = False):
