@@ -45,7 +45,7 @@ def split(roots: list[Root], reach_of: dict, backends: list) -> tuple[list[str],
         reach = reach_of[id(root)]
         if root.hidden or not reach.storages:
             continue
-        held = sum(info.nbytes for info, _, _ in reach.storages.values())
+        held = reach.nbytes
         kind, _ = classify(type(root.obj), backends)
         if kind in TAKEN or (kind in _WEIGHED and held > _other_bytes(root.obj, backends)):
             taken.append(root.name)
@@ -101,18 +101,22 @@ def _other_bytes(obj: Any, backends: list) -> int:
 
 def kept_message(kept: list[Kept], fmt_bytes, dry_run: bool) -> str:
     """One line naming what ``--all`` leaves, with the bytes each holds."""
-    shown = ", ".join(f"{k.name} {fmt_bytes(k.nbytes)} ({k.what})" for k in kept[:8])
-    more = f" and {len(kept) - 8} more" if len(kept) > 8 else ""
+    shown = _listed([f"{k.name} {fmt_bytes(k.nbytes)} ({k.what})" for k in kept])
     verb = "would keep" if dry_run else "kept"
-    return (f"--all {verb} {shown}{more}: not tensors, models, optimizers or containers "
+    return (f"--all {verb} {shown}: not tensors, models, optimizers or containers "
             f"mostly of them; name them to purge them")
 
 
 def hidden_left_message(left: list[tuple[str, int]], fmt_bytes, dry_run: bool) -> str:
     """One line naming the hidden holders ``--all`` leaves (it takes names, and the hidden
     holders that go with them): ``(name, bytes)`` each."""
-    shown = ", ".join(f"{name} {fmt_bytes(nbytes)}" for name, nbytes in left[:8])
-    more = f" and {len(left) - 8} more" if len(left) > 8 else ""
+    shown = _listed([f"{name} {fmt_bytes(nbytes)}" for name, nbytes in left])
     verb = "would leave" if dry_run else "left"
-    return (f"--all {verb} the hidden holders {shown}{more} (it takes names, and only the "
+    return (f"--all {verb} the hidden holders {shown} (it takes names, and only the "
             f"hidden holders that go with them): `%gpumem purge` with no names clears them")
+
+
+def _listed(texts: list[str], most: int = 8) -> str:
+    """The first ``most`` of ``texts``, and how many more."""
+    more = f" and {len(texts) - most} more" if len(texts) > most else ""
+    return ", ".join(texts[:most]) + more

@@ -429,13 +429,13 @@ def _plan_with(refs: dict, names: list[str], context: PurgeContext, all_names: b
         result.messages.append(_everything.kept_message(kept, fmt_bytes, dry_run))
     if all_names:
         going = {id(r) for r in hidden_clear}
-        stay = [(r.name, sum(i.nbytes for i, _, _ in reach_of[id(r)].storages.values()))
+        stay = [(r.name, reach_of[id(r)].nbytes)
                 for r in roots if r.hidden and id(r) not in going and holdings.of(r)]
         if stay:
             result.messages.append(_everything.hidden_left_message(stay, fmt_bytes, dry_run))
     if left:
         result.messages.append(out_key_message(
-            len(left), sum(i.nbytes for r in left for i, _, _ in reach_of[id(r)].storages.values())))
+            len(left), sum(reach_of[id(r)].nbytes for r in left)))
     if result.partial:
         result.messages.append(partial_message(scan1.reasons + scan2.reasons))
     if timed_out and names:

@@ -53,6 +53,11 @@ class Reach:
     storages: dict = field(default_factory=dict)
     objects: int = 0
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the storages it reaches."""
+        return sum(info.nbytes for info, _, _ in self.storages.values())
+
 
 _STORAGES = attrgetter("storages")
 

@@ -92,14 +92,21 @@ def apart(found: list[dict]) -> tuple[bool, dict, dict]:
     per key and no two of them overlap on a device: then :func:`one_allocation` changes
     nothing. In C-level passes (a model's thousands of storages). With it, what was
     read: key -> bytes, and per device the spans' starts and ends, sorted."""
+    size_of = _size_of(found)
+    spans = None if size_of is None else _sorted_spans(size_of)
+    return spans is not None, size_of or {}, spans or {}
+
+
+def _size_of(found: list[dict]) -> dict | None:
+    """key -> bytes of the storages in ``found``; None where one key has two sizes (a
+    storage at another's address)."""
     items = list(chain.from_iterable(map(dict.items, found)))
     keys = list(map(_FIRST, items))
     sizes = list(map(_NBYTES, map(_FIRST, map(_SECOND, items))))
     size_of = dict(zip(keys, sizes))
     if len(size_of) != len(keys) and any(map(ne, map(size_of.__getitem__, keys), sizes)):
-        return False, size_of, {}   # one key, two sizes: a storage at another's address
-    spans = _sorted_spans(size_of)
-    return spans is not None, size_of, spans or {}
+        return None
+    return size_of
 
 
 def _sorted_spans(size_of: dict) -> dict | None:
@@ -146,21 +153,27 @@ class Apart:
         gen = self.gen
         new = [r.storages for r, got in zip(reach, records)
                if r.storages and (got is None or got.apart != gen)]
-        count = sum(map(len, map(_STORAGES, reach)))
-        if (sum(map(len, new)) <= self.NEW
-                and len(self.sizes) <= self.STALE * count + self.NEW and self._add(new)):
+        if sum(map(len, new)) <= self.NEW and not self._stale(reach) and self._add(new):
             for got in records:
                 if got is not None:
                     got.apart = gen
             return True
         return self._rebuild(reach, records)
 
+    def _stale(self, reach: list) -> bool:
+        """Whether the spans kept outnumber those of ``reach``'s storages too much (the
+        rest of them are storages since gone). (The storages counted only where it can
+        matter: a pass over every root.)"""
+        return (len(self.sizes) > self.NEW and
+                len(self.sizes) > self.STALE * sum(map(len, map(_STORAGES, reach))) + self.NEW)
+
     def _rebuild(self, reach: list, records: list) -> bool:
         self.gen += 1
         ok, sizes, spans = apart([r.storages for r in reach if r.storages])
-        self.sizes, self.runs = ({}, {}) if not ok else (sizes, {})
+        self.sizes, self.runs = {}, {}
         if not ok:
             return False   # (the next scan checks every storage again)
+        self.sizes = sizes
         for device, (starts, ends) in spans.items():
             self.runs[device] = [_run(starts, ends)]
         for got in records:
@@ -171,11 +184,8 @@ class Apart:
     def _add(self, found: list[dict]) -> bool:
         """Add ``found``'s storages where none meets a kept one nor another of them (in
         C-level passes, as :func:`apart`)."""
-        items = list(chain.from_iterable(map(dict.items, found)))
-        keys = list(map(_FIRST, items))
-        sizes = list(map(_NBYTES, map(_FIRST, map(_SECOND, items))))
-        size_of = dict(zip(keys, sizes))
-        if len(size_of) != len(keys) and any(map(ne, map(size_of.__getitem__, keys), sizes)):
+        size_of = _size_of(found)
+        if size_of is None:
             return False   # one key, two sizes: a storage at another's address
         had = list(map(self.sizes.get, size_of))
         if had.count(None) != len(had):
