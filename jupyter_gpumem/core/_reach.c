@@ -12,6 +12,7 @@
  *                  (learn, push, run, clear; pending, count, deep)      walk.c
  *   items_except   a dict's pairs but those of some value types, read in
  *                  place, with a memo of the names left out             dict.c
+ *   str_keys       whether a dict's keys are all str, from its table    dict.c
  *   take_batch     many tensors of a backend's plain types at once      batch.c
  *   pread_held     read the start of a small /proc file, the lock held  proc.c
  *   write_held     write to a file, the lock held                       proc.c
@@ -25,7 +26,7 @@
  * The parts, in the order they are included, with the prefix of their helpers:
  *   table   tab_, pset_  the one open-addressing table, and the set of addresses
  *   walk    walk_        the Walker
- *   dict    dict_        a dict's entry table read in place; items_except
+ *   dict    dict_        a dict's entry table read in place; items_except, str_keys
  *   proc    proc_        /proc reads and writes
  *   batch   batch_       take_batch, and the stamp a backend's record is checked by
  *   fp_hash, fp_tensor, fp_kinds   fp_   the Fingerprint's run, tensors, kinds
@@ -77,6 +78,7 @@ static PyMethodDef reach_functions[] = {
     {"items_except", dict_py_items_except, METH_VARARGS,
      "items_except(dict, types[, memo, judge]) -> list: the (key, value) pairs whose value's type is "
      "not in types (and whose name judge does not leave out)"},
+    {"str_keys", dict_py_str_keys, METH_O, dict_str_keys_doc},
     {"take_batch", batch_py_take, METH_VARARGS,
      "take_batch(values, memo, known, get_fn, stamp_of, get_held, storages, label, found, "
      "devices, node_type, node_head) -> list | None: many plain tensors at once"},

@@ -323,7 +323,7 @@ def fold_own_aliases(result: _scan.ScanResult) -> _scan.ScanResult:
         if roots[i].hidden:   # its storages are the name's: counted there
             reach[i] = _scan.Reach({}, reach[i].objects)
         else:
-            roots[i] = replace(roots[i], aliases=list(roots[i].aliases) + names)
+            roots[i] = replace(roots[i], aliases=(*roots[i].aliases, *names))
     return replace(result, roots=roots, reach=reach)
 
 

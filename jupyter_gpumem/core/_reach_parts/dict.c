@@ -1,5 +1,6 @@
-/* dict.c: a dict's entry table read in place, and items_except (part of _reach.c; the
- * layout read and its invariants are in dict.h). Start at dict_py_items_except. */
+/* dict.c: a dict's entry table read in place, items_except and str_keys (part of
+ * _reach.c; the layout read and its invariants are in dict.h). Start at
+ * dict_py_items_except. */
 
 /* ==== the table ===================================================================== */
 #ifdef DICT_TABLE
@@ -295,4 +296,25 @@ dict_py_items_except(PyObject *self, PyObject *args)
     dict_take_all(dict, &tk, skip, nskip, out_memo, kept_memo);
     int failed = out_memo != NULL && dict_judge_taken(&tk, judge, out_memo, kept_memo) < 0;
     return dict_pairs(&tk, failed);
+}
+
+/* ==== str_keys ====================================================================== */
+PyDoc_STRVAR(dict_str_keys_doc,
+"str_keys(dict) -> bool: whether every key is proven a str, in one read of the table's\n"
+"kind (a table that holds only str keys); False where that is not proven, and the\n"
+"caller looks at each key.");
+
+static PyObject *
+dict_py_str_keys(PyObject *self, PyObject *arg)
+{
+    if (!PyDict_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "str_keys takes a dict");
+        return NULL;
+    }
+#ifdef DICT_TABLE
+    Py_ssize_t count = 0;
+    if (dict_table_ok && dict_table(arg, &count) != NULL)
+        Py_RETURN_TRUE;
+#endif
+    Py_RETURN_FALSE;
 }

@@ -15,8 +15,9 @@ import gc
 import time
 import weakref
 from dataclasses import dataclass, field
-from itertools import compress, islice
-from operator import attrgetter, itemgetter
+from itertools import compress, filterfalse, islice, repeat
+from operator import attrgetter, is_, itemgetter
+from types import MappingProxyType
 from typing import Any
 
 from ...backends import Backend, active_backends
@@ -43,12 +44,14 @@ _SECOND = _NBYTES
 _STEP = 0.005               # seconds of work between two steps of iter_scan
 
 
-@dataclass
+@dataclass(slots=True)
 class Reach:
     """What one root reaches: storage key -> (storage, path node, description).
 
     A path node reads as ``parent, label = node`` (:func:`format_path`); it is found
-    when it is first read (see :mod:`jupyter_gpumem.core.scan.search`)."""
+    when it is first read (see :mod:`jupyter_gpumem.core.scan.search`). Never changed
+    in place: a pass that changes what a root reaches sets a new one (see
+    :data:`NOTHING`)."""
 
     storages: dict = field(default_factory=dict)
     objects: int = 0
@@ -60,6 +63,13 @@ class Reach:
 
 
 _STORAGES = attrgetter("storages")
+_OBJ = attrgetter("obj")
+
+#: what each root proven to reach nothing has (most of a long notebook's names): one
+#: object for them all, read-only, so that a scan of 100,000 names makes no object for
+#: each of them (allocated afresh at every scan, they outgrew the caches)
+NOTHING = Reach(MappingProxyType({}), 1)
+_NOTHING_WALKED = (NOTHING.storages, 1, NOTHING.storages)
 
 
 @dataclass
@@ -293,46 +303,46 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     # Each root first gets a fair share of the time left, so one huge root (a list of
     # ten million records) cannot starve the names after it; the roots cut short then
     # share what the others left, in order.
-    walked: list = []
+    walked: list = [_NOTHING_WALKED] * len(roots)   # (each root not proven so is set below)
     cut: list[int] = []
     notes: list[str] = []
     steps = _Steps()
     try:
         # the small roots that reach nothing (most of a long notebook's names), proven in
         # a few runs of the C walker rather than walked one by one; nothing of them is kept
-        # for the warm scan: the proof costs less than a fingerprint's
-        small = [i for i, root in enumerate(roots) if _small(root.obj)] if not describe else []
+        # for the warm scan: the proof costs less than a fingerprint's. (C-level passes
+        # over the roots: a long notebook's names are tens of thousands.)
+        objs = list(map(_OBJ, roots))
+        small = [] if describe else list(compress(range(len(roots)), map(_small, objs)))
         try:
-            empty = set(compress(small, reacher.reach_nothing([roots[i].obj for i in small],
+            empty = set(compress(small, reacher.reach_nothing(list(map(objs.__getitem__, small)),
                                                               deadline)))
         except Exception:  # noqa: BLE001 - nothing proven: each root is walked as before
             empty = set()
-        for i, root in enumerate(roots):
-            if i in empty:
-                walked.append(({}, 1, {}))
-                continue
+        rest = list(filterfalse(empty.__contains__, range(len(roots))))
+        for at, i in enumerate(rest):
+            root = roots[i]
             if time.perf_counter() >= deadline:   # the rest is not looked at: said below
-                for j in range(i, len(roots)):
-                    walked.append(({}, 1 if j in empty else 0, {}))
-                    if j not in empty:
-                        cut.append(j)
+                for j in rest[at:]:
+                    walked[j] = ({}, 0, {})
+                    cut.append(j)
                 break
             if id(root.obj) in reacher.stop:
-                walked.append(({}, 0, {}))
+                walked[i] = ({}, 0, {})
                 continue
             if warm_pass is not None:
                 if interleaved and steps.taken != warm_pass.steps:   # other code ran
                     warm_pass.forget(steps.taken)
                 kept = warm_pass.look(i, root)
                 if kept is not None:
-                    walked.append(kept)
+                    walked[i] = kept
                     continue
             now = time.perf_counter()
             before = (reacher.errors, len(reacher.reasons), steps.taken, now)
             try:
-                walked.append((yield from walk(i, now + max(deadline - now, 0.0) / (len(roots) - i))))
+                walked[i] = yield from walk(i, now + max(deadline - now, 0.0) / (len(roots) - i))
             except Exception:  # noqa: BLE001 - one name that cannot be read: the rest stands
-                walked.append(({}, 0, {}))
+                walked[i] = ({}, 0, {})
                 reacher.refuse(root.obj)
                 continue
             if reacher.out_of_time:
@@ -367,11 +377,12 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         # the paths: each holder's largest storage now (the first in canonical order
         # among the largest), the rest when they are read
         finder.budget = max(deadline - time.perf_counter(), _PATH_SHARE * time_limit)
-        reach: list[Reach] = []
-        kept = [type(got) is Kept for got in walked]
-        for i, (root, got) in enumerate(zip(roots, walked)):
-            if type(got) is Kept:
-                reach.append(Reach(got.storages, got.objects))
+        reach: list[Reach] = [NOTHING] * len(roots)   # (each root in rest is set below)
+        kept = list(map(is_, map(type, walked), repeat(Kept)))
+        for i in rest:
+            root, got = roots[i], walked[i]
+            if kept[i]:
+                reach[i] = Reach(got.storages, got.objects)
                 continue
             found, count, graph = got
             if found:
@@ -388,14 +399,16 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
                     yield from steps.step()
             elif warm_pass is not None and i in clean:
                 warm_pass.keep(i, root, found, count, None)
-            reach.append(Reach(found, count))
-        if warm_pass is not None and len(walked) == len(roots) and not out_of_time:
+            reach[i] = Reach(found, count)
+        if warm_pass is not None and not out_of_time:
             warm_pass.end()   # (a scan cut short forgets none of the roots it did not meet)
     finally:
         steps.end()
         if warm_pass is not None:
             warm_pass.close()
-    records = [got if type(got) is Kept else None for got in walked]
+    records = [None] * len(roots)   # each root's reused record (a Kept), or None
+    for i in compress(range(len(roots)), kept):
+        records[i] = walked[i]
     result = ScanResult(roots, by_allocation(reach, records, warm), reacher.partial,
                         reacher.reasons,
                         time.perf_counter() - start, reacher.errors,

@@ -397,7 +397,7 @@ class _Found:
         existing = self.by_id.get(id(obj))
         if existing is not None:
             if name != existing.name and name not in existing.aliases:
-                existing.aliases.append(name)
+                existing.aliases += (name,)
             return
         if self.kind == "output" and not name.startswith("Out["):
             return   # _N only names an Out[N] already found

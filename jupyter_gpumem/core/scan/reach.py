@@ -26,9 +26,12 @@ from .steps import run_to_end
 from .tensors import TensorTaking, no_nodes
 from .types import (ATOMIC, BUILTIN, CELL, CONTAINER, DICT, EXCEPTION, HAVE_GC, INSTANCE, LRU,
                     METHOD, NDARRAY, PARTIAL, SEQ, SET, SKIP, TENSOR, TRACEBACK, TYPE_FLAGS,
-                    OutOfTime, Refusals, classify, keyable, split_keyable, untracked_holds_nothing)
+                    OutOfTime, Refusals, classify, keyable, keyable_types, split_keyable,
+                    untracked_holds_nothing)
 from ...backends.base import is_a, with_room
 
+#: the types that hold atoms only where the collector does not track them
+_ATOMS_ONLY = frozenset((dict, tuple))
 _native = native.CORE   # the C core (built with the package where a compiler was found)
 
 CHUNK = 4096            # objects whose referents are read in one call
@@ -314,21 +317,32 @@ class Reacher(TensorTaking):
         native = self.native
         if native is None or not objs:
             return out
-        fine = list(map(keyable, objs))   # (a class whose metaclass hashes: walked alone)
-        types_ = set(map(type, compress(objs, fine)))
+        # (C-level passes over the roots: a long notebook's names are tens of thousands)
+        at: Any = range(len(objs))
+        tps = list(map(type, objs))
+        fine = keyable_types(tps)   # (a class whose metaclass hashes: walked alone)
+        if fine is not None:
+            at = list(compress(at, fine))
+            tps = list(map(tps.__getitem__, at))
+        types_ = set(tps)
         if not types_ <= self._learned:
             self.learn(types_)
         by_referents, stop, kind_of = self._by_referents, self.stop, self.kinds
         # (a framework's container, an optimizer read through its referents, is left to
         # its own walk: it holds tensors, and the warm scan proves it cheaply)
-        part = [i for i, o in enumerate(objs) if fine[i] and type(o) in by_referents
-                and kind_of.get(type(o)) != CONTAINER and id(o) not in stop]
+        batched = {tp for tp in types_ if tp in by_referents and kind_of.get(tp) != CONTAINER}
+        part = list(compress(at, map(batched.__contains__, tps)))
+        taken = list(map(objs.__getitem__, part))
+        if stop:
+            free = list(map(not_, map(stop.__contains__, map(id, taken))))
+            part, taken = list(compress(part, free)), list(compress(taken, free))
+        tracked = list(map(is_tracked, taken))
         if self.untracked_is_empty:   # a dict or tuple of atoms only (see walk_steps)
-            for i in part:
-                o = objs[i]
-                if not is_tracked(o) and (type(o) is dict or type(o) is tuple):
-                    out[i] = True
-        parts = [[i for i in part if is_tracked(objs[i])]]
+            untracked = list(compress(part, map(not_, tracked)))
+            for i in compress(untracked, map(_ATOMS_ONLY.__contains__,
+                                             map(type, map(objs.__getitem__, untracked)))):
+                out[i] = True
+        parts = [list(compress(part, tracked))]
         nowhere: dict[int, bool] = {}   # id -> whether that object leads nowhere
         self.deadline = until
         while parts:
@@ -336,7 +350,7 @@ class Reacher(TensorTaking):
             if not part or time.perf_counter() >= until:
                 continue
             for _ in range(EMPTY_TRIES):
-                native.push([objs[i] for i in part], 0)
+                native.push(list(map(objs.__getitem__, part)), 0)
                 try:
                     got, done = native.run(until)
                     deep = native.deep

@@ -9,7 +9,9 @@ import builtins
 import re
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import is_not
 from typing import Any
 
 from . import native
@@ -22,14 +24,15 @@ _SHELL_NAMES = {"exit", "quit", "get_ipython", "__builtin__", "__builtins__", "_
                 "__doc__", "__package__", "__loader__", "__spec__"}
 
 
-@dataclass
+@dataclass(slots=True)
 class Root:
-    """A starting point of the walk: something the user can name."""
+    """A starting point of the walk: something the user can name. (Slots and a tuple of
+    aliases: a long notebook's scan makes one per name, and each is one small object.)"""
 
     name: str
     obj: Any
     hidden: bool = False
-    aliases: list[str] = field(default_factory=list)
+    aliases: tuple[str, ...] = ()
     purge: str | None = None
     kind: str = "user"      # user, path, exception, or a kind of :data:`.hidden.KINDS`
 
@@ -85,6 +88,8 @@ def _items_except_py(namespace: dict, types: frozenset, memo: list | None = None
 
 # the C core (see _reach.c): one pass over the table, no Python code run
 _items_except = native.function("items_except") or _items_except_py
+#: the C core's proof that a dict's keys are all str (None without it)
+_str_keys = native.function("str_keys")
 
 #: id(namespace) -> the C pass's memo of where in its table it found which names (the
 #: ones left out, the ones kept: ``items_except`` in _reach.c), key strings only
@@ -110,13 +115,13 @@ def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
     # ``_iN`` every cell); the rest are looked at one by one
     keep = _items_except(namespace, ATOMIC, _memo_for(namespace), _is_bookkeeping)
     out = []
-    known, module = _BOOKKEEPING.get, types.ModuleType
-    for name, value in keep:
+    known, module, unknown = _BOOKKEEPING.get, types.ModuleType, _UNKNOWN
+    for name, value in keep:   # (one pass: each name's objects are read once)
         if type(name) is not str:
             continue   # ``globals()[42] = ...``: no name to type (see odd_keys)
         # ``globals()['x[0]']``: not the first item of ``x``
-        text = known(name, _UNKNOWN)
-        if text is _UNKNOWN:
+        text = known(name, unknown)
+        if text is unknown:
             text = _typed(name)
         if text is None:
             continue
@@ -124,16 +129,18 @@ def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
             continue
         if is_a(value, module) and is_library_module_name(MODULE_DICT(value).get("__name__")):
             continue
-        out.append(Root(text, value, purge=text))
+        out.append(Root(text, value, False, (), text))   # (positional: made for each name)
     return out
-
 
 
 def odd_keys(namespace: dict | None = None, shell: Any = None) -> list[str]:
     """Keys of the namespace that are not names (``globals()[42] = ...``): the scan
     skips them, and the report says so."""
     ns = shell.user_ns if shell is not None else namespace or {}
-    return [format_key(k)[1:-1] for k in list(dict.keys(ns)) if type(k) is not str]
+    if _str_keys is not None and _str_keys(ns):
+        return []   # (asked at every scan: the table's kind says it without a key read)
+    keys = list(dict.keys(ns))   # (else C-level passes over the keys)
+    return [format_key(k)[1:-1] for k in compress(keys, map(is_not, map(type, keys), repeat(str)))]
 
 
 def stop_ids_for(shell: Any = None, namespace: dict | None = None) -> set[int]:

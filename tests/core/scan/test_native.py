@@ -234,6 +234,47 @@ def test_the_c_filter_remembers_ipythons_names_and_answers_as_the_python_filter_
         native.items_except({"fresh_name": [1]}, ATOMIC, [[], []], refuses)
 
 
+def test_the_namespaces_odd_keys_come_from_its_tables_kind_where_it_proves_them_all_str(monkeypatch):
+    """``odd_keys`` is asked at every scan, over every key: where the C core reads a
+    table that holds only str keys it answers without reading one; a table that once
+    held another key (kept general after the key went), a str subclass's key, a split
+    table and a dict subclass are each answered as the pass over the keys answers."""
+    from jupyter_gpumem.core.scan import roots
+
+    native = core_or_skip()
+
+    class Sub(str):
+        pass
+
+    class D(dict):
+        pass
+
+    class Inst:
+        def __init__(self):
+            self.a = self.b = 1
+
+    def by_keys(ns):
+        return [roots.format_key(k)[1:-1] for k in list(ns) if type(k) is not str]
+
+    plain = {f"v{i}": i for i in range(1000)}
+    assert native.str_keys(plain) is (native.DICT_TABLE == 1)
+    cases = [plain, {}, D(a=1), Inst().__dict__, {"a": 1, 42: 2}, {Sub("x"): 1, "y": 2},
+             {**plain, (1, 2): 3}]
+    once = dict(plain)
+    once[7] = 1
+    del once[7]
+    cases.append(once)
+    for ns in cases:
+        assert roots.odd_keys(ns) == by_keys(ns), ns
+        if native.str_keys(ns):
+            assert all(type(k) is str for k in ns)
+    assert roots.odd_keys({"a": 1, 42: 2}) == ["42"]
+    with pytest.raises(TypeError):
+        native.str_keys([("a", 1)])
+    monkeypatch.setattr(roots, "_str_keys", None)   # the pass over the keys alone
+    assert [roots.odd_keys(ns) for ns in cases] == [by_keys(ns) for ns in cases]
+
+
 def test_the_c_filter_keeps_its_pairs_whole_when_a_collection_inside_it_changes_the_dict():
     """Making the pairs allocates, so a collection may run a finalizer mid-call; one that
     empties the namespace leaves the call its snapshot (it owns what it took before the
