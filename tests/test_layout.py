@@ -416,6 +416,7 @@ PER_PROCESS = {
 #: module-level instances of the package's classes that are frozen values, not state
 FROZEN = {"core.scan.hidden.OUTPUT", "core.scan.hidden.UNDERSCORE", "core.scan.hidden.RESULT",
           "core.scan.hidden.TRACEBACK", "core.scan.hidden.CHAIN", "core.trace.queries.UNNUMBERED", "core.trace.sites.BEFORE",
+          "core.scan.NOTHING",
           "core.trace.sites.BETWEEN", "core.scan.warm.UNREAD"}
 
 _MUTATORS = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update",

@@ -9,7 +9,7 @@
  *
  * Exported to Python                      where (in _reach_parts/)
  *   Walker         type: the reach walk over plain containers and instances
- *                  (learn, push, run, clear; pending, count, deep)      walk.c
+ *                  (learn, push, run, clear, pick; pending, count, deep) walk.c
  *   items_except   a dict's pairs but those of some value types, read in
  *                  place, with a memo of the names left out             dict.c
  *   str_keys       whether a dict's keys are all str, from its table    dict.c

@@ -289,6 +289,115 @@ walk_py_run(Walker *w, PyObject *arg)
     return result;
 }
 
+/* pick(objs, batched, most, atoms): the many small roots' pre-pass in one read of each. */
+PyDoc_STRVAR(walk_pick_doc,
+    "pick(objs, batched, most, atoms) -> (batch, untracked, unknown): for a list of roots,\n"
+    "the places of those to walk together (a type in batched, a set of types; not in the\n"
+    "stop set; a dict, list, tuple, set or frozenset of at most most items; tracked by the\n"
+    "collector), the places of the untracked dicts and tuples among them where atoms is\n"
+    "true (they hold atoms only), and the types met that Python has not classified yet\n"
+    "(then nothing is picked: classify them and ask again). A class whose metaclass\n"
+    "hashes is never picked. With push true (the walk holding nothing), what is picked is\n"
+    "also pushed at depth 0, as push() would, while it is read.");
+
+static int
+walk_append_index(PyObject *list, Py_ssize_t i)
+{
+    PyObject *at = PyLong_FromSsize_t(i);
+    if (at == NULL)
+        return -1;
+    int rc = PyList_Append(list, at);
+    Py_DECREF(at);
+    return rc;
+}
+
+static Py_ssize_t
+walk_sized(PyObject *o, PyTypeObject *tp)
+{
+    if (tp == &PyDict_Type)
+        return PyDict_GET_SIZE(o);
+    if (tp == &PyList_Type)
+        return PyList_GET_SIZE(o);
+    if (tp == &PyTuple_Type)
+        return PyTuple_GET_SIZE(o);
+    if (tp == &PySet_Type || tp == &PyFrozenSet_Type)
+        return PySet_GET_SIZE(o);
+    return -1;
+}
+
+static PyObject *
+walk_py_pick(Walker *w, PyObject *args)
+{
+    PyObject *objs, *batched_types;
+    Py_ssize_t most;
+    int atoms, push = 0;
+    if (!PyArg_ParseTuple(args, "O!Onp|p", &PyList_Type, &objs, &batched_types, &most, &atoms,
+                          &push))
+        return NULL;
+    if (push && (w->top || w->seen.n)) {
+        PyErr_SetString(PyExc_ValueError, "pick(push=True) starts a walk: clear() first");
+        return NULL;
+    }
+    pset batched = {0}, unknown = {0};
+    PyObject *batch = PyList_New(0), *untracked = PyList_New(0), *fresh = PyList_New(0);
+    if (batch == NULL || untracked == NULL || fresh == NULL
+            || pset_fill(&batched, batched_types, 0) < 0)
+        goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(objs); i++) {
+        PyObject *o = PyList_GET_ITEM(objs, i);
+        PyTypeObject *tp = Py_TYPE(o);
+        if (!walk_keyable_class(tp))
+            continue;   /* walked alone */
+        if (!pset_has(&w->known, tp)) {
+            int added = pset_add(&unknown, tp);
+            if (added < 0 || (added == 1 && PyList_Append(fresh, (PyObject *)tp) < 0))
+                goto fail;
+            continue;
+        }
+        if (!pset_has(&batched, tp) || (w->stop.n && pset_has(&w->stop, o)))
+            continue;
+        Py_ssize_t size = walk_sized(o, tp);
+        if (size > most)
+            continue;   /* a big root: walked on its own */
+        if (!PyObject_GC_IsTracked(o)) {
+            if (atoms && (tp == &PyDict_Type || tp == &PyTuple_Type)
+                    && walk_append_index(untracked, i) < 0)
+                goto fail;
+            continue;
+        }
+        if (walk_append_index(batch, i) < 0)
+            goto fail;
+        if (push && PyList_GET_SIZE(fresh) == 0) {   /* as walk_py_push does */
+            if (Py_REFCNT(o) > 2) {
+                int added = pset_add(&w->seen, o);
+                if (added < 0 || (added == 1 && PyList_Append(w->held, o) < 0))
+                    goto fail;
+            }
+            if (walk_push(w, o, 0) < 0)
+                goto fail;
+            w->count--;   /* counted by Python already */
+        }
+    }
+    pset_free(&batched);
+    pset_free(&unknown);
+    if (PyList_GET_SIZE(fresh)) {   /* nothing picked until they are classified */
+        (void)PyList_SetSlice(batch, 0, PyList_GET_SIZE(batch), NULL);
+        (void)PyList_SetSlice(untracked, 0, PyList_GET_SIZE(untracked), NULL);
+        if (push)
+            walk_clear_state(w);
+    }
+    return Py_BuildValue("(NNN)", batch, untracked, fresh);
+fail:
+    pset_free(&batched);
+    pset_free(&unknown);
+    if (push)
+        walk_clear_state(w);
+    Py_XDECREF(batch);
+    Py_XDECREF(untracked);
+    Py_XDECREF(fresh);
+    return NULL;
+}
+
 /* ==== the rest of the type ======================================================= */
 
 /* clear(): see walk_clear_state; what the run had to hand back is dropped too. */
@@ -329,6 +438,7 @@ static PyMethodDef walk_methods[] = {
     {"push", (PyCFunction)walk_py_push, METH_VARARGS, walk_push_doc},
     {"run", (PyCFunction)walk_py_run, METH_O, walk_run_doc},
     {"clear", (PyCFunction)walk_py_clear, METH_NOARGS, walk_clear_doc},
+    {"pick", (PyCFunction)walk_py_pick, METH_VARARGS, walk_pick_doc},
     {NULL}
 };
 

@@ -398,8 +398,13 @@ def _plan_with(refs: dict, names: list[str], context: PurgeContext, all_names: b
     # (a root the first scan's time limit cut is not walked again either: that plan is
     # cut, and proves only what it found: see below)
     first_cut = {id(roots[i]) for i in scan1.cut}
-    stay_roots = [r for r in stay_roots if id(r) not in reach_of
-                  or not target_keys.isdisjoint(reach_of[id(r)].storages)]
+    # (the names that stay, then the stand-ins, which the first scan never met: a name
+    # whose first walk reached no storage reaches none of the targets', so only the roots
+    # that hold a storage are looked at, in order)
+    stand_ins = stay_roots[len(user_remaining):]
+    stay_roots = [r for r in map(roots.__getitem__, scan1.holding())
+                  if not r.hidden and id(r) not in named_roots
+                  and not target_keys.isdisjoint(reach_of[id(r)].storages)] + stand_ins
     scan2 = context.scan(stay_roots, extra_stop=cut)
     # (a storage that borrows a purged one's bytes is keyed by that allocation, as in scan1)
     scan2 = replace(scan2, reach=_scan.one_allocation(scan2.reach, also=scan1.reach))

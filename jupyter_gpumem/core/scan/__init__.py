@@ -15,8 +15,8 @@ import gc
 import time
 import weakref
 from dataclasses import dataclass, field
-from itertools import compress, filterfalse, islice, repeat
-from operator import attrgetter, is_, itemgetter
+from itertools import compress, islice, repeat
+from operator import attrgetter, is_, itemgetter, not_
 from types import MappingProxyType
 from typing import Any
 
@@ -312,14 +312,13 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         # a few runs of the C walker rather than walked one by one; nothing of them is kept
         # for the warm scan: the proof costs less than a fingerprint's. (C-level passes
         # over the roots: a long notebook's names are tens of thousands.)
-        objs = list(map(_OBJ, roots))
-        small = [] if describe else list(compress(range(len(roots)), map(_small, objs)))
         try:
-            empty = set(compress(small, reacher.reach_nothing(list(map(objs.__getitem__, small)),
-                                                              deadline)))
+            empty = None if describe else reacher.reach_nothing(
+                list(map(_OBJ, roots)), deadline, SMALL_ROOT)   # (a bool per root)
         except Exception:  # noqa: BLE001 - nothing proven: each root is walked as before
-            empty = set()
-        rest = list(filterfalse(empty.__contains__, range(len(roots))))
+            empty = None
+        rest = list(range(len(roots))) if empty is None else \
+            list(compress(range(len(roots)), map(not_, empty)))
         for at, i in enumerate(rest):
             root = roots[i]
             if time.perf_counter() >= deadline:   # the rest is not looked at: said below
@@ -406,13 +405,18 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         steps.end()
         if warm_pass is not None:
             warm_pass.close()
-    records = [None] * len(roots)   # each root's reused record (a Kept), or None
-    for i in compress(range(len(roots)), kept):
-        records[i] = walked[i]
-    result = ScanResult(roots, by_allocation(reach, records, warm), reacher.partial,
-                        reacher.reasons,
+    # one allocation, one key, among the roots that reach a storage (a long notebook's
+    # names mostly reach none): each one's reused record (a Kept), or None
+    holding = list(compress(range(len(roots)), map(_STORAGES, reach)))
+    held = list(map(reach.__getitem__, holding))
+    keyed = by_allocation(held, [walked[i] if kept[i] else None for i in holding], warm)
+    if keyed is not held:
+        for i, r in zip(holding, keyed):
+            reach[i] = r
+    result = ScanResult(roots, reach, reacher.partial, reacher.reasons,
                         time.perf_counter() - start, reacher.errors,
                         reacher.refusals.kept, kept, out_of_time, notes)
+    result._holding = (reach, holding)   # (one allocation, one key empties no root's)
     finder.result = weakref.ref(result)
     if finder.exhausted:   # a path read for what is kept took the last of the time
         finder.say_partial()
@@ -428,13 +432,6 @@ def readable(node: Any) -> bool:
 #: a root whose object is a dict, list, tuple or set of at most this many items, or of
 #: another type (an instance), is first tried with the others in Reacher.reach_nothing
 SMALL_ROOT = 256
-
-
-def _small(obj: Any) -> bool:
-    tp = type(obj)   # (compared by identity: no metaclass's __eq__ runs)
-    if tp is dict or tp is list or tp is tuple or tp is set or tp is frozenset:
-        return len(obj) <= SMALL_ROOT
-    return True
 
 
 #: the roots a partial result names (the rest are counted)

@@ -26,12 +26,11 @@ from .steps import run_to_end
 from .tensors import TensorTaking, no_nodes
 from .types import (ATOMIC, BUILTIN, CELL, CONTAINER, DICT, EXCEPTION, HAVE_GC, INSTANCE, LRU,
                     METHOD, NDARRAY, PARTIAL, SEQ, SET, SKIP, TENSOR, TRACEBACK, TYPE_FLAGS,
-                    OutOfTime, Refusals, classify, keyable, keyable_types, split_keyable,
-                    untracked_holds_nothing)
+                    OutOfTime, Refusals, classify, keyable, split_keyable, untracked_holds_nothing)
 from ...backends.base import is_a, with_room
 
-#: the types that hold atoms only where the collector does not track them
-_ATOMS_ONLY = frozenset((dict, tuple))
+#: reach_nothing's bound on a container's items where none is given
+SIZE_ANY = sys.maxsize
 _native = native.CORE   # the C core (built with the package where a compiler was found)
 
 CHUNK = 4096            # objects whose referents are read in one call
@@ -301,10 +300,11 @@ class Reacher(TensorTaking):
         return found, count
 
     # -- many small roots at once ------------------------------------------------------------
-    def reach_nothing(self, objs: list, until: float) -> list[bool]:
+    def reach_nothing(self, objs: list, until: float, most: int | None = None) -> list[bool]:
         """For each of ``objs`` (roots), whether it reaches no storage, proven without a
         walk of its own; False for a root not proven (the caller walks it as usual), all
-        False without the C core.
+        False without the C core. ``most``: a dict, list, tuple, set or frozenset of more
+        items than that is not tried here (a big root is walked on its own).
 
         Many small roots (a long notebook's lists, dicts, records and instances) are
         walked together in one run of the C walker, which enters everything plain it
@@ -317,40 +317,37 @@ class Reacher(TensorTaking):
         native = self.native
         if native is None or not objs:
             return out
-        # (C-level passes over the roots: a long notebook's names are tens of thousands)
-        at: Any = range(len(objs))
-        tps = list(map(type, objs))
-        fine = keyable_types(tps)   # (a class whose metaclass hashes: walked alone)
-        if fine is not None:
-            at = list(compress(at, fine))
-            tps = list(map(tps.__getitem__, at))
-        types_ = set(tps)
-        if not types_ <= self._learned:
-            self.learn(types_)
-        by_referents, stop, kind_of = self._by_referents, self.stop, self.kinds
-        # (a framework's container, an optimizer read through its referents, is left to
-        # its own walk: it holds tensors, and the warm scan proves it cheaply)
-        batched = {tp for tp in types_ if tp in by_referents and kind_of.get(tp) != CONTAINER}
-        part = list(compress(at, map(batched.__contains__, tps)))
-        taken = list(map(objs.__getitem__, part))
-        if stop:
-            free = list(map(not_, map(stop.__contains__, map(id, taken))))
-            part, taken = list(compress(part, free)), list(compress(taken, free))
-        tracked = list(map(is_tracked, taken))
-        if self.untracked_is_empty:   # a dict or tuple of atoms only (see walk_steps)
-            untracked = list(compress(part, map(not_, tracked)))
-            for i in compress(untracked, map(_ATOMS_ONLY.__contains__,
-                                             map(type, map(objs.__getitem__, untracked)))):
-                out[i] = True
-        parts = [list(compress(part, tracked))]
+        # one read of each root, in C (a long notebook's names are tens of thousands): the
+        # types it meets that are not classified yet are classified, and it is asked again
+        # (what it picks it pushes onto the walk as it reads it: the first run's roots)
+        for _ in range(2):
+            # (a framework's container, an optimizer read through its referents, is left
+            # to its own walk: it holds tensors, and the warm scan proves it cheaply)
+            batched = {tp for tp in self._by_referents if self.kinds.get(tp) != CONTAINER}
+            part, untracked, fresh = native.pick(objs, batched, SIZE_ANY if most is None else most,
+                                                 self.untracked_is_empty, True)
+            if not fresh:
+                break
+            self.learn(set(fresh))
+        pushed = not fresh
+        for i in untracked:   # a dict or tuple of atoms only (see walk_steps)
+            out[i] = True
+        parts = [part]
+        by_referents = self._by_referents
         nowhere: dict[int, bool] = {}   # id -> whether that object leads nowhere
         self.deadline = until
         while parts:
             part = parts.pop()
             if not part or time.perf_counter() >= until:
+                if pushed:
+                    native.clear()
+                    pushed = False
                 continue
             for _ in range(EMPTY_TRIES):
-                native.push(list(map(objs.__getitem__, part)), 0)
+                if pushed:
+                    pushed = False   # (the first part: pushed as it was picked)
+                else:
+                    native.push(list(map(objs.__getitem__, part)), 0)
                 try:
                     got, done = native.run(until)
                     deep = native.deep

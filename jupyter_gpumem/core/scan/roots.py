@@ -114,21 +114,38 @@ def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
     # pass that does not read again the names it left out last time (IPython adds an
     # ``_iN`` every cell); the rest are looked at one by one
     keep = _items_except(namespace, ATOMIC, _memo_for(namespace), _is_bookkeeping)
+    # the C pass has asked _is_bookkeeping of every name it kept: a plain ASCII name is
+    # then typed as it is, with no look-up in the memo (a long notebook's names are
+    # tens of thousands, and the memo's table outgrows the caches)
+    judged = _items_except is not _items_except_py
+    isascii, isidentifier = str.isascii, str.isidentifier
     out = []
     known, module, unknown = _BOOKKEEPING.get, types.ModuleType, _UNKNOWN
+    plain: set = set()   # the types met that are no module's (of type's own metaclass)
+    # the names IPython keeps for itself that a user's name could be (most are its own
+    # bookkeeping, left out above): usually none, and then no name is looked up
+    shadow = {n for n in hidden_ns if type(n) is str and _typed(n) is not None}
     for name, value in keep:   # (one pass: each name's objects are read once)
         if type(name) is not str:
             continue   # ``globals()[42] = ...``: no name to type (see odd_keys)
-        # ``globals()['x[0]']``: not the first item of ``x``
-        text = known(name, unknown)
-        if text is unknown:
-            text = _typed(name)
-        if text is None:
+        if judged and isascii(name) and isidentifier(name):
+            text = name   # (name_text's rule for an ASCII name)
+        else:
+            # ``globals()['x[0]']``: not the first item of ``x``
+            text = known(name, unknown)
+            if text is unknown:
+                text = _typed(name)
+            if text is None:
+                continue
+        if shadow and name in shadow and hidden_ns[name] is value:
             continue
-        if name in hidden_ns and hidden_ns[name] is value:
-            continue
-        if is_a(value, module) and is_library_module_name(MODULE_DICT(value).get("__name__")):
-            continue
+        tp = type(value)
+        if type(tp) is not type or tp not in plain:   # (no metaclass's __hash__ is asked)
+            if not is_a(value, module):
+                if type(tp) is type:
+                    plain.add(tp)
+            elif is_library_module_name(MODULE_DICT(value).get("__name__")):
+                continue
         out.append(Root(text, value, False, (), text))   # (positional: made for each name)
     return out
 

@@ -8,6 +8,7 @@ storages, deep nesting) with tensors at every place a walk can meet them.
 """
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import sys
@@ -123,6 +124,71 @@ def test_the_c_walk_stops_at_its_deadline_inside_one_list():
     assert walker.count == 2_000_000
     walker.clear()
     assert walker.pending == 0
+
+
+@needs_native
+def test_the_c_walker_picks_the_small_roots_to_walk_together_in_one_read_of_each(ip):
+    """``pick``: which roots the many small roots' pre-pass walks together (a type it is
+    told to; not in the stop set; a builtin container of at most ``most`` items; tracked
+    by the collector), which untracked dicts and tuples hold atoms only, and the types
+    not classified yet (then none is picked); and a namespace that binds an object of
+    the stop set (IPython's ``In``) or a big list gets the report the one-by-one walks
+    give, neither tried with the small roots."""
+    class Meta(type):
+        def __hash__(cls):
+            raise AssertionError("a metaclass's __hash__ was asked")
+
+    class Odd(metaclass=Meta):
+        pass
+
+    class Fresh:
+        pass
+
+    a, b, c, d = [1], {"k": [2]}, (3, [4]), list(range(10))
+    atoms, pair = {"x": 1}, (1, "a")
+    gc.collect()   # (the dict and the tuple of atoms untracked)
+    assert not gc.is_tracked(atoms) and not gc.is_tracked(pair)
+    walker = scan_reach.NATIVE({list, dict, tuple}, set(), {id(b)}, False, 4000, time.perf_counter)
+    walker.learn(Odd, True, False)
+    walker.learn(int, False, False)
+    objs = [a, b, c, d, atoms, pair, Odd(), 7]
+    assert walker.pick(objs, {list, dict, tuple}, 5, True) == ([0, 2], [4, 5], [])
+    assert walker.pick(objs, {list, dict, tuple}, 100, False) == ([0, 2, 3], [], [])
+    assert walker.pick(objs, {list}, 100, True) == ([0, 3], [], [])
+    assert walker.pick(objs + [Fresh(), Fresh()], {list}, 100, True) == ([], [], [Fresh])
+    assert walker.pick([], {list}, 5, True) == ([], [], [])
+    # with push: the picked roots are the walk's first run, as push() would make it
+    assert walker.pick(objs, {list, dict, tuple}, 100, False, True) == ([0, 2, 3], [], [])
+    assert walker.pending == 3
+    with pytest.raises(ValueError):
+        walker.pick(objs, {list}, 100, False, True)   # a walk under way
+    got, done = walker.run(time.perf_counter() + 5)
+    assert done and walker.count > 0
+    walker.clear()
+    assert walker.pick(objs + [Fresh()], {list}, 100, True, True) == ([], [], [Fresh])
+    assert walker.pending == 0   # (nothing stays pushed where a type was not classified)
+    with pytest.raises(TypeError):
+        walker.pick(tuple(objs), {list}, 5, True)
+    run(ip, "import torch\nhist = In\nrows = [[i] for i in range(300)]\nt = torch.ones(4)\n"
+            "small = [[i, str(i)] for i in range(50)]")
+    real = scan_reach.Reacher.reach_nothing
+    seen = []
+
+    def spy(self, objs, until, most=None):
+        out = real(self, objs, until, most)
+        seen.append([id(o) for o, proven in zip(objs, out) if proven])
+        return out
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(scan_reach.Reacher, "reach_nothing", spy)
+        together = ip.run_line_magic("gpumem", "--device cpu -o")
+        m.setattr(scan_reach.Reacher, "reach_nothing", lambda self, objs, until, most=None: [False] * len(objs))
+        alone = ip.run_line_magic("gpumem", "--device cpu -o")
+    ns = ip.user_ns
+    assert seen and id(ns["In"]) not in seen[0]   # In: never proven together, never entered
+    assert id(ns["rows"]) not in seen[0]   # 300 items: a big root, walked on its own
+    assert id(ns["small"]) in seen[0]
+    assert [(h.name, h.unique) for h in together.holders] == [(h.name, h.unique) for h in alone.holders]
 
 
 def test_a_checkout_with_a_compiler_builds_the_c_core():
@@ -273,6 +339,29 @@ def test_the_namespaces_odd_keys_come_from_its_tables_kind_where_it_proves_them_
         native.str_keys([("a", 1)])
     monkeypatch.setattr(roots, "_str_keys", None)   # the pass over the keys alone
     assert [roots.odd_keys(ns) for ns in cases] == [by_keys(ns) for ns in cases]
+
+
+def test_the_names_typed_after_the_c_filter_are_the_python_filters(monkeypatch):
+    """After the C pass (which asked the bookkeeping rule of each name it kept) a plain
+    ASCII name is typed as it is without the memo; every other key as name_text types
+    it, and IPython's own names are left out, as the Python filter does."""
+    from jupyter_gpumem.core.scan import roots
+    from jupyter_gpumem.core.scan.paths import name_text
+
+    core_or_skip()
+    keys = ["a", "_x1", "if", "x[0]", "é", "a b", "ß_2", "_i3", "_ii", "In", "Out", "__doc__",
+            "_", "__", "_7", "exit", "x\u0301", "Model", "_\u00e9t\u00e9"]
+    ns = {k: [i] for i, k in enumerate(keys)}
+    ns[42] = [0]
+    with_c = [(r.name, r.purge) for r in roots.user_roots(ns)]
+    with monkeypatch.context() as m:
+        m.setattr(roots, "_items_except", roots._items_except_py)
+        with_python = [(r.name, r.purge) for r in roots.user_roots(ns)]
+    assert with_c == with_python
+    want = [name_text(k) for k in keys if type(k) is str and not roots._is_bookkeeping(k)]
+    assert [name for name, _ in with_c] == want
+    assert {"a", "if", "é", "globals()['x[0]']", "globals()['a b']"} <= set(want)
+    assert not {"_i3", "In", "_", "__doc__", "exit"} & set(want)
 
 
 def test_the_c_filter_keeps_its_pairs_whole_when_a_collection_inside_it_changes_the_dict():

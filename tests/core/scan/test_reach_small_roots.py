@@ -75,15 +75,15 @@ def test_small_roots_proven_together_give_the_report_of_walking_each(ip, monkeyp
     proven = []
     real = scan_reach.Reacher.reach_nothing
 
-    def spy(self, objs, until):
-        out = real(self, objs, until)
+    def spy(self, objs, until, most=None):
+        out = real(self, objs, until, most)
         proven.append(sum(out))
         return out
 
     monkeypatch.setattr(scan_reach.Reacher, "reach_nothing", spy)
     together = _report(ip)
     monkeypatch.setattr(scan_reach.Reacher, "reach_nothing",
-                        lambda self, objs, until: [False] * len(objs))
+                        lambda self, objs, until, most=None: [False] * len(objs))
     one_by_one = _report(ip)
     assert together == one_by_one
     rows, partial, messages = together
