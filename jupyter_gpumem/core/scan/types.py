@@ -169,21 +169,13 @@ def keyable(obj: Any) -> bool:
     return meta is type or keyable_meta(meta)
 
 
-def keyable_types(tps: list) -> list[bool] | None:
-    """For each of the types ``tps``, whether it can be a key (see :func:`keyable_meta`);
-    None where every one can. In C-level passes; nothing is hashed but metaclasses."""
-    metas = list(map(type, tps))
-    if metas.count(type) == len(metas) or all(map(keyable_meta, set(metas))):
-        return None     # (instances of abstract base classes: ABCMeta, asked once)
-    return list(map(keyable_meta, metas))
-
-
 def split_keyable(objs: list) -> tuple[list, list]:
     """``objs`` whose type can be a key, and the others (see :func:`keyable_meta`),
-    each in order."""
-    ok = keyable_types(list(map(type, objs)))
-    if ok is None:
-        return objs, []
+    each in order. In C-level passes; nothing is hashed but metaclasses."""
+    metas = list(map(type, map(type, objs)))
+    if metas.count(type) == len(metas) or all(map(keyable_meta, set(metas))):
+        return objs, []     # (instances of abstract base classes: ABCMeta, asked once)
+    ok = list(map(keyable_meta, metas))
     return list(compress(objs, ok)), list(compress(objs, map(not_, ok)))
 
 
