@@ -76,8 +76,8 @@
 /* ==== the module ==================================================================== */
 static PyMethodDef reach_functions[] = {
     {"items_except", dict_py_items_except, METH_VARARGS,
-     "items_except(dict, types[, memo, judge]) -> list: the (key, value) pairs whose value's type is "
-     "not in types (and whose name judge does not leave out)"},
+     "items_except(dict, types[, memo, judge, split]) -> list: the (key, value) pairs whose value's "
+     "type is not in types (and whose name judge does not leave out); with split, (keys, values)"},
     {"str_keys", dict_py_str_keys, METH_O, dict_str_keys_doc},
     {"take_batch", batch_py_take, METH_VARARGS,
      "take_batch(values, memo, known, get_fn, stamp_of, get_held, storages, label, found, "

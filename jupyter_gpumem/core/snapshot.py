@@ -445,7 +445,10 @@ def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
         try:
             started = time.perf_counter()   # the limit is the group's, reading included
             usages = _devices.read_devices(selections[0], detail=True)
-            roots = _scan.collect_roots(namespace, shell)
+            # (without names, the user's names are taken by the scan itself, and one that
+            # is proven to reach nothing gets no root)
+            roots = _scan.collect_roots(namespace, shell) if names else \
+                _scan.hidden_roots(shell)
             extra: list[Root] = []
             if names:
                 by_name = {r.name: r for r in roots}
@@ -458,7 +461,8 @@ def build_many_steps(*, shell: Any = None, namespace: dict | None = None,
                                                 namespace=namespace, time_limit=time_limit,
                                                 describe=bool(names),
                                                 warm=None if names else warm, reuse=not full,
-                                                interleaved=interleaved, started=started)
+                                                interleaved=interleaved, started=started,
+                                                user=None if names else _scan.user_names(namespace, shell))
             result = fold_own_aliases(result)
             for selection in selections:
                 out[selection.text] = _assemble(

@@ -6,6 +6,7 @@ import argparse
 import functools
 import inspect
 import shlex
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -85,6 +86,25 @@ def parser(prog: str, description: str, *, device: bool = True,
     if output is not None:
         p.add_argument("-o", dest="output", action="store_true", help=output)
     return p
+
+
+def expand_line(shell: Any, line: str) -> str:
+    """``$name`` and ``{expr}`` in a magic's line, expanded as IPython expands a line (in
+    the frame that ran the magic: its locals in a function); a line with neither is
+    returned as it is. (The magic opts out of IPython's own expansion, which copies the
+    whole user namespace for every line: at 100,000 names, milliseconds a call.)"""
+    if "$" not in line and "{" not in line:
+        return line
+    from IPython.core.interactiveshell import InteractiveShell
+    target = InteractiveShell.run_line_magic.__code__
+    frame, depth = sys._getframe(1), 1
+    while frame is not None and frame.f_code is not target:
+        frame, depth = frame.f_back, depth + 1
+    if frame is None:   # not run by run_line_magic: the user's namespace alone
+        return shell.var_expand(line, 0)
+    # (var_expand reads the frame ``depth`` frames above this one: the one that called
+    # run_line_magic, or magic() above it, as IPython counts it)
+    return shell.var_expand(line, depth + frame.f_locals.get("_stack_depth", 1))
 
 
 def split_line(line: str) -> list[str]:

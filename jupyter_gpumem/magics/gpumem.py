@@ -5,7 +5,8 @@ import functools
 from typing import Any, Callable
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, output_can_be_silenced
+from IPython.core.magic import (Magics, cell_magic, line_magic, magics_class, no_var_expand,
+                                output_can_be_silenced)
 from IPython.display import display
 
 from .. import cluster
@@ -23,7 +24,8 @@ from . import rescue as _rescue
 from . import tame as _tame
 from . import trace as _trace
 from . import watch as _watch
-from .args import GUIDE, help_stops, parser, report_errors, split_line, usage_errors
+from .args import (GUIDE, expand_line, help_stops, parser, report_errors, split_line,
+                   usage_errors)
 
 #: subcommands served by the other magics modules: name -> function(magics, argv)
 SUBCOMMANDS: dict[str, Callable[[Any, list[str]], Any]] = {
@@ -132,10 +134,11 @@ class GpuMemMagics(Magics, GpuMemSettings):
 
     # -- the magics ------------------------------------------------------------------
     @line_magic
+    @no_var_expand
     @report_errors
     def gpumem(self, line: str = "") -> Any:
         """Who holds accelerator memory, and purge it (every form: :data:`USAGE`)."""
-        argv = split_line(line)
+        argv = split_line(expand_line(self.shell, line))
         if argv and argv[0] in ("help", "-h", "--help"):
             print(USAGE)
             return None

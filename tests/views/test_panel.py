@@ -315,13 +315,17 @@ def test_bars_move_while_a_cell_runs_and_holders_wait_for_its_end(shell, recorde
     from jupyter_gpumem.core import scan
 
     scans: list[str] = []
-    real = scan.collect_roots
 
-    def spy(*args, **kwargs):
-        scans.append(threading.current_thread().name)
-        return real(*args, **kwargs)
+    def spy(real):
+        def read(*args, **kwargs):
+            scans.append(threading.current_thread().name)
+            return real(*args, **kwargs)
+        return read
 
-    monkeypatch.setattr(scan, "collect_roots", spy)
+    # (where the user's names are read: a scan's own pass over them, or the roots made
+    # before a scan)
+    monkeypatch.setattr(scan, "user_roots", spy(scan.user_roots))
+    monkeypatch.setattr(scan, "collect_roots", spy(scan.collect_roots))
     panel = open_panel(shell, "--device cpu --interval 0.1")
     refreshes = panel.refreshes
     start = time.time()

@@ -187,6 +187,13 @@ dict_take_all(PyObject *dict, dict_taking *tk, PyObject *const *skip, Py_ssize_t
     dict_entry *entries = dict_table_ok ? dict_table(dict, &count) : NULL;
     if (entries != NULL) {
         for (Py_ssize_t at = 0; at < count && tk->n < size; at++) {
+            if (at + DICT_AHEAD < count && entries[at + DICT_AHEAD].me_value != NULL) {
+                /* the value read (its type) and both taken (a count written) a few
+                   entries on: a long notebook's names are spread over a heap that
+                   outgrows the caches, and the fetches then overlap */
+                __builtin_prefetch(entries[at + DICT_AHEAD].me_value, 1);
+                __builtin_prefetch(entries[at + DICT_AHEAD].me_key, 1);
+            }
             key = entries[at].me_key;
             value = entries[at].me_value;
             if (value == NULL)
@@ -233,30 +240,49 @@ dict_judge_taken(dict_taking *tk, PyObject *judge, PyObject *out_memo, PyObject 
     return 0;
 }
 
-/* The (key, value) pairs of the entries taken and not left out (their references move
- * in; NULL where `failed` or with an error set); tk's arrays are freed either way. */
+/* The (key, value) pairs of the entries taken and not left out, or with `split` the
+ * two lists (keys, values) (their references move in; NULL where `failed` or with an
+ * error set); tk's arrays are freed either way. */
 static PyObject *
-dict_pairs(dict_taking *tk, int failed)
+dict_pairs(dict_taking *tk, int failed, int split)
 {
     Py_ssize_t kept = 0;
     for (Py_ssize_t j = 0; j < tk->n; j++)
         kept += !(tk->flags[j] & DICT_LEFT_OUT);
-    PyObject *out = failed ? NULL : PyList_New(kept);
+    PyObject *out = NULL, *keys = NULL, *values = NULL;
+    if (!failed) {
+        if (split) {
+            keys = PyList_New(kept);
+            values = PyList_New(kept);
+            if (keys != NULL && values != NULL)
+                out = PyTuple_Pack(2, keys, values);
+        }
+        else
+            out = PyList_New(kept);
+    }
     Py_ssize_t made = 0;
     for (Py_ssize_t j = 0; out != NULL && j < tk->n; j++) {
         if (tk->flags[j] & DICT_LEFT_OUT)
             continue;
-        PyObject *pair = PyTuple_New(2);
-        if (pair == NULL) {
-            Py_CLEAR(out);
-            break;
+        if (split) {            /* the references move in */
+            PyList_SET_ITEM(keys, made, tk->taken[2 * j]);
+            PyList_SET_ITEM(values, made++, tk->taken[2 * j + 1]);
         }
-        PyTuple_SET_ITEM(pair, 0, tk->taken[2 * j]);        /* the references move in */
-        PyTuple_SET_ITEM(pair, 1, tk->taken[2 * j + 1]);
+        else {
+            PyObject *pair = PyTuple_New(2);
+            if (pair == NULL) {
+                Py_CLEAR(out);
+                break;
+            }
+            PyTuple_SET_ITEM(pair, 0, tk->taken[2 * j]);
+            PyTuple_SET_ITEM(pair, 1, tk->taken[2 * j + 1]);
+            PyList_SET_ITEM(out, made++, pair);
+        }
         tk->taken[2 * j] = tk->taken[2 * j + 1] = NULL;
-        PyList_SET_ITEM(out, made++, pair);
     }
-    for (Py_ssize_t j = 0; j < tk->n; j++) {     /* what was not moved into a pair */
+    Py_XDECREF(keys);           /* (the tuple holds them) */
+    Py_XDECREF(values);
+    for (Py_ssize_t j = 0; j < tk->n; j++) {     /* what was not moved out */
         Py_XDECREF(tk->taken[2 * j]);
         Py_XDECREF(tk->taken[2 * j + 1]);
     }
@@ -266,13 +292,14 @@ dict_pairs(dict_taking *tk, int failed)
     return out;
 }
 
-/* items_except(dict, types[, memo, judge]) -> list: see above. */
+/* items_except(dict, types[, memo, judge, split]) -> list (or two lists): see above. */
 static PyObject *
 dict_py_items_except(PyObject *self, PyObject *args)
 {
     PyObject *dict, *types, *memo = Py_None, *judge = Py_None;
-    if (!PyArg_ParseTuple(args, "O!O!|OO:items_except", &PyDict_Type, &dict,
-                          &PyFrozenSet_Type, &types, &memo, &judge))
+    int split = 0;
+    if (!PyArg_ParseTuple(args, "O!O!|OOp:items_except", &PyDict_Type, &dict,
+                          &PyFrozenSet_Type, &types, &memo, &judge, &split))
         return NULL;
     PyObject *out_memo, *kept_memo;
     if (dict_memo_lists(memo, judge, &out_memo, &kept_memo) < 0)
@@ -295,7 +322,7 @@ dict_py_items_except(PyObject *self, PyObject *args)
     }
     dict_take_all(dict, &tk, skip, nskip, out_memo, kept_memo);
     int failed = out_memo != NULL && dict_judge_taken(&tk, judge, out_memo, kept_memo) < 0;
-    return dict_pairs(&tk, failed);
+    return dict_pairs(&tk, failed, split);
 }
 
 /* ==== str_keys ====================================================================== */

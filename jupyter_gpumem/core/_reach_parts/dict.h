@@ -37,6 +37,7 @@ static int dict_table_check(void);
 
 /* items_except's entries taken while a table is read (see dict.c) */
 #define DICT_SKIP_MAX 64        /* types items_except leaves out, at most */
+#define DICT_AHEAD 8            /* entries read ahead of the one taken (a prefetch) */
 #define DICT_LEFT_OUT 1         /* by its value's type, or later by judge */
 #define DICT_TO_JUDGE 2         /* an exact str key judge is to be asked about */
 typedef struct {

@@ -207,6 +207,29 @@ walk_py_push(Walker *w, PyObject *args)
 
 /* ==== a run ====================================================================== */
 
+/* The objects the run reads next, fetched ahead (a prefetch reads nothing itself, and
+   runs no code): a frame's items a few places on, and the frames below it, which the run
+   enters next (the many small roots' pre-pass stacks tens of thousands, spread over a
+   heap that outgrows the caches; one read after another, each waits for memory). Two
+   stages: a frame's header two frames ahead of the one it is fetched for, then, once
+   there, what it points to (a list's items, a dict's table). */
+static inline void
+walk_fetch_ahead(Walker *w)
+{
+    if (w->top > WALK_FRAMES_AHEAD)
+        __builtin_prefetch(w->stack[w->top - 1 - WALK_FRAMES_AHEAD].obj);
+    if (w->top > 1) {
+        PyObject *next = w->stack[w->top - 2].obj;
+        if (PyList_CheckExact(next)) {
+            PyObject **items = ((PyListObject *)next)->ob_item;
+            if (items != NULL)
+                __builtin_prefetch(items);
+        }
+        else if (PyDict_CheckExact(next))
+            __builtin_prefetch(((PyDictObject *)next)->ma_keys);
+    }
+}
+
 /* run(deadline): walk until the stack is empty (returns (handed back, True)), the
    clock passes ``deadline`` or an object of a type not classified yet is met
    (returns (handed back, False): classify the types handed back, then run again). */
@@ -240,9 +263,13 @@ walk_py_run(Walker *w, PyObject *arg)
         walk_frame *f = &w->stack[w->top - 1];
         PyObject *o = f->obj;
         int depth = f->depth + 1;
+        if (f->pos == 0)
+            walk_fetch_ahead(w);   /* (a frame entered) */
         if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) {
             /* the length read again each step: a list can change between two runs */
             if (f->pos < PySequence_Fast_GET_SIZE(o)) {
+                if (f->pos + WALK_ITEMS_AHEAD < PySequence_Fast_GET_SIZE(o))
+                    __builtin_prefetch(PySequence_Fast_GET_ITEM(o, f->pos + WALK_ITEMS_AHEAD));
                 /* borrowed: nothing walk_consider() does runs code that could drop it (no
                    object the collector tracks is made), and a reference of ours would
                    hide that only the list holds it */
@@ -291,14 +318,17 @@ walk_py_run(Walker *w, PyObject *arg)
 
 /* pick(objs, batched, most, atoms): the many small roots' pre-pass in one read of each. */
 PyDoc_STRVAR(walk_pick_doc,
-    "pick(objs, batched, most, atoms) -> (batch, untracked, unknown): for a list of roots,\n"
-    "the places of those to walk together (a type in batched, a set of types; not in the\n"
-    "stop set; a dict, list, tuple, set or frozenset of at most most items; tracked by the\n"
-    "collector), the places of the untracked dicts and tuples among them where atoms is\n"
-    "true (they hold atoms only), and the types met that Python has not classified yet\n"
-    "(then nothing is picked: classify them and ask again). A class whose metaclass\n"
-    "hashes is never picked. With push true (the walk holding nothing), what is picked is\n"
-    "also pushed at depth 0, as push() would, while it is read.");
+    "pick(objs, batched, most, atoms[, push]) -> (marks, unknown, pending): for a list of\n"
+    "roots, a bytearray of one mark each: 1 for a root to walk together (a type in batched,\n"
+    "a set of types; not in the stop set; a dict, list, tuple, set or frozenset of at most\n"
+    "most items; tracked by the collector), 2 for an untracked dict or tuple where atoms is\n"
+    "true (it holds atoms only), 3 for a root of a type Python has not classified yet, 0\n"
+    "for the others; the types not classified yet, and the places of their roots (classify\n"
+    "the types and ask again of these alone). A class whose metaclass hashes is never\n"
+    "picked. With push true (the walk holding nothing), what is picked is also pushed at\n"
+    "depth 0, as push() would, while it is read. (Marks, not lists of places: a long\n"
+    "notebook's names are tens of thousands, and a number made for each, then read and\n"
+    "freed, outgrew the caches.)");
 
 static int
 walk_append_index(PyObject *list, Py_ssize_t i)
@@ -338,20 +368,35 @@ walk_py_pick(Walker *w, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "pick(push=True) starts a walk: clear() first");
         return NULL;
     }
+    Py_ssize_t n = PyList_GET_SIZE(objs);
     pset batched = {0}, unknown = {0};
-    PyObject *batch = PyList_New(0), *untracked = PyList_New(0), *fresh = PyList_New(0);
-    if (batch == NULL || untracked == NULL || fresh == NULL
+    PyObject *marks = PyByteArray_FromStringAndSize(NULL, n);
+    PyObject *fresh = PyList_New(0), *pending = PyList_New(0);
+    if (marks == NULL || fresh == NULL || pending == NULL
             || pset_fill(&batched, batched_types, 0) < 0)
         goto fail;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(objs); i++) {
+    char *mark = PyByteArray_AS_STRING(marks);
+    memset(mark, WALK_NOT_PICKED, (size_t)n);
+    /* (the list is read again each step: nothing here runs Python code, but a type's
+       set look-up compares addresses only) */
+    for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(objs); i++) {
         PyObject *o = PyList_GET_ITEM(objs, i);
+        if (i + WALK_AHEAD < PyList_GET_SIZE(objs)) {
+            /* a root read (its type, size and collector flags: the flags sit just
+               before it) and pushed a few places on: the fetches overlap */
+            PyObject *ahead = PyList_GET_ITEM(objs, i + WALK_AHEAD);
+            __builtin_prefetch(ahead, 1);
+            __builtin_prefetch((char *)ahead - 2 * sizeof(void *));   /* (PyGC_Head) */
+        }
         PyTypeObject *tp = Py_TYPE(o);
         if (!walk_keyable_class(tp))
             continue;   /* walked alone */
         if (!pset_has(&w->known, tp)) {
             int added = pset_add(&unknown, tp);
-            if (added < 0 || (added == 1 && PyList_Append(fresh, (PyObject *)tp) < 0))
+            if (added < 0 || (added == 1 && PyList_Append(fresh, (PyObject *)tp) < 0)
+                    || walk_append_index(pending, i) < 0)
                 goto fail;
+            mark[i] = WALK_UNKNOWN;
             continue;
         }
         if (!pset_has(&batched, tp) || (w->stop.n && pset_has(&w->stop, o)))
@@ -360,14 +405,12 @@ walk_py_pick(Walker *w, PyObject *args)
         if (size > most)
             continue;   /* a big root: walked on its own */
         if (!PyObject_GC_IsTracked(o)) {
-            if (atoms && (tp == &PyDict_Type || tp == &PyTuple_Type)
-                    && walk_append_index(untracked, i) < 0)
-                goto fail;
+            if (atoms && (tp == &PyDict_Type || tp == &PyTuple_Type))
+                mark[i] = WALK_ATOMS;
             continue;
         }
-        if (walk_append_index(batch, i) < 0)
-            goto fail;
-        if (push && PyList_GET_SIZE(fresh) == 0) {   /* as walk_py_push does */
+        mark[i] = WALK_PICKED;
+        if (push) {   /* as walk_py_push does */
             if (Py_REFCNT(o) > 2) {
                 int added = pset_add(&w->seen, o);
                 if (added < 0 || (added == 1 && PyList_Append(w->held, o) < 0))
@@ -380,21 +423,15 @@ walk_py_pick(Walker *w, PyObject *args)
     }
     pset_free(&batched);
     pset_free(&unknown);
-    if (PyList_GET_SIZE(fresh)) {   /* nothing picked until they are classified */
-        (void)PyList_SetSlice(batch, 0, PyList_GET_SIZE(batch), NULL);
-        (void)PyList_SetSlice(untracked, 0, PyList_GET_SIZE(untracked), NULL);
-        if (push)
-            walk_clear_state(w);
-    }
-    return Py_BuildValue("(NNN)", batch, untracked, fresh);
+    return Py_BuildValue("(NNN)", marks, fresh, pending);
 fail:
     pset_free(&batched);
     pset_free(&unknown);
     if (push)
         walk_clear_state(w);
-    Py_XDECREF(batch);
-    Py_XDECREF(untracked);
+    Py_XDECREF(marks);
     Py_XDECREF(fresh);
+    Py_XDECREF(pending);
     return NULL;
 }
 

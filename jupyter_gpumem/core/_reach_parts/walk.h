@@ -40,5 +40,13 @@ typedef struct {
 
 /* the clock is asked once every this many steps of a run */
 #define WALK_CHECK_EVERY 1024
+#define WALK_AHEAD 8            /* roots read ahead of the one picked (a prefetch) */
+/* pick's marks, one per root (walk.c; the same values in core/scan/reach.py) */
+#define WALK_NOT_PICKED 0
+#define WALK_PICKED 1           /* walked together */
+#define WALK_ATOMS 2            /* an untracked dict or tuple: atoms only */
+#define WALK_UNKNOWN 3          /* of a type not classified yet */
+#define WALK_FRAMES_AHEAD 3     /* frames below the run's top fetched ahead (walk.c) */
+#define WALK_ITEMS_AHEAD 2      /* a list's or tuple's items fetched ahead of the one read */
 
 static PyTypeObject WalkerType;

@@ -370,8 +370,11 @@ def _plan_with(refs: dict, names: list[str], context: PurgeContext, all_names: b
                dry_run: bool) -> Plan:
     shell, namespace, ids = context.shell, context.namespace, context.ids
     backends = None if dry_run else [Recorder(b, refs) for b in active_backends()]
-    roots = _scan.collect_roots(namespace, shell)
-    scan1 = context.scan(roots, backends=backends)
+    # the user's names are taken by the scan itself: one proven to reach nothing (most of
+    # a long notebook's) gets no root, and a purge of it finds it through its binding
+    scan1 = context.scan(_scan.hidden_roots(shell), backends=backends,
+                         user=_scan.user_names(namespace, shell))
+    roots = scan1.roots
     reach_of = {id(r): reach for r, reach in zip(roots, scan1.reach)}
     kept: list = []
     if all_names:   # what --all takes and what it keeps: see everything.py

@@ -16,7 +16,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from itertools import compress, islice, repeat
-from operator import attrgetter, is_, itemgetter, not_
+from operator import attrgetter, is_, itemgetter
 from types import MappingProxyType
 from typing import Any
 
@@ -26,7 +26,7 @@ from .hidden import hidden_roots
 from .paths import ELIDED, attr_text
 from .roots import Root, format_key, odd_keys, stop_ids_for, user_roots
 from .allocations import by_allocation, one_allocation
-from .reach import Reacher
+from .reach import NOT_PROVEN, Reacher
 from .warm import Kept, Unread, WarmScan
 from .steps import run_to_end
 from .types import (ATOMIC_IDS, CLASS, CONTAINER, DICT, DICT_SUB, LIB_DIRS, SEQ, SEQ_SUB, SET,
@@ -183,15 +183,18 @@ def format_path(node: tuple | None) -> str:
 # -- roots -----------------------------------------------------------------------
 
 
+def user_names(namespace: dict | None = None, shell: Any = None) -> tuple[dict, dict]:
+    """Where the user's names are, ``(namespace, hidden_ns)``: a shell's (with IPython's
+    hidden names), or a plain namespace's."""
+    if shell is not None:
+        return shell.user_ns, getattr(shell, "user_ns_hidden", {})
+    return namespace or {}, {}
+
+
 def collect_roots(namespace: dict | None = None, shell: Any = None,
                   include_hidden: bool = True) -> list[Root]:
     """User roots, then hidden roots, for a shell or a plain namespace."""
-    if shell is not None:
-        namespace = shell.user_ns
-        hidden_ns = getattr(shell, "user_ns_hidden", {})
-    else:
-        hidden_ns = {}
-    roots = user_roots(namespace or {}, hidden_ns)
+    roots = user_roots(*user_names(namespace, shell))
     if include_hidden:
         roots += hidden_roots(shell)
     return roots
@@ -218,19 +221,21 @@ def scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
          namespace: dict | None = None, time_limit: float = 3.0,
          extra_stop: set[int] | None = None, describe: bool = False,
          backends: list[Backend] | None = None, warm: WarmScan | None = None,
-         reuse: bool = True, started: float | None = None) -> ScanResult:
-    """Walk every root; see the module docstring."""
+         reuse: bool = True, started: float | None = None,
+         user: tuple | None = None) -> ScanResult:
+    """Walk every root; see the module docstring (and :func:`iter_scan` for ``user``)."""
     return run_to_end(iter_scan(roots, devices=devices, shell=shell, namespace=namespace,
                                 time_limit=time_limit, extra_stop=extra_stop, describe=describe,
                                 backends=backends, warm=warm, reuse=reuse, interleaved=False,
-                                started=started))
+                                started=started, user=user))
 
 
 def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
               namespace: dict | None = None, time_limit: float = 3.0,
               extra_stop: set[int] | None = None, describe: bool = False,
               backends: list[Backend] | None = None, warm: WarmScan | None = None,
-              reuse: bool = True, interleaved: bool = True, started: float | None = None):
+              reuse: bool = True, interleaved: bool = True, started: float | None = None,
+              user: tuple | None = None):
     """:func:`scan` in steps: a generator that yields every few milliseconds, between
     roots or between two C-level batches of one root (the garbage collector runs
     again meanwhile), and returns the :class:`ScanResult`. A caller on an event loop
@@ -245,7 +250,10 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     the caller may run other code at a step (an event loop); where it does not (it
     drives the steps to the end at once), a root is fingerprinted right after its walk
     even if steps came during it. ``started``: when the caller's command began (the
-    limit is the command's: what it did before the scan counts), else now.
+    limit is the command's: what it did before the scan counts), else now. ``user``:
+    ``(namespace, hidden_ns)``, whose user names are roots too, before ``roots``
+    (:func:`collect_roots`' user roots), but a name proven to reach nothing (most of a
+    long notebook's: plain data) gets no Root and is in no list of the result.
 
     Its cost is linear in what the roots hold, and it honours its limit: past the
     deadline no further root is looked at, and the result says which roots were cut."""
@@ -303,11 +311,14 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     # Each root first gets a fair share of the time left, so one huge root (a list of
     # ten million records) cannot starve the names after it; the roots cut short then
     # share what the others left, in order.
-    walked: list = [_NOTHING_WALKED] * len(roots)   # (each root not proven so is set below)
     cut: list[int] = []
     notes: list[str] = []
     steps = _Steps()
     try:
+        if user is not None:
+            roots = user_roots(user[0], user[1], None if describe else
+                               lambda objs: _proven_empty(reacher, objs, deadline)) + roots
+        walked: list = [_NOTHING_WALKED] * len(roots)   # (each root not proven so is set below)
         # the small roots that reach nothing (most of a long notebook's names), proven in
         # a few runs of the C walker rather than walked one by one; nothing of them is kept
         # for the warm scan: the proof costs less than a fingerprint's. (C-level passes
@@ -318,7 +329,7 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
         except Exception:  # noqa: BLE001 - nothing proven: each root is walked as before
             empty = None
         rest = list(range(len(roots))) if empty is None else \
-            list(compress(range(len(roots)), map(not_, empty)))
+            list(compress(range(len(roots)), empty.translate(NOT_PROVEN)))
         for at, i in enumerate(rest):
             root = roots[i]
             if time.perf_counter() >= deadline:   # the rest is not looked at: said below
@@ -421,6 +432,15 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     if finder.exhausted:   # a path read for what is kept took the last of the time
         finder.say_partial()
     return result
+
+
+def _proven_empty(reacher: Reacher, objs: list, deadline: float) -> list:
+    """For each of ``objs``, whether it is proven to reach nothing (see
+    :meth:`Reacher.reach_nothing`); none where the proof failed."""
+    try:
+        return reacher.reach_nothing(objs, deadline, SMALL_ROOT)
+    except Exception:  # noqa: BLE001 - nothing proven: each root is walked as usual
+        return bytearray(len(objs))
 
 
 def readable(node: Any) -> bool:

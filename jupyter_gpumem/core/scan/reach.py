@@ -80,6 +80,12 @@ NATIVE = _native.Walker if _native is not None and _BASE is not None else None
 #: that hands something back is tried again (its new types classified) this many times,
 #: then by halves down to this many roots
 EMPTY_TRIES, EMPTY_PART = 3, 16
+#: Walker.pick's marks (walk.h): a root picked to walk together, an untracked dict or
+#: tuple (atoms only); a mark -> 1 where it is that one; a mark 0 or 1 -> the other
+PICKED, ATOMS = 1, 2
+_ATOMS_ONLY, _PICKED_ONLY = (bytes(int(m == k) for m in range(256)) for k in (ATOMS, PICKED))
+NOT_PROVEN = bytes([1, 0]) + bytes(254)   # (``marks.translate``: the roots left to walk)
+_PICKED = object()   # reach_nothing's first part: the roots pick marked PICKED
 NATIVE_SLICE = 0.004   # seconds of one C run: the walk can yield (or stop) between two
 #: the C core's loop over many plain tensors (see Backend.batch_spec), or None: the
 #: backend's take_many and the C-level passes of :meth:`Reacher._take_batch`
@@ -300,11 +306,11 @@ class Reacher(TensorTaking):
         return found, count
 
     # -- many small roots at once ------------------------------------------------------------
-    def reach_nothing(self, objs: list, until: float, most: int | None = None) -> list[bool]:
-        """For each of ``objs`` (roots), whether it reaches no storage, proven without a
-        walk of its own; False for a root not proven (the caller walks it as usual), all
-        False without the C core. ``most``: a dict, list, tuple, set or frozenset of more
-        items than that is not tried here (a big root is walked on its own).
+    def reach_nothing(self, objs: list, until: float, most: int | None = None) -> bytearray:
+        """For each of ``objs`` (roots), whether it reaches no storage (1) proven without a
+        walk of its own, or not proven (0: the caller walks it as usual); all 0 without
+        the C core. ``most``: a dict, list, tuple, set or frozenset of more items than
+        that is not tried here (a big root is walked on its own).
 
         Many small roots (a long notebook's lists, dicts, records and instances) are
         walked together in one run of the C walker, which enters everything plain it
@@ -312,32 +318,44 @@ class Reacher(TensorTaking):
         where each object handed back leads nowhere (:meth:`_leads_nowhere`), proves it
         for all of them. A run that met types not classified yet is tried again once they
         are; one that cut a level or handed back something that leads somewhere (a
-        tensor, a model) goes on by halves, down to :data:`EMPTY_PART`."""
-        out = [False] * len(objs)
+        tensor, a model) goes on by halves, down to :data:`EMPTY_PART`. (A mark per root,
+        not a list of places or of bools: a long notebook's names are tens of thousands,
+        and an object made for each, then read and freed, outgrew the caches.)"""
         native = self.native
         if native is None or not objs:
-            return out
-        # one read of each root, in C (a long notebook's names are tens of thousands): the
-        # types it meets that are not classified yet are classified, and it is asked again
-        # (what it picks it pushes onto the walk as it reads it: the first run's roots)
-        for _ in range(2):
-            # (a framework's container, an optimizer read through its referents, is left
-            # to its own walk: it holds tensors, and the warm scan proves it cheaply)
-            batched = {tp for tp in self._by_referents if self.kinds.get(tp) != CONTAINER}
-            part, untracked, fresh = native.pick(objs, batched, SIZE_ANY if most is None else most,
-                                                 self.untracked_is_empty, True)
-            if not fresh:
-                break
+            return bytearray(len(objs))
+        # one read of each root, in C (a long notebook's names are tens of thousands): what
+        # it picks it pushes onto the walk as it reads it (the first run's roots); the
+        # roots of types not classified yet are left, the types classified, and those
+        # roots alone asked again (their part is walked after the first)
+        # (a framework's container, an optimizer read through its referents, is left to
+        # its own walk: it holds tensors, and the warm scan proves it cheaply)
+        most = SIZE_ANY if most is None else most
+        batched = {tp for tp in self._by_referents if self.kinds.get(tp) != CONTAINER}
+        marks, fresh, pending = native.pick(objs, batched, most, self.untracked_is_empty, True)
+        out = bytearray(marks.translate(_ATOMS_ONLY))   # a dict or tuple of atoms only
+        parts: list = [_PICKED]   # (the first part: the roots pushed as they were picked)
+        if fresh:
             self.learn(set(fresh))
-        pushed = not fresh
-        for i in untracked:   # a dict or tuple of atoms only (see walk_steps)
-            out[i] = True
-        parts = [part]
+            batched = {tp for tp in self._by_referents if self.kinds.get(tp) != CONTAINER}
+            later, _, _ = native.pick(list(map(objs.__getitem__, pending)), batched, most,
+                                      self.untracked_is_empty)
+            for i, mark in zip(pending, later):
+                out[i] |= mark == ATOMS
+            parts.insert(0, list(compress(pending, map(PICKED.__eq__, later))))
+        pushed = True
         by_referents = self._by_referents
         nowhere: dict[int, bool] = {}   # id -> whether that object leads nowhere
         self.deadline = until
+
+        def places(part: Any) -> list:   # the first part's, read from the marks where needed
+            return list(compress(range(len(marks)), marks.translate(_PICKED_ONLY))) \
+                if part is _PICKED else part
+
         while parts:
             part = parts.pop()
+            if part is _PICKED and PICKED not in marks:
+                part = []
             if not part or time.perf_counter() >= until:
                 if pushed:
                     native.clear()
@@ -347,7 +365,7 @@ class Reacher(TensorTaking):
                 if pushed:
                     pushed = False   # (the first part: pushed as it was picked)
                 else:
-                    native.push(list(map(objs.__getitem__, part)), 0)
+                    native.push(list(map(objs.__getitem__, places(part))), 0)
                 try:
                     got, done = native.run(until)
                     deep = native.deep
@@ -361,13 +379,18 @@ class Reacher(TensorTaking):
                 again = not kinds.isdisjoint(by_referents)
                 if deep or odd or not all(self._leads_nowhere(o, nowhere) for o in got
                                           if type(o) not in by_referents):
+                    part = places(part)
                     if len(part) > EMPTY_PART:   # something to take: by halves
                         half = len(part) // 2
                         parts += [part[:half], part[half:]]
                     break
                 if done and not again:
-                    for i in part:
-                        out[i] = True
+                    if part is _PICKED:   # all of them at once, in C-level passes
+                        out = bytearray((int.from_bytes(out, "little") | int.from_bytes(
+                            marks.translate(_PICKED_ONLY), "little")).to_bytes(len(out), "little"))
+                    else:
+                        for i in part:
+                            out[i] = 1
                     break
                 if not got:
                     break   # out of time: the caller walks them

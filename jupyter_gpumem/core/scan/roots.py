@@ -16,6 +16,7 @@ from typing import Any
 
 from . import native
 from .paths import name_text
+from .reach import NOT_PROVEN
 from .types import ATOMIC, MODULE_DICT, is_a, is_library_module_name
 
 #: IPython's own bookkeeping in ``user_ns``: not the user's names
@@ -106,18 +107,33 @@ def _memo_for(namespace: dict) -> list:
     return memo
 
 
-def user_roots(namespace: dict, hidden_ns: dict | None = None) -> list[Root]:
-    """The user's own names in a namespace (IPython's bookkeeping left out)."""
+def user_roots(namespace: dict, hidden_ns: dict | None = None,
+               prove: Any = None) -> list[Root]:
+    """The user's own names in a namespace (IPython's bookkeeping left out).
+
+    ``prove``: where given, a callable that says of a list of values which ones are
+    proven to reach no storage (a mark 0 or 1 each, in a bytearray;
+    :meth:`.reach.Reacher.reach_nothing`):
+    those names get no Root (a long notebook's names are mostly plain data, and a Root
+    made, read and freed for each of them costs more than the proof)."""
     hidden_ns = hidden_ns or {}
     _trim_names(namespace)
     # names bound to an atomic value and IPython's own names are dropped first, in one
     # pass that does not read again the names it left out last time (IPython adds an
     # ``_iN`` every cell); the rest are looked at one by one
-    keep = _items_except(namespace, ATOMIC, _memo_for(namespace), _is_bookkeeping)
+    judged = _items_except is not _items_except_py
+    if prove is not None and judged:
+        names, values = _items_except(namespace, ATOMIC, _memo_for(namespace), _is_bookkeeping,
+                                      True)
+        # the names not proven empty, by their places: the lists are not read again
+        # (a pass over them touches every name and value: a cache miss apiece)
+        left = list(compress(range(len(values)), prove(values).translate(NOT_PROVEN)))
+        keep: Any = zip(map(names.__getitem__, left), map(values.__getitem__, left))
+    else:
+        keep = _items_except(namespace, ATOMIC, _memo_for(namespace), _is_bookkeeping)
     # the C pass has asked _is_bookkeeping of every name it kept: a plain ASCII name is
     # then typed as it is, with no look-up in the memo (a long notebook's names are
     # tens of thousands, and the memo's table outgrows the caches)
-    judged = _items_except is not _items_except_py
     isascii, isidentifier = str.isascii, str.isidentifier
     out = []
     known, module, unknown = _BOOKKEEPING.get, types.ModuleType, _UNKNOWN

@@ -131,7 +131,7 @@ def test_the_c_walker_picks_the_small_roots_to_walk_together_in_one_read_of_each
     """``pick``: which roots the many small roots' pre-pass walks together (a type it is
     told to; not in the stop set; a builtin container of at most ``most`` items; tracked
     by the collector), which untracked dicts and tuples hold atoms only, and the types
-    not classified yet (then none is picked); and a namespace that binds an object of
+    not classified yet (their roots are left, and named); and a namespace that binds an object of
     the stop set (IPython's ``In``) or a big list gets the report the one-by-one walks
     give, neither tried with the small roots."""
     class Meta(type):
@@ -152,21 +152,30 @@ def test_the_c_walker_picks_the_small_roots_to_walk_together_in_one_read_of_each
     walker.learn(Odd, True, False)
     walker.learn(int, False, False)
     objs = [a, b, c, d, atoms, pair, Odd(), 7]
-    assert walker.pick(objs, {list, dict, tuple}, 5, True) == ([0, 2], [4, 5], [])
-    assert walker.pick(objs, {list, dict, tuple}, 100, False) == ([0, 2, 3], [], [])
-    assert walker.pick(objs, {list}, 100, True) == ([0, 3], [], [])
-    assert walker.pick(objs + [Fresh(), Fresh()], {list}, 100, True) == ([], [], [Fresh])
-    assert walker.pick([], {list}, 5, True) == ([], [], [])
+    def marks(*each):   # one mark per root: 1 picked, 2 atoms only, 3 type not classified
+        return bytearray(each)
+
+    assert walker.pick(objs, {list, dict, tuple}, 5, True) == (marks(1, 0, 1, 0, 2, 2, 0, 0), [], [])
+    assert walker.pick(objs, {list, dict, tuple}, 100, False) == (marks(1, 0, 1, 1, 0, 0, 0, 0), [], [])
+    assert walker.pick(objs, {list}, 100, True) == (marks(1, 0, 0, 1, 0, 0, 0, 0), [], [])
+    # the roots of a type not classified yet are left, and their places given
+    assert walker.pick(objs + [Fresh(), Fresh()], {list}, 100, True) == \
+        (marks(1, 0, 0, 1, 0, 0, 0, 0, 3, 3), [Fresh], [8, 9])
+    assert walker.pick([], {list}, 5, True) == (marks(), [], [])
     # with push: the picked roots are the walk's first run, as push() would make it
-    assert walker.pick(objs, {list, dict, tuple}, 100, False, True) == ([0, 2, 3], [], [])
+    assert walker.pick(objs, {list, dict, tuple}, 100, False, True) == \
+        (marks(1, 0, 1, 1, 0, 0, 0, 0), [], [])
     assert walker.pending == 3
     with pytest.raises(ValueError):
         walker.pick(objs, {list}, 100, False, True)   # a walk under way
     got, done = walker.run(time.perf_counter() + 5)
     assert done and walker.count > 0
     walker.clear()
-    assert walker.pick(objs + [Fresh()], {list}, 100, True, True) == ([], [], [Fresh])
-    assert walker.pending == 0   # (nothing stays pushed where a type was not classified)
+    # the roots of known types are pushed even where a type was not classified
+    assert walker.pick([Fresh()] + objs, {list}, 100, True, True) == \
+        (marks(3, 1, 0, 0, 1, 0, 0, 0, 0), [Fresh], [0])
+    assert walker.pending == 2
+    walker.clear()
     with pytest.raises(TypeError):
         walker.pick(tuple(objs), {list}, 5, True)
     run(ip, "import torch\nhist = In\nrows = [[i] for i in range(300)]\nt = torch.ones(4)\n"
@@ -182,7 +191,7 @@ def test_the_c_walker_picks_the_small_roots_to_walk_together_in_one_read_of_each
     with pytest.MonkeyPatch.context() as m:
         m.setattr(scan_reach.Reacher, "reach_nothing", spy)
         together = ip.run_line_magic("gpumem", "--device cpu -o")
-        m.setattr(scan_reach.Reacher, "reach_nothing", lambda self, objs, until, most=None: [False] * len(objs))
+        m.setattr(scan_reach.Reacher, "reach_nothing", lambda self, objs, until, most=None: bytearray(len(objs)))
         alone = ip.run_line_magic("gpumem", "--device cpu -o")
     ns = ip.user_ns
     assert seen and id(ns["In"]) not in seen[0]   # In: never proven together, never entered

@@ -83,7 +83,7 @@ def test_small_roots_proven_together_give_the_report_of_walking_each(ip, monkeyp
     monkeypatch.setattr(scan_reach.Reacher, "reach_nothing", spy)
     together = _report(ip)
     monkeypatch.setattr(scan_reach.Reacher, "reach_nothing",
-                        lambda self, objs, until, most=None: [False] * len(objs))
+                        lambda self, objs, until, most=None: bytearray(len(objs)))
     one_by_one = _report(ip)
     assert together == one_by_one
     rows, partial, messages = together
