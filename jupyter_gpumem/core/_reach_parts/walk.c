@@ -207,29 +207,6 @@ walk_py_push(Walker *w, PyObject *args)
 
 /* ==== a run ====================================================================== */
 
-/* The objects the run reads next, fetched ahead (a prefetch reads nothing itself, and
-   runs no code): a frame's items a few places on, and the frames below it, which the run
-   enters next (the many small roots' pre-pass stacks tens of thousands, spread over a
-   heap that outgrows the caches; one read after another, each waits for memory). Two
-   stages: a frame's header two frames ahead of the one it is fetched for, then, once
-   there, what it points to (a list's items, a dict's table). */
-static inline void
-walk_fetch_ahead(Walker *w)
-{
-    if (w->top > WALK_FRAMES_AHEAD)
-        __builtin_prefetch(w->stack[w->top - 1 - WALK_FRAMES_AHEAD].obj);
-    if (w->top > 1) {
-        PyObject *next = w->stack[w->top - 2].obj;
-        if (PyList_CheckExact(next)) {
-            PyObject **items = ((PyListObject *)next)->ob_item;
-            if (items != NULL)
-                __builtin_prefetch(items);
-        }
-        else if (PyDict_CheckExact(next))
-            __builtin_prefetch(((PyDictObject *)next)->ma_keys);
-    }
-}
-
 /* run(deadline): walk until the stack is empty (returns (handed back, True)), the
    clock passes ``deadline`` or an object of a type not classified yet is met
    (returns (handed back, False): classify the types handed back, then run again). */
@@ -263,13 +240,9 @@ walk_py_run(Walker *w, PyObject *arg)
         walk_frame *f = &w->stack[w->top - 1];
         PyObject *o = f->obj;
         int depth = f->depth + 1;
-        if (f->pos == 0)
-            walk_fetch_ahead(w);   /* (a frame entered) */
         if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) {
             /* the length read again each step: a list can change between two runs */
             if (f->pos < PySequence_Fast_GET_SIZE(o)) {
-                if (f->pos + WALK_ITEMS_AHEAD < PySequence_Fast_GET_SIZE(o))
-                    __builtin_prefetch(PySequence_Fast_GET_ITEM(o, f->pos + WALK_ITEMS_AHEAD));
                 /* borrowed: nothing walk_consider() does runs code that could drop it (no
                    object the collector tracks is made), and a reference of ours would
                    hide that only the list holds it */

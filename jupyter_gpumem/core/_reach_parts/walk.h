@@ -46,7 +46,5 @@ typedef struct {
 #define WALK_PICKED 1           /* walked together */
 #define WALK_ATOMS 2            /* an untracked dict or tuple: atoms only */
 #define WALK_UNKNOWN 3          /* of a type not classified yet */
-#define WALK_FRAMES_AHEAD 3     /* frames below the run's top fetched ahead (walk.c) */
-#define WALK_ITEMS_AHEAD 2      /* a list's or tuple's items fetched ahead of the one read */
 
 static PyTypeObject WalkerType;
