@@ -222,6 +222,7 @@ class Model:
         #: session has; ABSENT: deleted), as IPython's DisplayHook.update_user_ns keeps them
         self.hook: list = [EMPTY] * 3
         self.unders: list = [EMPTY] * 3
+        self.empty_tuple: Obj | None = None   # ``()``: one object, as in Python
 
     def make(self, expr) -> Obj:
         kind = expr[0]
@@ -255,6 +256,12 @@ class Model:
             source = self.names[expr[1]]
             self.fixed |= source.atoms   # .numpy() makes a storage resizable no more
             return Obj("tensor", unseen=source.atoms | source.unseen)
+        if kind == "tuple" and not expr[1]:
+            # one object in Python: every ``()`` is the same (the user's ``_ = ()`` and a
+            # cell that shows ``()`` give the display hook the user's very object)
+            if self.empty_tuple is None:
+                self.empty_tuple = Obj(kind, kids=[])
+            return self.empty_tuple
         if kind in SEQUENCES:
             return Obj(kind, kids=[self.make(e) for e in expr[1]])
         if kind in MAPPINGS:

@@ -216,3 +216,14 @@ def test_a_traceback_that_holds_the_purged_object_and_nothing_only_it_held_stays
     # where b holds what only it held, the traceback goes with it
     run_recipe(ip, [("bind", "b", ("list", [("atom", "k1", 8)])), ("raise", ("name", "b")),
                     ("scan",), ("purge", "b")])
+
+
+def test_the_users_empty_tuple_in_underscore_is_the_display_hooks_once_shown(ip):
+    """The model's account: the user bound ``_ = ()`` and a cell then showed ``()``. An
+    empty tuple is one object in Python, so the hook's ``_`` was the user's object, and
+    IPython took ``_`` back with the next value shown (a tensor): a hidden-only purge then
+    cleared IPython's ``_``, as it should, where the model still took ``_`` for the user's
+    (it made a new tuple for each ``()``). Found by the long profile (session 24, seed
+    2401, after 9,332 examples; it failed on fd629c4 too), and shrunk to this."""
+    run_recipe(ip, [("own_", ("tuple", [])), ("show", ("tuple", [])),
+                    ("show", ("atom", "k1", 8)), ("scan",), ("purge",)])
