@@ -133,7 +133,7 @@ import os, signal, subprocess, sys, time
 import psutil
 dev = open({{dev!r}}, 'rb')
 before = subprocess.Popen(['sleep', '60'])
-mark = (f"{{{{before.pid}}}}:{{{{psutil.Process(before.pid).create_time()!r}}}}:"
+mark = (f"{{{{before.pid}}}}:{{{{psutil.Process(before.pid).create_time() - psutil.boot_time()!r}}}}b:"
         f"{{{{os.environ['JPY_PARENT_PID']}}}}")
 parent = subprocess.Popen([sys.executable, '-c', {PARENT!r}, {HOLD!r}, {{dev!r}}, '300'],
                           stdout=subprocess.PIPE, text=True, start_new_session=True,

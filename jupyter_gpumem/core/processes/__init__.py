@@ -245,10 +245,23 @@ def orphaned(parent: int, table: Table | None = None) -> bool:
         return True
 
 
+def since_boot(proc: psutil.Process) -> float:
+    """Seconds from the machine's boot to ``proc``'s start (a fresh ``psutil.Process``):
+    what the kernel keeps (clock ticks since boot), which no change of the wall clock
+    moves. psutil's ``create_time()`` adds the boot time as the wall clock now puts it
+    (an NTP step of 22 s moved it, and a live kernel looked gone): that boot time is
+    read first, and taken off."""
+    boot = psutil.boot_time()
+    return proc.create_time() - boot
+
+
 def mark(pid: int, started: float, server: str | None) -> str:
-    """The value of :data:`KERNEL_MARK` for kernel ``pid`` started at ``started``, a
-    kernel of ``server`` (its ``JPY_PARENT_PID``; empty outside a Jupyter server)."""
-    return f"{pid}:{started!r}:{server or ''}"
+    """The value of :data:`KERNEL_MARK` for kernel ``pid`` started ``started`` seconds
+    after boot (:func:`since_boot`), a kernel of ``server`` (its ``JPY_PARENT_PID``;
+    empty outside a Jupyter server). (The ``b`` after the start says it is counted from
+    boot: a reader of the earlier form, a wall-clock time, cannot read it, and takes the
+    process as one with no mark, which is never ended on a mark's word.)"""
+    return f"{pid}:{started!r}b:{server or ''}"
 
 
 def mark_kernel(environ=None) -> None:
@@ -257,35 +270,40 @@ def mark_kernel(environ=None) -> None:
     that started it."""
     environ = os.environ if environ is None else environ
     try:
-        started = psutil.Process().create_time()
+        started = since_boot(psutil.Process())
     except (psutil.Error, OSError):
         return
     environ[KERNEL_MARK] = mark(os.getpid(), started, environ.get(KERNEL_ENV))
 
 
-def marked_kernel(env: dict) -> tuple[int, float] | None:
-    """The kernel a process's environment records (pid, start time), or None. A mark
-    names the process's kernel only where its server is the process's own: a Jupyter
-    server started from a kernel that loaded the extension passes that kernel's mark on
-    to its own kernels, and those to their processes, which that kernel did not start."""
+def marked_kernel(env: dict) -> tuple[int, float, bool] | None:
+    """The kernel a process's environment records (pid, start time, whether that time
+    is counted from boot: an earlier version's mark has a wall-clock time), or None. A
+    mark names the process's kernel only where its server is the process's own: a
+    Jupyter server started from a kernel that loaded the extension passes that kernel's
+    mark on to its own kernels, and those to their processes, which that kernel did not
+    start."""
     parts = str(env.get(KERNEL_MARK, "")).split(":", 2)
     if len(parts) != 3 or parts[2] != str(env.get(KERNEL_ENV, "") or ""):
         return None
+    from_boot = parts[1].endswith("b")
     try:
-        out = int(parts[0]), float(parts[1])
+        out = int(parts[0]), float(parts[1][:-1] if from_boot else parts[1]), from_boot
     except ValueError:
         return None
     return out if out[0] > 0 else None
 
 
-def alive_as(pid: int, started: float) -> bool | None:
-    """Whether the process ``pid`` that started at ``started`` is alive: False where the
-    pid is free or another process's now; None where it cannot be told."""
+def alive_as(pid: int, started: float, from_boot: bool = True) -> bool | None:
+    """Whether the process ``pid`` that started at ``started`` (seconds after boot, or
+    with ``from_boot`` false a wall-clock time) is alive: False where the pid is free or
+    another process's now; None where it cannot be told."""
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
-        return abs(proc.create_time() - started) <= SAME_START
+        now = since_boot(proc) if from_boot else proc.create_time()
+        return abs(now - started) <= SAME_START
     except psutil.NoSuchProcess:
         return False
     except (psutil.Error, OSError):
@@ -363,8 +381,8 @@ def judge(pid: int, ppid: int, env: dict, started: float | None,
     path = env.get(PATH_ENV) or None
     table = ctx.table if ctx is not None else None
     if mark is not None:
-        kpid, kstart = mark
-        alive = alive_as(kpid, kstart)
+        kpid, kstart, from_boot = mark
+        alive = alive_as(kpid, kstart, from_boot)
         me = os.getpid() if ctx is None else ctx.me
         if alive is not False:
             who = "this kernel" if kpid == me else _kernel_words(path, kpid)

@@ -168,7 +168,7 @@ def test_the_proof_is_asked_again_just_before_the_signal(fake_nvml, kernel_env):
     that pid and start time is what its mark names (here: the mark rewritten to name
     this live process)."""
     path, dev, started = fake_nvml
-    mark = processes.mark(os.getpid(), psutil.Process().create_time(), "999999")
+    mark = processes.mark(os.getpid(), processes.since_boot(psutil.Process()), "999999")
     left = gh.orphan(dev, env={processes.KERNEL_MARK: mark, "JPY_PARENT_PID": "999999"})
     started.append(left)
     ctx = processes.context()
@@ -191,7 +191,7 @@ def test_a_mark_passed_on_through_another_server_names_no_kernel(fake_nvml):
     did not start it: the mark is not its proof (here the marked kernel is this live
     process: with the mark taken as proof, the orphan would be kept as detached)."""
     path, dev, started = fake_nvml
-    mark = processes.mark(os.getpid(), psutil.Process().create_time(), "")
+    mark = processes.mark(os.getpid(), processes.since_boot(psutil.Process()), "")
     left = gh.orphan(dev, env={processes.KERNEL_MARK: mark, "JPY_PARENT_PID": "999999",
                                "JPY_SESSION_NAME": "other.ipynb"})
     started.append(left)
@@ -204,6 +204,30 @@ def test_a_mark_passed_on_through_another_server_names_no_kernel(fake_nvml):
 
 def test_the_mark_is_put_at_load(ip):
     mark = processes.marked_kernel(dict(os.environ))
-    assert mark is not None and mark[0] == os.getpid()
-    assert abs(mark[1] - psutil.Process().create_time()) <= processes.SAME_START
+    assert mark is not None and mark[0] == os.getpid() and mark[2] is True
+    assert abs(mark[1] - processes.since_boot(psutil.Process())) <= processes.SAME_START
     assert sys.modules["jupyter_gpumem.core.processes"].alive_as(*mark) is True
+
+
+def test_a_step_of_the_wall_clock_leaves_a_live_kernel_alive(ip, monkeypatch):
+    """The mark counts the kernel's start from boot: a step of the wall clock (NTP moved
+    this machine's by 22 s during a test run, and psutil's start times and boot time with
+    it) leaves the marked kernel alive. A wall-clock mark (an earlier version's) is still
+    read as one; the new form is one such a reader cannot read (then no mark: never
+    ended on a mark's word)."""
+    import psutil._pslinux as linux
+
+    mark = processes.marked_kernel(dict(os.environ))
+    real = linux.boot_time
+    monkeypatch.setattr(linux, "boot_time", lambda: real() + 22.0)   # the clock stepped
+    assert psutil.boot_time() == real() + 22.0
+    assert processes.alive_as(*mark) is True
+    assert processes.alive_as(mark[0], mark[1] + 1.0) is False   # another start: gone
+    # an earlier version's mark: pid, wall-clock start, server
+    wall = psutil.Process().create_time()
+    old = {processes.KERNEL_MARK: f"{os.getpid()}:{wall!r}:", processes.KERNEL_ENV: ""}
+    assert processes.marked_kernel(old) == (os.getpid(), wall, False)
+    assert processes.alive_as(os.getpid(), wall, False) is True
+    text = processes.mark(os.getpid(), mark[1], "")
+    with pytest.raises(ValueError):
+        float(text.split(":", 2)[1])   # (how an earlier version reads the start)
