@@ -80,12 +80,11 @@ NATIVE = _native.Walker if _native is not None and _BASE is not None else None
 #: that hands something back is tried again (its new types classified) this many times,
 #: then by halves down to this many roots
 EMPTY_TRIES, EMPTY_PART = 3, 16
-#: Walker.pick's marks (walk.h): a root picked to walk together, an untracked dict or
-#: tuple (atoms only); a mark -> 1 where it is that one; a mark 0 or 1 -> the other
+#: Walker.pick's marks (walk.h): picked to walk together, an untracked dict or tuple
 PICKED, ATOMS = 1, 2
 _ATOMS_ONLY, _PICKED_ONLY = (bytes(int(m == k) for m in range(256)) for k in (ATOMS, PICKED))
 NOT_PROVEN = bytes([1, 0]) + bytes(254)   # (``marks.translate``: the roots left to walk)
-_PICKED = object()   # reach_nothing's first part: the roots pick marked PICKED
+_PICKED = object()   # reach_nothing's first part: the roots marked PICKED
 NATIVE_SLICE = 0.004   # seconds of one C run: the walk can yield (or stop) between two
 #: the C core's loop over many plain tensors (see Backend.batch_spec), or None: the
 #: backend's take_many and the C-level passes of :meth:`Reacher._take_batch`
@@ -307,33 +306,35 @@ class Reacher(TensorTaking):
 
     # -- many small roots at once ------------------------------------------------------------
     def reach_nothing(self, objs: list, until: float, most: int | None = None) -> bytearray:
-        """For each of ``objs`` (roots), whether it reaches no storage (1) proven without a
-        walk of its own, or not proven (0: the caller walks it as usual); all 0 without
-        the C core. ``most``: a dict, list, tuple, set or frozenset of more items than
-        that is not tried here (a big root is walked on its own).
-
-        Many small roots (a long notebook's lists, dicts, records and instances) are
-        walked together in one run of the C walker, which enters everything plain it
-        meets and hands back the rest; a run that ends before ``until`` with no level cut,
-        where each object handed back leads nowhere (:meth:`_leads_nowhere`), proves it
-        for all of them. A run that met types not classified yet is tried again once they
-        are; one that cut a level or handed back something that leads somewhere (a
-        tensor, a model) goes on by halves, down to :data:`EMPTY_PART`. (A mark per root,
-        not a list of places or of bools: a long notebook's names are tens of thousands,
-        and an object made for each, then read and freed, outgrew the caches.)"""
+        """A mark per root of ``objs``: 1 where it is proven to reach no storage, else 0
+        (the caller walks it as usual; all 0 without the C core). ``most``: a container of
+        more items than that is not tried here (a big root is walked on its own). Many
+        small roots are walked together in one run of the C walker, which enters all that
+        is plain and hands back the rest; a run that ends before ``until`` with no level
+        cut, each object handed back leading nowhere (:meth:`_leads_nowhere`), proves it
+        for all. A run that met types not classified yet is tried again once they are;
+        one that cut a level or met what leads somewhere (a tensor, a model) goes on by
+        halves, down to :data:`EMPTY_PART`. (Marks, not lists: an object made, read and
+        freed per root outgrew the caches at 100,000 names.)"""
         native = self.native
         if native is None or not objs:
             return bytearray(len(objs))
-        # one read of each root, in C (a long notebook's names are tens of thousands): what
-        # it picks it pushes onto the walk as it reads it (the first run's roots); the
-        # roots of types not classified yet are left, the types classified, and those
-        # roots alone asked again (their part is walked after the first)
-        # (a framework's container, an optimizer read through its referents, is left to
-        # its own walk: it holds tensors, and the warm scan proves it cheaply)
+        # one read of each root, in C: what it picks it pushes onto the walk as it reads it
+        # (the first part); the roots of types not classified yet are picked again alone,
+        # once the types are (the second part). A framework's container (an optimizer read
+        # through its referents) is left to its own walk: the warm scan proves it cheaply
         most = SIZE_ANY if most is None else most
         batched = {tp for tp in self._by_referents if self.kinds.get(tp) != CONTAINER}
         marks, fresh, pending = native.pick(objs, batched, most, self.untracked_is_empty, True)
-        out = bytearray(marks.translate(_ATOMS_ONLY))   # a dict or tuple of atoms only
+        try:
+            return self._prove(objs, until, most, marks, fresh, pending)
+        except BaseException:   # (what the first pick pushed is let go of)
+            native.clear()
+            raise
+
+    def _prove(self, objs: list, until: float, most: int, marks: bytearray, fresh: list,
+               pending: list) -> bytearray:
+        native, out = self.native, bytearray(marks.translate(_ATOMS_ONLY))   # (atoms only)
         parts: list = [_PICKED]   # (the first part: the roots pushed as they were picked)
         if fresh:
             self.learn(set(fresh))
@@ -398,13 +399,12 @@ class Reacher(TensorTaking):
 
     def _leads_nowhere(self, obj: Any, known: dict) -> bool:
         """Whether ``obj``, handed back by the C walker in :meth:`reach_nothing`, leads
-        the walk to no storage: a stopped object or one whose kind has no handler (a
-        descriptor, a scalar: what :meth:`_admit` and :meth:`_one_by_one` pass over), or
-        one of another kind (a class, a function, a frame) whose probe (:meth:`leads_to`
-        asked for anything: the first tensor or framework container met ends it, none is
-        read, no graph is walked) finds nothing, refuses nothing and is not cut. The probe
-        leaves nothing behind (its refusals, reasons and notes are not the scan's). A
-        tensor never. (``known``: the answers so far, by id.)"""
+        the walk to no storage: a stopped object or one whose kind has no handler (what
+        :meth:`_admit` and :meth:`_one_by_one` pass over), or one of another kind (a class,
+        a function, a frame) whose probe (:meth:`leads_to` asked for anything: the first
+        tensor or framework container met ends it; no graph is walked) finds nothing,
+        refuses nothing, is not cut, and leaves nothing behind. A tensor never.
+        (``known``: the answers so far, by id.)"""
         tp = type(obj)
         if tp in self.tensor_backend:
             return False

@@ -505,3 +505,26 @@ def test_the_c_batch_loop_writes_nothing_for_a_graph_and_passes_errors_on():
         native.take_batch(plain, {}, *spec, {}, ["cpu"], None, None)
     with pytest.raises(TypeError):
         native.take_batch(plain, {}, *spec, {}, None, list, ())
+
+
+@needs_native
+def test_a_proof_that_fails_after_its_first_pick_lets_go_of_what_it_pushed(monkeypatch):
+    """reach_nothing's first pick pushes the roots it picks as it reads them; where what
+    follows fails (here the classification of a type met for the first time), the walk
+    holds nothing afterwards: a walk left holding them would walk them as part of the
+    next root's, and blame that root for what they hold."""
+    class Fresh:
+        pass
+
+    reacher = scan_reach.Reacher(active_backends(), {"cpu"}, set(), None, 4000, False)
+
+    def fails(kinds):
+        raise RuntimeError("classification failed")
+
+    monkeypatch.setattr(reacher, "learn", fails)
+    with pytest.raises(RuntimeError):
+        reacher.reach_nothing([[1], [torch.ones(2)], Fresh()], time.perf_counter() + 5)
+    assert reacher.native.pending == 0
+    monkeypatch.undo()
+    found, _ = reacher.walk([3])   # the next walk: its own objects only
+    assert found == {}
