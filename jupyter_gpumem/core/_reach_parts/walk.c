@@ -350,11 +350,12 @@ walk_py_pick(Walker *w, PyObject *args)
         goto fail;
     char *mark = PyByteArray_AS_STRING(marks);
     memset(mark, WALK_NOT_PICKED, (size_t)n);
-    /* (the list is read again each step: nothing here runs Python code, but a type's
-       set look-up compares addresses only) */
-    for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(objs); i++) {
+    /* (nothing below runs Python code, so the list keeps its n items: a type's set
+       look-up compares addresses only, and what is appended or added is no object the
+       collector tracks) */
+    for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *o = PyList_GET_ITEM(objs, i);
-        if (i + WALK_AHEAD < PyList_GET_SIZE(objs)) {
+        if (i + WALK_AHEAD < n) {
             /* a root read (its type, size and collector flags: the flags sit just
                before it) and pushed a few places on: the fetches overlap */
             PyObject *ahead = PyList_GET_ITEM(objs, i + WALK_AHEAD);

@@ -315,21 +315,26 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     notes: list[str] = []
     steps = _Steps()
     try:
+        had = 0   # the user's names the proof had already: walked below, not tried again
         if user is not None:
-            roots = user_roots(user[0], user[1], None if describe else
-                               lambda objs: _proven_empty(reacher, objs, deadline)) + roots
+            asked: list = []
+
+            def prove(objs: list) -> bytearray:
+                asked.append(True)
+                return _proven_empty(reacher, objs, deadline)
+
+            mine = user_roots(user[0], user[1], None if describe else prove)
+            had = len(mine) if asked else 0
+            roots = mine + roots
         walked: list = [_NOTHING_WALKED] * len(roots)   # (each root not proven so is set below)
         # the small roots that reach nothing (most of a long notebook's names), proven in
         # a few runs of the C walker rather than walked one by one; nothing of them is kept
         # for the warm scan: the proof costs less than a fingerprint's. (C-level passes
         # over the roots: a long notebook's names are tens of thousands.)
-        try:
-            empty = None if describe else reacher.reach_nothing(
-                list(map(_OBJ, roots)), deadline, SMALL_ROOT)   # (a bool per root)
-        except Exception:  # noqa: BLE001 - nothing proven: each root is walked as before
-            empty = None
-        rest = list(range(len(roots))) if empty is None else \
-            list(compress(range(len(roots)), empty.translate(NOT_PROVEN)))
+        empty = None if describe else \
+            _proven_empty(reacher, list(map(_OBJ, roots[had:])), deadline)   # (a mark each)
+        rest = list(range(len(roots))) if empty is None else list(range(had)) + \
+            list(compress(range(had, len(roots)), empty.translate(NOT_PROVEN)))
         for at, i in enumerate(rest):
             root = roots[i]
             if time.perf_counter() >= deadline:   # the rest is not looked at: said below

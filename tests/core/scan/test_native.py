@@ -528,3 +528,24 @@ def test_a_proof_that_fails_after_its_first_pick_lets_go_of_what_it_pushed(monke
     monkeypatch.undo()
     found, _ = reacher.walk([3])   # the next walk: its own objects only
     assert found == {}
+
+
+@needs_native
+def test_a_users_name_the_proof_left_is_walked_not_tried_again(ip, monkeypatch):
+    """The report's scan proves the user's names in one pass; one it could not prove (a
+    list holding a tensor) is walked, not handed to the proof a second time with the
+    hidden holders (each try of a failing part walks it by halves)."""
+    run(ip, "import torch\nsmall = [[i] for i in range(5)]\nt = [torch.ones(2)]")
+    calls = []
+    real = scan_reach.Reacher.reach_nothing
+
+    def spy(self, objs, until, most=None):
+        calls.append({id(o) for o in objs})
+        return real(self, objs, until, most)
+
+    monkeypatch.setattr(scan_reach.Reacher, "reach_nothing", spy)
+    snap = ip.run_line_magic("gpumem", "--device cpu -o")
+    ns = ip.user_ns
+    assert id(ns["small"]) in calls[0] and id(ns["t"]) in calls[0]
+    assert not any(id(ns["t"]) in c for c in calls[1:]), len(calls)
+    assert [h.name for h in snap.holders] == ["t"]
