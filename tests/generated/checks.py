@@ -4,8 +4,9 @@ to rule 9's invariants at every scan point and at the purge that ends it:
 - no trap (tests/generated/traps.py) fires during ``%gpumem``, ``%gpumem NAME``,
   ``--full`` or a dry run, and a dry run changes nothing;
 - the warm report equals ``--full`` byte for byte (text, HTML, JSON; the devices' own
-  readings, taken anew by each call, aside), and every name is blamed for at least the
-  bytes of the storages it reaches;
+  readings, taken anew by each call, aside), and ``--full`` with the small roots' proof
+  off (each name walked on its own: a proof claims no more than a walk would), and
+  every name is blamed for at least the bytes of the storages it reaches;
 - ``purge NAME`` removes exactly NAME (and hidden holders), frees every watched storage
   only it held and keeps every one a surviving name holds; ``purge --all`` the same for
   every name that holds one; ``purge`` with no name keeps every user binding, the user's
@@ -130,6 +131,19 @@ def same(warm, full) -> None:
     assert warm.to_json() == full.to_json()
 
 
+def unproven(ip):
+    """``%gpumem --full`` with the small roots' proof off (``Reacher.reach_nothing``
+    proves none): every name walked on its own, the reference the proof is held to."""
+    from jupyter_gpumem.core.scan import reach
+
+    real = reach.Reacher.reach_nothing
+    reach.Reacher.reach_nothing = lambda self, objs, until, most=None: bytearray(len(objs))
+    try:
+        return gpumem(ip, "--device cpu --full -o")
+    finally:
+        reach.Reacher.reach_nothing = real
+
+
 def comparable(snap) -> dict:
     """A snapshot's text (below the devices' line and its note) and JSON (readings and
     timings out), for comparing two processes' reports."""
@@ -160,6 +174,9 @@ def scan_point(ip, model: Model):
     full = gpumem(ip, "--device cpu --full -o")
     assert not isinstance(warm, UsageError) and not isinstance(full, UsageError)
     same(warm, full)
+    walked = unproven(ip)
+    assert not isinstance(walked, UsageError)
+    same(warm, walked)
     blamed(warm, model)
     for name in sorted(model.names):
         gpumem(ip, f"{name} --device cpu")

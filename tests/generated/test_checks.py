@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from .checks import comparable, fresh, run_recipe, same  # noqa: E402
+from .checks import comparable, fresh, run_recipe, same, unproven  # noqa: E402
 
 
 def test_two_different_reports_are_not_the_same(ip):
@@ -21,6 +21,27 @@ def test_two_different_reports_are_not_the_same(ip):
     assert comparable(first) != comparable(second)
     with pytest.raises(AssertionError):
         same(first, second)
+    fresh(ip)
+
+
+def test_a_proof_that_claims_more_than_a_walk_is_refused(ip, monkeypatch):
+    """The small roots' proof is held to each name walked on its own (checks.unproven):
+    a proof that says "leads nowhere" of a function whose default holds a tensor hides
+    the name that holds it, and the check says so."""
+    from jupyter_gpumem.core.scan import reach
+
+    if reach.NATIVE is None:
+        pytest.skip("the small roots' proof runs with the C core only")
+    fresh(ip)
+    ip.run_cell("def f(a=gen.atom('k1', 64)): return a\nholder = [f]\ndel f",
+                store_history=True)
+    monkeypatch.setattr(reach.Reacher, "_leads_nowhere", lambda self, obj, known: True)
+    warm = ip.run_line_magic("gpumem", "--device cpu -o")
+    assert warm.holder("holder") is None   # (what the broken proof claims)
+    walked = unproven(ip)
+    assert walked.holder("holder") is not None
+    with pytest.raises(AssertionError):
+        same(warm, walked)
     fresh(ip)
 
 

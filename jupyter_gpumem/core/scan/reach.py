@@ -60,8 +60,7 @@ def _refcount_base() -> int | None:
     gil = getattr(sys, "_is_gil_enabled", None)
     if gil is not None and not gil():
         return None
-    probe = [[]]
-    counts = _probe([probe])
+    counts = _probe([[[]]])
     return counts[0] if counts else None
 
 
@@ -426,19 +425,20 @@ class Reacher(TensorTaking):
 
     def leads_to(self, objs: list, wanted: set, graph: dict, deadline: float) -> bool | None:
         """Whether ``objs`` reach one of the storages ``wanted`` (None: the deadline came
-        first). A walk like :meth:`walk` that takes no tensor: it looks each one up in
-        what this scan already knows (``graph``: the root's autograd edges), so no
-        backend runs and no graph node is read again. ``wanted`` None: whether they reach
-        any tensor or framework container (a model, a graph node) at all."""
+        first; True where the depth limit cut the walk: what lies past it is not known).
+        A walk like :meth:`walk` that takes no tensor: it looks each one up in what this
+        scan knows (``graph``: the root's autograd edges), so no backend runs and no graph
+        node is read again. ``wanted`` None: whether they reach any tensor or framework
+        container (a model, a graph node) at all."""
         saved = (self.deadline, self.out_of_time, self.partial, list(self.reasons))
         self._probe = (wanted, graph)
         self.deadline = deadline
-        self.out_of_time = False
+        self.out_of_time = self.partial = False
         try:
             for obj in objs:
                 self.walk(obj)
-                if self.out_of_time:
-                    return None
+                if self.out_of_time or self.partial:
+                    return None if self.out_of_time else True
             return False
         except _Hit:
             return True

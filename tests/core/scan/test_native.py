@@ -549,3 +549,17 @@ def test_a_users_name_the_proof_left_is_walked_not_tried_again(ip, monkeypatch):
     assert id(ns["small"]) in calls[0] and id(ns["t"]) in calls[0]
     assert not any(id(ns["t"]) in c for c in calls[1:]), len(calls)
     assert [h.name for h in snap.holders] == ["t"]
+
+
+def test_a_proof_cut_by_the_depth_limit_proves_nothing(ip):
+    """A name holding a function whose default holds a structure deeper than the walk's
+    limit, a tensor at its end: the walk of that name is cut there and says so. The
+    small roots' proof hands the function to a probe of its own, which was cut at the
+    same limit and took the cut for "leads nowhere": the name was proven empty and the
+    report said nothing of a cut (the C core; the Python form walked it and said it)."""
+    run(ip, "import torch\nx = [torch.ones(4)]\nfor _i in range(4100): x = [x]\n"
+            "def f(a=x): return a\nholder = [f]\ndel x, f, _i")
+    for line in ("--device cpu -o", "--device cpu --full -o"):
+        snap = ip.run_line_magic("gpumem", line)
+        assert snap.partial, line
+        assert "structure deeper than 4000 levels cut in holder" in str(snap), str(snap)
