@@ -26,7 +26,8 @@ from .hidden import hidden_roots
 from .paths import ELIDED, attr_text
 from .roots import Root, format_key, odd_keys, stop_ids_for, user_roots
 from .allocations import by_allocation, one_allocation
-from .reach import NOT_PROVEN, Reacher
+from .proof import NOT_PROVEN
+from .reach import Reacher
 from .warm import Kept, Unread, WarmScan
 from .steps import run_to_end
 from .types import (ATOMIC_IDS, CLASS, CONTAINER, DICT, DICT_SUB, LIB_DIRS, SEQ, SEQ_SUB, SET,

@@ -22,6 +22,7 @@ from ...backends import Backend
 from ...backends.base import dict_descriptor
 from . import native
 from .kinds import BIG, HANDLERS
+from .proof import SmallRoots
 from .steps import run_to_end
 from .tensors import TensorTaking, no_nodes
 from .types import (ATOMIC, BUILTIN, CELL, CONTAINER, DICT, EXCEPTION, HAVE_GC, INSTANCE, LRU,
@@ -29,8 +30,6 @@ from .types import (ATOMIC, BUILTIN, CELL, CONTAINER, DICT, EXCEPTION, HAVE_GC, 
                     OutOfTime, Refusals, classify, keyable, split_keyable, untracked_holds_nothing)
 from ...backends.base import is_a, with_room
 
-#: reach_nothing's bound on a container's items where none is given
-SIZE_ANY = sys.maxsize
 _native = native.CORE   # the C core (built with the package where a compiler was found)
 
 CHUNK = 4096            # objects whose referents are read in one call
@@ -75,22 +74,13 @@ _BASE = _refcount_base()
 #: answers). It needs exact reference counts; JUPYTER_GPUMEM_PURE_SCAN=1 turns it off
 #: (and every other use of the C core: see :mod:`.native`).
 NATIVE = _native.Walker if _native is not None and _BASE is not None else None
-#: roots proven to reach nothing in one run of the C walker (Reacher.reach_nothing): a part
-#: that hands something back is tried again (its new types classified) this many times,
-#: then by halves down to this many roots
-EMPTY_TRIES, EMPTY_PART = 3, 16
-#: Walker.pick's marks (walk.h): picked to walk together, an untracked dict or tuple
-PICKED, ATOMS = 1, 2
-_ATOMS_ONLY, _PICKED_ONLY = (bytes(int(m == k) for m in range(256)) for k in (ATOMS, PICKED))
-NOT_PROVEN = bytes([1, 0]) + bytes(254)   # (``marks.translate``: the roots left to walk)
-_PICKED = object()   # reach_nothing's first part: the roots marked PICKED
 NATIVE_SLICE = 0.004   # seconds of one C run: the walk can yield (or stop) between two
 #: the C core's loop over many plain tensors (see Backend.batch_spec), or None: the
 #: backend's take_many and the C-level passes of :meth:`Reacher._take_batch`
 TAKE_BATCH = getattr(_native, "take_batch", None) if NATIVE is not None else None
 
 
-class Reacher(TensorTaking):
+class Reacher(TensorTaking, SmallRoots):
     """Walks roots, one at a time, to the storages they reach (see the module docstring).
 
     One instance per scan: it remembers the kind of every type it met, and each
@@ -302,126 +292,6 @@ class Reacher(TensorTaking):
             self._found = {}
             self._node = no_nodes   # it refers to the path finder, which refers back here
         return found, count
-
-    # -- many small roots at once ------------------------------------------------------------
-    def reach_nothing(self, objs: list, until: float, most: int | None = None) -> bytearray:
-        """A mark per root of ``objs``: 1 where it is proven to reach no storage, else 0
-        (the caller walks it as usual; all 0 without the C core). ``most``: a container of
-        more items than that is not tried here (a big root is walked on its own). Many
-        small roots are walked together in one run of the C walker, which enters all that
-        is plain and hands back the rest; a run that ends before ``until`` with no level
-        cut, each object handed back leading nowhere (:meth:`_leads_nowhere`), proves it
-        for all. A run that met types not classified yet is tried again once they are;
-        one that cut a level or met what leads somewhere (a tensor, a model) goes on by
-        halves, down to :data:`EMPTY_PART`. (Marks, not lists: an object made, read and
-        freed per root outgrew the caches at 100,000 names.)"""
-        native = self.native
-        if native is None or not objs:
-            return bytearray(len(objs))
-        # one read of each root, in C: what it picks it pushes onto the walk as it reads it
-        # (the first part); the roots of types not classified yet are picked again alone,
-        # once the types are (the second part). A framework's container (an optimizer read
-        # through its referents) is left to its own walk: the warm scan proves it cheaply
-        most = SIZE_ANY if most is None else most
-        batched = {tp for tp in self._by_referents if self.kinds.get(tp) != CONTAINER}
-        marks, fresh, pending = native.pick(objs, batched, most, self.untracked_is_empty, True)
-        try:
-            return self._prove(objs, until, most, marks, fresh, pending)
-        except BaseException:   # (what the first pick pushed is let go of)
-            native.clear()
-            raise
-
-    def _prove(self, objs: list, until: float, most: int, marks: bytearray, fresh: list,
-               pending: list) -> bytearray:
-        native, out = self.native, bytearray(marks.translate(_ATOMS_ONLY))   # (atoms only)
-        parts: list = [_PICKED]   # (the first part: the roots pushed as they were picked)
-        if fresh:
-            self.learn(set(fresh))
-            batched = {tp for tp in self._by_referents if self.kinds.get(tp) != CONTAINER}
-            later, _, _ = native.pick(list(map(objs.__getitem__, pending)), batched, most,
-                                      self.untracked_is_empty)
-            for i, mark in zip(pending, later):
-                out[i] |= mark == ATOMS
-            parts.insert(0, list(compress(pending, map(PICKED.__eq__, later))))
-        pushed = True
-        by_referents = self._by_referents
-        nowhere: dict[int, bool] = {}   # id -> whether that object leads nowhere
-        self.deadline = until
-
-        def places(part: Any) -> list:   # the first part's, read from the marks where needed
-            return list(compress(range(len(marks)), marks.translate(_PICKED_ONLY))) \
-                if part is _PICKED else part
-
-        while parts:
-            part = parts.pop()
-            if part is _PICKED and PICKED not in marks:
-                part = []
-            if not part or time.perf_counter() >= until:
-                if pushed:
-                    native.clear()
-                    pushed = False
-                continue
-            for _ in range(EMPTY_TRIES):
-                if pushed:
-                    pushed = False   # (the first part: pushed as it was picked)
-                else:
-                    native.push(list(map(objs.__getitem__, places(part))), 0)
-                try:
-                    got, done = native.run(until)
-                    deep = native.deep
-                finally:
-                    native.clear()
-                got, odd = split_keyable(got)
-                kinds = set(map(type, got))
-                if not kinds <= self._learned:
-                    self.learn(kinds)
-                # an object met before its type was classified: the next run walks it
-                again = not kinds.isdisjoint(by_referents)
-                if deep or odd or not all(self._leads_nowhere(o, nowhere) for o in got
-                                          if type(o) not in by_referents):
-                    part = places(part)
-                    if len(part) > EMPTY_PART:   # something to take: by halves
-                        half = len(part) // 2
-                        parts += [part[:half], part[half:]]
-                    break
-                if done and not again:
-                    if part is _PICKED:   # all of them at once, in C-level passes
-                        out = bytearray((int.from_bytes(out, "little") | int.from_bytes(
-                            marks.translate(_PICKED_ONLY), "little")).to_bytes(len(out), "little"))
-                    else:
-                        for i in part:
-                            out[i] = 1
-                    break
-                if not got:
-                    break   # out of time: the caller walks them
-        return out
-
-    def _leads_nowhere(self, obj: Any, known: dict) -> bool:
-        """Whether ``obj``, handed back by the C walker in :meth:`reach_nothing`, leads
-        the walk to no storage: a stopped object or one whose kind has no handler (what
-        :meth:`_admit` and :meth:`_one_by_one` pass over), or one of another kind (a class,
-        a function, a frame) whose probe (:meth:`leads_to` asked for anything: the first
-        tensor or framework container met ends it; no graph is walked) finds nothing,
-        refuses nothing, is not cut, and leaves nothing behind. A tensor never.
-        (``known``: the answers so far, by id.)"""
-        tp = type(obj)
-        if tp in self.tensor_backend:
-            return False
-        if id(obj) in self.stop or HANDLERS.get(self.kinds.get(tp)) is None:
-            return True
-        answer = known.get(id(obj))
-        if answer is None:
-            refusals, self.refusals = self.refusals, Refusals()
-            root, self.current_root = self.current_root, None
-            try:
-                answer = self.leads_to([obj], None, {}, self.deadline) is False and \
-                    self.refusals.count == 0
-            except Exception:  # noqa: BLE001 - not proven: the roots are walked one by one
-                answer = False
-            finally:
-                self.refusals, self.current_root = refusals, root
-            known[id(obj)] = answer
-        return answer
 
     def leads_to(self, objs: list, wanted: set, graph: dict, deadline: float) -> bool | None:
         """Whether ``objs`` reach one of the storages ``wanted`` (None: the deadline came

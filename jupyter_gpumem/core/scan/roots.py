@@ -11,12 +11,12 @@ import sys
 import types
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import is_not
+from operator import is_not, itemgetter
 from typing import Any
 
 from . import native
 from .paths import name_text
-from .reach import NOT_PROVEN
+from .proof import NOT_PROVEN
 from .types import ATOMIC, MODULE_DICT, is_a, is_library_module_name
 
 #: IPython's own bookkeeping in ``user_ns``: not the user's names
@@ -98,6 +98,9 @@ _MEMOS: dict[int, list] = {}
 _MEMOS_MAX = 16
 
 
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+
+
 def _memo_for(namespace: dict) -> list:
     memo = _MEMOS.get(id(namespace))
     if memo is None:
@@ -122,9 +125,13 @@ def user_roots(namespace: dict, hidden_ns: dict | None = None,
     # pass that does not read again the names it left out last time (IPython adds an
     # ``_iN`` every cell); the rest are looked at one by one
     judged = _items_except is not _items_except_py
-    if prove is not None and judged:
-        names, values = _items_except(namespace, ATOMIC, _memo_for(namespace), _is_bookkeeping,
-                                      True)
+    if prove is not None:
+        if judged:
+            names, values = _items_except(namespace, ATOMIC, _memo_for(namespace),
+                                          _is_bookkeeping, True)
+        else:   # (IPython's names among them: left out below, proven or not)
+            pairs = _items_except(namespace, ATOMIC)
+            names, values = list(map(_FIRST, pairs)), list(map(_SECOND, pairs))
         # the names not proven empty, by their places: the lists are not read again
         # (a pass over them touches every name and value: a cache miss apiece)
         left = list(compress(range(len(values)), prove(values).translate(NOT_PROVEN)))

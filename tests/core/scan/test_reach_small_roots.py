@@ -1,5 +1,6 @@
-"""Many small roots proven to reach nothing in a few runs of the C walker
-(``Reacher.reach_nothing``), against walking each root on its own.
+"""Many small roots proven to reach nothing together (``Reacher.reach_nothing``: a few
+runs of the C walker, or one walk of them all in the Python form), against walking each
+root on its own. Both forms.
 
 A long notebook's names are mostly small plain data; the scan proves most of them empty
 together and walks the rest one by one. The report must be the one the one-by-one
@@ -16,7 +17,6 @@ torch = pytest.importorskip("torch")
 from conftest import run  # noqa: E402
 from jupyter_gpumem.core.scan import reach as scan_reach  # noqa: E402
 
-needs_native = pytest.mark.skipif(scan_reach.NATIVE is None, reason="the C core is not built here")
 
 NAMESPACE = """
 import torch
@@ -68,7 +68,6 @@ def _report(ip):
     return rows, snap.partial, sorted(snap.messages)
 
 
-@needs_native
 @pytest.mark.parametrize("flag", ["", " --full"])
 def test_small_roots_proven_together_give_the_report_of_walking_each(ip, monkeypatch, flag):
     run(ip, NAMESPACE)
@@ -94,7 +93,6 @@ def test_small_roots_proven_together_give_the_report_of_walking_each(ip, monkeyp
     assert proven and proven[0] >= 2900, proven
 
 
-@needs_native
 def test_a_change_inside_a_proven_root_is_seen_by_the_next_scan(ip):
     """Nothing of a root proven empty is kept: the next scan proves it again, so a
     tensor put into it since is found (the warm scan keeps nothing stale)."""
