@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
+from gc import is_tracked
 from itertools import compress
 from typing import Any
 
@@ -41,8 +42,8 @@ class SmallRoots:
 
     def reach_nothing(self, objs: list, until: float, most: int | None = None) -> bytearray:
         """A mark per root of ``objs``: 1 where it is proven to reach no storage, else 0
-        (the caller walks it as usual; without the C core: :meth:`_prove_py`). ``most``: a container of
-        more items than that is not tried here (a big root is walked on its own). Many
+        (the caller walks it as usual; without the C core: :meth:`_prove_py`). ``most``: a
+        container of more items is not tried here (a big root is walked on its own). Many
         small roots are walked together in one run of the C walker, which enters all that
         is plain and hands back the rest; a run that ends before ``until`` with no level
         cut, each object handed back leading nowhere (:meth:`_leads_nowhere`), proves it
@@ -159,9 +160,10 @@ class SmallRoots:
         return answer
 
     def _prove_py(self, objs: list, until: float, most: int) -> bytearray:
-        """:meth:`reach_nothing` without the C core. The roots of a kind read through
-        their referents (dicts, lists, tuples, sets of at most ``most`` items, instances,
-        cells: what ``Walker.pick`` would pick) are walked together as the items of one
+        """:meth:`reach_nothing` without the C core. The roots ``Walker.pick`` would pick
+        (of a kind read through their referents: dicts, lists, tuples, sets of at most
+        ``most`` items, instances, cells; not stopped; tracked by the collector, an
+        untracked dict or tuple holding atoms only) are walked together as the items of one
         tuple, by :meth:`leads_to`'s probe: a walk that meets no tensor and no framework's
         container (the first ends it), refuses nothing and is cut neither by the depth
         limit nor by the time proves them all (the tuple's level makes each root one
@@ -176,8 +178,16 @@ class SmallRoots:
             self.learn(kinds)   # (what classify reads of a type runs no code of the user's)
         batched = {tp for tp in self._by_referents if self.kinds.get(tp) != CONTAINER}
         sized = {tp for tp in _SIZED_PLAIN if tp in batched}
-        part = [i for i in compress(range(len(objs)), ok) if type(objs[i]) in batched and
-                (type(objs[i]) not in sized or len(objs[i]) <= most)]   # (exact builtins)
+        part, stop, atoms = [], self.stop, self.untracked_is_empty
+        for i in compress(range(len(objs)), ok):   # (as Walker.pick reads them)
+            o = objs[i]
+            tp = type(o)
+            if tp not in batched or id(o) in stop or (tp in sized and len(o) > most):
+                continue   # (the length of an exact builtin only)
+            if not is_tracked(o):
+                out[i] = atoms and (tp is dict or tp is tuple)
+            else:
+                part.append(i)
         parts = [part] if part else []
         while parts:
             part = parts.pop()
