@@ -96,7 +96,9 @@ def measure(n: int, limit: float) -> dict:
     sink = io.StringIO()
     out: dict = {}
 
-    cell = bytearray(CELL_BYTES)   # (allocated before the namespace's first scan)
+    # (written, so that its pages are memory of their own: an untouched allocation reads
+    # as the kernel's one page of zeros and would leave the caches as they were)
+    cell = bytearray(b"\x01") * CELL_BYTES
 
     def timed(key: str, line: str, repeat: int = 1, after_cell: bool = True) -> None:
         """The median of ``repeat`` calls (wall and CPU), and whether any said partial;
