@@ -318,14 +318,9 @@ def iter_scan(roots: list[Root], *, devices: set[str] | None, shell: Any = None,
     try:
         had = 0   # the user's names the proof had already: walked below, not tried again
         if user is not None:
-            asked: list = []
-
-            def prove(objs: list) -> bytearray:
-                asked.append(True)
-                return _proven_empty(reacher, objs, deadline)
-
-            mine = user_roots(user[0], user[1], None if describe else prove)
-            had = len(mine) if asked else 0
+            mine = user_roots(user[0], user[1], None if describe else
+                              lambda objs: _proven_empty(reacher, objs, deadline))
+            had = 0 if describe else len(mine)   # (user_roots proves them where asked to)
             roots = mine + roots
         walked: list = [_NOTHING_WALKED] * len(roots)   # (each root not proven so is set below)
         # the small roots that reach nothing (most of a long notebook's names), proven in

@@ -40,6 +40,12 @@ _SIZED_PLAIN = (dict, list, tuple, set, frozenset)
 class SmallRoots:
     """The proof (see the module docstring); a mixin of :class:`~.reach.Reacher`."""
 
+    def _together_types(self) -> set:
+        """The classified types whose roots are walked together: those read through
+        their referents, but a framework's container (an optimizer read through its
+        referents is left to its own walk: the warm scan proves it cheaply)."""
+        return {tp for tp in self._by_referents if self.kinds.get(tp) != CONTAINER}
+
     def reach_nothing(self, objs: list, until: float, most: int | None = None) -> bytearray:
         """A mark per root of ``objs``: 1 where it is proven to reach no storage, else 0
         (the caller walks it as usual; without the C core: :meth:`_prove_py`). ``most``: a
@@ -56,10 +62,9 @@ class SmallRoots:
             return self._prove_py(objs, until, SIZE_ANY if most is None else most)
         # one read of each root, in C: what it picks it pushes onto the walk as it reads it
         # (the first part); the roots of types not classified yet are picked again alone,
-        # once the types are (the second part). A framework's container (an optimizer read
-        # through its referents) is left to its own walk: the warm scan proves it cheaply
+        # once the types are (the second part)
         most = SIZE_ANY if most is None else most
-        batched = {tp for tp in self._by_referents if self.kinds.get(tp) != CONTAINER}
+        batched = self._together_types()
         marks, fresh, pending = native.pick(objs, batched, most, self.untracked_is_empty, True)
         try:
             return self._prove(objs, until, most, marks, fresh, pending)
@@ -73,7 +78,7 @@ class SmallRoots:
         parts: list = [_PICKED]   # (the first part: the roots pushed as they were picked)
         if fresh:
             self.learn(set(fresh))
-            batched = {tp for tp in self._by_referents if self.kinds.get(tp) != CONTAINER}
+            batched = self._together_types()
             later, _, _ = native.pick(list(map(objs.__getitem__, pending)), batched, most,
                                       self.untracked_is_empty)
             for i, mark in zip(pending, later):
@@ -147,16 +152,7 @@ class SmallRoots:
             return True
         answer = known.get(id(obj))
         if answer is None:
-            refusals, self.refusals = self.refusals, Refusals()
-            root, self.current_root = self.current_root, None
-            try:
-                answer = self.leads_to([obj], None, {}, self.deadline) is False and \
-                    self.refusals.count == 0
-            except Exception:  # noqa: BLE001 - not proven: the roots are walked one by one
-                answer = False
-            finally:
-                self.refusals, self.current_root = refusals, root
-            known[id(obj)] = answer
+            answer = known[id(obj)] = self._nothing_in(obj, self.deadline) is True
         return answer
 
     def _prove_py(self, objs: list, until: float, most: int) -> bytearray:
@@ -176,7 +172,7 @@ class SmallRoots:
         kinds = set(map(type, compress(objs, ok)))
         if not kinds <= self._learned:
             self.learn(kinds)   # (what classify reads of a type runs no code of the user's)
-        batched = {tp for tp in self._by_referents if self.kinds.get(tp) != CONTAINER}
+        batched = self._together_types()
         sized = {tp for tp in _SIZED_PLAIN if tp in batched}
         part, stop, atoms = [], self.stop, self.untracked_is_empty
         for i in compress(range(len(objs)), ok):   # (as Walker.pick reads them)
@@ -204,10 +200,12 @@ class SmallRoots:
                 parts += [part[:half], part[half:]]
         return out
 
-    def _nothing_in(self, together: tuple, until: float) -> bool | None:
-        """Whether the walk of ``together`` (see :meth:`_prove_py`) proves that it reaches
-        nothing; None where the time ran out first. The walk's refusals and reasons are
-        the probe's own: none of them reaches the scan's result."""
+    def _nothing_in(self, together: Any, until: float) -> bool | None:
+        """Whether :meth:`leads_to`'s probe of ``together`` (an object handed back by the
+        C walker, or :meth:`_prove_py`'s tuple of roots) proves that it reaches nothing:
+        no tensor or framework container met, nothing refused, no cut; None where the
+        time ran out first. The walk's refusals and reasons are the probe's own: none of
+        them reaches the scan's result."""
         refusals, self.refusals = self.refusals, Refusals()
         root, self.current_root = self.current_root, None
         try:

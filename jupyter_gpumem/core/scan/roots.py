@@ -77,14 +77,19 @@ def _trim_names(namespace: dict) -> None:
         _BOOKKEEPING.clear()
 
 
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+
+
 def _items_except_py(namespace: dict, types: frozenset, memo: list | None = None,
-                     judge: Any = None) -> list[tuple[Any, Any]]:
+                     judge: Any = None, split: bool = False) -> Any:
     """:func:`_items_except` without the C core: the items are taken in one C call
     (another thread may change the namespace), and the types are compared by address,
     as the C pass does (a metaclass's ``__hash__`` is never asked). It keeps no memo:
-    what ``judge`` would leave out stays in, for the caller's own check."""
+    what ``judge`` would leave out stays in, for the caller's own check. ``split``: the
+    keys and the values as two lists, as the C pass gives them."""
     skip = frozenset(map(id, types))
-    return [(k, v) for k, v in list(dict.items(namespace)) if id(type(v)) not in skip]
+    pairs = [(k, v) for k, v in list(dict.items(namespace)) if id(type(v)) not in skip]
+    return (list(map(_FIRST, pairs)), list(map(_SECOND, pairs))) if split else pairs
 
 
 # the C core (see _reach.c): one pass over the table, no Python code run
@@ -96,9 +101,6 @@ _str_keys = native.function("str_keys")
 #: ones left out, the ones kept: ``items_except`` in _reach.c), key strings only
 _MEMOS: dict[int, list] = {}
 _MEMOS_MAX = 16
-
-
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 def _memo_for(namespace: dict) -> list:
@@ -125,13 +127,9 @@ def user_roots(namespace: dict, hidden_ns: dict | None = None,
     # pass that does not read again the names it left out last time (IPython adds an
     # ``_iN`` every cell); the rest are looked at one by one
     judged = _items_except is not _items_except_py
-    if prove is not None:
-        if judged:
-            names, values = _items_except(namespace, ATOMIC, _memo_for(namespace),
-                                          _is_bookkeeping, True)
-        else:   # (IPython's names among them: left out below, proven or not)
-            pairs = _items_except(namespace, ATOMIC)
-            names, values = list(map(_FIRST, pairs)), list(map(_SECOND, pairs))
+    if prove is not None:   # (without the C core, IPython's names too: left out below)
+        names, values = _items_except(namespace, ATOMIC, _memo_for(namespace), _is_bookkeeping,
+                                      True)
         # the names not proven empty, by their places: the lists are not read again
         # (a pass over them touches every name and value: a cache miss apiece)
         left = list(compress(range(len(values)), prove(values).translate(NOT_PROVEN)))
